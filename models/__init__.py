@@ -1,0 +1,9 @@
+"""Attention engines: our from-scratch multi-head attention and encoder, and transformers models."""
+from .encoder import BertEncoder, EncoderConfig
+from .errors import HeadLensError
+from .mha import MultiHeadAttention
+from .result import Attention
+from .loading import AttentionModel, load_model, pick_device
+
+__all__ = ["Attention", "AttentionModel", "BertEncoder", "EncoderConfig", "HeadLensError",
+           "MultiHeadAttention", "load_model", "pick_device"]

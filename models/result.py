@@ -1,0 +1,64 @@
+"""The result format every view reads: tokens and per-layer, per-head attention weights."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Attention:
+    """Attention of one text, padding removed.
+
+    Attributes:
+        tokens: the query tokens, as the tokenizer writes them.
+        weights: float32 ``(layers, heads, n_queries, n_keys)``; each row sums to 1
+            (0 for a head switched off by a head mask).
+        word_ids: for each token the index of the word it belongs to, None for special tokens;
+            pieces of one word share an index.
+        special: bool ``(n_tokens,)``, True for [CLS], [SEP], <s>, </s> and the like.
+        offsets: ``(start, end)`` character span of each token in ``text``; (0, 0) for special tokens.
+        text: the text the tokens came from.
+        model_name, backend, device: what produced the weights.
+        truncated: whether the text was cut to the model's maximum length.
+        n_tokens_original: how many tokens the whole text has, special tokens included.
+        component: "self" (encoder or decoder-only model), "encoder", "decoder" or "cross".
+        causal: whether a query could only see earlier keys.
+        keys: for cross-attention, the key side (the encoder's tokens); None when keys are the queries.
+        decoder, cross: for encoder-decoder models, the decoder's self-attention and its
+            cross-attention to the encoder; this object then holds the encoder's self-attention.
+    """
+
+    tokens: list[str]
+    weights: np.ndarray
+    word_ids: list[int | None]
+    special: np.ndarray
+    offsets: list[tuple[int, int]]
+    text: str
+    model_name: str
+    backend: str
+    device: str
+    truncated: bool = False
+    n_tokens_original: int = 0
+    component: str = "self"
+    causal: bool = False
+    keys: "Attention | None" = field(default=None, repr=False)
+    decoder: "Attention | None" = field(default=None, repr=False)
+    cross: "Attention | None" = field(default=None, repr=False)
+
+    @property
+    def n_layers(self) -> int:
+        return self.weights.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.weights.shape[1]
+
+    @property
+    def key_tokens(self) -> list[str]:
+        """Tokens on the key axis: the encoder's for cross-attention, else the queries'."""
+        return self.tokens if self.keys is None else self.keys.tokens
+
+    def head(self, layer: int, head: int) -> np.ndarray:
+        """``(n_queries, n_keys)`` weights of one head."""
+        return self.weights[layer, head]
