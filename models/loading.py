@@ -22,6 +22,9 @@ from .result import Attention
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 DECODER_ONLY_TYPES = {"gpt2", "gpt_neo", "gptj", "gpt_neox", "gpt_bigcode", "llama", "mistral", "opt",
                       "bloom", "falcon", "qwen2", "qwen3", "phi", "phi3", "gemma", "gemma2", "codegen", "ctrl"}
+# RoBERTa-style models number positions from pad_token_id + 1, so that many positions are never used.
+OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xmod",
+                         "roberta-prelayernorm"}
 MAX_TOKENS_CAP = 1024  # the most tokens HeadLens shows, whatever the model allows
 
 Progress = Callable[[int, int], None]
@@ -315,6 +318,8 @@ class TransformersModel(AttentionModel):
         n_layers = _first_attr(c, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
         n_heads = _first_attr(c, "num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
         max_positions = _first_attr(c, "max_position_embeddings", "n_positions")
+        if max_positions and c.model_type in OFFSET_POSITION_TYPES:
+            max_positions -= (c.pad_token_id or 0) + 1
         super().__init__(tokenizer, name, device, n_layers, n_heads, max_positions, causal=decoder_only)
 
     def _attend_batch(self, texts, targets, head_mask, causal):
@@ -346,7 +351,7 @@ class TransformersModel(AttentionModel):
         try:
             with torch.inference_mode():
                 return self.model(**inputs, output_attentions=True, return_dict=True)
-        except (TypeError, ValueError, RuntimeError) as err:
+        except (TypeError, ValueError, RuntimeError, IndexError) as err:
             raise HeadLensError(f"The model {self.name} failed on this input: {err}") from err
 
     def _stack(self, attentions) -> torch.Tensor:

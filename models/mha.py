@@ -151,11 +151,23 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, blocked: torch.Tensor | 
     """
     # Scaling q costs B*Lq*E multiplies, scaling the scores B*H*Lq*Lk: H*Lk is usually far larger than E.
     scores = torch.matmul(q * (q.shape[-1] ** -0.5), k.transpose(-2, -1))  # (B, H, Lq, Lk)
-    if blocked is None:
-        return torch.softmax(scores, dim=-1)
-    scores.masked_fill_(blocked.unsqueeze(1), float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    empty = blocked.all(dim=-1)                                             # (B, 1|Lq)
-    if empty.any():
-        weights = weights.masked_fill(empty.unsqueeze(1).unsqueeze(-1), 0.0)
+    if blocked is not None:
+        scores.masked_fill_(blocked.unsqueeze(1), float("-inf"))
+    weights = _softmax_last(scores)
+    if blocked is not None:
+        empty = blocked.all(dim=-1)                                         # (B, 1|Lq)
+        if empty.any():
+            weights = weights.masked_fill(empty.unsqueeze(1).unsqueeze(-1), 0.0)
     return weights
+
+
+def _softmax_last(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last axis, in place when no gradient is needed.
+
+    Writing into the scores' own buffer spares a fresh (B, H, Lq, Lk) allocation, whose page
+    faults cost more than the softmax itself at 512 tokens. An out= op has no gradient, so
+    training takes the ordinary path.
+    """
+    if torch.is_grad_enabled() and scores.requires_grad:
+        return torch.softmax(scores, dim=-1)
+    return torch.ops.aten._softmax.out(scores, -1, False, out=scores)

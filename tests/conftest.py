@@ -1,0 +1,122 @@
+"""Shared fixtures: the bundled model, and tiny random models of each family saved to temp folders.
+
+Nothing is downloaded: tokenizers are the bundled MiniLM's WordPiece, or byte-level BPE and
+Unigram vocabularies trained here on a few sentences.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+from models import load_model
+from models.loading import default_model_dir
+
+CORPUS = [
+    "Which do you like better, coffee or tea?",
+    "The cat sat on the mat because it was warm.",
+    "Hello world! Attention heads look at different words.",
+    "She gave her brother a book about the stars.",
+    "Please close the door when you leave the room.",
+] * 8
+
+SENTENCES = ["Which do you like better, coffee or tea?", "The cat sat on the mat.", "Hi"]
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+    return default_model_dir()
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def scratch_model():
+    return load_model(backend="scratch")
+
+
+def _bpe_vocab():
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS, vocab_size=320, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False)
+    spec = json.loads(bpe._tokenizer.to_str())["model"]
+    return spec["vocab"], [tuple(m) for m in spec["merges"]]
+
+
+def _unigram_vocab():
+    from tokenizers import SentencePieceUnigramTokenizer
+
+    uni = SentencePieceUnigramTokenizer()
+    uni.train_from_iterator(CORPUS, vocab_size=120, special_tokens=["<pad>", "</s>", "<unk>"],
+                            unk_token="<unk>", show_progress=False)
+    return [tuple(v) for v in json.loads(uni._tokenizer.to_str())["model"]["vocab"]]
+
+
+def build_tiny(family: str, folder, minilm_dir):
+    """Save a tiny random model of ``family`` with a tokenizer of its kind into ``folder``."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    wordpiece = tf.AutoTokenizer.from_pretrained(minilm_dir)
+    if family in ("bert", "albert", "electra", "distilbert"):
+        tok, vocab = wordpiece, wordpiece.vocab_size
+        if family == "bert":
+            model = tf.BertModel(tf.BertConfig(vocab_size=vocab, max_position_embeddings=64, **small))
+        elif family == "albert":
+            model = tf.AlbertModel(tf.AlbertConfig(vocab_size=vocab, embedding_size=16,
+                                                   max_position_embeddings=64, **small))
+        elif family == "electra":
+            model = tf.ElectraModel(tf.ElectraConfig(vocab_size=vocab, embedding_size=16,
+                                                     max_position_embeddings=64, **small))
+        else:
+            model = tf.DistilBertModel(tf.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4,
+                                                           hidden_dim=37, max_position_embeddings=64))
+    elif family in ("roberta", "gpt2", "bart"):
+        vocab, merges = _bpe_vocab()
+        if family == "roberta":
+            tok = tf.RobertaTokenizer(vocab=vocab, merges=merges)
+            model = tf.RobertaModel(tf.RobertaConfig(vocab_size=len(vocab), max_position_embeddings=66,
+                                                     pad_token_id=1, bos_token_id=0, eos_token_id=2, **small))
+        elif family == "gpt2":
+            tok = tf.GPT2Tokenizer(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+            model = tf.GPT2Model(tf.GPT2Config(vocab_size=len(vocab), n_embd=32, n_layer=2, n_head=4,
+                                               n_positions=64, bos_token_id=0, eos_token_id=2))
+        else:
+            tok = tf.BartTokenizer(vocab=vocab, merges=merges)
+            model = tf.BartModel(tf.BartConfig(
+                vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
+                pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2))
+    elif family == "t5":
+        tok = tf.T5Tokenizer(vocab=_unigram_vocab(), extra_ids=0)
+        model = tf.T5Model(tf.T5Config(vocab_size=tok.vocab_size, d_model=32, d_kv=8, d_ff=37, num_layers=2,
+                                       num_decoder_layers=2, num_heads=4, pad_token_id=0, eos_token_id=1,
+                                       decoder_start_token_id=0))
+    else:
+        raise ValueError(family)
+    model.eval().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory, minilm_dir):
+    """``tiny("gpt2")`` -> folder of a saved tiny GPT-2; each family is built once per run."""
+    built = {}
+
+    def make(family: str):
+        if family not in built:
+            built[family] = build_tiny(family, tmp_path_factory.mktemp(f"tiny-{family}"), minilm_dir)
+        return built[family]
+
+    return make

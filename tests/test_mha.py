@@ -1,0 +1,207 @@
+"""MultiHeadAttention against three references: a per-head loop, torch.nn.MultiheadAttention, and SDPA."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models import MultiHeadAttention
+
+TOL = dict(atol=1e-5, rtol=0)
+
+
+def per_head_loop(m: MultiHeadAttention, query, key, value, blocked=None):
+    """The tutorial formulation, one head at a time: the oracle for the batched module."""
+    E, H, Dh = m.embed_dim, m.num_heads, m.head_dim
+    if m.fused:
+        wq, wk, wv = m.in_proj_weight.split(E)
+    else:
+        wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+    bq, bk, bv = m.in_proj_bias.split(E)
+    outs, weights = [], []
+    for h in range(H):
+        rows = slice(h * Dh, (h + 1) * Dh)
+        q = query @ wq[rows].T + bq[rows]
+        k = key @ wk[rows].T + bk[rows]
+        v = value @ wv[rows].T + bv[rows]
+        scores = q @ k.transpose(1, 2) / math.sqrt(Dh)
+        if blocked is not None:
+            scores = scores.masked_fill(blocked, float("-inf"))
+        w = torch.softmax(scores, dim=-1)
+        weights.append(w)
+        outs.append(w @ v)
+    out = torch.cat(outs, dim=-1) @ m.out_proj.weight.T + m.out_proj.bias
+    return out, torch.stack(weights, dim=1)
+
+
+def torch_mha(E=32, H=4, kdim=None, vdim=None, seed=0):
+    torch.manual_seed(seed)
+    ref = nn.MultiheadAttention(E, H, batch_first=True, kdim=kdim, vdim=vdim).eval()
+    with torch.no_grad():  # non-zero biases, so a bias mix-up cannot hide
+        ref.in_proj_bias.normal_()
+        ref.out_proj.bias.normal_()
+    return ref
+
+
+def padding_mask(lengths, L):
+    return torch.arange(L)[None, :] >= torch.tensor(lengths)[:, None]  # (B, L), True = pad
+
+
+@pytest.mark.parametrize("case", ["self", "cross", "cross_kvdim", "padded", "causal", "padded_causal"])
+def test_from_torch_matches_pytorch(case):
+    B, Lq, Lk, E, H = 3, 7, 7, 32, 4
+    kdim = vdim = None
+    if case.startswith("cross"):
+        Lk = 5
+    if case == "cross_kvdim":
+        kdim, vdim = 24, 40
+    ref = torch_mha(E, H, kdim, vdim)
+    ours = MultiHeadAttention.from_torch(ref).eval()
+    torch.manual_seed(1)
+    x = torch.randn(B, Lq, E)
+    key = x if Lk == Lq else torch.randn(B, Lk, kdim or E)
+    value = x if Lk == Lq else torch.randn(B, Lk, vdim or E)
+    kpm = padding_mask([7, 4, 2], Lk) if "padded" in case else None
+    causal = "causal" in case
+    attn_mask = torch.ones(Lq, Lk, dtype=torch.bool).triu(1) if causal else None
+    with torch.no_grad():
+        want_out, want_w = ref(x, key, value, key_padding_mask=kpm, attn_mask=attn_mask,
+                               need_weights=True, average_attn_weights=False)
+        out, w = ours(x, key, value, key_padding_mask=kpm, causal=causal)
+    assert w.shape == (B, H, Lq, Lk)
+    torch.testing.assert_close(w, want_w, **TOL)
+    torch.testing.assert_close(out, want_out, **TOL)
+
+
+def test_from_torch_copies_device_dtype_and_refuses_bias_kv():
+    ref = torch_mha().double()
+    ours = MultiHeadAttention.from_torch(ref)
+    assert ours.in_proj_weight.dtype == torch.float64
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    out, w = ours(x)
+    assert out.dtype == w.dtype == torch.float64
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        MultiHeadAttention.from_torch(nn.MultiheadAttention(32, 4, add_bias_kv=True))
+
+
+@pytest.mark.parametrize("kdim,vdim,Lk", [(None, None, 6), (24, 40, 9)])
+def test_batched_heads_equal_per_head_loop(kdim, vdim, Lk):
+    torch.manual_seed(0)
+    m = MultiHeadAttention(48, 6, kdim=kdim, vdim=vdim).eval()
+    with torch.no_grad():
+        m.in_proj_bias.normal_()
+        m.out_proj.bias.normal_()
+    x = torch.randn(2, 6, 48)
+    key = x if kdim is None else torch.randn(2, Lk, kdim)
+    value = x if vdim is None else torch.randn(2, Lk, vdim)
+    kpm = padding_mask([Lk, 3], Lk)
+    with torch.no_grad():
+        out, w = m(x, key, value, key_padding_mask=kpm)
+        want_out, want_w = per_head_loop(m, x, key, value, kpm[:, None, :])
+    torch.testing.assert_close(w, want_w, **TOL)
+    torch.testing.assert_close(out, want_out, **TOL)
+
+
+@pytest.mark.parametrize("masking", ["none", "padded", "causal"])
+def test_output_equals_scaled_dot_product_attention(masking):
+    torch.manual_seed(0)
+    B, L, E, H = 2, 8, 32, 4
+    m = MultiHeadAttention(E, H).eval()
+    x = torch.randn(B, L, E)
+    kpm = padding_mask([8, 5], L) if masking == "padded" else None
+    with torch.no_grad():
+        out, _ = m(x, key_padding_mask=kpm, causal=masking == "causal")
+        q, k, v = (t.view(B, L, H, E // H).transpose(1, 2) for t in F.linear(x, m.in_proj_weight, m.in_proj_bias).split(E, -1))
+        allowed = None if kpm is None else ~kpm[:, None, None, :]
+        sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=masking == "causal")
+        want = m.out_proj(sdpa.transpose(1, 2).reshape(B, L, E))
+    torch.testing.assert_close(out, want, **TOL)
+
+
+def test_weights_are_distributions_with_masks_respected():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(32, 4).eval()
+    x = torch.randn(3, 9, 32)
+    kpm = padding_mask([9, 6, 1], 9)
+    with torch.no_grad():
+        _, w = m(x, key_padding_mask=kpm, causal=True)
+    torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 9))
+    assert torch.all(w.masked_select(torch.ones(9, 9, dtype=torch.bool).triu(1)) == 0)
+    assert torch.all(w[1, :, :, 6:] == 0) and torch.all(w[2, :, :, 1:] == 0)
+
+
+def test_valid_lens_match_key_padding_mask():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(32, 4).eval()
+    x = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        out_a, w_a = m(x, valid_lens=torch.tensor([4, 2]))
+        out_b, w_b = m(x, key_padding_mask=padding_mask([4, 2], 6))
+        # per query (d2l's 2-D form): row i of text 0 sees i + 1 keys, which is the causal mask
+        lens = torch.arange(1, 7).repeat(2, 1)
+        out_c, w_c = m(x, valid_lens=lens)
+        out_d, w_d = m(x, causal=True)
+    torch.testing.assert_close(w_a, w_b)
+    torch.testing.assert_close(out_a, out_b)
+    torch.testing.assert_close(w_c, w_d)
+    torch.testing.assert_close(out_c, out_d)
+
+
+def test_fully_masked_query_gives_zeros_not_nan():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(32, 4).eval()
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        out, w = m(x, valid_lens=torch.tensor([[0, 1, 2, 3, 0], [5, 5, 5, 5, 5]]))
+    assert not torch.isnan(out).any() and not torch.isnan(w).any()
+    assert torch.all(w[0, :, 0] == 0) and torch.all(w[0, :, 4] == 0)
+    # no value reaches a query that sees nothing: its output is the output projection's bias
+    torch.testing.assert_close(out[0, 0], m.out_proj.bias.detach())
+    torch.testing.assert_close(w[1].sum(-1), torch.ones(4, 5))
+
+
+def test_head_mask_switches_heads_off():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(32, 4).eval()
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        out, w = m(x, head_mask=torch.tensor([1.0, 0.0, 1.0, 1.0]))
+        _, w_all = m(x)
+        # the same result by zeroing head 1's value rows by hand
+        v_rows = slice(2 * 32 + 8, 2 * 32 + 16)
+        m.in_proj_weight[v_rows] = 0
+        m.in_proj_bias[v_rows] = 0
+        want, _ = m(x)
+    assert torch.all(w[:, 1] == 0)
+    torch.testing.assert_close(w[:, [0, 2, 3]], w_all[:, [0, 2, 3]])
+    torch.testing.assert_close(out, want, **TOL)
+
+
+def test_dropout_only_in_training():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(32, 4, dropout=0.5)
+    x = torch.randn(1, 6, 32)
+    with torch.no_grad():
+        _, w_train = m.train()(x)
+        _, w_eval = m.eval()(x)
+    assert (w_train == 0).sum() > 0
+    torch.testing.assert_close(w_eval.sum(-1), torch.ones(1, 4, 6))
+
+
+def test_rejects_sizes_that_do_not_split_into_heads():
+    with pytest.raises(ValueError, match="multiple of num_heads"):
+        MultiHeadAttention(30, 4)
+
+
+def test_gradients_match_pytorch_in_training():
+    """The in-place softmax is for inference only: training must still backpropagate correctly."""
+    ref = torch_mha()
+    ours = MultiHeadAttention.from_torch(ref)
+    x = torch.randn(2, 6, 32)
+    kpm = padding_mask([6, 4], 6)
+    x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ref.train()(x_ref, x_ref, x_ref, key_padding_mask=kpm)[0].square().sum().backward()
+    ours.train()(x_ours, key_padding_mask=kpm)[0].square().sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, **TOL)
+    torch.testing.assert_close(ours.in_proj_weight.grad, ref.in_proj_weight.grad, **TOL)
