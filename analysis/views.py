@@ -1,0 +1,130 @@
+"""Attention as a view shows it: special tokens hidden, subword pieces merged into words.
+
+Merging follows Clark et al. (2019): attention *to* a word is the sum over its pieces (keys),
+attention *from* a word is the mean over its pieces (queries), so every row still sums to 1.
+Hiding special tokens drops their rows and columns and renormalises each row to sum to 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.result import Attention
+
+# Byte-level BPE writes a leading space as "Ġ", SentencePiece as "▁"; WordPiece marks pieces "##".
+_SPACE_MARKS = ("Ġ", "▁")
+
+
+@dataclass(frozen=True, eq=False)
+class View:
+    """What a figure draws.
+
+    Attributes:
+        query_labels, key_labels: readable tokens or words, in order.
+        weights: float32 ``(layers, heads, n_queries, n_keys)``.
+        query_special, key_special: bool, which labels are special tokens.
+        query_spans, key_spans: ``(first, last + 1)`` token index range behind each label.
+    """
+
+    query_labels: list[str]
+    key_labels: list[str]
+    weights: np.ndarray
+    query_special: np.ndarray
+    key_special: np.ndarray
+    query_spans: list[tuple[int, int]]
+    key_spans: list[tuple[int, int]]
+
+    def head(self, layer: int, head: int) -> np.ndarray:
+        return self.weights[layer, head]
+
+
+def token_label(token: str) -> str:
+    """A token as a reader would write it: byte-level and SentencePiece space marks removed."""
+    for mark in _SPACE_MARKS:
+        if token.startswith(mark) and len(token) > 1:
+            return token[len(mark):]
+    return token.replace("Ċ", "\\n")
+
+
+def word_spans(att: Attention) -> list[tuple[int, int]]:
+    """Runs of consecutive tokens that share a word id; each special token stands alone."""
+    spans: list[tuple[int, int]] = []
+    for i, (wid, special) in enumerate(zip(att.word_ids, att.special)):
+        joins = spans and not special and wid is not None and att.word_ids[i - 1] == wid and not att.special[i - 1]
+        if joins:
+            spans[-1] = (spans[-1][0], i + 1)
+        else:
+            spans.append((i, i + 1))
+    return spans
+
+
+def _span_label(att: Attention, start: int, end: int) -> str:
+    if end - start == 1:
+        return token_label(att.tokens[start])
+    first, last = att.offsets[start][0], att.offsets[end - 1][1]
+    if last > first:
+        return att.text[first:last]
+    return "".join(token_label(t).removeprefix("##") for t in att.tokens[start:end])
+
+
+def merge_weights(weights: np.ndarray, query_spans, key_spans) -> np.ndarray:
+    """Sum over the pieces of each key word, mean over the pieces of each query word."""
+    k_starts = np.array([s for s, _ in key_spans])
+    q_starts = np.array([s for s, _ in query_spans])
+    q_sizes = np.array([e - s for s, e in query_spans], dtype=np.float32)
+    merged = np.add.reduceat(weights, k_starts, axis=-1)
+    merged = np.add.reduceat(merged, q_starts, axis=-2)
+    return (merged / q_sizes[:, None]).astype(np.float32)
+
+
+def renormalise_rows(weights: np.ndarray) -> np.ndarray:
+    """Rows scaled to sum to 1; a row with nothing left stays zero."""
+    sums = weights.sum(axis=-1, keepdims=True)
+    return np.divide(weights, sums, out=np.zeros_like(weights), where=sums > 0)
+
+
+def make_view(att: Attention, *, hide_special: bool = False, merge_words: bool = False) -> View:
+    """The weights and labels to draw for ``att`` under the two display options."""
+    keys = att.keys or att
+    weights = att.weights
+    if merge_words:
+        q_spans, k_spans = word_spans(att), word_spans(keys)
+        weights = merge_weights(weights, q_spans, k_spans)
+    else:
+        q_spans = [(i, i + 1) for i in range(len(att.tokens))]
+        k_spans = [(i, i + 1) for i in range(len(keys.tokens))]
+    q_labels = [_span_label(att, s, e) for s, e in q_spans]
+    k_labels = [_span_label(keys, s, e) for s, e in k_spans]
+    q_special = np.array([bool(att.special[s]) for s, _ in q_spans], dtype=bool)
+    k_special = np.array([bool(keys.special[s]) for s, _ in k_spans], dtype=bool)
+    if hide_special and (q_special.any() or k_special.any()):
+        keep_q, keep_k = np.flatnonzero(~q_special), np.flatnonzero(~k_special)
+        weights = renormalise_rows(weights[..., keep_q, :][..., keep_k])
+        q_labels, k_labels = [q_labels[i] for i in keep_q], [k_labels[i] for i in keep_k]
+        q_spans, k_spans = [q_spans[i] for i in keep_q], [k_spans[i] for i in keep_k]
+        q_special, k_special = q_special[keep_q], k_special[keep_k]
+    return View(q_labels, k_labels, np.ascontiguousarray(weights, dtype=np.float32), q_special, k_special,
+                q_spans, k_spans)
+
+
+def head_stats(view: View, special_share: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per head of every layer, from the weights as shown.
+
+    Returns arrays shaped ``(layers, heads)``: ``entropy`` (nats, mean over query rows),
+    ``max_weight``, and ``to_special`` (mean over queries of the weight on special keys; from
+    ``special_share`` when given, since a view with special tokens hidden has none left).
+    """
+    w = view.weights
+    with np.errstate(divide="ignore", invalid="ignore"):
+        plogp = np.where(w > 0, w * np.log(w), 0.0)
+    entropy = -plogp.sum(axis=-1).mean(axis=-1)
+    to_special = special_share if special_share is not None else w[..., view.key_special].sum(-1).mean(-1)
+    return {"entropy": entropy.astype(np.float32), "max_weight": w.max(axis=(-2, -1)),
+            "to_special": np.asarray(to_special, dtype=np.float32)}
+
+
+def special_share(att: Attention) -> np.ndarray:
+    """``(layers, heads)``: mean over queries of the weight each head puts on special tokens."""
+    keys = att.keys or att
+    return att.weights[..., keys.special].sum(-1).mean(-1)

@@ -1,0 +1,253 @@
+"""What every page shares: the sidebar's settings, cached models and results, pickers, exports.
+
+Widgets that make up a view are bound to the URL (``bind="query-params"``), so a copied link
+reproduces it and values survive page switches. Models are cached for all sessions and never
+changed by one; results are cached by everything that determines them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+import torch
+
+from analysis import View, make_view
+from analysis.export import attention_json, attention_npz, head_csv
+from models import Attention, AttentionModel, HeadLensError, load_model
+from viz.export import figure_html, figure_image
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+EXAMPLES: dict[str, str] = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
+DEFAULT_TEXT = next(iter(EXAMPLES.values()))
+MAX_CHARS = 20_000
+MAX_SENTENCES = 24
+
+MODELS = {
+    "minilm": "all-MiniLM-L6-v2 · transformers",
+    "scratch": "all-MiniLM-L6-v2 · from-scratch engine",
+    "untrained": "Untrained encoder · from scratch, seed 0",
+    "custom": "Custom model (id or folder) · transformers",
+}
+BIND = dict(bind="query-params")
+
+
+@st.cache_resource(max_entries=6, show_spinner=False)
+def cached_model(choice: str, custom: str, device: str) -> AttentionModel:
+    """One instance per (model, device) for every session; it is only ever read."""
+    if choice == "custom":
+        if not custom.strip():
+            raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
+        return load_model(custom.strip(), device=device)
+    return load_model(backend="transformers" if choice == "minilm" else "scratch", device=device,
+                      untrained=choice == "untrained")
+
+
+@st.cache_data(max_entries=64, max_size="1GiB", show_spinner=False)
+def cached_attention(choice: str, custom: str, device: str, text: str, causal: bool,
+                     heads_off: tuple[str, ...]) -> Attention:
+    model = cached_model(choice, custom, device)
+    mask = None
+    if heads_off:
+        mask = np.ones((model.n_layers, model.n_heads), dtype=np.float32)
+        for item in heads_off:
+            layer, head = map(int, item.split("."))
+            mask[layer, head] = 0
+    return model.attend(text, head_mask=mask, causal=causal)
+
+
+@dataclass(frozen=True)
+class Settings:
+    choice: str
+    custom: str
+    device: str
+    sentences: list[str]
+    hide_special: bool
+    merge_words: bool
+    shared_scale: bool
+    causal: bool
+    heads_off: tuple[str, ...]
+
+    @property
+    def scratch(self) -> bool:
+        return self.choice in ("scratch", "untrained")
+
+
+def stop_with(err: Exception) -> None:
+    st.error(str(err))
+    st.stop()
+
+
+def model_for(choice: str, custom: str, device: str) -> AttentionModel:
+    try:
+        with st.spinner("Loading the model…"):
+            return cached_model(choice, custom, device)
+    except HeadLensError as err:
+        stop_with(err)
+
+
+def _load_example() -> None:
+    name = st.session_state.get("example")
+    if name in EXAMPLES:
+        st.session_state["text"] = EXAMPLES[name]
+
+
+def sidebar() -> None:
+    """The controls every page shares; their values live in session state and the URL."""
+    sb = st.sidebar
+    choice = sb.selectbox("Model", list(MODELS), format_func=MODELS.get, key="model", **BIND)
+    if choice == "custom":
+        sb.text_input("Model id or folder", key="custom_model", placeholder="bert-base-uncased or /path/to/model",
+                      help="A model already in the local Hugging Face cache, or a folder with config.json and "
+                           "model.safetensors. Nothing is downloaded.", **BIND)
+    devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    device = sb.selectbox("Device", devices, key="device", **BIND)
+    sb.selectbox("Examples", list(EXAMPLES), index=None, placeholder="Load an example…", key="example",
+                 on_change=_load_example)
+    sb.text_area("Sentences, one per line", value=DEFAULT_TEXT, key="text", height=140, max_chars=MAX_CHARS,
+                 help="Press Ctrl+Enter to apply.", **BIND)
+    sb.subheader("View options")
+    sb.toggle("Hide special tokens", key="hide_special", help="Drop [CLS], [SEP], <s>… and renormalise each row.",
+              **BIND)
+    sb.toggle("Merge subwords into words", key="merge_words",
+              help="Sum over a word's pieces as keys, average over them as queries (Clark et al., 2019).", **BIND)
+    sb.toggle("One colour scale for all heads", value=True, key="shared_scale", **BIND)
+    scratch = choice in ("scratch", "untrained")
+    sb.toggle("Causal mask", key="causal", disabled=not scratch,
+              help="Each token sees only earlier ones; the from-scratch engine only.", **BIND)
+    model = model_for(choice, st.session_state.get("custom_model", ""), device)
+    if scratch:
+        sb.multiselect("Switch heads off", [f"{l}.{h}" for l in range(model.n_layers) for h in range(model.n_heads)],
+                       key="heads_off", placeholder="layer.head", help="Head masking, from-scratch engine only; "
+                       "later layers then see the model without those heads.", **BIND)
+    sb.caption(f"Running on **{model.device}** · {model.n_layers} layers × {model.n_heads} heads")
+
+
+def settings() -> Settings:
+    """The sidebar's current values, read from session state (the sidebar has already run)."""
+    ss = st.session_state
+    text = ss.get("text") or ""
+    sentences = [line.strip() for line in text.splitlines() if line.strip()]
+    if not sentences:
+        st.info("Type a sentence in the sidebar, one per line, then press Ctrl+Enter.")
+        st.stop()
+    if len(sentences) > MAX_SENTENCES:
+        st.warning(f"Showing the first {MAX_SENTENCES} of {len(sentences)} lines.")
+        sentences = sentences[:MAX_SENTENCES]
+    choice = ss.get("model", "minilm")
+    scratch = choice in ("scratch", "untrained")
+    return Settings(choice, ss.get("custom_model", "") or "", ss.get("device", "auto"), sentences,
+                    bool(ss.get("hide_special")), bool(ss.get("merge_words")), bool(ss.get("shared_scale", True)),
+                    scratch and bool(ss.get("causal")), tuple(ss.get("heads_off") or ()) if scratch else ())
+
+
+def attention(s: Settings, text: str, choice: str | None = None, key: str = "component", container=st) -> Attention:
+    """The attention of ``text``; for an encoder-decoder model, the part picked under ``key``."""
+    choice = choice or s.choice
+    scratch = choice in ("scratch", "untrained")
+    model_for(choice, s.custom, s.device)
+    try:
+        with st.spinner("Computing attention…"):
+            att = cached_attention(choice, s.custom, s.device, text, s.causal and scratch,
+                                   s.heads_off if scratch else ())
+    except HeadLensError as err:
+        stop_with(err)
+    if att.truncated:
+        container.warning(f"This text has {att.n_tokens_original} tokens; the model reads at most "
+                          f"{len(att.tokens)}, so it was cut there.")
+    if att.decoder is None:
+        return att
+    parts = {"encoder": att, "decoder": att.decoder, "cross": att.cross}
+    names = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention",
+             "cross": "Cross-attention (decoder → encoder)"}
+    return parts[choose("Attention", list(parts), key, container=container, format_func=names.get)]
+
+
+def view(s: Settings, att: Attention) -> View:
+    return make_view(att, hide_special=s.hide_special, merge_words=s.merge_words)
+
+
+def choose(label: str, options: list, key: str, default=None, container=st, **kwargs):
+    """A URL-bound selectbox whose stored value is reset when it is no longer an option."""
+    if key in st.session_state and st.session_state[key] not in options:
+        del st.session_state[key]
+    index = options.index(default) if default in options else 0
+    return container.selectbox(label, options, index=index, key=key, **BIND, **kwargs)
+
+
+def short(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def pick_sentence(s: Settings, key: str = "sentence", container=st, label: str = "Sentence") -> str:
+    i = choose(label, list(range(len(s.sentences))), key, container=container,
+               format_func=lambda i: f"{i + 1}. {short(s.sentences[i])}")
+    return s.sentences[i]
+
+
+def pick_layer(n_layers: int, key: str = "layer", container=st) -> int:
+    return choose("Layer", list(range(n_layers)), key, container=container)
+
+
+def pick_head(n_heads: int, key: str = "head", container=st, label: str = "Head") -> int:
+    return choose(label, list(range(n_heads)), key, container=container)
+
+
+def pick_heads(n_heads: int, key: str = "heads", container=st) -> list[int]:
+    options = list(range(n_heads))
+    if any(h not in options for h in st.session_state.get(key) or []):
+        del st.session_state[key]
+    heads = container.multiselect("Heads", options, default=options, key=key, **BIND)
+    return sorted(heads)
+
+
+def pick_query(v: View, key: str = "query", container=st, allow_all: bool = True) -> int | None:
+    options = ([-1] if allow_all else []) + list(range(len(v.query_labels)))
+    q = choose("Query token", options, key, container=container,
+               format_func=lambda i: "all tokens" if i == -1 else f"{i}: {v.query_labels[i]}")
+    return None if q == -1 else q
+
+
+def title_for(att: Attention, what: str) -> str:
+    return f"{what} · {short(att.text, 70)}"
+
+
+def exports(key: str, fig, att: Attention, v: View | None = None, layer: int | None = None,
+            head: int | None = None, sig: str = "") -> None:
+    """Download buttons: the figure (HTML, and PNG/SVG on request), the attention, one head as CSV.
+
+    ``sig`` names what the figure shows; rendered images are offered only while it is unchanged.
+    """
+    stem = f"headlens-{key}"
+    cols = st.columns(5)
+    cols[0].download_button("Figure · HTML", lambda: figure_html(fig), f"{stem}.html", "text/html",
+                            key=f"{key}-html", on_click="ignore")
+    cols[1].download_button("Attention · NPZ", lambda: attention_npz(att), f"{stem}.npz", "application/octet-stream",
+                            key=f"{key}-npz", on_click="ignore")
+    cols[2].download_button("Attention · JSON", lambda: attention_json(att), f"{stem}.json", "application/json",
+                            key=f"{key}-json", on_click="ignore")
+    if v is not None and layer is not None and head is not None:
+        cols[3].download_button(f"Head {layer}.{head} · CSV", head_csv(v, layer, head),
+                                f"{stem}-L{layer}H{head}.csv", "text/csv", key=f"{key}-csv", on_click="ignore")
+    stored = st.session_state.get(f"{key}-images")
+    images = stored[1] if stored and stored[0] == sig else None
+    if cols[4].button("PNG and SVG…", key=f"{key}-render", help="Renders on the server with Chromium; "
+                      "the camera in the chart's toolbar saves a PNG too."):
+        try:
+            with st.spinner("Rendering images…"):
+                images = {fmt: figure_image(fig, fmt) for fmt in ("png", "svg")}
+            st.session_state[f"{key}-images"] = (sig, images)
+        except RuntimeError as err:
+            st.warning(str(err))
+    if images:
+        a, b, _ = st.columns([1, 1, 3])
+        a.download_button("Download PNG", images["png"], f"{stem}.png", "image/png", key=f"{key}-png",
+                          on_click="ignore")
+        b.download_button("Download SVG", images["svg"], f"{stem}.svg", "image/svg+xml", key=f"{key}-svg",
+                          on_click="ignore")
+
+
+def chart(fig, key: str) -> None:
+    st.plotly_chart(fig, key=key, config={"displaylogo": False, "toImageButtonOptions": {"scale": 2}})

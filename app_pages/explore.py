@@ -1,0 +1,37 @@
+"""Explore: every head of one layer as heatmaps, with per-head numbers."""
+import pandas as pd
+import streamlit as st
+
+from analysis import head_stats, special_share
+from app_pages import common as c
+from viz import head_grid
+
+s = c.settings()
+st.title("Explore")
+top = st.columns([3, 1, 1])
+att = c.attention(s, c.pick_sentence(s, container=top[0]))
+v = c.view(s, att)
+layer = c.pick_layer(att.n_layers, container=top[1])
+focus = c.pick_head(att.n_heads, container=top[2], label="Focus head")
+heads = c.pick_heads(att.n_heads)
+if not heads:
+    st.info("Pick at least one head.")
+    st.stop()
+
+fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
+                title=c.title_for(att, f"Layer {layer}"))
+c.chart(fig, "explore-grid")
+
+stats = head_stats(v, special_share(att))
+table = pd.DataFrame({
+    "head": range(att.n_heads),
+    "entropy (nats)": stats["entropy"][layer],
+    "largest weight": stats["max_weight"][layer],
+    "to special tokens": stats["to_special"][layer],
+})
+st.subheader(f"Heads of layer {layer}")
+st.caption("Entropy and largest weight are of the rows as shown; attention to special tokens is the mean share "
+           "each query gives [CLS], [SEP] and the like, before hiding them.")
+st.dataframe(table.style.format(precision=3).highlight_between(subset=["head"], left=focus, right=focus),
+             hide_index=True, key="explore-stats")
+c.exports("explore", fig, att, v, layer, focus, sig=f"{att.text}|{layer}|{heads}|{s}")

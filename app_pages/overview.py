@@ -1,0 +1,26 @@
+"""Overview: every layer x head at once, as image thumbnails; open one in Explore."""
+import streamlit as st
+
+from analysis import head_stats, special_share
+from app_pages import common as c
+from viz import overview
+
+s = c.settings()
+st.title("Overview")
+att = c.attention(s, c.pick_sentence(s))
+v = c.view(s, att)
+stats = head_stats(v, special_share(att))
+fig = overview(v.weights, stats, shared_scale=s.shared_scale,
+               title=c.title_for(att, f"All {att.n_layers} layers × {att.n_heads} heads"))
+c.chart(fig, "overview")
+st.caption("Rows are layers, columns heads; each square is one head's queries (down) by keys (across). "
+           "Hover a square for its numbers.")
+
+a, b, go_col, _ = st.columns([1, 1, 1, 2], vertical_alignment="bottom")
+layer = a.selectbox("Layer", range(att.n_layers), key="open_layer")
+head = b.selectbox("Head", range(att.n_heads), key="open_head")
+if go_col.button("Open in Explore", type="primary"):
+    st.session_state["layer"] = layer
+    st.session_state["head"] = head
+    st.switch_page("app_pages/explore.py")
+c.exports("overview", fig, att, v, layer, head, sig=f"{att.text}|{s}")
