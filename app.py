@@ -3,14 +3,14 @@ import streamlit as st
 
 from app_pages.common import sidebar
 
-st.set_page_config(page_title="HeadLens", page_icon="🔎", layout="wide")
+st.set_page_config(page_title="HeadLens", page_icon=":material/visibility:", layout="wide")
 
 PAGES = [
-    st.Page("app_pages/explore.py", title="Explore", icon="🔍", url_path="explore", default=True),
-    st.Page("app_pages/compare.py", title="Compare", icon="⚖️", url_path="compare"),
-    st.Page("app_pages/overview.py", title="Overview", icon="🗺️", url_path="overview"),
-    st.Page("app_pages/tokens.py", title="Tokens", icon="🔗", url_path="tokens"),
-    st.Page("app_pages/text.py", title="Text", icon="🖍️", url_path="text"),
+    st.Page("app_pages/explore.py", title="Explore", icon=":material/grid_view:", url_path="explore", default=True),
+    st.Page("app_pages/compare.py", title="Compare", icon=":material/compare:", url_path="compare"),
+    st.Page("app_pages/overview.py", title="Overview", icon=":material/apps:", url_path="overview"),
+    st.Page("app_pages/tokens.py", title="Tokens", icon=":material/share:", url_path="tokens"),
+    st.Page("app_pages/text.py", title="Text", icon=":material/format_color_text:", url_path="text"),
 ]
 
 page = st.navigation(PAGES)

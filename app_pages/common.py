@@ -205,7 +205,8 @@ def pick_heads(n_heads: int, key: str = "heads", container=st) -> list[int]:
 
 def pick_query(v: View, key: str = "query", container=st, allow_all: bool = True) -> int | None:
     options = ([-1] if allow_all else []) + list(range(len(v.query_labels)))
-    q = choose("Query token", options, key, container=container,
+    words = [i for i in range(len(v.query_labels)) if not v.query_special[i]]
+    q = choose("Query token", options, key, default=words[0] if words else options[0], container=container,
                format_func=lambda i: "all tokens" if i == -1 else f"{i}: {v.query_labels[i]}")
     return None if q == -1 else q
 

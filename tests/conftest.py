@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -23,6 +24,8 @@ CORPUS = [
     "She gave her brother a book about the stars.",
     "Please close the door when you leave the room.",
 ] * 8
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SENTENCES = ["Which do you like better, coffee or tea?", "The cat sat on the mat.", "Hi"]
 
@@ -120,3 +123,90 @@ def tiny(tmp_path_factory, minilm_dir):
         return built[family]
 
     return make
+
+
+# --- the app -----------------------------------------------------------------------------------
+
+def decode(arr) -> "np.ndarray":
+    """A plotly array from a figure's JSON: a plain list, or {"dtype", "bdata", "shape"}."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(arr, dict) and "bdata" in arr:
+        out = np.frombuffer(base64.b64decode(arr["bdata"]), dtype=np.dtype(arr["dtype"]))
+        shape = arr.get("shape")
+        if isinstance(shape, str):
+            shape = [int(x) for x in shape.split(",")]
+        return out.reshape(shape) if shape else out
+    return np.asarray(arr, dtype=float)
+
+
+def figures(at) -> list[dict]:
+    """Every plotly figure on the page, as the JSON the browser receives."""
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def heatmaps(fig: dict) -> list[dict]:
+    return [t for t in fig["data"] if t["type"] == "heatmap"]
+
+
+def tick_text(fig: dict, axis: str = "xaxis") -> list[str]:
+    return fig["layout"][axis]["ticktext"]
+
+
+class _RecordingMediaManager:
+    """Remembers the media manager an AppTest run creates, to read back what a download serves."""
+
+    last = None
+
+    @classmethod
+    def install(cls, monkeypatch):
+        import streamlit.testing.v1.app_test as app_test
+        from streamlit.runtime.media_file_manager import MediaFileManager
+
+        class Recording(MediaFileManager):
+            def __init__(self, storage):
+                super().__init__(storage)
+                cls.last = self
+
+        monkeypatch.setattr(app_test, "MediaFileManager", Recording)
+
+
+def downloads(at) -> dict[str, bytes]:
+    """label -> the bytes each download button on the page would send."""
+    mgr = _RecordingMediaManager.last
+    out = {}
+    for button in at.get("download_button"):
+        p = button.proto
+        url = mgr.execute_deferred(p.deferred_file_id) if p.deferred_file_id else p.url
+        out[p.label] = mgr._storage.get_file(url.rsplit("/", 1)[-1]).content
+    return out
+
+
+@pytest.fixture
+def new_app(monkeypatch):
+    """``new_app(query_params=None, page=None)`` -> a fresh session of the app after its first run."""
+    from streamlit.testing.v1 import AppTest
+
+    _RecordingMediaManager.install(monkeypatch)
+
+    def make(query_params: dict | None = None, page: str | None = None):
+        """Open ``page`` with ``query_params`` as a shared link does. (Across a page switch the
+        browser carries bound values in the URL, which AppTest does not simulate.)"""
+        at = AppTest.from_file(ROOT / "app.py", default_timeout=120)
+        if page:
+            at.switch_page(page)
+        for k, v in (query_params or {}).items():
+            at.query_params[k] = v
+        at.run()
+        assert not at.exception, at.exception
+        return at
+
+    return make
+
+
+@pytest.fixture
+def app(new_app):
+    """A fresh session of the app on its default page, Explore."""
+    return new_app()

@@ -160,8 +160,9 @@ def overview(weights: np.ndarray, stats: dict[str, np.ndarray], *, shared_scale:
                      showgrid=False, range=[-0.5, width - 0.5], side="top")
     fig.update_yaxes(tickmode="array", tickvals=centres_y, ticktext=[f"L{l}" for l in range(layers)],
                      showgrid=False, range=[height - 0.5, -0.5], scaleanchor="x")
-    fig.update_layout(title=dict(text=safe(title)), height=min(900, int(height * 1.1) + 120),
-                      margin=dict(t=90, l=10, r=10, b=10))
+    # the image keeps its aspect ratio; size the figure to it for a page about 1100 px wide
+    fig.update_layout(title=dict(text=safe(title)), height=min(1000, int(1100 * height / width) + 130),
+                      margin=dict(t=90, l=40, r=10, b=10))
     return fig
 
 

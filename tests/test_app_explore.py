@@ -1,0 +1,181 @@
+"""The Explore page and the shared sidebar, in AppTest: figure data against the model's attention."""
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tests.conftest import decode, downloads, figures, heatmaps, tick_text
+
+TOL = 1e-6
+COFFEE = "Which do you like better, coffee or tea?"
+
+
+def grid(at):
+    (fig,) = figures(at)
+    return fig, [decode(t["z"]) for t in heatmaps(fig)]
+
+
+def test_default_shows_every_head_of_layer_0(app, hf_model):
+    ref = hf_model.attend(COFFEE)
+    fig, zs = grid(app)
+    assert len(zs) == 12
+    for h, z in enumerate(zs):
+        np.testing.assert_allclose(z, ref.weights[0, h], atol=TOL)
+    assert tick_text(fig) == ref.tokens and tick_text(fig, "yaxis") == ref.tokens
+    assert fig["layout"]["title"]["text"] == f"Layer 0 · {COFFEE}"
+    assert fig["layout"]["coloraxis"]["cmax"] == pytest.approx(float(ref.weights[0].max()), abs=TOL)
+    assert "Running on **cpu** · 6 layers × 12 heads" in [c.value for c in app.sidebar.caption]
+
+
+def test_new_sentences_layer_and_heads(app, hf_model):
+    text = "The cat sat on the mat.\nA second line about dogs."
+    app.text_area(key="text").input(text).run()
+    app.selectbox(key="sentence").set_value(1).run()
+    app.selectbox(key="layer").set_value(3).run()
+    app.multiselect(key="heads").set_value([2, 7]).run()
+    assert not app.exception
+    ref = hf_model.attend("A second line about dogs.")
+    fig, zs = grid(app)
+    assert tick_text(fig) == ref.tokens == ["[CLS]", "a", "second", "line", "about", "dogs", ".", "[SEP]"]
+    assert [t["name"] for t in heatmaps(fig)] == ["head 2", "head 7"]
+    np.testing.assert_allclose(zs[0], ref.weights[3, 2], atol=TOL)
+    np.testing.assert_allclose(zs[1], ref.weights[3, 7], atol=TOL)
+
+
+def test_hidden_special_tokens_renormalise_rows(app, hf_model):
+    app.toggle(key="hide_special").set_value(True).run()
+    ref = hf_model.attend(COFFEE)
+    fig, zs = grid(app)
+    assert tick_text(fig) == ref.tokens[1:-1]
+    for h, z in enumerate(zs):
+        inner = ref.weights[0, h][1:-1, 1:-1]
+        np.testing.assert_allclose(z, inner / inner.sum(axis=1, keepdims=True), atol=TOL)
+        np.testing.assert_allclose(z.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_merged_words_match_the_words(app, hf_model):
+    text = "Tokenization is unbelievably interesting"
+    app.text_area(key="text").input(text).run()
+    app.toggle(key="merge_words").set_value(True).run()
+    ref = hf_model.attend(text)
+    fig, zs = grid(app)
+    assert tick_text(fig) == ["[CLS]", "Tokenization", "is", "unbelievably", "interesting", "[SEP]"]
+    # pieces per word, from the tokenizer's word ids: [CLS] | token ##ization | is | un ##bel ##ie ##va ##bly | ...
+    groups = [[0]]
+    for i, w in enumerate(ref.word_ids[1:-1], start=1):
+        if groups[-1] and i > 1 and ref.word_ids[groups[-1][-1]] == w:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    groups.append([len(ref.tokens) - 1])
+    w = ref.weights[0, 5]
+    want = np.array([[w[np.ix_(qg, kg)].sum(axis=1).mean() for kg in groups] for qg in groups])
+    np.testing.assert_allclose(zs[5], want, atol=1e-5)
+
+
+def test_one_scale_per_head(app, hf_model):
+    app.toggle(key="shared_scale").set_value(False).run()
+    ref = hf_model.attend(COFFEE)
+    fig, _ = grid(app)
+    assert "coloraxis" not in fig["layout"] or "cmax" not in fig["layout"]["coloraxis"]
+    for h, t in enumerate(heatmaps(fig)):
+        assert t["zmax"] == pytest.approx(float(ref.weights[0, h].max()), abs=TOL)
+
+
+def test_head_statistics_table(app, hf_model):
+    ref = hf_model.attend(COFFEE)
+    app.selectbox(key="layer").set_value(2).run()
+    table = app.dataframe[0].value
+    w = ref.weights[2].astype(np.float64)
+    entropy = -(w * np.log(np.where(w > 0, w, 1))).sum(-1).mean(-1)
+    np.testing.assert_allclose(table["entropy (nats)"], entropy, atol=1e-4)
+    np.testing.assert_allclose(table["largest weight"], w.max(axis=(1, 2)), atol=TOL)
+    np.testing.assert_allclose(table["to special tokens"], w[:, :, [0, -1]].sum(-1).mean(-1), atol=1e-5)
+
+
+def test_causal_mask_and_heads_off_on_the_scratch_engine(app):
+    from models import load_model
+
+    app.selectbox(key="model").set_value("scratch").run()
+    app.toggle(key="causal").set_value(True).run()
+    app.multiselect(key="heads_off").set_value(["0.3"]).run()
+    assert not app.exception
+    ref = load_model(backend="scratch").attend(COFFEE, causal=True, head_mask=np.where(np.arange(72) == 3, 0, 1).reshape(6, 12))
+    _, zs = grid(app)
+    assert np.all(zs[3] == 0)
+    for h in (0, 5, 11):
+        assert np.all(np.triu(zs[h], 1) == 0)
+        np.testing.assert_allclose(zs[h], ref.weights[0, h], atol=TOL)
+
+
+def test_causal_is_ignored_for_transformers_models(new_app, hf_model):
+    at = new_app({"causal": "true"})
+    assert at.toggle(key="causal").disabled
+    _, zs = grid(at)
+    np.testing.assert_allclose(zs[0], hf_model.attend(COFFEE).weights[0, 0], atol=TOL)
+
+
+def test_state_comes_from_the_url(new_app, hf_model):
+    at = new_app({"text": "Dogs bark loudly.", "layer": "4", "heads": ["1", "9"], "hide_special": "true"})
+    ref = hf_model.attend("Dogs bark loudly.")
+    fig, zs = grid(at)
+    assert at.selectbox(key="layer").value == 4 and tick_text(fig) == ["dogs", "bark", "loudly", "."]
+    inner = ref.weights[4, 9][1:-1, 1:-1]
+    np.testing.assert_allclose(zs[1], inner / inner.sum(1, keepdims=True), atol=TOL)
+
+
+def test_examples_fill_the_text(app, hf_model):
+    app.selectbox(key="example").set_value("What does 'it' refer to?").run()
+    assert app.text_area(key="text").value.startswith("The animal didn't cross the street")
+    assert len(app.selectbox(key="sentence").options) == 2
+
+
+def test_errors_are_sentences_and_the_session_goes_on(app):
+    app.text_area(key="text").input("   \n  ").run()
+    assert not app.exception and "Type a sentence" in app.info[0].value
+    app.selectbox(key="model").set_value("custom").run()
+    app.text_input(key="custom_model").input("nobody/no-such-model").run()
+    assert not app.exception
+    assert "No model 'nobody/no-such-model' was found" in app.error[0].value
+    assert "never downloads" in app.error[0].value
+    app.selectbox(key="model").set_value("minilm").run()
+    app.text_area(key="text").input("Back to work.").run()
+    assert not app.exception and not app.error and tick_text(figures(app)[0])[1:3] == ["back", "to"]
+
+
+def test_long_text_is_cut_with_a_note(app):
+    app.text_area(key="text").input("word " * 600).run()
+    assert "the model reads at most 512" in app.warning[0].value
+    fig, zs = grid(app)
+    assert zs[0].shape == (512, 512)
+
+
+def test_exports_hold_the_attention(app, hf_model):
+    app.selectbox(key="head").set_value(4).run()
+    ref = hf_model.attend(COFFEE)
+    files = downloads(app)
+    npz = np.load(io.BytesIO(files["Attention · NPZ"]))
+    np.testing.assert_allclose(npz["weights"], ref.weights, atol=TOL)
+    assert npz["tokens"].tolist() == ref.tokens
+    assert json.loads(str(npz["metadata"]))["text"] == COFFEE
+    data = json.loads(files["Attention · JSON"])
+    assert data["tokens"] == ref.tokens and data["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    np.testing.assert_allclose(np.array(data["weights"]), ref.weights, atol=1e-6)
+    rows = files["Head 0.4 · CSV"].decode().splitlines()
+    assert rows[0].split(",")[1:4] == ["[CLS]", "which", "do"]
+    first = [float(x) for x in rows[1].split(",")[1:]]
+    np.testing.assert_allclose(first, ref.weights[0, 4, 0], rtol=1e-5)
+    page = files["Figure · HTML"].decode()
+    assert "plotly" in page.lower() and COFFEE in page
+
+
+def test_markup_in_a_sentence_stays_text(app):
+    app.text_area(key="text").input("<b>bold</b> & <script>alert(1)</script>").run()
+    fig = figures(app)[0]
+    labels = tick_text(fig)
+    assert "&lt;" in "".join(labels) and not any("<" in t for t in labels)
+    assert "<script>" not in fig["layout"]["title"]["text"]
+    html = downloads(app)["Figure · HTML"].decode()
+    assert "<script>alert(1)</script>" not in html
