@@ -1,8 +1,10 @@
 """What every page shares: the sidebar's settings, cached models and results, pickers, exports.
 
-Widgets that make up a view are bound to the URL (``bind="query-params"``), so a copied link
-reproduces it and values survive page switches. Models are cached for all sessions and never
-changed by one; results are cached by everything that determines them.
+Every widget that shapes a view takes its value from, in order: its own state on this page;
+what this session chose last (so a value survives a page switch); the URL, for a session just
+opened from a link; its default. Each run writes the values back to the URL (defaults left out),
+so a copied link reproduces the view. Models are cached for all sessions and never changed by
+one; results are cached by everything that determines them.
 """
 from __future__ import annotations
 
@@ -31,7 +33,6 @@ MODELS = {
     "untrained": "Untrained encoder · from scratch, seed 0",
     "custom": "Custom model (id or folder) · transformers",
 }
-BIND = dict(bind="query-params")
 
 
 @st.cache_resource(max_entries=6, show_spinner=False)
@@ -91,37 +92,49 @@ def model_for(choice: str, custom: str, device: str) -> AttentionModel:
 def _load_example() -> None:
     name = st.session_state.get("example")
     if name in EXAMPLES:
-        st.session_state["text"] = EXAMPLES[name]
+        remember("text", EXAMPLES[name])
+        st.session_state.pop("text", None)  # the text box starts again, from the example
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
 
 
 def sidebar() -> None:
     """The controls every page shares; their values live in session state and the URL."""
     sb = st.sidebar
-    choice = sb.selectbox("Model", list(MODELS), format_func=MODELS.get, key="model", **BIND)
+    choice = bound(sb.selectbox, "model", "minilm", init="index", options=list(MODELS), label="Model",
+                   format_func=MODELS.get)
     if choice == "custom":
-        sb.text_input("Model id or folder", key="custom_model", placeholder="bert-base-uncased or /path/to/model",
-                      help="A model already in the local Hugging Face cache, or a folder with config.json and "
-                           "model.safetensors. Nothing is downloaded.", **BIND)
+        bound(sb.text_input, "custom_model", "", label="Model id or folder",
+              placeholder="bert-base-uncased or /path/to/model",
+              help="A model already in the local Hugging Face cache, or a folder with config.json and "
+                   "model.safetensors. Nothing is downloaded.")
     devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    device = sb.selectbox("Device", devices, key="device", **BIND)
+    device = bound(sb.selectbox, "device", "auto", init="index", options=devices, label="Device")
     sb.selectbox("Examples", list(EXAMPLES), index=None, placeholder="Load an example…", key="example",
                  on_change=_load_example)
-    sb.text_area("Sentences, one per line", value=DEFAULT_TEXT, key="text", height=140, max_chars=MAX_CHARS,
-                 help="Press Ctrl+Enter to apply.", **BIND)
+    bound(sb.text_area, "text", DEFAULT_TEXT, valid=lambda t: len(t) <= MAX_CHARS, label="Sentences, one per line",
+          height=140, max_chars=MAX_CHARS, help="Press Ctrl+Enter to apply.")
     sb.subheader("View options")
-    sb.toggle("Hide special tokens", key="hide_special", help="Drop [CLS], [SEP], <s>… and renormalise each row.",
-              **BIND)
-    sb.toggle("Merge subwords into words", key="merge_words",
-              help="Sum over a word's pieces as keys, average over them as queries (Clark et al., 2019).", **BIND)
-    sb.toggle("One colour scale for all heads", value=True, key="shared_scale", **BIND)
+    bound(sb.toggle, "hide_special", False, cast=_flag, label="Hide special tokens",
+          help="Drop [CLS], [SEP], <s>… and renormalise each row.")
+    bound(sb.toggle, "merge_words", False, cast=_flag, label="Merge subwords into words",
+          help="Sum over a word's pieces as keys, average over them as queries (Clark et al., 2019).")
+    bound(sb.toggle, "shared_scale", True, cast=_flag, label="One colour scale for all heads")
     scratch = choice in ("scratch", "untrained")
-    sb.toggle("Causal mask", key="causal", disabled=not scratch,
-              help="Each token sees only earlier ones; the from-scratch engine only.", **BIND)
+    bound(sb.toggle, "causal", False, cast=_flag, label="Causal mask", disabled=not scratch,
+          help="Each token sees only earlier ones; the from-scratch engine only.")
     model = model_for(choice, st.session_state.get("custom_model", ""), device)
     if scratch:
-        sb.multiselect("Switch heads off", [f"{l}.{h}" for l in range(model.n_layers) for h in range(model.n_heads)],
-                       key="heads_off", placeholder="layer.head", help="Head masking, from-scratch engine only; "
-                       "later layers then see the model without those heads.", **BIND)
+        names = [f"{l}.{h}" for l in range(model.n_layers) for h in range(model.n_heads)]
+        bound(sb.multiselect, "heads_off", [], init="default", options=names, multi=True, label="Switch heads off",
+              placeholder="layer.head",
+              help="Head masking, from-scratch engine only; later layers then see the model without those heads.")
     sb.caption(f"Running on **{model.device}** · {model.n_layers} layers × {model.n_heads} heads")
 
 
@@ -162,19 +175,77 @@ def attention(s: Settings, text: str, choice: str | None = None, key: str = "com
     parts = {"encoder": att, "decoder": att.decoder, "cross": att.cross}
     names = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention",
              "cross": "Cross-attention (decoder → encoder)"}
-    return parts[choose("Attention", list(parts), key, container=container, format_func=names.get)]
+    return parts[choose("Attention", list(parts), key, container=container, cast=str, format_func=names.get)]
 
 
 def view(s: Settings, att: Attention) -> View:
     return make_view(att, hide_special=s.hide_special, merge_words=s.merge_words)
 
 
-def choose(label: str, options: list, key: str, default=None, container=st, **kwargs):
-    """A URL-bound selectbox whose stored value is reset when it is no longer an option."""
-    if key in st.session_state and st.session_state[key] not in options:
-        del st.session_state[key]
-    index = options.index(default) if default in options else 0
-    return container.selectbox(label, options, index=index, key=key, **BIND, **kwargs)
+def remember(key: str, value) -> None:
+    """Keep a view choice for the session, so a page opened later starts from it."""
+    st.session_state.setdefault("_kept", {})[key] = value
+
+
+def _from_url(key: str, cast, multi: bool):
+    if key not in st.query_params:
+        raise KeyError(key)
+    return [cast(x) for x in st.query_params.get_all(key)] if multi else cast(st.query_params[key])
+
+
+def _to_url(key: str, value, default, multi: bool) -> None:
+    if value == default or value is None:
+        if key in st.query_params:
+            del st.query_params[key]
+        return
+    text = [str(v) for v in value] if multi else ("true" if value is True else "false" if value is False else str(value))
+    current = st.query_params.get_all(key) if multi else st.query_params.get(key)
+    if current != text:
+        st.query_params[key] = text
+
+
+def bound(draw, key: str, default, *, init: str = "value", options: list | None = None, multi: bool = False,
+          cast=str, valid=None, **kwargs):
+    """Draw a widget (``st.selectbox``, ``container.toggle``…) whose value lives in the session and the URL.
+
+    Args:
+        draw: the widget function, called with ``key``, ``kwargs``, ``options`` when given, and the
+            initial value under ``init`` ("value", "default", or "index" into ``options``).
+        default: the value when neither this session nor the URL gives one; left out of the URL.
+        options: the allowed values; a kept or linked value outside them is ignored.
+        multi: the value is a list (multiselect).
+        cast: turns one URL string into a value (``int``, a flag parser…).
+    """
+    if valid is None:
+        valid = (lambda v: True) if options is None else (
+            (lambda v: all(x in options for x in v)) if multi else (lambda v: v in options))
+    ss = st.session_state
+    if key in ss and not valid(ss[key]):
+        del ss[key]
+    # The widget's own state wins once it exists; this initial value matters on the first run of
+    # a page, which after a page switch is a new widget with the same key.
+    initial = default
+    for get in (lambda: ss["_kept"][key], lambda: _from_url(key, cast, multi)):
+        try:
+            value = get()
+        except (KeyError, ValueError, TypeError):
+            continue
+        if valid(value):
+            initial = value
+            break
+    if options is not None:
+        kwargs["options"] = options
+    kwargs[init] = options.index(initial) if init == "index" else initial
+    value = draw(key=key, **kwargs)
+    remember(key, value)
+    _to_url(key, value, default, multi)
+    return value
+
+
+def choose(label: str, options: list, key: str, default=None, container=st, cast=int, **kwargs):
+    """A selectbox of ``options`` whose choice lives in the session and the URL."""
+    default = default if default in options else options[0]
+    return bound(container.selectbox, key, default, init="index", options=options, cast=cast, label=label, **kwargs)
 
 
 def short(text: str, n: int = 60) -> str:
@@ -197,9 +268,8 @@ def pick_head(n_heads: int, key: str = "head", container=st, label: str = "Head"
 
 def pick_heads(n_heads: int, key: str = "heads", container=st) -> list[int]:
     options = list(range(n_heads))
-    if any(h not in options for h in st.session_state.get(key) or []):
-        del st.session_state[key]
-    heads = container.multiselect("Heads", options, default=options, key=key, **BIND)
+    heads = bound(container.multiselect, key, options, init="default", options=options, multi=True, cast=int,
+                  label="Heads")
     return sorted(heads)
 
 

@@ -6,7 +6,8 @@ from viz import head_heatmap
 
 s = c.settings()
 st.title("Compare")
-n = st.segmented_control("Picks", [2, 3, 4], default=2, key="picks", required=True, **c.BIND)
+n = c.bound(st.segmented_control, "picks", 2, init="default", options=[2, 3, 4], cast=int, label="Picks",
+            required=True)
 choices = [m for m in c.MODELS if m != "custom" or s.custom]
 first = s.choice if s.choice in choices else "minilm"
 defaults = [(first, 0), (first, 1), ("untrained", 0), ("scratch" if first != "scratch" else "minilm", 0)]
@@ -15,7 +16,8 @@ picks = []
 for i, col in enumerate(st.columns(n)):
     with col:
         st.markdown(f"**Pick {i + 1}**")
-        model = c.choose("Model", choices, f"p{i + 1}_model", default=defaults[i][0], format_func=c.MODELS.get)
+        model = c.choose("Model", choices, f"p{i + 1}_model", default=defaults[i][0], cast=str,
+                         format_func=c.MODELS.get)
         att = c.attention(s, c.pick_sentence(s, key=f"p{i + 1}_sentence"), choice=model, key=f"p{i + 1}_component")
         v = c.view(s, att)
         layer = c.pick_layer(att.n_layers, key=f"p{i + 1}_layer")

@@ -20,7 +20,7 @@ a, b, go_col, _ = st.columns([1, 1, 1, 2], vertical_alignment="bottom")
 layer = a.selectbox("Layer", range(att.n_layers), key="open_layer")
 head = b.selectbox("Head", range(att.n_heads), key="open_head")
 if go_col.button("Open in Explore", type="primary"):
-    st.session_state["layer"] = layer
-    st.session_state["head"] = head
+    c.remember("layer", layer)
+    c.remember("head", head)
     st.switch_page("app_pages/explore.py")
 c.exports("overview", fig, att, v, layer, head, sig=f"{att.text}|{s}")

@@ -126,6 +126,24 @@ def test_state_comes_from_the_url(new_app, hf_model):
     np.testing.assert_allclose(zs[1], inner / inner.sum(1, keepdims=True), atol=TOL)
 
 
+def test_and_goes_back_to_the_url(app):
+    app.selectbox(key="layer").set_value(5).run()
+    app.toggle(key="merge_words").set_value(True).run()
+    app.multiselect(key="heads").set_value([1, 3]).run()
+    assert app.query_params["layer"] == "5" and app.query_params["merge_words"] == "true"
+    assert app.query_params["heads"] == ["1", "3"]
+    app.selectbox(key="layer").set_value(0).run()  # back to the default: left out of the link
+    assert "layer" not in app.query_params
+
+
+def test_a_choice_survives_a_page_switch(app, hf_model):
+    app.selectbox(key="layer").set_value(3).run()
+    app.switch_page("app_pages/tokens.py").run()
+    assert app.selectbox(key="layer").value == 3
+    assert figures(app)[0]["layout"]["title"]["text"].startswith("Layer 3 ·")
+    assert app.query_params["layer"] == "3"
+
+
 def test_examples_fill_the_text(app, hf_model):
     app.selectbox(key="example").set_value("What does 'it' refer to?").run()
     assert app.text_area(key="text").value.startswith("The animal didn't cross the street")

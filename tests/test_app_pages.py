@@ -8,7 +8,6 @@ import plotly.colors as pc
 import pytest
 from PIL import Image
 
-from app_pages.common import MODELS
 from models import load_model
 from tests.conftest import decode, downloads, figures, heatmaps, tick_text
 
@@ -124,7 +123,7 @@ def line_ends(fig, head):
 
 
 def test_tokens_lines_follow_the_weights(new_app, hf_model):
-    at = new_app({"query": "8: or", "heads": ["3", "6"], "layer": "2"}, page="app_pages/tokens.py")
+    at = new_app({"query": "8", "heads": ["3", "6"], "layer": "2"}, page="app_pages/tokens.py")
     ref = hf_model.attend(COFFEE)
     (fig,) = figures(at)
     texts = {t["name"]: t["text"] for t in fig["data"] if t.get("mode") == "text"}
@@ -150,7 +149,7 @@ def test_tokens_merged_words_and_default_query(new_app):
 # --- Text ----------------------------------------------------------------------------------------
 
 def test_text_shading_is_the_row_of_the_query(new_app, hf_model):
-    at = new_app({"layer": "1", "head": "4", "query": "7: coffee"}, page="app_pages/text.py")
+    at = new_app({"layer": "1", "head": "4", "query": "7"}, page="app_pages/text.py")
     ref = hf_model.attend(COFFEE)
     (fig,) = figures(at)
     (trace,) = heatmaps(fig)
@@ -164,7 +163,7 @@ def test_text_shading_is_the_row_of_the_query(new_app, hf_model):
 
 
 def test_text_mean_over_queries_and_exports(new_app, hf_model):
-    at = new_app({"layer": "0", "head": "2", "query": "all tokens"}, page="app_pages/text.py")
+    at = new_app({"layer": "0", "head": "2", "query": "-1"}, page="app_pages/text.py")
     ref = hf_model.attend(COFFEE)
     z = decode(heatmaps(figures(at)[0])[0]["z"]).ravel()
     np.testing.assert_allclose(z[~np.isnan(z)], ref.weights[0, 2].mean(axis=0), atol=TOL)
@@ -174,7 +173,7 @@ def test_text_mean_over_queries_and_exports(new_app, hf_model):
 
 def test_encoder_decoder_parts_in_the_app(new_app, tiny):
     folder = str(tiny("bart"))
-    at = new_app({"model": MODELS["custom"], "custom_model": folder, "text": "The cat sat."})
+    at = new_app({"model": "custom", "custom_model": folder, "text": "The cat sat."})
     assert not at.exception and not at.error
     ref = load_model(folder).attend("The cat sat.")
     np.testing.assert_allclose(decode(heatmaps(figures(at)[0])[0]["z"]), ref.weights[0, 0], atol=TOL)

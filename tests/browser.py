@@ -1,0 +1,99 @@
+"""A real Streamlit server on a free loopback port, driven by Playwright in Debian's Chromium."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = ROOT / "artifacts" / "screenshots"
+LOGS = ROOT / "artifacts" / "logs"
+PLOT = ".js-plotly-plot .main-svg"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def streamlit_server(timeout: float = 120):
+    """``streamlit run app.py`` on 127.0.0.1; yields its base URL and stops it by its PID."""
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log_path = LOGS / f"streamlit-{port}.log"
+    log = open(log_path, "wb")  # a pipe nobody reads would fill and stall the server
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"streamlit exited: {log_path.read_text()[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError("streamlit did not become healthy")
+                time.sleep(0.3)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@contextmanager
+def chromium():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def plot_title(page) -> str:
+    return page.locator(".js-plotly-plot .gtitle").first.text_content() or ""
+
+
+def wait_title(page, prefix: str, timeout: float = 60_000) -> None:
+    page.wait_for_function(
+        "p => { const t = document.querySelector('.js-plotly-plot .gtitle');"
+        " return t && t.textContent.includes(p); }", arg=prefix, timeout=timeout)
+
+
+def x_ticks(page, plot: int = 0) -> list[str]:
+    """Tick labels of the first x axis of the ``plot``-th chart, as drawn."""
+    return page.evaluate(
+        "i => Array.from(document.querySelectorAll('.js-plotly-plot')[i]"
+        ".querySelector('.xaxislayer-above').querySelectorAll('.xtick text')).map(t => t.textContent)", plot)
+
+
+def commit_text(page, text: str) -> None:
+    """Type into the sidebar's sentences box and commit with Ctrl+Enter, as a person does."""
+    box = page.get_by_role("textbox", name="Sentences, one per line")
+    box.click()
+    box.press("Control+a")
+    box.fill(text)
+    box.press("Control+Enter")

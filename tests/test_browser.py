@@ -1,0 +1,119 @@
+"""The app in a real browser: typing, every page, links, downloads, markup. Screenshots go to artifacts/."""
+import io
+
+import numpy as np
+import pytest
+
+from models import load_model
+from tests.browser import PLOT, SHOTS, chromium, commit_text, plot_title, streamlit_server, wait_title, x_ticks
+
+PAGES = [("Explore", "", "Layer 0 · Which do you like better"), ("Compare", "compare", "1: all-MiniLM-L6-v2 · L0 H0"),
+         ("Overview", "overview", "All 6 layers × 12 heads · Which"), ("Tokens", "tokens", "Layer 0 · Which"),
+         ("Text", "text", "Attention from “which” · layer 0, head 0")]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with streamlit_server() as (url, proc):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser, server):
+    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    page = context.new_page()
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.dialogs = dialogs
+    page.goto(server + "/")
+    page.wait_for_selector(PLOT, timeout=120_000)
+    yield page
+    assert not dialogs, f"a dialog opened: {dialogs}"
+    context.close()
+
+
+def shot(page, name):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_typed_sentence_reaches_every_heatmap(page, hf_model):
+    text = "The old lighthouse keeper watched the storm roll in."
+    commit_text(page, text)
+    wait_title(page, text)
+    tokens = hf_model.attend(text).tokens
+    page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .xaxislayer-above').length >= n", arg=12)
+    assert x_ticks(page) == tokens
+    assert page.locator(".js-plotly-plot .heatmaplayer image").count() == 12  # one raster per head
+    assert "text=The+old+lighthouse" in page.url or "text=The%20old%20lighthouse" in page.url
+    shot(page, "explore-typed")
+
+
+def test_every_page_in_the_browser(page):
+    for name, path, title in PAGES:
+        page.get_by_role("link", name=name, exact=True).click()
+        page.wait_for_url(f"**/{path}*")
+        page.wait_for_selector(f"h1:has-text('{name}')")
+        page.wait_for_selector(PLOT, timeout=60_000)
+        wait_title(page, title)
+        assert not page.locator("[data-testid='stException']").count()
+        shot(page, f"page-{name.lower()}")
+
+
+def test_link_reproduces_a_view_and_state_survives_page_switches(page, server):
+    page.goto(server + "/tokens?layer=2&query=7")
+    page.wait_for_selector(PLOT, timeout=60_000)
+    wait_title(page, "Layer 2")
+    page.get_by_role("link", name="Text", exact=True).click()
+    wait_title(page, "from “coffee” · layer 2")
+    page.wait_for_url("**/text?*layer=2*")
+    assert "query=7" in page.url
+
+
+def test_overview_is_one_image(page, server):
+    page.goto(server + "/overview")
+    page.wait_for_selector(".js-plotly-plot .layer-above image, .js-plotly-plot image", timeout=60_000)
+    wait_title(page, "All 6 layers × 12 heads")
+    assert page.locator(".js-plotly-plot .heatmaplayer image").count() <= 1
+    shot(page, "overview")
+
+
+def test_markup_in_text_shows_as_text(page):
+    text = '<img src=x onerror=alert(1)> <script>alert(2)</script> & "quotes"'
+    commit_text(page, text)
+    page.wait_for_function("() => document.querySelector('.js-plotly-plot .gtitle').textContent.includes('<img')",
+                           timeout=60_000)
+    assert "<img src=x onerror=alert(1)>" in plot_title(page)
+    assert page.locator("img[src='x']").count() == 0
+    ticks = x_ticks(page)
+    assert ticks[1:4] == ["<", "im", "##g"] and "script" in ticks
+    page.wait_for_timeout(500)
+    assert not page.dialogs
+    shot(page, "markup")
+
+
+def test_download_npz_holds_the_attention(page, hf_model):
+    with page.expect_download() as info:
+        page.get_by_role("button", name="Attention · NPZ").click()
+    data = np.load(io.BytesIO(open(info.value.path(), "rb").read()))
+    ref = hf_model.attend("Which do you like better, coffee or tea?")
+    assert data["tokens"].tolist() == ref.tokens
+    np.testing.assert_allclose(data["weights"], ref.weights, atol=1e-6)
+
+
+def test_server_side_png_and_svg(page):
+    page.get_by_role("button", name="PNG and SVG…").click()
+    page.get_by_role("button", name="Download SVG").wait_for(timeout=60_000)
+    with page.expect_download() as info:
+        page.get_by_role("button", name="Download SVG").click()
+    svg = open(info.value.path(), encoding="utf-8").read()
+    assert svg.startswith("<svg") and "coffee" in svg and "Layer 0" in svg
+    with page.expect_download() as info:
+        page.get_by_role("button", name="Download PNG").click()
+    assert open(info.value.path(), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
