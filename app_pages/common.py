@@ -81,12 +81,15 @@ def stop_with(err: Exception) -> None:
     st.stop()
 
 
-def model_for(choice: str, custom: str, device: str) -> AttentionModel:
+def model_for(choice: str, custom: str, device: str, container=st) -> AttentionModel:
+    slot = container.empty()  # keeps the elements after it in place, spinner or not
     try:
-        with st.spinner("Loading the model…"):
-            return cached_model(choice, custom, device)
+        with slot, st.spinner("Loading the model…"):
+            model = cached_model(choice, custom, device)
     except HeadLensError as err:
         stop_with(err)
+    slot.empty()
+    return model
 
 
 def _load_example() -> None:
@@ -129,7 +132,7 @@ def sidebar() -> None:
     scratch = choice in ("scratch", "untrained")
     bound(sb.toggle, "causal", False, cast=_flag, label="Causal mask", disabled=not scratch,
           help="Each token sees only earlier ones; the from-scratch engine only.")
-    model = model_for(choice, st.session_state.get("custom_model", ""), device)
+    model = model_for(choice, st.session_state.get("custom_model", ""), device, container=sb)
     if scratch:
         names = [f"{l}.{h}" for l in range(model.n_layers) for h in range(model.n_heads)]
         bound(sb.multiselect, "heads_off", [], init="default", options=names, multi=True, label="Switch heads off",
@@ -161,15 +164,20 @@ def attention(s: Settings, text: str, choice: str | None = None, key: str = "com
     choice = choice or s.choice
     scratch = choice in ("scratch", "untrained")
     model_for(choice, s.custom, s.device)
+    # One slot, present on every run, holds the spinner and then the truncation note: elements
+    # below it keep their place, so the chart updates in place instead of being drawn anew.
+    slot = container.empty()
     try:
-        with st.spinner("Computing attention…"):
+        with slot, st.spinner("Computing attention…"):
             att = cached_attention(choice, s.custom, s.device, text, s.causal and scratch,
                                    s.heads_off if scratch else ())
     except HeadLensError as err:
         stop_with(err)
     if att.truncated:
-        container.warning(f"This text has {att.n_tokens_original} tokens; the model reads at most "
-                          f"{len(att.tokens)}, so it was cut there.")
+        slot.warning(f"This text has {att.n_tokens_original} tokens; the model reads at most "
+                     f"{len(att.tokens)}, so it was cut there.")
+    else:
+        slot.empty()
     if att.decoder is None:
         return att
     parts = {"encoder": att, "decoder": att.decoder, "cross": att.cross}
@@ -321,4 +329,4 @@ def exports(key: str, fig, att: Attention, v: View | None = None, layer: int | N
 
 
 def chart(fig, key: str) -> None:
-    st.plotly_chart(fig, key=key, config={"displaylogo": False, "toImageButtonOptions": {"scale": 2}})
+    st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False, "toImageButtonOptions": {"scale": 2}})

@@ -87,7 +87,8 @@ def x_ticks(page, plot: int = 0) -> list[str]:
     """Tick labels of the first x axis of the ``plot``-th chart, as drawn."""
     return page.evaluate(
         "i => Array.from(document.querySelectorAll('.js-plotly-plot')[i]"
-        ".querySelector('.xaxislayer-above').querySelectorAll('.xtick text')).map(t => t.textContent)", plot)
+        ".querySelector('.xaxislayer-above').querySelectorAll('g[class^=\"x\"][class$=\"tick\"] text'))"
+        ".map(t => t.textContent)", plot)
 
 
 def commit_text(page, text: str) -> None:

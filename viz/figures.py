@@ -19,6 +19,10 @@ from plotly.subplots import make_subplots
 COLORSCALE = "Blues"
 DIVERGING = "RdBu"
 MAX_TICKS = 64  # beyond this many tokens an axis shows no tick labels (hover still names them)
+TICK_CHARS = 12  # longer tick labels are cut; hover shows them whole
+GRID_LABELS = 20  # most tick labels on an axis of a grid cell (about 12 px a label)
+SINGLE_LABELS = 40  # most on an axis of a figure with one heatmap
+TICK_PX = 6.5  # width of one character of a 10 px tick label, for margins fixed in advance
 
 
 def safe(text: str) -> str:
@@ -30,11 +34,28 @@ def categories(labels: list[str]) -> list[str]:
     return [f"{i}: {safe(label)}" for i, label in enumerate(labels)]
 
 
-def _axis(labels: list[str], cats: list[str]) -> dict:
+def _tick(label: str) -> str:
+    return safe(label if len(label) <= TICK_CHARS else label[: TICK_CHARS - 1] + "…")
+
+
+def tick_step(n: int, max_labels: int) -> int:
+    """Label every ``step``-th token so that at most ``max_labels`` labels share an axis."""
+    return max(1, math.ceil(n / max_labels))
+
+
+def _axis(labels: list[str], cats: list[str], max_labels: int) -> dict:
     if len(labels) > MAX_TICKS:
         return dict(showticklabels=False, type="category", categoryorder="array", categoryarray=cats)
-    return dict(type="category", categoryorder="array", categoryarray=cats, tickmode="array", tickvals=cats,
-                ticktext=[safe(label) for label in labels], tickfont=dict(size=10))
+    step = tick_step(len(labels), max_labels)
+    return dict(type="category", categoryorder="array", categoryarray=cats, tickmode="array",
+                tickvals=cats[::step], ticktext=[_tick(label) for label in labels[::step]], tickfont=dict(size=10))
+
+
+def _label_px(labels: list[str]) -> int:
+    """Room that tick labels need beside an axis (rotated -60 degrees for x labels, about as tall)."""
+    if len(labels) > MAX_TICKS or not labels:
+        return 10
+    return int(min(TICK_CHARS, max(len(label) for label in labels)) * TICK_PX) + 12
 
 
 def _heatmap(w: np.ndarray, q_cats, k_cats, name: str, zmax: float | None, coloraxis: str | None = None,
@@ -58,21 +79,26 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
     """
     cols = max(1, min(cols, len(heads)))
     rows = math.ceil(len(heads) / cols)
+    # Margins are fixed from the labels rather than measured by plotly (automargin): measuring
+    # every subplot's ticks and laying out again costs more than drawing the heatmaps.
+    x_room, y_room = _label_px(key_labels), _label_px(query_labels)
+    width, height = 1100, rows * cell_px + 120
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"Head {h}" for h in heads],
-                        horizontal_spacing=0.06 if len(key_labels) <= MAX_TICKS else 0.02,
-                        vertical_spacing=min(0.12, 0.3 / rows))
+                        horizontal_spacing=min(0.3 / cols, (y_room + 12) / width),
+                        vertical_spacing=min(0.3 / rows, (x_room + 30) / height))
     q_cats, k_cats = categories(query_labels), categories(key_labels)
     zmax = float(weights[heads].max()) if heads else 1.0
     for i, h in enumerate(heads):
         w = weights[h]
         fig.add_trace(_heatmap(w, q_cats, k_cats, f"head {h}", None if shared_scale else float(w.max()) or 1.0,
                                coloraxis="coloraxis" if shared_scale else None), row=i // cols + 1, col=i % cols + 1)
-    fig.update_xaxes(**_axis(key_labels, k_cats), tickangle=-60)
-    fig.update_yaxes(**_axis(query_labels, q_cats), autorange="reversed")
+    fig.update_xaxes(**_axis(key_labels, k_cats, GRID_LABELS), tickangle=-60, automargin=False)
+    fig.update_yaxes(**_axis(query_labels, q_cats, GRID_LABELS), autorange="reversed", automargin=False)
     if shared_scale:
         fig.update_layout(coloraxis=dict(colorscale=COLORSCALE, cmin=0, cmax=zmax or 1.0,
                                          colorbar=dict(title="weight", thickness=12)))
-    fig.update_layout(title=dict(text=safe(title)), height=rows * cell_px + 120, margin=dict(t=90, l=10, r=10, b=10))
+    fig.update_layout(title=dict(text=safe(title)), height=height,
+                      margin=dict(t=90, l=y_room + 10, r=10, b=x_room + 10))
     return fig
 
 
@@ -88,8 +114,8 @@ def head_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[
         trace = _heatmap(weights, q_cats, k_cats, "weight", zmax if zmax is not None else float(weights.max()) or 1.0)
     trace.update(showscale=True, colorbar=dict(thickness=12))
     fig = go.Figure(trace)
-    fig.update_xaxes(**_axis(key_labels, k_cats), tickangle=-60)
-    fig.update_yaxes(**_axis(query_labels, q_cats), autorange="reversed")
+    fig.update_xaxes(**_axis(key_labels, k_cats, SINGLE_LABELS), tickangle=-60)
+    fig.update_yaxes(**_axis(query_labels, q_cats, SINGLE_LABELS), autorange="reversed")
     fig.update_layout(title=dict(text=safe(title)), height=height, margin=dict(t=60, l=10, r=10, b=10))
     return fig
 

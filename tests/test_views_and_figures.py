@@ -1,0 +1,103 @@
+"""analysis.views and viz.figures on small synthetic attention whose right answers are known by hand."""
+import json
+
+import numpy as np
+import pytest
+
+from analysis import head_stats, make_view, token_label, word_spans
+from models.result import Attention
+from viz import head_grid, overview_png, text_shading
+from viz.export import figure_image
+
+
+def synthetic(tokens, word_ids, special, weights, text=""):
+    n = len(tokens)
+    return Attention(tokens=tokens, weights=np.asarray(weights, dtype=np.float32), word_ids=word_ids,
+                     special=np.array(special), offsets=[(0, 0)] * n, text=text, model_name="t", backend="t",
+                     device="cpu")
+
+
+def test_hiding_special_tokens_renormalises_and_keeps_empty_rows_empty():
+    # row 1 looks only at [CLS]: with [CLS] hidden nothing is left, and it must stay zero, not NaN
+    w = np.array([[1.0, 0, 0, 0], [1.0, 0, 0, 0], [0.5, 0.25, 0.25, 0], [0.2, 0.2, 0.2, 0.4]])[None, None]
+    att = synthetic(["[CLS]", "a", "b", "[SEP]"], [None, 0, 1, None], [True, False, False, True], w)
+    v = make_view(att, hide_special=True)
+    assert v.query_labels == ["a", "b"]
+    np.testing.assert_allclose(v.weights[0, 0], [[0, 0], [0.5, 0.5]])
+
+
+def test_merging_pieces_sums_keys_and_averages_queries():
+    tokens = ["Ġun", "believ", "able", "Ġday"]  # byte-level pieces: no special tokens at all
+    w = np.array([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25], [0.0, 0.0, 0.5, 0.5]])
+    att = synthetic(tokens, [0, 0, 0, 1], [False] * 4, w[None, None], text="unbelievable day")
+    att = Attention(**{**att.__dict__, "offsets": [(0, 2), (2, 8), (8, 12), (13, 16)]})
+    assert word_spans(att) == [(0, 3), (3, 4)]
+    v = make_view(att, merge_words=True)
+    assert v.query_labels == ["unbelievable", "day"]
+    want = [[np.mean([0.6, 0.9, 0.75]), np.mean([0.4, 0.1, 0.25])], [0.5, 0.5]]
+    np.testing.assert_allclose(v.weights[0, 0], want, atol=1e-6)
+
+
+def test_token_labels_drop_space_marks():
+    assert [token_label(t) for t in ["Ġthe", "▁cat", "##s", "Ġ", "Ċ"]] == ["the", "cat", "##s", "Ġ", "\\n"]
+
+
+def test_entropy_of_uniform_and_one_hot_heads():
+    n = 4
+    w = np.stack([np.full((n, n), 1 / n), np.eye(n)])[None]  # (1 layer, 2 heads, n, n)
+    att = synthetic(list("abcd"), [0, 1, 2, 3], [False] * 4, w)
+    stats = head_stats(make_view(att))
+    np.testing.assert_allclose(stats["entropy"][0], [np.log(4), 0.0], atol=1e-6)
+    np.testing.assert_allclose(stats["max_weight"][0], [0.25, 1.0])
+
+
+def test_grid_keeps_repeated_words_apart_and_thins_long_axes():
+    labels = [f"w{i % 5}" for i in range(39)] + ["a_very_long_subword_token", "end"]
+    n = len(labels)
+    w = np.random.default_rng(0).dirichlet(np.ones(n), size=(2, n)).astype(np.float32)
+    fig = json.loads(head_grid(w, labels, labels, [0, 1]).to_json())
+    x = fig["layout"]["xaxis"]
+    assert len(set(fig["data"][0]["x"])) == n  # "w0" occurs 9 times, each its own column
+    assert x["tickvals"] == fig["data"][0]["x"][::3]  # 41 labels, at most 20 drawn: every third
+    assert x["ticktext"][-1] == "a_very_long…"
+
+
+def test_every_label_is_escaped():
+    labels = ["<b>x</b>", "&amp;", "ok"]
+    fig = json.loads(head_grid(np.eye(3, dtype=np.float32)[None], labels, labels, [0], title="<i>t</i>").to_json())
+    assert fig["layout"]["xaxis"]["ticktext"][:2] == ["&lt;b&gt;x&lt;/b&gt;", "&amp;amp;"]
+    assert fig["layout"]["title"]["text"] == "&lt;i&gt;t&lt;/i&gt;"
+    assert all("<b>" not in c for c in fig["data"][0]["y"])
+
+
+def test_overview_max_pools_long_inputs():
+    from io import BytesIO
+
+    from PIL import Image
+
+    w = np.zeros((2, 3, 300, 300), dtype=np.float32)
+    w[1, 2, 150, 7] = 1.0  # one strong cell must survive pooling 300 -> 96
+    png, pitch = overview_png(w, thumb=96)
+    img = np.asarray(Image.open(BytesIO(png)).convert("RGB")).astype(int)
+    assert pitch == 96 + 6 and img.shape == (2 * pitch - 6, 3 * pitch - 6, 3)
+    tile = img[pitch:pitch + 96, 2 * pitch:2 * pitch + 96]
+    darkest = np.unravel_index(tile.sum(-1).argmin(), tile.shape[:2])
+    assert darkest == (150 * 96 // 300, 7 * 96 // 300)
+    assert img[:96, :96].sum(-1).min() > tile.sum(-1).min()
+
+
+def test_text_shading_wraps_and_keeps_order():
+    labels = [f"word{i}" for i in range(30)]
+    fig = json.loads(text_shading(labels, np.linspace(0, 1, 30), line_chars=40).to_json())
+    rows = [[t for t in row if t] for row in fig["data"][0]["text"]]
+    assert [t for row in rows for t in row] == labels
+    assert len(rows) > 1 and all(sum(len(t) + 1 for t in row) <= 40 for row in rows)
+
+
+def test_image_export_without_a_browser_says_what_to_do(monkeypatch):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    monkeypatch.setattr(go.Figure, "to_image", lambda self, **kw: (_ for _ in ()).throw(OSError("no chrome")))
+    with pytest.raises(RuntimeError, match="needs Chrome or Chromium.*camera button"):
+        figure_image(fig, "png")
