@@ -33,6 +33,7 @@ MODELS = {
     "untrained": "Untrained encoder · from scratch, seed 0",
     "custom": "Custom model (id or folder) · transformers",
 }
+SCRATCH = {"scratch", "untrained"}  # the choices that run our engine: head masks and causal apply
 
 
 @st.cache_resource(max_entries=6, show_spinner=False)
@@ -70,10 +71,6 @@ class Settings:
     shared_scale: bool
     causal: bool
     heads_off: tuple[str, ...]
-
-    @property
-    def scratch(self) -> bool:
-        return self.choice in ("scratch", "untrained")
 
 
 def stop_with(err: Exception) -> None:
@@ -129,7 +126,7 @@ def sidebar() -> None:
     bound(sb.toggle, "merge_words", False, cast=_flag, label="Merge subwords into words",
           help="Sum over a word's pieces as keys, average over them as queries (Clark et al., 2019).")
     bound(sb.toggle, "shared_scale", True, cast=_flag, label="One colour scale for all heads")
-    scratch = choice in ("scratch", "untrained")
+    scratch = choice in SCRATCH
     bound(sb.toggle, "causal", False, cast=_flag, label="Causal mask", disabled=not scratch,
           help="Each token sees only earlier ones; the from-scratch engine only.")
     model = model_for(choice, st.session_state.get("custom_model", ""), device, container=sb)
@@ -153,7 +150,7 @@ def settings() -> Settings:
         st.warning(f"Showing the first {MAX_SENTENCES} of {len(sentences)} lines.")
         sentences = sentences[:MAX_SENTENCES]
     choice = ss.get("model", "minilm")
-    scratch = choice in ("scratch", "untrained")
+    scratch = choice in SCRATCH
     return Settings(choice, ss.get("custom_model", "") or "", ss.get("device", "auto"), sentences,
                     bool(ss.get("hide_special")), bool(ss.get("merge_words")), bool(ss.get("shared_scale", True)),
                     scratch and bool(ss.get("causal")), tuple(ss.get("heads_off") or ()) if scratch else ())
@@ -162,7 +159,7 @@ def settings() -> Settings:
 def attention(s: Settings, text: str, choice: str | None = None, key: str = "component", container=st) -> Attention:
     """The attention of ``text``; for an encoder-decoder model, the part picked under ``key``."""
     choice = choice or s.choice
-    scratch = choice in ("scratch", "untrained")
+    scratch = choice in SCRATCH
     model_for(choice, s.custom, s.device)
     # One slot, present on every run, holds the spinner and then the truncation note: elements
     # below it keep their place, so the chart updates in place instead of being drawn anew.
@@ -278,6 +275,9 @@ def pick_heads(n_heads: int, key: str = "heads", container=st) -> list[int]:
     options = list(range(n_heads))
     heads = bound(container.multiselect, key, options, init="default", options=options, multi=True, cast=int,
                   label="Heads")
+    if not heads:
+        st.info("Pick at least one head.")
+        st.stop()
     return sorted(heads)
 
 

@@ -14,9 +14,6 @@ v = c.view(s, att)
 layer = c.pick_layer(att.n_layers, container=top[1])
 focus = c.pick_head(att.n_heads, container=top[2], label="Focus head")
 heads = c.pick_heads(att.n_heads)
-if not heads:
-    st.info("Pick at least one head.")
-    st.stop()
 
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
                 title=c.title_for(att, f"Layer {layer}"))

@@ -12,9 +12,6 @@ v = c.view(s, att)
 layer = c.pick_layer(att.n_layers, container=top[1])
 query = c.pick_query(v, container=top[2])
 heads = c.pick_heads(att.n_heads)
-if not heads:
-    st.info("Pick at least one head.")
-    st.stop()
 fig = token_lines(v.weights[layer], v.query_labels, v.key_labels, heads, query,
                   title=c.title_for(att, f"Layer {layer}"))
 c.chart(fig, "tokens-lines")
