@@ -235,8 +235,8 @@ def token_lines(weights: np.ndarray, query_labels: list[str], key_labels: list[s
         + "<extra>key</extra>"))
     fig.update_xaxes(visible=False, range=[-0.9, 1.9])
     fig.update_yaxes(visible=False, range=[-max(n_q, n_k) + 0.5, 0.5])
-    fig.update_layout(title=dict(text=safe(title)), height=max(320, 22 * max(n_q, n_k) + 120),
-                      margin=dict(t=70, l=10, r=10, b=10), legend=dict(orientation="h", y=1.02, yanchor="bottom"),
+    fig.update_layout(title=dict(text=safe(title)), height=max(360, 22 * max(n_q, n_k) + 170),
+                      margin=dict(t=60, l=10, r=10, b=70), legend=dict(orientation="h", y=-0.02, yanchor="top"),
                       plot_bgcolor="white")
     return fig
 
