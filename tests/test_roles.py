@@ -1,0 +1,141 @@
+"""Head roles on synthetic attention with known patterns, a hand-checked parse, and subword alignment."""
+import numpy as np
+import pytest
+
+from analysis.roles import align_to_words, load_spacy, profile_heads, head_similarity
+from models.result import Attention
+
+SENTENCES = [
+    "The old farmer sold his cows at the market.",
+    "Did the children finish their homework before dinner?",
+    "Please close the heavy door quietly.",
+    "What a beautiful garden you have!",
+    "My sister reads long novels about distant planets.",
+    "The committee approved the new budget yesterday.",
+    "Birds build nests in tall trees every spring.",
+    "Can you bring some fresh bread from the bakery?",
+    "The engineer who designed the bridge received an award.",
+    "Our neighbours painted their fence bright green.",
+    "A small boat crossed the lake at dawn.",
+    "Why did the train stop near the tunnel?",
+] * 2
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return load_spacy()
+
+
+def word_tokens(doc):
+    """[CLS] + spaCy's words + [SEP], with character offsets: tokens are words here."""
+    tokens = ["[CLS]"] + [w.text for w in doc] + ["[SEP]"]
+    offsets = [(0, 0)] + [(w.idx, w.idx + len(w.text)) for w in doc] + [(0, 0)]
+    special = np.array([True] + [False] * len(doc) + [True])
+    return tokens, offsets, special
+
+
+PATTERNS = ["previous token", "[CLS]", "[SEP] / no-op", "broad", "object focus", "syntax", "next token",
+            "punctuation / sentence type"]
+
+
+def synthetic(doc) -> Attention:
+    """One layer, one head per pattern above, each row a distribution over keys."""
+    tokens, offsets, special = word_tokens(doc)
+    n = len(tokens)
+    w = np.zeros((1, len(PATTERNS), n, n), dtype=np.float32)
+    nouns = [i + 1 for i, word in enumerate(doc) if word.pos_ in ("NOUN", "PROPN")]
+    last = n - 2  # the sentence-final mark
+    for q in range(n):
+        w[0, 0, q, max(q - 1, 0)] = 1
+        w[0, 1, q, 0] = 1
+        w[0, 2, q, n - 1] = 1
+        w[0, 3, q, :] = 1 / n
+        w[0, 4, q, nouns] = 1 / len(nouns)
+        if 0 < q < n - 1 and doc[q - 1].head.i != q - 1:
+            w[0, 5, q, doc[q - 1].head.i + 1] = 1  # each word looks at its syntactic head
+        else:
+            w[0, 5, q, n - 1] = 1
+        w[0, 6, q, min(q + 1, n - 1)] = 1
+        w[0, 7, q, last] = 1
+    return Attention(tokens=tokens, weights=w, word_ids=[None] + list(range(len(doc))) + [None], special=special,
+                     offsets=offsets, text=doc.text, model_name="synthetic", backend="test", device="cpu")
+
+
+def test_known_patterns_get_their_labels(nlp):
+    docs = list(nlp.pipe(SENTENCES))
+    assert all(d[-1].text in "?.!" for d in docs)
+    df = profile_heads(None, SENTENCES, attentions=[synthetic(d) for d in docs], nlp=nlp)
+    labels = df.label.tolist()
+    assert labels[:5] == PATTERNS[:5] and labels[6:] == PATTERNS[6:]
+    assert labels[5].startswith("syntax: ")
+    assert df.prev_token[0] == pytest.approx(1.0) and df.cls[1] == pytest.approx(1.0)
+    assert df.sep[2] == pytest.approx(1.0) and df.entropy_norm[3] == pytest.approx(1.0)
+    assert df.noun[4] == pytest.approx(1.0) and df.relation_acc[5] == pytest.approx(1.0)
+    assert df.sentence_type[7] == pytest.approx(1.0)
+
+
+def test_uniform_attention_is_no_syntax(nlp):
+    docs = list(nlp.pipe(SENTENCES))
+    df = profile_heads(None, SENTENCES, attentions=[synthetic(d) for d in docs], nlp=nlp)
+    assert df.relation_acc[3] == 0.0  # ties name no word, so a uniform head tracks no relation
+
+
+def test_dependency_accuracy_on_a_hand_checked_parse(nlp):
+    text = "The cat chased the mouse."
+    doc = nlp(text)
+    # checked by hand: The <-det- cat <-nsubj- chased -dobj-> mouse -det-> the
+    assert [(w.text, w.dep_, w.head.text) for w in doc] == [
+        ("The", "det", "cat"), ("cat", "nsubj", "chased"), ("chased", "ROOT", "chased"),
+        ("the", "det", "mouse"), ("mouse", "dobj", "chased"), (".", "punct", "chased")]
+    tokens, offsets, special = word_tokens(doc)
+    n = len(tokens)
+    w = np.full((1, 1, n, n), 0.01, dtype=np.float32)
+    # from each word, its strongest other word: The->cat (right), cat->chased (right),
+    # the->cat (wrong, head is mouse), mouse->the (wrong, head is chased)
+    for src, dst in [(1, 2), (2, 3), (4, 2), (5, 4), (3, 5), (6, 3)]:
+        w[0, 0, src, dst] = 0.9
+    w /= w.sum(-1, keepdims=True)
+    att = Attention(tokens=tokens, weights=w, word_ids=[None, 0, 1, 2, 3, 4, 5, None], special=special,
+                    offsets=offsets, text=text, model_name="t", backend="t", device="cpu")
+    import analysis.roles as roles
+
+    totals = roles._Totals((1, 1))
+    roles._word_measures(att, doc, totals)
+    correct = {k: float(v[0, 0]) for k, v in totals.relations.items()}
+    assert totals.relation_counts[("det", "dep2head")] == 2
+    assert correct[("det", "dep2head")] == 1  # The->cat right, the->cat wrong
+    assert correct[("nsubj", "dep2head")] == 1 and correct[("dobj", "dep2head")] == 0
+    assert correct[("dobj", "head2dep")] == 1  # chased's strongest other word is mouse
+    assert totals.offsets[("det", "dep2head")] == {1: 2}
+
+
+def test_subword_pieces_align_to_spacy_words(hf_model, nlp):
+    text = "Tokenization isn't unbelievably hard."
+    att = hf_model.attend(text)
+    doc = nlp(text)
+    owners = align_to_words(att, doc)
+    words = {}
+    for token, owner in zip(att.tokens, owners):
+        if owner is not None:
+            words.setdefault(doc[owner].text, []).append(token)
+    assert words["Tokenization"] == ["token", "##ization"]
+    assert words["unbelievably"] == ["un", "##bel", "##ie", "##va", "##bly"]
+    assert words["is"] == ["isn"] and words["n't"] == ["'", "t"]  # spaCy splits is|n't, BERT isn|'|t
+    assert owners[0] is None and owners[-1] is None
+
+
+def test_real_model_profile(hf_model, nlp):
+    df = profile_heads(hf_model, SENTENCES, nlp=nlp)
+    assert len(df) == 72 and set(df.columns) >= {"layer", "head", "prev_token", "next_token", "self", "cls", "sep",
+                                                  "punct", "entropy", "relation", "relation_acc", "label"}
+    row = df[(df["layer"] == 0) & (df["head"] == 2)].iloc[0]
+    assert row.prev_token > 0.9 and row.label == "previous token"
+    sums = df[["prev_token", "next_token", "self"]].sum(axis=1)
+    assert (sums <= 1 + 1e-6).all()
+
+
+def test_head_similarity(nlp):
+    docs = list(nlp.pipe(SENTENCES[:4]))
+    S = head_similarity([synthetic(d) for d in docs])
+    assert S.shape == (8, 8) and np.allclose(np.diag(S), 0) and np.allclose(S, S.T)
+    assert S[0, 6] == pytest.approx(np.log(2), abs=1e-6)  # disjoint one-hot patterns: JS is ln 2
