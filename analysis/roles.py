@@ -39,7 +39,7 @@ POS_GROUPS = {"noun": ("NOUN", "PROPN"), "verb": ("VERB", "AUX"), "modifier": ("
 RELATIONS = ("nsubj", "nsubjpass", "dobj", "obj", "iobj", "det", "amod", "advmod", "poss", "prep", "pobj", "aux",
              "auxpass", "compound", "conj", "cc", "mark", "nummod", "acomp", "attr", "ccomp", "xcomp", "relcl",
              "neg", "prt")
-MIN_RELATION_EXAMPLES = 10
+MIN_RELATION_EXAMPLES = 30  # fewer examples make a rare relation look learnt by chance
 THRESHOLDS = {"positional": 0.5, "special": 0.6, "punct": 0.6, "broad": 0.8, "focus_mass": 0.5, "focus_lift": 2.0,
               "syntax_acc": 0.5, "syntax_margin": 0.15}
 FOCUS_NAMES = {"noun": "object focus", "verb": "relation focus", "modifier": "modifier / sentiment focus"}
@@ -93,11 +93,14 @@ def word_matrices(token_words: list[int | None], n_words: int) -> tuple[np.ndarr
 
 
 class _Totals:
-    """Running sums over sentences, one value per (layer, head)."""
+    """Running sums over sentences, one value per (layer, head), and each sentence's own mean."""
 
     def __init__(self, shape):
+        self.shape = shape
+        self.sentence = 0
         self.sums = defaultdict(lambda: np.zeros(shape, dtype=np.float64))
         self.counts = Counter()
+        self.by_sentence = defaultdict(dict)  # name -> sentence index -> (L, H) mean
         self.relations = defaultdict(lambda: np.zeros(shape, dtype=np.float64))  # (rel, direction) -> correct
         self.relation_counts = Counter()
         self.offsets = defaultdict(Counter)  # (rel, direction) -> offset -> count
@@ -105,6 +108,8 @@ class _Totals:
     def add(self, name: str, total: np.ndarray, count: int) -> None:
         self.sums[name] += total
         self.counts[name] += count
+        if count:
+            self.by_sentence[name][self.sentence] = total / count
 
     def mean(self, name: str) -> np.ndarray:
         return self.sums[name] / max(self.counts[name], 1)
@@ -218,6 +223,45 @@ def label_heads(df: pd.DataFrame) -> pd.Series:
     return df.apply(one, axis=1)
 
 
+class HeadMeasures:
+    """The measures of every head over a set of sentences: ``frame()`` per head, ``per_sentence`` per text."""
+
+    def __init__(self, totals: _Totals, n_sentences: int):
+        self._totals, self.n_sentences = totals, n_sentences
+
+    def frame(self) -> pd.DataFrame:
+        t = self._totals
+        L, H = t.shape
+        layer, head = np.divmod(np.arange(L * H), H)
+        columns = {"layer": layer, "head": head}
+        for name in (*TOKEN_MEASURES, "sentence_type", *POS_GROUPS, *(f"{g}_base" for g in POS_GROUPS)):
+            columns[name] = t.mean(name).ravel()
+        rel, acc, base = _relations(t, (L, H))
+        columns.update(relation=rel.ravel(), relation_acc=acc.ravel(), relation_base=base.ravel())
+        df = pd.DataFrame(columns)
+        df["label"] = label_heads(df)
+        return df
+
+    def per_sentence(self, name: str) -> np.ndarray:
+        """``(sentences, layers, heads)``: the measure within each sentence; NaN where it does not apply."""
+        out = np.full((self.n_sentences, *self._totals.shape), np.nan)
+        for i, value in self._totals.by_sentence[name].items():
+            out[i] = value
+        return out
+
+
+def measure_heads(attentions: Sequence[Attention], nlp=None) -> HeadMeasures:
+    """Measure every head over ``attentions`` (one per sentence); spaCy parses their texts."""
+    nlp = nlp or load_spacy()
+    L, H = attentions[0].weights.shape[:2]
+    totals = _Totals((L, H))
+    for i, (att, doc) in enumerate(zip(attentions, nlp.pipe([a.text for a in attentions], batch_size=256))):
+        totals.sentence = i
+        _token_measures(att, totals)
+        _word_measures(att, doc, totals)
+    return HeadMeasures(totals, len(attentions))
+
+
 def profile_heads(model, sentences: Sequence[str], *, attentions: Sequence[Attention] | None = None,
                   batch_size: int = 32, progress: Callable[[int, int], None] | None = None,
                   nlp=None) -> pd.DataFrame:
@@ -230,25 +274,26 @@ def profile_heads(model, sentences: Sequence[str], *, attentions: Sequence[Atten
         progress: called as ``progress(done, total)`` while the model runs.
         nlp: a spaCy pipeline (default: ``load_spacy()``).
     """
-    sentences = list(sentences)
     if attentions is None:
-        attentions = model.attend(sentences, batch_size=batch_size, progress=progress)
-    nlp = nlp or load_spacy()
-    L, H = attentions[0].weights.shape[:2]
-    totals = _Totals((L, H))
-    for att, doc in zip(attentions, nlp.pipe([a.text for a in attentions], batch_size=256)):
-        _token_measures(att, totals)
-        _word_measures(att, doc, totals)
-    layer, head = np.divmod(np.arange(L * H), H)
-    columns = {"layer": layer, "head": head}
-    for name in (*TOKEN_MEASURES, "sentence_type", *POS_GROUPS, *(f"{g}_base" for g in POS_GROUPS)):
-        columns[name] = totals.mean(name).ravel()
-    rel, acc, base = _relations(totals, (L, H))
-    columns.update(relation=rel.ravel(), relation_acc=acc.ravel(), relation_base=base.ravel())
-    df = pd.DataFrame(columns)
-    df["label"] = label_heads(df)
-    df.attrs["sentences"] = len(attentions)
-    return df
+        attentions = model.attend(list(sentences), batch_size=batch_size, progress=progress)
+    return measure_heads(attentions, nlp).frame()
+
+
+# The measure that ranks a head's sentences on the page, by the start of its label
+LABEL_MEASURE = {"previous token": "prev_token", "next token": "next_token", "self": "self", "[SEP]": "sep",
+                 "[CLS]": "cls", "punctuation": "sentence_type", "object": "noun", "relation": "verb",
+                 "modifier": "modifier", "broad": "entropy_norm"}
+
+
+def label_measure(label: str) -> tuple[str, bool]:
+    """The column that ranks a label's heads and sentences, and whether higher is stronger.
+
+    Syntax and mixed heads are ranked by how focused they are: lowest normalised entropy first.
+    """
+    for prefix, name in LABEL_MEASURE.items():
+        if label.startswith(prefix):
+            return name, True
+    return "entropy_norm", False
 
 
 def head_similarity(attentions: Sequence[Attention], max_sentences: int = 100) -> np.ndarray:

@@ -8,7 +8,10 @@ one; results are cached by everything that determines them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +19,7 @@ import numpy as np
 import streamlit as st
 import torch
 
-from analysis import View, make_view
+from analysis import View, head_similarity, label_measure, make_view, measure_heads
 from analysis.export import attention_json, attention_npz, head_csv
 from models import Attention, AttentionModel, HeadLensError, load_model
 from viz.export import figure_html, figure_image
@@ -33,6 +36,8 @@ MODELS = {
     "untrained": "Untrained encoder · from scratch, seed 0",
     "custom": "Custom model (id or folder) · transformers",
 }
+ROLES = ["previous token", "next token", "self", "[SEP] / no-op", "[CLS]", "punctuation / sentence type",
+         "object focus", "relation focus", "modifier / sentiment focus", "broad", "mixed", "syntax"]
 SCRATCH = {"scratch", "untrained"}  # the choices that run our engine: head masks and causal apply
 
 
@@ -47,17 +52,81 @@ def cached_model(choice: str, custom: str, device: str) -> AttentionModel:
                       untrained=choice == "untrained")
 
 
+def head_mask(model: AttentionModel, heads_off: tuple[str, ...]) -> np.ndarray | None:
+    """``(layers, heads)`` 0/1 from "layer.head" names; None when every head is on."""
+    if not heads_off:
+        return None
+    mask = np.ones((model.n_layers, model.n_heads), dtype=np.float32)
+    for item in heads_off:
+        layer, head = map(int, item.split("."))
+        mask[layer, head] = 0
+    return mask
+
+
 @st.cache_data(max_entries=64, max_size="1GiB", show_spinner=False)
 def cached_attention(choice: str, custom: str, device: str, text: str, causal: bool,
                      heads_off: tuple[str, ...]) -> Attention:
     model = cached_model(choice, custom, device)
-    mask = None
-    if heads_off:
-        mask = np.ones((model.n_layers, model.n_heads), dtype=np.float32)
-        for item in heads_off:
-            layer, head = map(int, item.split("."))
-            mask[layer, head] = 0
-    return model.attend(text, head_mask=mask, causal=causal)
+    return model.attend(text, head_mask=head_mask(model, heads_off), causal=causal)
+
+
+class ProfileCache:
+    """The last few head-role profiles, for every session: (frame, per-sentence measures, attentions).
+
+    st.cache_data cannot drive a progress bar from inside a cached function, so profiles are
+    kept here and computed outside it. Values are only ever read; the frame is copied on the way out.
+    """
+
+    def __init__(self, max_entries: int = 4):
+        self.max_entries, self._items, self._lock = max_entries, OrderedDict(), threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            if key not in self._items:
+                return None
+            self._items.move_to_end(key)
+            frame, per_sentence, attentions = self._items[key]
+        return frame.copy(), per_sentence, attentions
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
+
+@st.cache_resource
+def profile_cache() -> ProfileCache:
+    return ProfileCache()
+
+
+def profile(s: "Settings", sentences: list[str]):
+    """Head roles over ``sentences`` for the sidebar's model, with a progress bar while it runs.
+
+    Returns the per-head frame, per-sentence measures (``(sentences, layers, heads)`` each, and
+    ``"similarity"``: the heads' Jensen-Shannon divergences), and the attentions.
+    """
+    key = (s.choice, s.custom, s.device, s.causal, s.heads_off,
+           hashlib.sha256("\n".join(sentences).encode()).hexdigest())
+    cached = profile_cache().get(key)
+    if cached is not None:
+        return cached
+    model = model_for(s.choice, s.custom, s.device)
+    bar = st.progress(0.0, text=f"Profiling {len(sentences)} sentences…")
+    try:
+        attentions = model.attend(sentences, head_mask=head_mask(model, s.heads_off), causal=s.causal,
+                                  progress=lambda done, total: bar.progress(
+                                      done / total, text=f"Profiling… {done} of {total} sentences"))
+    except HeadLensError as err:
+        stop_with(err)
+    bar.progress(1.0, text="Measuring every head…")
+    measures = measure_heads(attentions)
+    per_sentence = {name: measures.per_sentence(name) for name in {m for m, _ in map(label_measure, ROLES)}}
+    per_sentence["similarity"] = head_similarity(attentions)
+    bar.empty()
+    value = (measures.frame(), per_sentence, attentions)
+    profile_cache().put(key, value)
+    return value[0].copy(), per_sentence, attentions
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from tests.browser import PLOT, SHOTS, chromium, commit_text, plot_title, stream
 
 PAGES = [("Explore", "", "Layer 0 · Which do you like better"), ("Compare", "compare", "1: all-MiniLM-L6-v2 · L0 H0"),
          ("Overview", "overview", "All 6 layers × 12 heads · Which"), ("Tokens", "tokens", "Layer 0 · Which"),
-         ("Text", "text", "Attention from “which” · layer 0, head 0")]
+         ("Text", "text", "Attention from “which” · layer 0, head 0"),
+         ("Head roles", "roles", "Roles over 335 sentences")]
 
 
 @pytest.fixture(scope="module")

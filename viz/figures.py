@@ -269,3 +269,38 @@ def text_shading(labels: list[str], values: np.ndarray, *, title: str = "", high
     fig.update_layout(title=dict(text=safe(title)), height=70 * len(lines) + 110, margin=dict(t=60, l=10, r=10, b=10),
                       plot_bgcolor="white")
     return fig
+
+
+ROLE_COLORS = {
+    "previous token": "#1f77b4", "next token": "#17becf", "self": "#aec7e8", "[SEP] / no-op": "#c7c7c7",
+    "[CLS]": "#7f7f7f", "punctuation / sentence type": "#d62728", "object focus": "#2ca02c",
+    "relation focus": "#ff7f0e", "modifier / sentiment focus": "#9467bd", "broad": "#f7dc6f", "mixed": "#ffffff",
+}
+SYNTAX_COLOR = "#8c564b"
+
+
+def role_grid(layers: np.ndarray, heads: np.ndarray, labels: list[str], hover: list[str], *,
+              title: str = "") -> go.Figure:
+    """Layer x head cells coloured by role, each cell naming its role; ``hover`` gives its numbers."""
+    n_layers, n_heads = int(layers.max()) + 1, int(heads.max()) + 1
+    names = sorted(set(labels), key=lambda r: (r.startswith("syntax"), r))
+    colors = [ROLE_COLORS.get(r, SYNTAX_COLOR) for r in names]
+    index = {r: i for i, r in enumerate(names)}
+    z = np.zeros((n_layers, n_heads))
+    text = [["" for _ in range(n_heads)] for _ in range(n_layers)]
+    tips = [["" for _ in range(n_heads)] for _ in range(n_layers)]
+    for l, h, r, tip in zip(layers, heads, labels, hover):
+        z[l, h], text[l][h], tips[l][h] = index[r], safe(r.replace(" / ", "/")), tip
+    k = len(names)
+    scale = [[(i + edge) / k, c] for i, c in enumerate(colors) for edge in (0, 1)]
+    fig = go.Figure(go.Heatmap(
+        z=z, zmin=-0.5, zmax=k - 0.5, colorscale=scale if k > 1 else [[0, colors[0]], [1, colors[0]]],
+        text=text, texttemplate="%{text}", textfont=dict(size=9), customdata=tips, showscale=False, xgap=2, ygap=2,
+        hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>"))
+    fig.update_xaxes(tickmode="array", tickvals=list(range(n_heads)), ticktext=[f"H{h}" for h in range(n_heads)],
+                     side="top", showgrid=False)
+    fig.update_yaxes(tickmode="array", tickvals=list(range(n_layers)), ticktext=[f"L{l}" for l in range(n_layers)],
+                     autorange="reversed", showgrid=False)
+    fig.update_layout(title=dict(text=safe(title)), height=70 * n_layers + 120, margin=dict(t=90, l=40, r=10, b=10),
+                      plot_bgcolor="white")
+    return fig

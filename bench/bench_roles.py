@@ -1,0 +1,53 @@
+"""Profiling head roles over 1,000 sentences with the bundled model, spaCy included.
+
+    python -m bench.bench_roles [--sentences 1000]
+
+Times the model's forward passes (``attend`` in batches of 32) and the analysis (spaCy's parse
+plus every measure) separately, end to end, and prints sentences per second.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from analysis.roles import load_spacy, measure_heads
+from bench.common import machine
+from models import load_model
+
+CORPUS = Path(__file__).resolve().parent.parent / "assets" / "corpus.txt"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sentences", type=int, default=1000)
+    args = parser.parse_args()
+    corpus = [line.strip() for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    sentences = (corpus * (args.sentences // len(corpus) + 1))[: args.sentences]
+    start = time.perf_counter()
+    model = load_model()
+    nlp = load_spacy()
+    loaded = time.perf_counter()
+    model.attend(sentences[:32])  # warm-up
+    t0 = time.perf_counter()
+    attentions = model.attend(sentences, batch_size=32)
+    t1 = time.perf_counter()
+    docs = list(nlp.pipe(sentences, batch_size=256))
+    t2 = time.perf_counter()
+    frame = measure_heads(attentions, nlp).frame()
+    t3 = time.perf_counter()
+    forward, parse, analysis = t1 - t0, t2 - t1, t3 - t2 + (t2 - t1)
+    total = t3 - start
+    print(f"Head roles over {len(sentences)} sentences, all-MiniLM-L6-v2, {machine()}")
+    print(f"  load model and spaCy     {loaded - start:6.2f} s")
+    print(f"  forward (attend)         {forward:6.2f} s")
+    print(f"  analysis incl. spaCy     {t3 - t2:6.2f} s  = {(t3 - t2) / forward:.0%} of the forward time")
+    print(f"    of which spaCy's parse {parse:6.2f} s (timed alone); the measures "
+          f"{t3 - t2 - parse:.2f} s = {(t3 - t2 - parse) / forward:.0%} of the forward time")
+    print(f"  end to end               {total:6.2f} s  ({len(sentences) / total:.0f} sentences/s; "
+          f"{len(sentences) / (forward + t3 - t2):.0f} sentences/s once loaded)")
+    del docs, analysis, frame
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The Head roles page in AppTest: the grid and table are the profile of the sentences, uploads are checked."""
+import numpy as np
+import pytest
+
+from analysis import profile_heads
+from app_pages.roles import CORPUS
+from tests.conftest import decode, figures
+
+
+@pytest.fixture(scope="module")
+def corpus_profile(hf_model):
+    return profile_heads(hf_model, CORPUS)
+
+
+def test_grid_and_table_are_the_profile(new_app, corpus_profile):
+    at = new_app(page="app_pages/roles.py")
+    assert len(CORPUS) >= 300
+    grid = figures(at)[0]
+    cells = np.array(grid["data"][0]["text"]).ravel()
+    assert cells.tolist() == [r.replace(" / ", "/") for r in corpus_profile["label"]]
+    table = at.dataframe[0].value
+    assert table["label"].tolist() == corpus_profile["label"].tolist()
+    np.testing.assert_allclose(table["prev_token"], corpus_profile["prev_token"], atol=1e-9)
+    np.testing.assert_allclose(table["relation_acc"], corpus_profile["relation_acc"], atol=1e-9)
+    # the role picker lists every label with its count, the most common first
+    counts = corpus_profile["label"].value_counts()
+    assert at.selectbox(key="role").options[0] == f"{counts.index[0]} ({counts.iloc[0]} heads)"
+
+
+def test_a_role_lists_its_heads_best_first_with_examples(new_app, corpus_profile, hf_model):
+    at = new_app({"role": "previous token"}, page="app_pages/roles.py")
+    heads = corpus_profile[corpus_profile["label"] == "previous token"].sort_values("prev_token", ascending=False)
+    first = f"layer {heads.iloc[0]['layer']}, head {heads.iloc[0]['head']}"
+    assert at.selectbox(key="role_head").options[0] == first
+    layer, head = int(heads.iloc[0]["layer"]), int(heads.iloc[0]["head"])
+    examples = figures(at)[1:4]
+    for fig in examples:  # the three sentences where this head is most previous-token-like
+        text_start = fig["layout"]["title"]["text"].split(" · ", 1)[1].rstrip("…")
+        sentence = next(s for s in CORPUS if s.startswith(text_start))
+        np.testing.assert_allclose(decode(fig["data"][0]["z"]), hf_model.attend(sentence).weights[layer, head],
+                                   atol=1e-6)
+    seed = figures(at)[4]
+    z = decode(seed["data"][0]["z"]).ravel()
+    want = hf_model.attend("Which do you like better, coffee or tea?").weights[layer, head].mean(axis=0)
+    np.testing.assert_allclose(z[~np.isnan(z)], want, atol=1e-6)
+
+
+def test_profile_of_the_sidebar_sentences(new_app, hf_model):
+    text = "The cat sat on the mat.\nDid the dog bark at the mailman?\nClose the door!"
+    at = new_app({"corpus": "sidebar", "text": text}, page="app_pages/roles.py")
+    assert figures(at)[0]["layout"]["title"]["text"] == "Roles over 3 sentences"
+    want = profile_heads(hf_model, text.splitlines())
+    assert at.dataframe[0].value["label"].tolist() == want["label"].tolist()
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00binary", "binary, not text"),
+    ("Caf\u00e9 au lait.".encode("latin-1"), "not UTF-8"),
+    (b"   \n\n  ", "no sentences"),
+])
+def test_bad_uploads_get_a_sentence(new_app, content, message):
+    at = new_app({"corpus": "upload"}, page="app_pages/roles.py")
+    assert "Upload a text file" in at.info[0].value
+    at.get("file_uploader")[0].upload("sentences.txt", content, "text/plain").run()
+    assert not at.exception and message in at.error[0].value
+
+
+def test_an_uploaded_file_is_profiled(new_app, hf_model):
+    lines = ["A red kite flew over the hill.", "Who baked this bread?"]
+    at = new_app({"corpus": "upload"}, page="app_pages/roles.py")
+    at.get("file_uploader")[0].upload("mine.txt", "\n".join(lines).encode(), "text/plain").run()
+    assert not at.exception and figures(at)[0]["layout"]["title"]["text"] == "Roles over 2 sentences"
+    assert at.dataframe[0].value["label"].tolist() == profile_heads(hf_model, lines)["label"].tolist()
+
+
+def test_similar_heads_are_ranked_by_divergence(new_app, hf_model):
+    from analysis import head_similarity
+
+    text = "The cat sat on the mat.\nDid the dog bark at the mailman?"
+    at = new_app({"corpus": "sidebar", "text": text, "role": "previous token", "role_head": "0.2"},
+                 page="app_pages/roles.py")
+    assert at.selectbox(key="role_head").value == "0.2"
+    table = at.dataframe[-1].value
+    S = head_similarity(hf_model.attend(text.splitlines()))
+    row = S[layer_head := 0 * 12 + 2]
+    want = [i for i in np.argsort(row) if i != layer_head][:6]
+    assert (table["layer"] * 12 + table["head"]).tolist() == want
+    np.testing.assert_allclose(table["Jensen-Shannon divergence (nats)"], row[want], atol=1e-9)
