@@ -362,7 +362,7 @@ def title_for(att: Attention, what: str) -> str:
     return f"{what} · {short(att.text, 70)}"
 
 
-def exports(key: str, fig, att: Attention, v: View | None = None, layer: int | None = None,
+def exports(key: str, fig, att: Attention | None, v: View | None = None, layer: int | None = None,
             head: int | None = None, sig: str = "") -> None:
     """Download buttons: the figure (HTML, and PNG/SVG on request), the attention, one head as CSV.
 
@@ -372,10 +372,11 @@ def exports(key: str, fig, att: Attention, v: View | None = None, layer: int | N
     cols = st.columns(5)
     cols[0].download_button("Figure · HTML", lambda: figure_html(fig), f"{stem}.html", "text/html",
                             key=f"{key}-html", on_click="ignore")
-    cols[1].download_button("Attention · NPZ", lambda: attention_npz(att), f"{stem}.npz", "application/octet-stream",
-                            key=f"{key}-npz", on_click="ignore")
-    cols[2].download_button("Attention · JSON", lambda: attention_json(att), f"{stem}.json", "application/json",
-                            key=f"{key}-json", on_click="ignore")
+    if att is not None:
+        cols[1].download_button("Attention · NPZ", lambda: attention_npz(att), f"{stem}.npz",
+                                "application/octet-stream", key=f"{key}-npz", on_click="ignore")
+        cols[2].download_button("Attention · JSON", lambda: attention_json(att), f"{stem}.json", "application/json",
+                                key=f"{key}-json", on_click="ignore")
     if v is not None and layer is not None and head is not None:
         cols[3].download_button(f"Head {layer}.{head} · CSV", head_csv(v, layer, head),
                                 f"{stem}-L{layer}H{head}.csv", "text/csv", key=f"{key}-csv", on_click="ignore")

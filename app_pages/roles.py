@@ -59,9 +59,9 @@ st.caption(f"Labels: positional above {THRESHOLDS['positional']}, special tokens
 st.subheader("Every head")
 table = frame[["layer", "head", "label", *scores, "relation", "relation_base"]]
 st.dataframe(table.style.format(precision=2), hide_index=True, key="roles-table")
-c.exports("roles", grid, attentions[0])
 st.download_button("Profile · CSV", lambda: table.to_csv(index=False), "headlens-roles.csv", "text/csv",
                    key="roles-csv", on_click="ignore")
+c.exports("roles", grid, None, sig=f"{len(attentions)}|{s}")
 
 st.subheader("Heads by role")
 counts = frame["label"].value_counts()

@@ -4,7 +4,7 @@ import pytest
 
 from analysis import profile_heads
 from app_pages.roles import CORPUS
-from tests.conftest import decode, figures
+from tests.conftest import decode, downloads, figures
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +22,9 @@ def test_grid_and_table_are_the_profile(new_app, corpus_profile):
     assert table["label"].tolist() == corpus_profile["label"].tolist()
     np.testing.assert_allclose(table["prev_token"], corpus_profile["prev_token"], atol=1e-9)
     np.testing.assert_allclose(table["relation_acc"], corpus_profile["relation_acc"], atol=1e-9)
+    profile_csv = downloads(at)["Profile · CSV"].decode().splitlines()
+    assert profile_csv[0].startswith("layer,head,label,prev_token") and len(profile_csv) == 73
+    assert set(downloads(at)) >= {"Figure · HTML", "Profile · CSV"} and "Attention · NPZ" not in downloads(at)
     # the role picker lists every label with its count, the most common first
     counts = corpus_profile["label"].value_counts()
     assert at.selectbox(key="role").options[0] == f"{counts.index[0]} ({counts.iloc[0]} heads)"
