@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -362,8 +363,6 @@ class TransformersModel(AttentionModel):
 
 
 def _with_parts(encoder: Attention, decoder: Attention, cross: Attention) -> Attention:
-    from dataclasses import replace
-
     return replace(encoder, decoder=decoder, cross=cross)
 
 
