@@ -398,5 +398,6 @@ def exports(key: str, fig, att: Attention | None, v: View | None = None, layer: 
                           on_click="ignore")
 
 
-def chart(fig, key: str) -> None:
-    st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False, "toImageButtonOptions": {"scale": 2}})
+def chart(fig, key: str, **kwargs):
+    return st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False, "toImageButtonOptions": {"scale": 2}},
+                           **kwargs)

@@ -12,9 +12,16 @@ v = c.view(s, att)
 stats = head_stats(v, special_share(att))
 fig = overview(v.weights, stats, shared_scale=s.shared_scale,
                title=c.title_for(att, f"All {att.n_layers} layers × {att.n_heads} heads"))
-c.chart(fig, "overview")
+event = c.chart(fig, "overview", on_select="rerun", selection_mode="points")
 st.caption("Rows are layers, columns heads; each square is one head's queries (down) by keys (across). "
-           "Hover a square for its numbers.")
+           "Hover a square for its numbers; click it to open that head in Explore.")
+# the markers trace lists heads layer by layer, so a clicked point's index names its head
+clicked = [p["point_index"] for p in (event.selection.points if event else []) if "point_index" in p]
+if clicked and 0 <= clicked[0] < att.n_layers * att.n_heads:
+    layer, head = divmod(int(clicked[0]), att.n_heads)
+    c.remember("layer", layer)
+    c.remember("head", head)
+    st.switch_page("app_pages/explore.py")
 
 a, b, go_col, _ = st.columns([1, 1, 1, 2], vertical_alignment="bottom")
 layer = a.selectbox("Layer", range(att.n_layers), key="open_layer")

@@ -80,12 +80,18 @@ def test_overview_thumbnails_are_the_weights(new_app, hf_model):
         tile = pixels[layer * pitch:layer * pitch + n * f:f, head * pitch:head * pitch + n * f:f]
         want = lut[np.clip(ref.weights[layer, head] / top * 255, 0, 255).astype(int)]
         np.testing.assert_array_equal(tile, want)
-    hover = next(t for t in fig["data"] if t["type"] == "heatmap")
-    custom = decode(hover["customdata"])
+    hover = next(t for t in fig["data"] if t["type"] == "scatter")
+    custom = decode(hover["customdata"]).reshape(6, 12, 5)  # layer, head, entropy, max, to special
     w = ref.weights.astype(np.float64)
     entropy = -(w * np.log(np.where(w > 0, w, 1))).sum(-1).mean(-1)
-    np.testing.assert_allclose(custom[..., 0], entropy, atol=1e-4)
-    np.testing.assert_allclose(custom[..., 1], w.max(axis=(2, 3)), atol=TOL)
+    np.testing.assert_array_equal(custom[..., 0], np.arange(6)[:, None].repeat(12, 1))
+    np.testing.assert_array_equal(custom[..., 1], np.arange(12)[None, :].repeat(6, 0))
+    np.testing.assert_allclose(custom[..., 2], entropy, atol=1e-4)
+    np.testing.assert_allclose(custom[..., 3], w.max(axis=(2, 3)), atol=TOL)
+    # each marker sits on the centre of its thumbnail
+    xs, ys = decode(hover["x"]).reshape(6, 12), decode(hover["y"]).reshape(6, 12)
+    np.testing.assert_allclose(xs[0], np.arange(12) * pitch + (pitch - 1) / 2)
+    np.testing.assert_allclose(ys[:, 0], np.arange(6) * pitch + (pitch - 1) / 2)
 
 
 def test_overview_opens_a_head_in_explore(new_app, hf_model):

@@ -85,6 +85,26 @@ def test_overview_is_one_image(page, server):
     shot(page, "overview")
 
 
+def test_clicking_a_thumbnail_opens_that_head(page, server):
+    page.goto(server + "/overview")
+    wait_title(page, "All 6 layers × 12 heads")
+    box = page.locator(".js-plotly-plot .nsewdrag").first.bounding_box()
+    (left, right), (bottom, top) = page.evaluate(
+        "() => { const l = document.querySelector('.js-plotly-plot')._fullLayout; return [l.xaxis.range, l.yaxis.range]; }")
+    pitch = (right - left) / 12  # the thumbnails tile the x range evenly; y runs downwards from layer 0
+
+    def to_px(x, y):
+        return (box["x"] + (x - left) / (right - left) * box["width"],
+                box["y"] + (y - top) / (bottom - top) * box["height"])
+
+    page.mouse.click(*to_px(left + 5.5 * pitch, top + 3.5 * pitch))  # layer 3, head 5
+    page.wait_for_selector("h1:has-text('Explore')", timeout=30_000)
+    wait_title(page, "Layer 3 ·")
+    page.wait_for_url("**/?*layer=3*")
+    assert "head=5" in page.url
+    shot(page, "overview-click")
+
+
 def test_markup_in_text_shows_as_text(page, hf_model):
     text = '<img src=x onerror=alert(1)> <script>alert(2)</script> & "quotes"'
     commit_text(page, text)

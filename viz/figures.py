@@ -173,15 +173,18 @@ def overview(weights: np.ndarray, stats: dict[str, np.ndarray], *, shared_scale:
     width, height = heads * pitch, layers * pitch
     uri = "data:image/png;base64," + base64.b64encode(png).decode()
     fig = go.Figure(go.Image(source=uri, x0=0, y0=0, dx=1, dy=1, hoverinfo="skip"))
-    custom = np.stack([stats["entropy"], stats["max_weight"], stats["to_special"]], axis=-1)
     centres_x = [h * pitch + (pitch - 1) / 2 for h in range(heads)]
     centres_y = [l * pitch + (pitch - 1) / 2 for l in range(layers)]
-    fig.add_trace(go.Heatmap(
-        z=np.zeros((layers, heads)), x=centres_x, y=centres_y, customdata=custom, opacity=0, showscale=False,
-        colorscale=[[0, "white"], [1, "white"]], name="heads",
-        text=[[f"layer {l}, head {h}" for h in range(heads)] for l in range(layers)],
-        hovertemplate=("%{text}<br>entropy %{customdata[0]:.2f} nats<br>max %{customdata[1]:.2f}"
-                       "<br>to special %{customdata[2]:.2f}<extra></extra>")))
+    # One invisible square marker over each thumbnail names it on hover and can be clicked.
+    layer_of, head_of = np.divmod(np.arange(layers * heads), heads)
+    custom = np.stack([layer_of, head_of, stats["entropy"].ravel(), stats["max_weight"].ravel(),
+                       stats["to_special"].ravel()], axis=-1)
+    fig.add_trace(go.Scatter(
+        x=[centres_x[h] for h in head_of], y=[centres_y[l] for l in layer_of], mode="markers", name="heads",
+        marker=dict(symbol="square", size=max(12, int(pitch * 0.6)), color="rgba(0,0,0,0)"), customdata=custom,
+        showlegend=False, hovertemplate=("layer %{customdata[0]}, head %{customdata[1]}<br>entropy "
+                                         "%{customdata[2]:.2f} nats<br>max %{customdata[3]:.2f}<br>to special "
+                                         "%{customdata[4]:.2f}<br>click to open in Explore<extra></extra>")))
     fig.update_xaxes(tickmode="array", tickvals=centres_x, ticktext=[f"H{h}" for h in range(heads)],
                      showgrid=False, range=[-0.5, width - 0.5], side="top")
     fig.update_yaxes(tickmode="array", tickvals=centres_y, ticktext=[f"L{l}" for l in range(layers)],
