@@ -5,6 +5,13 @@ from analysis import head_stats, special_share
 from app_pages import common as c
 from viz import overview
 
+
+def open_in_explore(layer: int, head: int) -> None:
+    c.remember("layer", layer)
+    c.remember("head", head)
+    st.switch_page("app_pages/explore.py")
+
+
 s = c.settings()
 st.title("Overview")
 att = c.attention(s, c.pick_sentence(s))
@@ -18,16 +25,11 @@ st.caption("Rows are layers, columns heads; each square is one head's queries (d
 # the markers trace lists heads layer by layer, so a clicked point's index names its head
 clicked = [p["point_index"] for p in (event.selection.points if event else []) if "point_index" in p]
 if clicked and 0 <= clicked[0] < att.n_layers * att.n_heads:
-    layer, head = divmod(int(clicked[0]), att.n_heads)
-    c.remember("layer", layer)
-    c.remember("head", head)
-    st.switch_page("app_pages/explore.py")
+    open_in_explore(*divmod(int(clicked[0]), att.n_heads))
 
 a, b, go_col, _ = st.columns([1, 1, 1, 2], vertical_alignment="bottom")
 layer = a.selectbox("Layer", range(att.n_layers), key="open_layer")
 head = b.selectbox("Head", range(att.n_heads), key="open_head")
 if go_col.button("Open in Explore", type="primary"):
-    c.remember("layer", layer)
-    c.remember("head", head)
-    st.switch_page("app_pages/explore.py")
+    open_in_explore(layer, head)
 c.exports("overview", fig, att, v, layer, head, sig=f"{att.text}|{s}")

@@ -166,7 +166,8 @@ def overview(weights: np.ndarray, stats: dict[str, np.ndarray], *, shared_scale:
              thumb: int = 96) -> go.Figure:
     """Every layer x head as image thumbnails, one PNG rather than hundreds of SVG heatmaps.
 
-    A transparent grid over the image names the head under the pointer and its statistics.
+    An invisible square marker over each thumbnail names its head and statistics on hover, and a
+    click on it is reported as a point selection whose index is ``layer * heads + head``.
     """
     layers, heads = weights.shape[:2]
     png, pitch = overview_png(weights, shared_scale=shared_scale, thumb=thumb)
