@@ -33,7 +33,7 @@ import pandas as pd
 
 from models.result import Attention
 
-from .views import token_label
+from .views import row_entropy, token_label
 
 POS_GROUPS = {"noun": ("NOUN", "PROPN"), "verb": ("VERB", "AUX"), "modifier": ("ADJ", "ADV")}
 RELATIONS = ("nsubj", "nsubjpass", "dobj", "obj", "iobj", "det", "amod", "advmod", "poss", "prep", "pobj", "aux",
@@ -138,9 +138,7 @@ def _token_measures(att: Attention, totals: _Totals) -> None:
     real = np.flatnonzero(~att.special)
     if real.size and labels[real[-1]] in FINAL_MARKS:
         totals.add("sentence_type", rows[..., real[-1]].sum(-1), q)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        plogp = np.where(rows > 0, rows * np.log(rows), 0.0)
-    entropy = -plogp.sum(-1)  # (L, H, q)
+    entropy = row_entropy(rows)  # (L, H, q)
     totals.add("entropy", entropy.sum(-1), q)
     totals.add("entropy_norm", entropy.sum(-1) / np.log(max(n, 2)), q)
 
@@ -283,6 +281,9 @@ def profile_heads(model, sentences: Sequence[str], *, attentions: Sequence[Atten
 LABEL_MEASURE = {"previous token": "prev_token", "next token": "next_token", "self": "self", "[SEP]": "sep",
                  "[CLS]": "cls", "punctuation": "sentence_type", "object": "noun", "relation": "verb",
                  "modifier": "modifier", "broad": "entropy_norm"}
+
+
+RANKING_MEASURES = frozenset({*LABEL_MEASURE.values(), "entropy_norm"})
 
 
 def label_measure(label: str) -> tuple[str, bool]:

@@ -108,6 +108,12 @@ def make_view(att: Attention, *, hide_special: bool = False, merge_words: bool =
                 q_spans, k_spans)
 
 
+def row_entropy(weights: np.ndarray) -> np.ndarray:
+    """Entropy in nats of each row (the last axis) of attention weights; 0 log 0 counts as 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.where(weights > 0, weights * np.log(weights), 0.0).sum(axis=-1)
+
+
 def head_stats(view: View, special_share: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per head of every layer, from the weights as shown.
 
@@ -116,9 +122,7 @@ def head_stats(view: View, special_share: np.ndarray | None = None) -> dict[str,
     ``special_share`` when given, since a view with special tokens hidden has none left).
     """
     w = view.weights
-    with np.errstate(divide="ignore", invalid="ignore"):
-        plogp = np.where(w > 0, w * np.log(w), 0.0)
-    entropy = -plogp.sum(axis=-1).mean(axis=-1)
+    entropy = row_entropy(w).mean(axis=-1)
     to_special = special_share if special_share is not None else w[..., view.key_special].sum(-1).mean(-1)
     return {"entropy": entropy.astype(np.float32), "max_weight": w.max(axis=(-2, -1)),
             "to_special": np.asarray(to_special, dtype=np.float32)}

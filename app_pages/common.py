@@ -19,7 +19,7 @@ import numpy as np
 import streamlit as st
 import torch
 
-from analysis import View, head_similarity, label_measure, make_view, measure_heads
+from analysis import RANKING_MEASURES, View, head_similarity, make_view, measure_heads
 from analysis.export import attention_json, attention_npz, head_csv
 from models import Attention, AttentionModel, HeadLensError, load_model
 from viz.export import figure_html, figure_image
@@ -36,8 +36,6 @@ MODELS = {
     "untrained": "Untrained encoder · from scratch, seed 0",
     "custom": "Custom model (id or folder) · transformers",
 }
-ROLES = ["previous token", "next token", "self", "[SEP] / no-op", "[CLS]", "punctuation / sentence type",
-         "object focus", "relation focus", "modifier / sentiment focus", "broad", "mixed", "syntax"]
 SCRATCH = {"scratch", "untrained"}  # the choices that run our engine: head masks and causal apply
 
 
@@ -121,7 +119,7 @@ def profile(s: "Settings", sentences: list[str]):
         stop_with(err)
     bar.progress(1.0, text="Measuring every head…")
     measures = measure_heads(attentions)
-    per_sentence = {name: measures.per_sentence(name) for name in {m for m, _ in map(label_measure, ROLES)}}
+    per_sentence = {name: measures.per_sentence(name) for name in RANKING_MEASURES}
     per_sentence["similarity"] = head_similarity(attentions)
     bar.empty()
     value = (measures.frame(), per_sentence, attentions)

@@ -9,7 +9,7 @@ from viz import head_heatmap, role_grid, text_shading
 
 CORPUS = [line.strip() for line in (c.ASSETS / "corpus.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
 UPLOAD_LIMIT = 1_000_000  # bytes
-SEED = "Which do you like better, coffee or tea?"
+SEED = c.DEFAULT_TEXT  # the coffee-or-tea sentence, first of the examples
 SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",
            "upload": "An uploaded .txt"}
 
@@ -89,9 +89,8 @@ for col, i in zip(cols, order[:3]):
 seed = c.attention(s, SEED)
 sv = make_view(seed, hide_special=s.hide_special, merge_words=s.merge_words)
 received = sv.head(layer, head).mean(axis=0)
-st.plotly_chart(text_shading(sv.key_labels, received,
-                             title=f"What layer {layer}, head {head} looks at, on average over the queries"),
-                key="roles-seed", theme=None)
+c.chart(text_shading(sv.key_labels, received,
+                     title=f"What layer {layer}, head {head} looks at, on average over the queries"), "roles-seed")
 st.dataframe(pd.DataFrame({"token": sv.key_labels, "attention received": received}).style.format(precision=3),
              hide_index=True, key="roles-seed-table")
 

@@ -43,11 +43,13 @@ TITLE_HAS = """p => { const t = document.querySelector('.js-plotly-plot .gtitle'
 def sentence(tokenizer, n_tokens: int, seed: int) -> str:
     """A new sentence of exactly ``n_tokens`` tokens, [CLS] and [SEP] included."""
     words = [WORDS[(seed * 7 + i * 3) % len(WORDS)] for i in range(n_tokens)]
-    for k in range(n_tokens, 0, -1):
+    for k in range(n_tokens, 0, -1):  # drop words until the text fits
         text = f"{seed} " + " ".join(words[:k])
-        if len(tokenizer(text)["input_ids"]) <= n_tokens:
-            if len(tokenizer(text)["input_ids"]) == n_tokens:
-                return text
+        length = len(tokenizer(text)["input_ids"])
+        if length == n_tokens:
+            return text
+        if length < n_tokens:
+            break
     raise ValueError("no sentence of that length")
 
 
