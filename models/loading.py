@@ -18,6 +18,7 @@ import torch
 
 from .encoder import BertEncoder, EncoderConfig
 from .errors import HeadLensError
+from .limits import batches, check_config_sizes, check_parameter_count, check_weight_files, token_limit
 from .result import Attention
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -90,9 +91,11 @@ def check_model_dir(folder: Path, allow_pickle: bool = False) -> dict:
         raise HeadLensError(f"The model's config.json in {folder} is not valid JSON: {err}") from err
     if not isinstance(config, dict) or "model_type" not in config:
         raise HeadLensError(f"The config.json in {folder} does not say which kind of model it is (model_type).")
-    if config.get("auto_map"):
+    if config.get("auto_map") or _tokenizer_auto_map(folder):
         raise HeadLensError("This model needs Python code of its own (trust_remote_code), "
                             "and HeadLens never runs code that comes with a model.")
+    check_config_sizes(config)
+    check_weight_files(folder, ("*.safetensors", "*.bin", "*.pt", "*.pth") if allow_pickle else ("*.safetensors",))
     if not any(folder.glob("*.safetensors")):
         if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth")):
             if not allow_pickle:
@@ -103,6 +106,15 @@ def check_model_dir(folder: Path, allow_pickle: bool = False) -> dict:
         else:
             raise HeadLensError(f"The folder {folder} holds no model weights (model.safetensors).")
     return config
+
+
+def _tokenizer_auto_map(folder: Path) -> bool:
+    file = folder / "tokenizer_config.json"
+    try:
+        config = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise HeadLensError(f"The tokenizer_config.json in {folder} is not valid JSON: {err}") from err
+    return isinstance(config, dict) and bool(config.get("auto_map"))
 
 
 def load_tokenizer(folder: Path):
@@ -144,6 +156,7 @@ def load_model(name: str | os.PathLike | None = None, *, backend: str = "transfo
     tokenizer = load_tokenizer(folder)
     if backend == "scratch":
         enc_config = EncoderConfig.from_dict(config)
+        check_parameter_count(lambda: BertEncoder(enc_config), display)
         if untrained:
             encoder, display = BertEncoder.untrained(enc_config, seed), f"{display} (untrained, seed {seed})"
         else:
@@ -155,10 +168,15 @@ def load_model(name: str | os.PathLike | None = None, *, backend: str = "transfo
 
 
 def _load_hf_model(folder: Path, allow_pickle: bool):
-    from transformers import AutoModel
+    from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except Exception as err:  # noqa: BLE001 - a config transformers cannot read raises many types
+        raise HeadLensError(f"The model's config.json in {folder} could not be read: {err}") from err
+    check_parameter_count(lambda: AutoModel.from_config(config, attn_implementation="eager"), str(folder))
     try:
         model = AutoModel.from_pretrained(folder, attn_implementation="eager", local_files_only=True,
                                           trust_remote_code=False, use_safetensors=None if allow_pickle else True)
@@ -173,11 +191,14 @@ class AttentionModel:
     backend = ""
 
     def __init__(self, tokenizer, name: str, device: torch.device, n_layers: int, n_heads: int,
-                 max_positions: int | None, causal: bool = False):
+                 max_positions: int | None, causal: bool = False, parts: int = 1):
         self.tokenizer, self.name, self.device = tokenizer, name, device
         self.n_layers, self.n_heads, self.causal = n_layers, n_heads, causal
+        # float32 weights per (query, key) pair of one text: every layer and head, of every part
+        # (an encoder-decoder has three: encoder, decoder, cross)
+        self.bytes_per_token_pair = 4 * n_layers * n_heads * parts
         limits = [m for m in (max_positions, tokenizer.model_max_length) if m and m < 1e9]
-        self.max_tokens = min([MAX_TOKENS_CAP, *limits])
+        self.max_tokens = min([MAX_TOKENS_CAP, token_limit(self.bytes_per_token_pair), *limits])
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.name!r}, backend={self.backend!r}, device={str(self.device)!r}, "
@@ -200,23 +221,47 @@ class AttentionModel:
         items = [texts] if single else list(texts)
         if not items:
             raise HeadLensError("There is no text to attend to.")
-        for i, t in enumerate(items):
-            if not isinstance(t, str) or not t.strip():
-                where = "The text" if single else f"Text {i + 1}"
-                raise HeadLensError(f"{where} is empty; type a sentence.")
+        lengths = self.token_counts(items)
         targets = self._targets(items, target, single)
+        if targets is not None:
+            lengths = [max(n, m) for n, m in zip(lengths, self.token_counts(targets, "target"))]
         mask = self._head_mask(head_mask)
-        order = sorted(range(len(items)), key=lambda i: len(items[i]))
         results: list[Attention | None] = [None] * len(items)
-        for start in range(0, len(order), max(1, batch_size)):
-            chunk = order[start:start + batch_size]
+        done_count = 0
+        for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
             done = self._attend_batch([items[i] for i in chunk],
                                       None if targets is None else [targets[i] for i in chunk], mask, causal)
             for i, res in zip(chunk, done):
                 results[i] = res
+            done_count += len(chunk)
             if progress is not None:
-                progress(min(start + batch_size, len(items)), len(items))
+                progress(done_count, len(items))
         return results[0] if single else results
+
+    def token_counts(self, texts: Sequence[str], noun: str = "text") -> list[int]:
+        """Tokens the model reads of each text (special tokens included, after truncation).
+
+        Raises ``HeadLensError`` for a text that is empty, is not valid Unicode, or holds nothing
+        the tokenizer keeps (only spaces, control or invisible characters).
+        """
+        def where(i: int) -> str:
+            return f"The {noun}" if len(texts) == 1 else f"{noun.capitalize()} {i + 1}"
+
+        for i, t in enumerate(texts):
+            if not isinstance(t, str) or not t.strip():
+                raise HeadLensError(f"{where(i)} is empty; type a sentence.")
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise HeadLensError(f"{where(i)} holds characters that are not valid Unicode "
+                                    f"(a lone surrogate at position {err.start}).") from err
+        enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_tokens,
+                             return_special_tokens_mask=True, verbose=False)
+        for i, special in enumerate(enc["special_tokens_mask"]):
+            if all(special):
+                raise HeadLensError(f"{where(i)} has nothing the model can read: only spaces, control or "
+                                    "invisible characters such as zero-width spaces.")
+        return [len(ids) for ids in enc["input_ids"]]
 
     def _targets(self, items, target, single):
         if target is None:
@@ -321,7 +366,8 @@ class TransformersModel(AttentionModel):
         max_positions = _first_attr(c, "max_position_embeddings", "n_positions")
         if max_positions and c.model_type in OFFSET_POSITION_TYPES:
             max_positions -= (c.pad_token_id or 0) + 1
-        super().__init__(tokenizer, name, device, n_layers, n_heads, max_positions, causal=decoder_only)
+        super().__init__(tokenizer, name, device, n_layers, n_heads, max_positions, causal=decoder_only,
+                         parts=3 if self.encoder_decoder else 1)
 
     def _attend_batch(self, texts, targets, head_mask, causal):
         if causal:

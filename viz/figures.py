@@ -25,9 +25,24 @@ SINGLE_LABELS = 40  # most on an axis of a figure with one heatmap
 TICK_PX = 6.5  # width of one character of a 10 px tick label, for margins fixed in advance
 
 
+# Control characters become visible symbols (a NUL would also break an SVG export); bidi
+# overrides and isolates, which would reorder the text after them, are dropped. Joiners stay:
+# emoji sequences and several scripts need them.
+_WHITESPACE = dict.fromkeys(map(ord, "\t\n\r"), " ")
+_C0 = {c: chr(0x2400 + c) for c in range(0x20) if chr(c) not in "\t\n\r"}
+_OTHER_CONTROLS = {0x7F: "\u2421", **dict.fromkeys(range(0x80, 0xA0), "\ufffd")}
+_BIDI = dict.fromkeys(map(ord, "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"), None)
+_DISPLAY = {**_WHITESPACE, **_C0, **_OTHER_CONTROLS, **_BIDI}
+
+
+def visible(text: str) -> str:
+    """``text`` with control characters shown as symbols and bidi overrides removed."""
+    return text.translate(_DISPLAY)
+
+
 def safe(text: str) -> str:
-    """Text as plotly should show it, literally."""
-    return html.escape(text, quote=False)
+    """Text as plotly should show it, literally: visible, then HTML-escaped."""
+    return html.escape(visible(text), quote=False)
 
 
 def categories(labels: list[str]) -> list[str]:
