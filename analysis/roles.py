@@ -297,19 +297,28 @@ def label_measure(label: str) -> tuple[str, bool]:
     return "entropy_norm", False
 
 
+SIMILARITY_CHUNK_BYTES = 64 * 2**20  # the largest temporary array of head_similarity
+
+
 def head_similarity(attentions: Sequence[Attention], max_sentences: int = 100) -> np.ndarray:
     """``(layers * heads, layers * heads)`` Jensen-Shannon divergence (nats) between heads' patterns,
-    averaged over query rows of up to ``max_sentences`` sentences. 0 means identical patterns."""
+    averaged over query rows of up to ``max_sentences`` sentences. 0 means identical patterns.
+
+    JS(a, b) = H((a + b) / 2) - (H(a) + H(b)) / 2, computed a few query rows at a time so that
+    memory stays within ``SIMILARITY_CHUNK_BYTES`` whatever the sentence length.
+    """
     total, rows = None, 0
     for att in list(attentions)[:max_sentences]:
         L, H, n, _ = att.weights.shape
         P = att.weights.reshape(L * H, n, n).astype(np.float64).transpose(1, 0, 2)  # (n, LH, n)
-        a, b = P[:, :, None, :], P[:, None, :, :]
-        m = (a + b) / 2
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kl_a = np.where(a > 0, a * np.log(a / m), 0.0).sum(-1)
-            kl_b = np.where(b > 0, b * np.log(b / m), 0.0).sum(-1)
-        js = ((kl_a + kl_b) / 2).sum(0)  # summed over query rows
+        own = row_entropy(P)  # (n, LH)
+        step = max(1, SIMILARITY_CHUNK_BYTES // (8 * (L * H) ** 2 * n))
+        js = np.zeros((L * H, L * H))
+        for i in range(0, n, step):
+            p = P[i:i + step]
+            mixed = row_entropy((p[:, :, None, :] + p[:, None, :, :]) / 2)  # (rows, LH, LH)
+            h = own[i:i + step]
+            js += (mixed - (h[:, :, None] + h[:, None, :]) / 2).sum(0)  # summed over query rows
         total = js if total is None else total + js
         rows += n
-    return total / max(rows, 1)
+    return np.maximum(total / max(rows, 1), 0.0)

@@ -139,3 +139,22 @@ def test_head_similarity(nlp):
     S = head_similarity([synthetic(d) for d in docs])
     assert S.shape == (8, 8) and np.allclose(np.diag(S), 0) and np.allclose(S, S.T)
     assert S[0, 6] == pytest.approx(np.log(2), abs=1e-6)  # disjoint one-hot patterns: JS is ln 2
+
+
+def test_head_similarity_of_long_sentences_is_computed_in_small_steps(monkeypatch, hf_model):
+    """A 512-token sentence once needed 11 GB here; in steps the divergences are the same numbers."""
+    from analysis import roles
+
+    atts = hf_model.attend(["The cat sat on the mat because it was warm.", "Did the dog bark?"])
+    full = head_similarity(atts)
+    monkeypatch.setattr(roles, "SIMILARITY_CHUNK_BYTES", 1)  # one query row at a time
+    np.testing.assert_allclose(head_similarity(atts), full, atol=1e-12)
+    # against the definition, for heads 5 and 40: JS of each query row, averaged over all rows
+    def js_rows(att, i, j):
+        w = att.weights.reshape(72, *att.weights.shape[2:]).astype(np.float64)
+        m = (w[i] + w[j]) / 2
+        kl = [np.where(p > 0, p * np.log(p / m), 0.0).sum(-1) for p in (w[i], w[j])]
+        return (kl[0] + kl[1]) / 2
+
+    rows = np.concatenate([js_rows(att, 5, 40) for att in atts])
+    assert len(rows) == 13 + 7 and full[5, 40] == pytest.approx(rows.mean(), abs=1e-9)
