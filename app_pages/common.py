@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ EXAMPLES: dict[str, str] = json.loads((ASSETS / "examples.json").read_text(encod
 DEFAULT_TEXT = next(iter(EXAMPLES.values()))
 MAX_CHARS = 20_000
 MAX_SENTENCES = 24
+PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
 
 MODELS = {
     "minilm": "all-MiniLM-L6-v2 · transformers",
@@ -39,7 +41,7 @@ MODELS = {
 SCRATCH = {"scratch", "untrained"}  # the choices that run our engine: head masks and causal apply
 
 
-@st.cache_resource(max_entries=6, show_spinner=False)
+@st.cache_resource(max_entries=4, show_spinner=False)
 def cached_model(choice: str, custom: str, device: str) -> AttentionModel:
     """One instance per (model, device) for every session; it is only ever read."""
     if choice == "custom":
@@ -105,11 +107,15 @@ def profile(s: "Settings", sentences: list[str]):
     ``"similarity"``: the heads' Jensen-Shannon divergences), and the attentions.
     """
     key = (s.choice, s.custom, s.device, s.causal, s.heads_off,
-           hashlib.sha256("\n".join(sentences).encode()).hexdigest())
+           hashlib.sha256("\n".join(sentences).encode("utf-8", "surrogatepass")).hexdigest())
     cached = profile_cache().get(key)
     if cached is not None:
         return cached
     model = model_for(s.choice, s.custom, s.device)
+    try:
+        sentences = within_budget(model, sentences)
+    except HeadLensError as err:
+        stop_with(err)
     bar = st.progress(0.0, text=f"Profiling {len(sentences)} sentences…")
     try:
         attentions = model.attend(sentences, head_mask=head_mask(model, s.heads_off), causal=s.causal,
@@ -127,6 +133,38 @@ def profile(s: "Settings", sentences: list[str]):
     return value[0].copy(), per_sentence, attentions
 
 
+def within_budget(model: AttentionModel, sentences: list[str]) -> list[str]:
+    """The first sentences whose attention weights fit ``PROFILE_BYTES``, with a note when some are left out."""
+    sizes = np.cumsum([n * n * model.bytes_per_token_pair for n in model.token_counts(sentences)])
+    keep = max(1, int(np.searchsorted(sizes, PROFILE_BYTES, side="right")))
+    if keep < len(sentences):
+        st.warning(f"Profiling the first {keep:,} of {len(sentences):,} sentences: their attention weights "
+                   f"fill the {PROFILE_BYTES // 2**20} MiB a profile may hold.")
+    return sentences[:keep]
+
+
+def readable(line: str) -> bool:
+    """Whether a line has a character to read: not only spaces, control or invisible characters."""
+    return any(ch.isprintable() and not ch.isspace() for ch in line)
+
+
+def sentences_of(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if readable(line)]
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=%^@/,;?\"'])")
+_AUTOLINK = re.compile(r"(?i)(https?|ftp|www|mailto|xmpp)(?=\\[:.])|(?=\\@)")
+
+
+def plain(text: str) -> str:
+    """``text`` for an element that renders Markdown (alerts, captions), so that it shows literally.
+
+    Every punctuation mark is backslash-escaped; web and mail addresses, which Markdown links
+    even when escaped, get a word joiner (invisible) after their scheme and before their "@".
+    """
+    return _AUTOLINK.sub("\\g<0>\u2060", _MARKDOWN.sub(r"\\\1", text))
+
+
 @dataclass(frozen=True)
 class Settings:
     choice: str
@@ -141,7 +179,7 @@ class Settings:
 
 
 def stop_with(err: Exception) -> None:
-    st.error(str(err))
+    st.error(plain(str(err)))
     st.stop()
 
 
@@ -209,9 +247,13 @@ def settings() -> Settings:
     """The sidebar's current values, read from session state (the sidebar has already run)."""
     ss = st.session_state
     text = ss.get("text") or ""
-    sentences = [line.strip() for line in text.splitlines() if line.strip()]
+    sentences = sentences_of(text)
     if not sentences:
-        st.info("Type a sentence in the sidebar, one per line, then press Ctrl+Enter.")
+        if text.strip():
+            st.warning("None of these lines has anything to read: only spaces, control or invisible characters. "
+                       "Type a sentence in the sidebar, then press Ctrl+Enter.")
+        else:
+            st.info("Type a sentence in the sidebar, one per line, then press Ctrl+Enter.")
         st.stop()
     if len(sentences) > MAX_SENTENCES:
         st.warning(f"Showing the first {MAX_SENTENCES} of {len(sentences)} lines.")
@@ -387,7 +429,7 @@ def exports(key: str, fig, att: Attention | None, v: View | None = None, layer: 
                 images = {fmt: figure_image(fig, fmt) for fmt in ("png", "svg")}
             st.session_state[f"{key}-images"] = (sig, images)
         except RuntimeError as err:
-            st.warning(str(err))
+            st.warning(plain(str(err)))
     if images:
         a, b, _ = st.columns([1, 1, 3])
         a.download_button("Download PNG", images["png"], f"{stem}.png", "image/png", key=f"{key}-png",

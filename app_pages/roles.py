@@ -7,7 +7,7 @@ from analysis import THRESHOLDS, label_measure, make_view
 from app_pages import common as c
 from viz import head_heatmap, role_grid, text_shading
 
-CORPUS = [line.strip() for line in (c.ASSETS / "corpus.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
+CORPUS = c.sentences_of((c.ASSETS / "corpus.txt").read_text(encoding="utf-8"))
 UPLOAD_LIMIT = 1_000_000  # bytes
 SEED = c.DEFAULT_TEXT  # the coffee-or-tea sentence, first of the examples
 SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",
@@ -28,7 +28,7 @@ def uploaded_sentences() -> list[str]:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         c.stop_with(ValueError("That file is not UTF-8 text; save it as UTF-8 and upload it again."))
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = c.sentences_of(text)
     if not lines:
         c.stop_with(ValueError("That file has no sentences in it."))
     return lines[:2000]

@@ -142,6 +142,13 @@ def decode(arr) -> "np.ndarray":
     return np.asarray(arr, dtype=float)
 
 
+def shown(markdown: str) -> str:
+    """What a person reads in an alert whose text went through ``plain()``: escapes and joiners gone."""
+    import re
+
+    return re.sub(r"\\(.)", r"\1", markdown).replace("\u2060", "")
+
+
 def figures(at) -> list[dict]:
     """Every plotly figure on the page, as the JSON the browser receives."""
     return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.conftest import decode, downloads, figures, heatmaps, tick_text
+from tests.conftest import decode, downloads, figures, heatmaps, shown, tick_text
 
 TOL = 1e-6
 COFFEE = "Which do you like better, coffee or tea?"
@@ -156,8 +156,8 @@ def test_errors_are_sentences_and_the_session_goes_on(app):
     app.selectbox(key="model").set_value("custom").run()
     app.text_input(key="custom_model").input("nobody/no-such-model").run()
     assert not app.exception
-    assert "No model 'nobody/no-such-model' was found" in app.error[0].value
-    assert "never downloads" in app.error[0].value
+    assert "No model 'nobody/no-such-model' was found" in shown(app.error[0].value)
+    assert "never downloads" in shown(app.error[0].value)
     app.selectbox(key="model").set_value("minilm").run()
     app.text_area(key="text").input("Back to work.").run()
     assert not app.exception and not app.error and tick_text(figures(app)[0])[1:3] == ["back", "to"]

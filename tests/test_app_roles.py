@@ -4,7 +4,7 @@ import pytest
 
 from analysis import profile_heads
 from app_pages.roles import CORPUS
-from tests.conftest import decode, downloads, figures
+from tests.conftest import decode, downloads, figures, shown
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_bad_uploads_get_a_sentence(new_app, content, message):
     at = new_app({"corpus": "upload"}, page="app_pages/roles.py")
     assert "Upload a text file" in at.info[0].value
     at.get("file_uploader")[0].upload("sentences.txt", content, "text/plain").run()
-    assert not at.exception and message in at.error[0].value
+    assert not at.exception and message in shown(at.error[0].value)
 
 
 def test_an_uploaded_file_is_profiled(new_app, hf_model):
