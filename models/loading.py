@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,11 @@ OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "d
 MAX_TOKENS_CAP = 1024  # the most tokens HeadLens shows, whatever the model allows
 
 Progress = Callable[[int, int], None]
+
+# Sessions of the app load models on threads of one process. transformers imports its classes
+# lazily on first use, and two threads doing that at once can find a half-imported module
+# ("cannot import name 'AutoTokenizer'"), so loads take turns.
+_LOAD_LOCK = threading.Lock()
 
 
 def pick_device(device: str | torch.device = "auto") -> torch.device:
@@ -146,6 +152,11 @@ def load_model(name: str | os.PathLike | None = None, *, backend: str = "transfo
         untrained: scratch backend only: random weights of the model's shape, seeded by ``seed``.
         allow_pickle: accept weights stored only as a pickle (``pytorch_model.bin``).
     """
+    with _LOAD_LOCK:
+        return _load_model(name, backend, device, untrained, seed, allow_pickle)
+
+
+def _load_model(name, backend, device, untrained, seed, allow_pickle) -> "AttentionModel":
     if backend not in ("transformers", "scratch"):
         raise HeadLensError(f"Unknown backend '{backend}': choose 'transformers' or 'scratch'.")
     if untrained and backend != "scratch":
@@ -193,6 +204,9 @@ class AttentionModel:
     def __init__(self, tokenizer, name: str, device: torch.device, n_layers: int, n_heads: int,
                  max_positions: int | None, causal: bool = False, parts: int = 1):
         self.tokenizer, self.name, self.device = tokenizer, name, device
+        # A fast tokenizer sets truncation and padding on its Rust object for each call, so two
+        # threads calling it at once fail ("Already borrowed"); calls take turns.
+        self._tokenizer_lock = threading.Lock()
         self.n_layers, self.n_heads, self.causal = n_layers, n_heads, causal
         # float32 weights per (query, key) pair of one text: every layer and head, of every part
         # (an encoder-decoder has three: encoder, decoder, cross)
@@ -255,7 +269,7 @@ class AttentionModel:
             except UnicodeEncodeError as err:
                 raise HeadLensError(f"{where(i)} holds characters that are not valid Unicode "
                                     f"(a lone surrogate at position {err.start}).") from err
-        enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_tokens,
+        enc = self._tokenize(list(texts), truncation=True, max_length=self.max_tokens,
                              return_special_tokens_mask=True, verbose=False)
         for i, special in enumerate(enc["special_tokens_mask"]):
             if all(special):
@@ -278,14 +292,18 @@ class AttentionModel:
             return None
         raise HeadLensError("Head masks need the scratch backend: transformers models no longer take them.")
 
+    def _tokenize(self, *args, **kwargs):
+        with self._tokenizer_lock:
+            return self.tokenizer(*args, **kwargs)
+
     def _encode(self, texts: list[str]):
-        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens,
+        enc = self._tokenize(texts, padding=True, truncation=True, max_length=self.max_tokens,
                              return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
         lengths = enc["attention_mask"].sum(dim=1).tolist()
         originals = list(lengths)
         for i, n in enumerate(lengths):
             if n >= self.max_tokens:
-                originals[i] = len(self.tokenizer(texts[i], verbose=False)["input_ids"])
+                originals[i] = len(self._tokenize(texts[i], verbose=False)["input_ids"])
         return enc, lengths, originals
 
     def _inputs(self, enc) -> dict[str, torch.Tensor]:

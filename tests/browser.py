@@ -33,9 +33,10 @@ def streamlit_server(timeout: float = 120):
     LOGS.mkdir(parents=True, exist_ok=True)
     log_path = LOGS / f"streamlit-{port}.log"
     log = open(log_path, "wb")  # a pipe nobody reads would fill and stall the server
+    # the address comes from .streamlit/config.toml (localhost), as for a person running the app
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-         "--server.port", str(port), "--server.address", "127.0.0.1"],
+         "--server.port", str(port)],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -71,6 +72,11 @@ def chromium():
             yield browser
         finally:
             browser.close()
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def plot_title(page) -> str:

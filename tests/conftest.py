@@ -217,3 +217,38 @@ def new_app(monkeypatch):
 def app(new_app):
     """A fresh session of the app on its default page, Explore."""
     return new_app()
+
+
+# --- the app in a real browser (one server and one Chromium for every browser test) ----------------
+
+@pytest.fixture(scope="session")
+def server():
+    from tests.browser import streamlit_server
+
+    with streamlit_server() as (url, proc):
+        yield url
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from tests.browser import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser, server):
+    """A new browser session on Explore; a dialog opening (an alert from injected markup) fails the test."""
+    from tests.browser import PLOT
+
+    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    page = context.new_page()
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.dialogs = dialogs
+    page.goto(server + "/")
+    page.wait_for_selector(PLOT, timeout=120_000)
+    yield page
+    assert not dialogs, f"a dialog opened: {dialogs}"
+    context.close()

@@ -5,43 +5,12 @@ import numpy as np
 import pytest
 
 from viz.figures import GRID_LABELS, tick_step
-from tests.browser import PLOT, SHOTS, chromium, commit_text, plot_title, streamlit_server, wait_title, x_ticks
+from tests.browser import PLOT, commit_text, plot_title, shot, wait_title, x_ticks
 
 PAGES = [("Explore", "", "Layer 0 · Which do you like better"), ("Compare", "compare", "1: all-MiniLM-L6-v2 · L0 H0"),
          ("Overview", "overview", "All 6 layers × 12 heads · Which"), ("Tokens", "tokens", "Layer 0 · Which"),
          ("Text", "text", "Attention from “which” · layer 0, head 0"),
          ("Head roles", "roles", "Roles over 335 sentences")]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with streamlit_server() as (url, proc):
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser, server):
-    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
-    page = context.new_page()
-    dialogs = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    page.dialogs = dialogs
-    page.goto(server + "/")
-    page.wait_for_selector(PLOT, timeout=120_000)
-    yield page
-    assert not dialogs, f"a dialog opened: {dialogs}"
-    context.close()
-
-
-def shot(page, name):
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def test_typed_sentence_reaches_every_heatmap(page, hf_model):

@@ -123,3 +123,17 @@ def test_labels_and_titles_show_controls_and_markup_literally(hf_model):
     assert visible("a\tb\nc") == "a b c" and visible("x\u200dy") == "x\u200dy"
     grid = head_grid(v.weights[0], v.query_labels, v.key_labels, [0, 1], title=text)
     assert grid.layout.title.text == title
+
+
+def test_many_threads_share_one_model(hf_model):
+    """App sessions are threads over one cached model: concurrent calls give each its own answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [f"Sentence {i} has {'many ' * i}words in it." for i in range(16)]
+    serial = [hf_model.attend(t) for t in texts]
+    with ThreadPoolExecutor(8) as pool:
+        parallel = list(pool.map(lambda t: hf_model.attend(t), texts * 3))
+    for i, att in enumerate(parallel):
+        ref = serial[i % len(texts)]
+        assert att.tokens == ref.tokens
+        np.testing.assert_allclose(att.weights, ref.weights, atol=1e-5)

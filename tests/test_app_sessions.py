@@ -1,0 +1,44 @@
+"""Two sessions of the app in one server process (two AppTests): each sees only its own choices,
+and the model both use from the shared cache is the same before and after."""
+import numpy as np
+
+from analysis import make_view
+from tests.conftest import decode, figures, heatmaps, tick_text
+
+A_TEXT = "Session A reads about kites."
+B_TEXT = "Session B reads about boats and the sea."
+
+
+def grid(at) -> list[np.ndarray]:
+    return [decode(t["z"]) for t in heatmaps(figures(at)[0])]
+
+
+def test_two_sessions_never_see_each_others_state(new_app, hf_model, scratch_model):
+    a = new_app({"model": "scratch", "heads_off": ["0.1", "0.5"], "causal": "true", "layer": "2"})
+    b = new_app({"model": "minilm", "hide_special": "true"})
+    mask = np.ones((6, 12), dtype=np.float32)
+    mask[0, [1, 5]] = 0
+    for step in range(2):
+        a.text_area(key="text").input(A_TEXT if step == 0 else A_TEXT + " Again.").run()
+        b.text_area(key="text").input(B_TEXT).run()
+        assert not a.exception and not b.exception
+        a_text = A_TEXT if step == 0 else A_TEXT + " Again."
+        want_a = scratch_model.attend(a_text, head_mask=mask, causal=True)
+        for h, z in enumerate(grid(a)):
+            np.testing.assert_allclose(z, want_a.weights[2, h], atol=1e-6)
+        want_b = make_view(hf_model.attend(B_TEXT), hide_special=True)
+        for h, z in enumerate(grid(b)):
+            np.testing.assert_allclose(z, want_b.weights[0, h], atol=1e-6)
+        assert tick_text(figures(b)[0]) == want_b.key_labels
+    # each session's settings and link are its own
+    assert a.session_state["heads_off"] == ["0.1", "0.5"] and a.session_state["causal"] is True
+    assert "heads_off" not in b.session_state and b.session_state["hide_special"] is True
+    assert dict(a.query_params) == {"model": "scratch", "heads_off": ["0.1", "0.5"], "causal": "true", "layer": "2",
+                                    "text": A_TEXT + " Again."}
+    assert dict(b.query_params) == {"hide_special": "true", "text": B_TEXT}  # model=minilm is the default
+    # a third session gets the model unmasked and non-causal: nothing was changed in the cache
+    c = new_app({"model": "scratch"})
+    c.text_area(key="text").input(A_TEXT).run()
+    want_c = hf_model.attend(A_TEXT)
+    for h, z in enumerate(grid(c)):
+        np.testing.assert_allclose(z, want_c.weights[0, h], atol=1e-5)
