@@ -79,6 +79,12 @@ class ProfileCache:
 
     def __init__(self, max_entries: int = 4):
         self.max_entries, self._items, self._lock = max_entries, OrderedDict(), threading.Lock()
+        self._computing: dict = {}  # key -> lock held by the session computing that profile
+
+    def computing(self, key) -> threading.Lock:
+        """The lock to hold while computing ``key``, so that sessions asking at once compute it once."""
+        with self._lock:
+            return self._computing.setdefault(key, threading.Lock())
 
     def get(self, key):
         with self._lock:
@@ -91,6 +97,7 @@ class ProfileCache:
     def put(self, key, value) -> None:
         with self._lock:
             self._items[key] = value
+            self._computing.pop(key, None)
             while len(self._items) > self.max_entries:
                 self._items.popitem(last=False)
 
@@ -108,10 +115,23 @@ def profile(s: "Settings", sentences: list[str]):
     """
     key = (s.choice, s.custom, s.device, s.causal, s.heads_off,
            hashlib.sha256("\n".join(sentences).encode("utf-8", "surrogatepass")).hexdigest())
-    cached = profile_cache().get(key)
+    cache = profile_cache()
+    cached = cache.get(key)
     if cached is not None:
         return cached
     model = model_for(s.choice, s.custom, s.device)
+    lock = cache.computing(key)
+    if not lock.acquire(blocking=False):
+        with st.spinner("Another session is profiling the same sentences; its result will be shown here…"):
+            lock.acquire()
+    try:
+        cached = cache.get(key)
+        return cached if cached is not None else _compute_profile(model, s, sentences, key)
+    finally:
+        lock.release()
+
+
+def _compute_profile(model: AttentionModel, s: "Settings", sentences: list[str], key):
     try:
         sentences = within_budget(model, sentences)
     except HeadLensError as err:

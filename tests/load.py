@@ -1,0 +1,203 @@
+"""Many people at once: browser sessions on one server, each typing sentences and switching pages.
+
+``run_load(url, pid, sessions, seconds)`` drives ``sessions`` Chromium contexts (each a separate
+Streamlit session) for ``seconds`` and reports errors, rerun latencies and the server's memory.
+A rerun counts as done when the page shows what the action asked for (its heading and the
+chart's title) and no element is left over from the previous run. Used by tests/test_load.py and
+bench/bench_load.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, PLOT, ROOT
+
+CORPUS = [line.strip() for line in (ROOT / "assets" / "corpus.txt").read_text(encoding="utf-8").splitlines()
+          if line.strip()]
+# page name, its path, and whether its chart title shows the sentence
+PAGES = [("Explore", "", True), ("Compare", "compare", False), ("Overview", "overview", True),
+         ("Tokens", "tokens", True), ("Text", "text", True), ("Head roles", "roles", False)]
+TITLE_START = {"Compare": "1: ", "Head roles": "Roles over "}
+ACTION_TIMEOUT = 90_000  # ms; a rerun slower than this counts as an error
+
+DONE = """([heading, title]) => {
+  const h1 = document.querySelector('[data-testid="stMain"] h1');
+  const t = document.querySelector('.js-plotly-plot .gtitle');
+  if (!h1 || !t || !h1.textContent.includes(heading)) return false;
+  if (document.querySelector('[data-stale="true"]')) return false;
+  if (document.querySelector('[data-testid="stStatusWidgetRunningIcon"]')) return false;
+  return title.startsWith('^') ? t.textContent.startsWith(title.slice(1)) : t.textContent.includes(title);
+}"""
+
+
+@dataclass
+class LoadReport:
+    sessions: int
+    seconds: float
+    actions: int = 0
+    latencies: list[float] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # what each latency was: "type" or the page opened
+    errors: list[str] = field(default_factory=list)
+    rss_mib: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, MiB)
+    warm_at: float = 0.0  # when every session had its first page
+    warm_up_s: float = 0.0  # the first visitor's tour of every page, before the sessions start
+    server_cpu_s: float = 0.0  # CPU the server used while the sessions ran
+    machine_busy: float = 0.0  # share of all cores busy meanwhile (the browsers run here too)
+
+    def percentile(self, q: float, kind: str | None = None) -> float:
+        xs = sorted(x for x, k in zip(self.latencies, self.kinds) if kind in (None, k))
+        return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+    def by_kind(self) -> str:
+        return "; ".join(f"{k} p50 {self.percentile(50, k):.2f} s p95 {self.percentile(95, k):.2f} s "
+                         f"({self.kinds.count(k)})" for k in sorted(set(self.kinds)))
+
+    def rss_at(self, t: float) -> float:
+        return min(self.rss_mib, key=lambda s: abs(s[0] - t))[1]
+
+    @property
+    def rss_growth_second_half(self) -> float:
+        """MiB gained between the middle of the measured run and its end."""
+        mid = (self.warm_at + self.rss_mib[-1][0]) / 2
+        return self.rss_mib[-1][1] - self.rss_at(mid)
+
+    def summary(self) -> str:
+        warm, end, peak = self.rss_at(self.warm_at), self.rss_mib[-1][1], max(m for _, m in self.rss_mib)
+        return (f"{self.sessions} sessions x {self.seconds:.0f} s after a {self.warm_up_s:.0f} s warm-up: "
+                f"{self.actions} reruns, {len(self.errors)} errors; "
+                f"rerun latency p50 {self.percentile(50):.2f} s, p95 {self.percentile(95):.2f} s, "
+                f"max {max(self.latencies, default=float('nan')):.2f} s; server memory {warm:.0f} MiB when all "
+                f"sessions were open, {end:.0f} MiB at the end (peak {peak:.0f}); second half "
+                f"{self.rss_growth_second_half:+.0f} MiB; the server used {self.server_cpu_s / self.seconds:.2f} "
+                f"cores, the machine was {self.machine_busy:.0%} busy")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process and its threads."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot."""
+    values = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+async def _sample_memory(pid: int, report: LoadReport, start: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        report.rss_mib.append((time.monotonic() - start, rss_mib(pid)))
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=1.0)
+        except asyncio.TimeoutError:
+            pass
+    report.rss_mib.append((time.monotonic() - start, rss_mib(pid)))
+
+
+async def _session(n: int, browser, url: str, clock: dict, report: LoadReport, opened: list) -> None:
+    rng = random.Random(n)
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    page = await context.new_page()
+    page.on("dialog", lambda d: (report.errors.append(f"session {n}: dialog {d.message!r}"),
+                                 asyncio.ensure_future(d.dismiss())))
+    page.on("pageerror", lambda e: report.errors.append(f"session {n}: page error {e}"))
+    try:
+        await page.goto(url + "/")
+        await page.wait_for_selector(PLOT, timeout=180_000)
+        opened.append(n)
+        current, text, k = "Explore", None, 0
+        while time.monotonic() < clock["end"]:
+            shows_text = dict((p[0], p[2]) for p in PAGES)[current]
+            if shows_text and rng.random() < 0.5:
+                k += 1
+                text = f"{n}.{k}: {rng.choice(CORPUS)}"
+                action, kind, expect = f"type on {current}", "type", (current, text[:24])
+                box = page.get_by_role("textbox", name="Sentences, one per line")
+                start = time.perf_counter()
+                await box.fill(text)
+                await box.press("Control+Enter")
+            else:
+                current = rng.choice([p[0] for p in PAGES if p[0] != current])
+                action, kind = f"open {current}", current
+                expect = (current, "^" + TITLE_START[current] if current in TITLE_START else (text or "")[:24])
+                start = time.perf_counter()
+                await page.get_by_role("link", name=current, exact=True).click()
+            try:
+                await page.wait_for_function(DONE, arg=list(expect), timeout=ACTION_TIMEOUT, polling=50)
+            except Exception as err:  # noqa: BLE001 - a timeout is one of the errors reported
+                report.errors.append(f"session {n}: {action} did not finish ({type(err).__name__})")
+                continue
+            report.latencies.append(time.perf_counter() - start)
+            report.kinds.append(kind)
+            report.actions += 1
+            for testid in ("stException", "stAlertContentError"):
+                if await page.locator(f"[data-testid='{testid}']").count():
+                    report.errors.append(f"session {n}: {testid} after {action}: "
+                                         f"{await page.locator(f'[data-testid={testid!r}]').first.inner_text()}")
+    finally:
+        await context.close()
+
+
+async def _warm_up(browser, url: str, report: LoadReport) -> None:
+    """One visitor opens every page once, as whoever starts the server for a class would."""
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    page = await context.new_page()
+    try:
+        for name, path, _ in PAGES:
+            await page.goto(f"{url}/{path}")
+            expect = "^" + TITLE_START.get(name, "")
+            await page.wait_for_function(DONE, arg=[name, expect], timeout=300_000, polling=100)
+    except Exception as err:  # noqa: BLE001 - reported, and the run goes on
+        report.errors.append(f"warm-up: {type(err).__name__}: {err}")
+    finally:
+        await context.close()
+
+
+async def _run(url: str, pid: int, sessions: int, seconds: float) -> LoadReport:
+    from playwright.async_api import async_playwright
+
+    report = LoadReport(sessions, seconds)
+    start, stop, opened = time.monotonic(), asyncio.Event(), []
+    clock = {"end": float("inf")}  # set once every session is open
+    sampler = asyncio.create_task(_sample_memory(pid, report, start, stop))
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            await _warm_up(browser, url, report)
+            report.warm_up_s = time.monotonic() - start
+            # sessions open one after another (people arrive), then all run until the same deadline
+            tasks = []
+            for n in range(sessions):
+                tasks.append(asyncio.create_task(_session(n, browser, url, clock, report, opened)))
+                await asyncio.sleep(0.5)
+            while len(opened) < sessions and not all(t.done() for t in tasks):
+                await asyncio.sleep(0.2)
+            report.warm_at = time.monotonic() - start
+            clock["end"] = time.monotonic() + seconds
+            cpu, ticks = cpu_seconds(pid), machine_ticks()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            report.server_cpu_s = cpu_seconds(pid) - cpu
+            busy, total = (b - a for a, b in zip(ticks, machine_ticks()))
+            report.machine_busy = busy / max(total, 1)
+            for n, r in enumerate(results):
+                if isinstance(r, BaseException):
+                    report.errors.append(f"session {n}: {type(r).__name__}: {r}")
+        finally:
+            await browser.close()
+            stop.set()
+            await sampler
+    return report
+
+
+def run_load(url: str, pid: int, sessions: int = 8, seconds: float = 60) -> LoadReport:
+    return asyncio.run(_run(url, pid, sessions, seconds))
