@@ -154,15 +154,17 @@ def _token_measures(att: Attention, totals: _Totals) -> None:
 
 
 def _word_measures(att: Attention, doc, totals: _Totals) -> None:
-    n_words = len(doc)
+    Q, K = word_matrices(align_to_words(att, doc), len(doc))
+    present = Q.sum(axis=1) > 0
+    # a truncated text: spaCy parsed all of it, the model read only the start
+    n_words = int(np.flatnonzero(present).max()) + 1 if present.any() else 0
     if n_words < 2:
         return
-    Q, K = word_matrices(align_to_words(att, doc), n_words)
+    words, Q, K, present = doc[:n_words], Q[:n_words], K[:, :n_words], present[:n_words]
     W = (Q @ att.weights @ K).astype(np.float64)  # (L, H, words, words): pieces merged per word
-    present = Q.sum(axis=1) > 0
     queries = np.flatnonzero(present)
     for group, tags in POS_GROUPS.items():
-        member = np.array([w.pos_ in tags for w in doc]) & present
+        member = np.array([w.pos_ in tags for w in words]) & present
         totals.add(group, W[:, :, queries][..., member].sum((-1, -2)), queries.size)
         totals.add(f"{group}_base", np.full(W.shape[:2], member.sum() / max(present.sum(), 1) * queries.size),
                    queries.size)
@@ -174,9 +176,9 @@ def _word_measures(att: Attention, doc, totals: _Totals) -> None:
     best = masked.argmax(axis=-1)  # (L, H, words)
     top2 = -np.partition(-masked, 1, axis=-1)[..., :2]
     best[top2[..., 0] - top2[..., 1] < 1e-6] = -1
-    for word in doc:
+    for word in words:
         rel, d, h = word.dep_, word.i, word.head.i
-        if rel not in RELATIONS or d == h or not (present[d] and present[h]):
+        if rel not in RELATIONS or d == h or h >= n_words or not (present[d] and present[h]):
             continue
         for direction, src, dst in (("dep2head", d, h), ("head2dep", h, d)):
             key = (rel, direction)
@@ -310,6 +312,7 @@ def label_measure(label: str) -> tuple[str, bool]:
 
 
 SIMILARITY_CHUNK_BYTES = 64 * 2**20  # the largest temporary array of head_similarity
+SIMILARITY_ROW_KEYS = 4096  # query rows x keys used per sentence: every row up to 64 tokens
 
 
 def head_similarity(attentions: Sequence[Attention], max_sentences: int = 100) -> np.ndarray:
@@ -317,20 +320,23 @@ def head_similarity(attentions: Sequence[Attention], max_sentences: int = 100) -
     averaged over query rows of up to ``max_sentences`` sentences. 0 means identical patterns.
 
     JS(a, b) = H((a + b) / 2) - (H(a) + H(b)) / 2, computed a few query rows at a time so that
-    memory stays within ``SIMILARITY_CHUNK_BYTES`` whatever the sentence length.
+    memory stays within ``SIMILARITY_CHUNK_BYTES`` whatever the sentence length. A sentence
+    longer than 64 tokens contributes evenly spaced query rows, ``SIMILARITY_ROW_KEYS // tokens``
+    of them, so that one long text costs no more than a short one (work grows as rows x keys).
     """
     total, rows = None, 0
     for att in list(attentions)[:max_sentences]:
         L, H, n, _ = att.weights.shape
-        P = att.weights.reshape(L * H, n, n).astype(np.float64).transpose(1, 0, 2)  # (n, LH, n)
-        own = row_entropy(P)  # (n, LH)
+        keep = np.unique(np.linspace(0, n - 1, max(1, min(n, SIMILARITY_ROW_KEYS // n))).round().astype(int))
+        P = att.weights.reshape(L * H, n, n)[:, keep].astype(np.float64).transpose(1, 0, 2)  # (rows, LH, n)
+        own = row_entropy(P)  # (rows, LH)
         step = max(1, SIMILARITY_CHUNK_BYTES // (8 * (L * H) ** 2 * n))
         js = np.zeros((L * H, L * H))
-        for i in range(0, n, step):
+        for i in range(0, len(keep), step):
             p = P[i:i + step]
             mixed = row_entropy((p[:, :, None, :] + p[:, None, :, :]) / 2)  # (rows, LH, LH)
             h = own[i:i + step]
             js += (mixed - (h[:, :, None] + h[:, None, :]) / 2).sum(0)  # summed over query rows
         total = js if total is None else total + js
-        rows += n
+        rows += len(keep)
     return np.maximum(total / max(rows, 1), 0.0)

@@ -12,6 +12,7 @@ import asyncio
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, PLOT, ROOT
@@ -200,4 +201,6 @@ async def _run(url: str, pid: int, sessions: int, seconds: float) -> LoadReport:
 
 
 def run_load(url: str, pid: int, sessions: int = 8, seconds: float = 60) -> LoadReport:
-    return asyncio.run(_run(url, pid, sessions, seconds))
+    # a thread of its own: the caller may already run an event loop (sync Playwright does)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _run(url, pid, sessions, seconds)).result()

@@ -42,3 +42,33 @@ def test_two_sessions_never_see_each_others_state(new_app, hf_model, scratch_mod
     want_c = hf_model.attend(A_TEXT)
     for h, z in enumerate(grid(c)):
         np.testing.assert_allclose(z, want_c.weights[0, h], atol=1e-5)
+
+
+def test_sessions_asking_for_the_same_profile_compute_it_once(new_app, monkeypatch):
+    """Two sessions open Head roles on the same new sentences at once: one computes, one waits."""
+    import threading
+
+    import app_pages.common as c
+
+    calls, real = [], c.measure_heads
+
+    def counting(attentions):
+        calls.append(len(attentions))
+        return real(attentions)
+
+    monkeypatch.setattr(c, "measure_heads", counting)
+    text = "Two sessions profile this line.\nAnd this second one, together."
+    sessions = [new_app({"text": "Start."}, page="app_pages/roles.py") for _ in range(2)]
+    for at in sessions:
+        at.segmented_control(key="corpus").set_value("sidebar")
+        at.text_area(key="text").input(text)
+    calls.clear()
+    threads = [threading.Thread(target=at.run) for at in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [2]
+    titles = [figures(at)[0]["layout"]["title"]["text"] for at in sessions]
+    assert titles == ["Roles over 2 sentences"] * 2
+    assert sessions[0].dataframe[0].value.equals(sessions[1].dataframe[0].value)

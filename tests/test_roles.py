@@ -158,3 +158,29 @@ def test_head_similarity_of_long_sentences_is_computed_in_small_steps(monkeypatc
 
     rows = np.concatenate([js_rows(att, 5, 40) for att in atts])
     assert len(rows) == 13 + 7 and full[5, 40] == pytest.approx(rows.mean(), abs=1e-9)
+
+
+def test_head_similarity_samples_the_rows_of_long_sentences(monkeypatch, hf_model):
+    from analysis import roles
+
+    att = hf_model.attend("The cat sat on the mat because it was warm.")  # 13 tokens
+    monkeypatch.setattr(roles, "SIMILARITY_ROW_KEYS", 13 * 4)  # so 4 evenly spaced query rows of 13
+    S = head_similarity([att])
+    w = att.weights.reshape(72, 13, 13).astype(np.float64)[:, [0, 4, 8, 12]]
+    m = (w[3] + w[60]) / 2
+    js = sum(np.where(p > 0, p * np.log(p / m), 0.0).sum(-1) for p in (w[3], w[60])) / 2
+    assert S[3, 60] == pytest.approx(js.mean(), abs=1e-9)
+
+
+def test_a_truncated_text_is_measured_on_the_words_the_model_read(hf_model, nlp):
+    """spaCy parses all 2,000 words; the model read 510. Word measures use those 510 (a 2,000-word
+    matrix per head took 2.3 GB and 30 s)."""
+    from analysis import measure_heads
+
+    long = hf_model.attend("The cat sat. " * 700)
+    assert long.truncated
+    cut = hf_model.attend(long.text[: long.offsets[-2][1]])
+    assert cut.tokens == long.tokens
+    a, b = measure_heads([long], nlp), measure_heads([cut], nlp)
+    for name in ("noun", "verb", "entropy", "prev_token"):
+        np.testing.assert_allclose(a.per_sentence(name), b.per_sentence(name), atol=1e-9)
