@@ -60,6 +60,8 @@ def test_profile_of_the_sidebar_sentences(new_app, hf_model):
     (b"\x89PNG\r\n\x1a\n\x00\x00binary", "binary, not text"),
     ("Caf\u00e9 au lait.".encode("latin-1"), "not UTF-8"),
     (b"   \n\n  ", "no sentences"),
+    ("\u200b\n\u00ad\n".encode(), "no sentences"),
+    (b"A sentence.\n" * 83_334, "has 1,000,008 bytes; the limit is 1,000,000"),
 ])
 def test_bad_uploads_get_a_sentence(new_app, content, message):
     at = new_app({"corpus": "upload"}, page="app_pages/roles.py")
