@@ -119,3 +119,21 @@ def test_tokenizer_asking_for_remote_code_is_refused(tmp_path, tiny):
     (folder / "tokenizer_config.json").write_text("{broken")
     with pytest.raises(HeadLensError, match="tokenizer_config.json .* is not valid JSON"):
         load_model(folder)
+
+
+def test_truncated_weights_and_a_lying_header_are_refused(tmp_path, tiny):
+    import struct
+
+    folder = model_copy(tiny("bert"), tmp_path)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])  # cut in the middle of the tensors
+    for backend in ("transformers", "scratch"):
+        with pytest.raises(HeadLensError, match="could not be (loaded|read)"):
+            load_model(folder, backend=backend)
+    # a header that promises a 100 GB tensor the file does not hold
+    header = json.dumps({"embeddings.word_embeddings.weight": {
+        "dtype": "F32", "shape": [250_000, 100_000], "data_offsets": [0, 100_000_000_000]}}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\x00" * 64)
+    for backend in ("transformers", "scratch"):
+        with pytest.raises(HeadLensError, match="could not be (loaded|read)"):
+            load_model(folder, backend=backend)
