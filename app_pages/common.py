@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -39,6 +40,21 @@ MODELS = {
     "custom": "Custom model (id or folder) · transformers",
 }
 SCRATCH = {"scratch", "untrained"}  # the choices that run our engine: head masks and causal apply
+
+
+def check_custom_folder(name: str) -> None:
+    """Where ``HEADLENS_MODELS_DIR`` is set (a server for a class), custom model folders must lie under it.
+
+    Model ids still come from the server's Hugging Face cache; any other folder is refused
+    without saying whether it exists.
+    """
+    root = os.environ.get("HEADLENS_MODELS_DIR")
+    path = Path(name).expanduser()
+    if not root or not (path.is_absolute() or path.exists() or name.startswith((".", "~"))):
+        return
+    if not path.resolve().is_relative_to(Path(root).expanduser().resolve()):
+        raise HeadLensError(f"This server loads model folders from {root} only; give a folder there, "
+                            "or a model id from its Hugging Face cache.")
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
@@ -206,6 +222,8 @@ def stop_with(err: Exception) -> None:
 def model_for(choice: str, custom: str, device: str, container=st) -> AttentionModel:
     slot = container.empty()  # keeps the elements after it in place, spinner or not
     try:
+        if choice == "custom":
+            check_custom_folder(custom.strip())  # before the cache, which may hold it from before
         with slot, st.spinner("Loading the model…"):
             model = cached_model(choice, custom, device)
     except HeadLensError as err:

@@ -102,3 +102,19 @@ def test_a_long_upload_is_profiled_within_the_memory_budget(new_app, hf_model, m
     assert not at.exception
     assert "Profiling the first 25 of 40 sentences" in at.warning[0].value
     assert figures(at)[0]["layout"]["title"]["text"] == "Roles over 25 sentences"
+
+
+def test_a_server_can_keep_custom_models_to_one_folder(new_app, tiny, tmp_path, monkeypatch):
+    import shutil
+
+    inside = tmp_path / "models" / "tiny-bert"
+    shutil.copytree(tiny("bert"), inside)
+    monkeypatch.setenv("HEADLENS_MODELS_DIR", str(tmp_path / "models"))
+    at = new_app({"model": "custom", "custom_model": str(tiny("bert"))})
+    assert not at.exception and "loads model folders from" in shown(at.error[0].value)
+    for outside in ("/etc", str(inside / ".." / ".." / "elsewhere"), "~"):
+        at.text_input(key="custom_model").input(outside).run()
+        assert not at.exception and "loads model folders from" in shown(at.error[0].value)
+    at.text_input(key="custom_model").input(str(inside)).run()
+    assert not at.exception and not at.error
+    assert "2 layers × 4 heads" in at.sidebar.caption[0].value
