@@ -118,3 +118,19 @@ def test_a_server_can_keep_custom_models_to_one_folder(new_app, tiny, tmp_path, 
     at.text_input(key="custom_model").input(str(inside)).run()
     assert not at.exception and not at.error
     assert "2 layers × 4 heads" in at.sidebar.caption[0].value
+
+
+def test_an_unexpected_error_shows_no_details(app, hf_model, monkeypatch):
+    """With the repository's config, a bug shows a generic message: no traceback, no paths."""
+    import app_pages.common as c
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret detail at /srv/private/path")
+
+    with monkeypatch.context() as m:
+        m.setattr(c, "make_view", broken)
+        app.text_area(key="text").input("This run meets a bug.").run()
+        (error,) = app.exception
+        assert "secret" not in error.message and "/srv" not in error.message and not error.stack_trace
+        assert "redacted" in error.message
+    assert_still_works(app, hf_model)
