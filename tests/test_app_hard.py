@@ -134,3 +134,11 @@ def test_an_unexpected_error_shows_no_details(app, hf_model, monkeypatch):
         assert "secret" not in error.message and "/srv" not in error.message and not error.stack_trace
         assert "redacted" in error.message
     assert_still_works(app, hf_model)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t\n"])
+def test_empty_text_asks_for_a_sentence(text, app, hf_model):
+    app.text_area(key="text").input(text).run()
+    assert not app.exception and not figures(app)
+    assert app.info[0].value == "Type a sentence in the sidebar, one per line, then press Ctrl+Enter."
+    assert_still_works(app, hf_model)
