@@ -29,6 +29,7 @@ DECODER_ONLY_TYPES = {"gpt2", "gpt_neo", "gptj", "gpt_neox", "gpt_bigcode", "lla
 OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xmod",
                          "roberta-prelayernorm"}
 MAX_TOKENS_CAP = 1024  # the most tokens HeadLens shows, whatever the model allows
+PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth")  # weight files that are pickles: loading one can run code
 
 Progress = Callable[[int, int], None]
 
@@ -101,9 +102,9 @@ def check_model_dir(folder: Path, allow_pickle: bool = False) -> dict:
         raise HeadLensError("This model needs Python code of its own (trust_remote_code), "
                             "and HeadLens never runs code that comes with a model.")
     check_config_sizes(config)
-    check_weight_files(folder, ("*.safetensors", "*.bin", "*.pt", "*.pth") if allow_pickle else ("*.safetensors",))
+    check_weight_files(folder, ("*.safetensors", *PICKLE_WEIGHTS) if allow_pickle else ("*.safetensors",))
     if not any(folder.glob("*.safetensors")):
-        if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth")):
+        if any(any(folder.glob(pattern)) for pattern in PICKLE_WEIGHTS):
             if not allow_pickle:
                 raise HeadLensError(
                     f"The model in {folder} has its weights only in pickle format (pytorch_model.bin). "

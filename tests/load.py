@@ -15,13 +15,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, PLOT, ROOT
+from app_pages.common import ASSETS, sentences_of
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, PLOT
 
-CORPUS = [line.strip() for line in (ROOT / "assets" / "corpus.txt").read_text(encoding="utf-8").splitlines()
-          if line.strip()]
+CORPUS = sentences_of((ASSETS / "corpus.txt").read_text(encoding="utf-8"))
 # page name, its path, and whether its chart title shows the sentence
 PAGES = [("Explore", "", True), ("Compare", "compare", False), ("Overview", "overview", True),
          ("Tokens", "tokens", True), ("Text", "text", True), ("Head roles", "roles", False)]
+SHOWS_TEXT = {name: shows for name, _, shows in PAGES}
 TITLE_START = {"Compare": "1: ", "Head roles": "Roles over "}
 ACTION_TIMEOUT = 90_000  # ms; a rerun slower than this counts as an error
 
@@ -118,8 +119,7 @@ async def _session(n: int, browser, url: str, clock: dict, report: LoadReport, o
         opened.append(n)
         current, text, k = "Explore", None, 0
         while time.monotonic() < clock["end"]:
-            shows_text = dict((p[0], p[2]) for p in PAGES)[current]
-            if shows_text and rng.random() < 0.5:
+            if SHOWS_TEXT[current] and rng.random() < 0.5:
                 k += 1
                 text = f"{n}.{k}: {rng.choice(CORPUS)}"
                 action, kind, expect = f"type on {current}", "type", (current, text[:24])
