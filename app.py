@@ -1,17 +1,20 @@
 """HeadLens: routing and the shared sidebar. Each page lives in app_pages/."""
 import streamlit as st
 
-from app_pages.common import sidebar
+from app_pages.ui.sidebar import sidebar
 
 st.set_page_config(page_title="HeadLens", page_icon=":material/visibility:", layout="wide")
 
+EXPLORE = "app_pages/explore.py"
 PAGES = [
-    st.Page("app_pages/explore.py", title="Explore", icon=":material/grid_view:", url_path="explore", default=True),
+    st.Page(EXPLORE, title="Explore", icon=":material/grid_view:", url_path="home", default=True),
     st.Page("app_pages/compare.py", title="Compare", icon=":material/compare:", url_path="compare"),
     st.Page("app_pages/overview.py", title="Overview", icon=":material/apps:", url_path="overview"),
     st.Page("app_pages/tokens.py", title="Tokens", icon=":material/share:", url_path="tokens"),
     st.Page("app_pages/text.py", title="Text", icon=":material/format_color_text:", url_path="text"),
     st.Page("app_pages/roles.py", title="Head roles", icon=":material/category:", url_path="roles"),
+    # The default page is served at "/" only; this hidden twin answers Explore's own address.
+    st.Page(EXPLORE, title="Explore", icon=":material/grid_view:", url_path="explore", visibility="hidden"),
 ]
 
 page = st.navigation(PAGES)

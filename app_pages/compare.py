@@ -1,14 +1,18 @@
 """Compare: two to four (model, sentence, layer, head) picks side by side on one colour scale."""
 import streamlit as st
 
-from app_pages import common as c
+from app_pages.ui.caches import attention, view
+from app_pages.ui.exports import chart, exports
+from app_pages.ui.pickers import pick_layer, pick_sentence
+from app_pages.ui.settings import MODELS, settings
+from app_pages.ui.state import bound, choose
 from viz import head_heatmap
 
-s = c.settings()
+s = settings()
 st.title("Compare")
-n = c.bound(st.segmented_control, "picks", 2, init="default", options=[2, 3, 4], cast=int, label="Picks",
+n = bound(st.segmented_control, "picks", 2, init="default", options=[2, 3, 4], cast=int, label="Picks",
             required=True)
-choices = [m for m in c.MODELS if m != "custom" or s.custom]
+choices = [m for m in MODELS if m != "custom" or s.custom]
 first = s.choice if s.choice in choices else "minilm"
 defaults = [(first, 0), (first, 1), ("untrained", 0), ("scratch" if first != "scratch" else "minilm", 0)]
 
@@ -16,27 +20,27 @@ picks = []
 for i, col in enumerate(st.columns(n)):
     with col:
         st.markdown(f"**Pick {i + 1}**")
-        model = c.choose("Model", choices, f"p{i + 1}_model", default=defaults[i][0], cast=str,
-                         format_func=c.MODELS.get)
-        att = c.attention(s, c.pick_sentence(s, key=f"p{i + 1}_sentence"), choice=model, key=f"p{i + 1}_component")
-        v = c.view(s, att)
-        layer = c.pick_layer(att.n_layers, key=f"p{i + 1}_layer")
-        head = c.choose("Head", list(range(att.n_heads)), f"p{i + 1}_head", default=defaults[i][1])
+        model = choose("Model", choices, f"p{i + 1}_model", default=defaults[i][0], cast=str,
+                         format_func=MODELS.get)
+        att = attention(s, pick_sentence(s, key=f"p{i + 1}_sentence"), choice=model, key=f"p{i + 1}_component")
+        v = view(s, att)
+        layer = pick_layer(att.n_layers, key=f"p{i + 1}_layer")
+        head = choose("Head", list(range(att.n_heads)), f"p{i + 1}_head", default=defaults[i][1])
         picks.append((model, att, v, layer, head))
 
 zmax = max(float(v.head(layer, head).max()) for _, _, v, layer, head in picks) if s.shared_scale else None
 for i, (col, (model, att, v, layer, head)) in enumerate(zip(st.columns(n), picks)):
     with col:
         fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=420,
-                           title=f"{i + 1}: {c.MODELS[model].split(' · ')[0]} · L{layer} H{head}")
-        c.chart(fig, f"compare-{i + 1}")
+                           title=f"{i + 1}: {MODELS[model].split(' · ')[0]} · L{layer} H{head}")
+        chart(fig, f"compare-{i + 1}")
         with st.expander("Downloads"):
-            c.exports(f"compare-{i + 1}", fig, att, v, layer, head, sig=f"{att.text}|{model}|{layer}|{head}|{s}")
+            exports(f"compare-{i + 1}", fig, att, v, layer, head, sig=f"{att.text}|{model}|{layer}|{head}|{s}")
 
 st.subheader("Difference")
 a, b, _ = st.columns([1, 1, 3])
-ia = c.choose("From pick", list(range(1, n + 1)), "diff_a", default=1, container=a)
-ib = c.choose("minus pick", list(range(1, n + 1)), "diff_b", default=2, container=b)
+ia = choose("From pick", list(range(1, n + 1)), "diff_a", default=1, container=a)
+ib = choose("minus pick", list(range(1, n + 1)), "diff_b", default=2, container=b)
 (_, att_a, va, la, ha), (_, _, vb, lb, hb) = picks[ia - 1], picks[ib - 1]
 if ia == ib:
     st.info("Pick two different picks to see their difference.")
@@ -45,5 +49,5 @@ elif va.query_labels != vb.query_labels or va.key_labels != vb.key_labels:
 else:
     diff = head_heatmap(va.head(la, ha) - vb.head(lb, hb), va.query_labels, va.key_labels, diverging=True,
                         title=f"Pick {ia} − pick {ib}")
-    c.chart(diff, "compare-diff")
-    c.exports("compare-diff", diff, att_a, sig=f"{ia}|{ib}|{s}|{[p[1].text for p in picks]}")
+    chart(diff, "compare-diff")
+    exports("compare-diff", diff, att_a, sig=f"{ia}|{ib}|{s}|{[p[1].text for p in picks]}")

@@ -3,21 +3,24 @@ import pandas as pd
 import streamlit as st
 
 from analysis import head_stats, special_share
-from app_pages import common as c
+from app_pages.ui.caches import attention, view
+from app_pages.ui.exports import chart, exports
+from app_pages.ui.pickers import pick_head, pick_heads, pick_layer, pick_sentence, title_for
+from app_pages.ui.settings import settings
 from viz import head_grid
 
-s = c.settings()
+s = settings()
 st.title("Explore")
 top = st.columns([3, 1, 1])
-att = c.attention(s, c.pick_sentence(s, container=top[0]))
-v = c.view(s, att)
-layer = c.pick_layer(att.n_layers, container=top[1])
-focus = c.pick_head(att.n_heads, container=top[2], label="Focus head")
-heads = c.pick_heads(att.n_heads)
+att = attention(s, pick_sentence(s, container=top[0]))
+v = view(s, att)
+layer = pick_layer(att.n_layers, container=top[1])
+focus = pick_head(att.n_heads, container=top[2], label="Focus head")
+heads = pick_heads(att.n_heads)
 
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
-                title=c.title_for(att, f"Layer {layer}"))
-c.chart(fig, "explore-grid")
+                title=title_for(att, f"Layer {layer}"))
+chart(fig, "explore-grid")
 
 stats = head_stats(v, special_share(att))
 table = pd.DataFrame({
@@ -31,4 +34,4 @@ st.caption("Entropy and largest weight are of the rows as shown; attention to sp
            "each query gives [CLS], [SEP] and the like, before hiding them.")
 st.dataframe(table.style.format(precision=3).highlight_between(subset=["head"], left=focus, right=focus),
              hide_index=True, key="explore-stats")
-c.exports("explore", fig, att, v, layer, focus, sig=f"{att.text}|{layer}|{heads}|{s}")
+exports("explore", fig, att, v, layer, focus, sig=f"{att.text}|{layer}|{heads}|{s}")

@@ -2,24 +2,28 @@
 import streamlit as st
 
 from analysis import head_stats, special_share
-from app_pages import common as c
+from app_pages.ui.caches import attention, view
+from app_pages.ui.exports import chart, exports
+from app_pages.ui.pickers import pick_sentence, title_for
+from app_pages.ui.settings import settings
+from app_pages.ui.state import remember
 from viz import overview
 
 
 def open_in_explore(layer: int, head: int) -> None:
-    c.remember("layer", layer)
-    c.remember("head", head)
+    remember("layer", layer)
+    remember("head", head)
     st.switch_page("app_pages/explore.py")
 
 
-s = c.settings()
+s = settings()
 st.title("Overview")
-att = c.attention(s, c.pick_sentence(s))
-v = c.view(s, att)
+att = attention(s, pick_sentence(s))
+v = view(s, att)
 stats = head_stats(v, special_share(att))
 fig = overview(v.weights, stats, shared_scale=s.shared_scale,
-               title=c.title_for(att, f"All {att.n_layers} layers × {att.n_heads} heads"))
-event = c.chart(fig, "overview", on_select="rerun", selection_mode="points")
+               title=title_for(att, f"All {att.n_layers} layers × {att.n_heads} heads"))
+event = chart(fig, "overview", on_select="rerun", selection_mode="points")
 st.caption("Rows are layers, columns heads; each square is one head's queries (down) by keys (across). "
            "Hover a square for its numbers; click it to open that head in Explore.")
 # the markers trace lists heads layer by layer, so a clicked point's index names its head
@@ -32,4 +36,4 @@ layer = a.selectbox("Layer", range(att.n_layers), key="open_layer")
 head = b.selectbox("Head", range(att.n_heads), key="open_head")
 if go_col.button("Open in Explore", type="primary"):
     open_in_explore(layer, head)
-c.exports("overview", fig, att, v, layer, head, sig=f"{att.text}|{s}")
+exports("overview", fig, att, v, layer, head, sig=f"{att.text}|{s}")

@@ -4,12 +4,16 @@ import pandas as pd
 import streamlit as st
 
 from analysis import THRESHOLDS, label_measure, make_view
-from app_pages import common as c
+from app_pages.ui.caches import attention
+from app_pages.ui.exports import chart, exports
+from app_pages.ui.messages import sentences_of, short, stop_with
+from app_pages.ui.profiles import CORPUS, profile
+from app_pages.ui.settings import DEFAULT_TEXT, settings
+from app_pages.ui.state import bound, choose
 from viz import head_heatmap, role_grid, text_shading
 
-CORPUS = c.sentences_of((c.ASSETS / "corpus.txt").read_text(encoding="utf-8"))
 UPLOAD_LIMIT = 1_000_000  # bytes
-SEED = c.DEFAULT_TEXT  # the coffee-or-tea sentence, first of the examples
+SEED = DEFAULT_TEXT  # the coffee-or-tea sentence, first of the examples
 SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",
            "upload": "An uploaded .txt"}
 
@@ -21,26 +25,26 @@ def uploaded_sentences() -> list[str]:
         st.stop()
     data = file.getvalue()
     if len(data) > UPLOAD_LIMIT:
-        c.stop_with(ValueError(f"That file has {len(data):,} bytes; the limit is {UPLOAD_LIMIT:,}."))
+        stop_with(ValueError(f"That file has {len(data):,} bytes; the limit is {UPLOAD_LIMIT:,}."))
     if b"\x00" in data:
-        c.stop_with(ValueError("That file is binary, not text; upload a .txt with one sentence per line."))
+        stop_with(ValueError("That file is binary, not text; upload a .txt with one sentence per line."))
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        c.stop_with(ValueError("That file is not UTF-8 text; save it as UTF-8 and upload it again."))
-    lines = c.sentences_of(text)
+        stop_with(ValueError("That file is not UTF-8 text; save it as UTF-8 and upload it again."))
+    lines = sentences_of(text)
     if not lines:
-        c.stop_with(ValueError("That file has no sentences in it."))
+        stop_with(ValueError("That file has no sentences in it."))
     return lines[:2000]
 
 
-s = c.settings()
+s = settings()
 st.title("Head roles")
-source = c.bound(st.segmented_control, "corpus", "corpus", init="default", options=list(SOURCES), cast=str,
+source = bound(st.segmented_control, "corpus", "corpus", init="default", options=list(SOURCES), cast=str,
                  label="Sentences to profile", format_func=SOURCES.get, required=True)
 sentences = CORPUS if source == "corpus" else s.sentences if source == "sidebar" else uploaded_sentences()
 
-frame, per_sentence, attentions = c.profile(s, sentences)
+frame, per_sentence, attentions = profile(s, sentences)
 
 scores = ["prev_token", "next_token", "self", "cls", "sep", "punct", "sentence_type", "entropy_norm", "noun", "verb",
           "modifier", "relation_acc"]
@@ -50,7 +54,7 @@ hover = [f"<b>{r.label}</b><br>" + "<br>".join(
     for _, r in frame.iterrows()]
 grid = role_grid(frame["layer"].to_numpy(), frame["head"].to_numpy(), frame["label"].tolist(), hover,
                  title=f"Roles over {len(attentions)} sentences")
-c.chart(grid, "roles-grid")
+chart(grid, "roles-grid")
 st.caption(f"Labels: positional above {THRESHOLDS['positional']}, special tokens and punctuation above "
            f"{THRESHOLDS['special']}, a word class with half the mass and twice its uniform share, syntax at "
            f"{THRESHOLDS['syntax_acc']} accuracy and {THRESHOLDS['syntax_margin']} over the fixed-offset baseline, "
@@ -61,18 +65,18 @@ table = frame[["layer", "head", "label", *scores, "relation", "relation_base"]]
 st.dataframe(table.style.format(precision=2), hide_index=True, key="roles-table")
 st.download_button("Profile · CSV", lambda: table.to_csv(index=False), "headlens-roles.csv", "text/csv",
                    key="roles-csv", on_click="ignore")
-c.exports("roles", grid, None, sig=f"{len(attentions)}|{s}")
+exports("roles", grid, None, sig=f"{len(attentions)}|{s}")
 
 st.subheader("Heads by role")
 counts = frame["label"].value_counts()
-role = c.choose("Role", list(counts.index), "role", cast=str, format_func=lambda r: f"{r} ({counts[r]} heads)")
+role = choose("Role", list(counts.index), "role", cast=str, format_func=lambda r: f"{r} ({counts[r]} heads)")
 measure, higher = label_measure(role)
 members = frame[frame["label"] == role].sort_values(measure, ascending=not higher)
 st.caption(f"Ranked by {measure} ({'highest' if higher else 'lowest'} first).")
 st.dataframe(members[["layer", "head", measure, "relation", "relation_acc", "relation_base"]].style.format(precision=2),
              hide_index=True, key="roles-members")
 picks = [f"{r.layer}.{r.head}" for r in members.itertuples()]
-pick = c.choose("Head", picks, "role_head", cast=str, format_func=lambda p: f"layer {p.replace('.', ', head ')}")
+pick = choose("Head", picks, "role_head", cast=str, format_func=lambda p: f"layer {p.replace('.', ', head ')}")
 layer, head = map(int, pick.split("."))
 
 values = per_sentence[measure][:, layer, head]
@@ -83,13 +87,13 @@ for col, i in zip(cols, order[:3]):
     with col:
         v = make_view(attentions[i], hide_special=s.hide_special, merge_words=s.merge_words)
         fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=380,
-                           title=f"{measure} {values[i]:.2f} · {c.short(attentions[i].text, 40)}")
-        c.chart(fig, f"roles-example-{i}")
+                           title=f"{measure} {values[i]:.2f} · {short(attentions[i].text, 40)}")
+        chart(fig, f"roles-example-{i}")
 
-seed = c.attention(s, SEED)
+seed = attention(s, SEED)
 sv = make_view(seed, hide_special=s.hide_special, merge_words=s.merge_words)
 received = sv.head(layer, head).mean(axis=0)
-c.chart(text_shading(sv.key_labels, received,
+chart(text_shading(sv.key_labels, received,
                      title=f"What layer {layer}, head {head} looks at, on average over the queries"), "roles-seed")
 st.dataframe(pd.DataFrame({"token": sv.key_labels, "attention received": received}).style.format(precision=3),
              hide_index=True, key="roles-seed-table")

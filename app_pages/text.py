@@ -1,22 +1,25 @@
 """Text: the sentence itself, each token shaded by the attention it receives."""
 import streamlit as st
 
-from app_pages import common as c
+from app_pages.ui.caches import attention, view
+from app_pages.ui.exports import chart, exports
+from app_pages.ui.pickers import pick_head, pick_layer, pick_query, pick_sentence, title_for
+from app_pages.ui.settings import settings
 from viz import text_shading
 
-s = c.settings()
+s = settings()
 st.title("Text")
 top = st.columns([3, 1, 1, 2])
-att = c.attention(s, c.pick_sentence(s, container=top[0]))
-v = c.view(s, att)
-layer = c.pick_layer(att.n_layers, container=top[1])
-head = c.pick_head(att.n_heads, container=top[2])
-query = c.pick_query(v, container=top[3])
+att = attention(s, pick_sentence(s, container=top[0]))
+v = view(s, att)
+layer = pick_layer(att.n_layers, container=top[1])
+head = pick_head(att.n_heads, container=top[2])
+query = pick_query(v, container=top[3])
 w = v.head(layer, head)
 values = w.mean(axis=0) if query is None else w[query]
 source = "every token (mean)" if query is None else f"“{v.query_labels[query]}”"
 same_side = att.keys is None
 fig = text_shading(v.key_labels, values, highlight=query if same_side else None,
-                   title=c.title_for(att, f"Attention from {source} · layer {layer}, head {head}"))
-c.chart(fig, "text-shading")
-c.exports("text", fig, att, v, layer, head, sig=f"{att.text}|{layer}|{head}|{query}|{s}")
+                   title=title_for(att, f"Attention from {source} · layer {layer}, head {head}"))
+chart(fig, "text-shading")
+exports("text", fig, att, v, layer, head, sig=f"{att.text}|{layer}|{head}|{query}|{s}")

@@ -1,20 +1,23 @@
 """Tokens: BertViz's head view, lines from a query token to the keys it attends to."""
 import streamlit as st
 
-from app_pages import common as c
+from app_pages.ui.caches import attention, view
+from app_pages.ui.exports import chart, exports
+from app_pages.ui.pickers import pick_heads, pick_layer, pick_query, pick_sentence, title_for
+from app_pages.ui.settings import settings
 from viz import token_lines
 
-s = c.settings()
+s = settings()
 st.title("Tokens")
 top = st.columns([3, 1, 2])
-att = c.attention(s, c.pick_sentence(s, container=top[0]))
-v = c.view(s, att)
-layer = c.pick_layer(att.n_layers, container=top[1])
-query = c.pick_query(v, container=top[2])
-heads = c.pick_heads(att.n_heads)
+att = attention(s, pick_sentence(s, container=top[0]))
+v = view(s, att)
+layer = pick_layer(att.n_layers, container=top[1])
+query = pick_query(v, container=top[2])
+heads = pick_heads(att.n_heads)
 fig = token_lines(v.weights[layer], v.query_labels, v.key_labels, heads, query,
-                  title=c.title_for(att, f"Layer {layer}"))
-c.chart(fig, "tokens-lines")
+                  title=title_for(att, f"Layer {layer}"))
+chart(fig, "tokens-lines")
 st.caption("Queries on the left, keys on the right; a line's opacity is its weight relative to the head's "
            "largest, its colour the head.")
-c.exports("tokens", fig, att, v, layer, heads[0], sig=f"{att.text}|{layer}|{heads}|{query}|{s}")
+exports("tokens", fig, att, v, layer, heads[0], sig=f"{att.text}|{layer}|{heads}|{query}|{s}")

@@ -15,10 +15,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from app_pages.common import ASSETS, sentences_of
+from app_pages.ui.profiles import CORPUS
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, PLOT
 
-CORPUS = sentences_of((ASSETS / "corpus.txt").read_text(encoding="utf-8"))
 # page name, its path, and whether its chart title shows the sentence
 PAGES = [("Explore", "", True), ("Compare", "compare", False), ("Overview", "overview", True),
          ("Tokens", "tokens", True), ("Text", "text", True), ("Head roles", "roles", False)]

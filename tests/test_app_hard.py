@@ -3,7 +3,7 @@ traceback, and the session keeps working afterwards."""
 import numpy as np
 import pytest
 
-from app_pages.common import short
+from app_pages.ui.messages import short
 from tests.conftest import decode, figures, heatmaps, shown, tick_text
 from tests.test_hard_inputs import HARD
 from viz.figures import safe
@@ -92,7 +92,7 @@ def test_a_crafted_link_falls_back_to_defaults(new_app, hf_model):
 
 
 def test_a_long_upload_is_profiled_within_the_memory_budget(new_app, hf_model, monkeypatch):
-    import app_pages.common as c
+    import app_pages.ui.profiles as c
 
     lines = [f"Sentence number {i} is about a cat that sat on mat {i}." for i in range(40)]
     sizes = np.cumsum([n * n * hf_model.bytes_per_token_pair for n in hf_model.token_counts(lines)])
@@ -122,7 +122,7 @@ def test_a_server_can_keep_custom_models_to_one_folder(new_app, tiny, tmp_path, 
 
 def test_an_unexpected_error_shows_no_details(app, hf_model, monkeypatch):
     """With the repository's config, a bug shows a generic message: no traceback, no paths."""
-    import app_pages.common as c
+    import app_pages.ui.caches as c
 
     def broken(*args, **kwargs):
         raise RuntimeError("secret detail at /srv/private/path")

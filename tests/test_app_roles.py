@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from analysis import profile_heads
-from app_pages.roles import CORPUS
+from app_pages.ui.profiles import CORPUS
 from tests.conftest import decode, downloads, figures, shown
 
 

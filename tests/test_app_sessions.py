@@ -48,7 +48,7 @@ def test_sessions_asking_for_the_same_profile_compute_it_once(new_app, monkeypat
     """Two sessions open Head roles on the same new sentences at once: one computes, one waits."""
     import threading
 
-    import app_pages.common as c
+    import app_pages.ui.profiles as c
 
     calls, real = [], c.measure_heads
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from analysis.views import token_label
-from app_pages.common import short
+from app_pages.ui.messages import short
 from tests.browser import ROOT, commit_text, plot_title, shot, wait_title, x_ticks
 from tests.test_hard_inputs import HARD
 from viz.figures import GRID_LABELS, tick_step, visible

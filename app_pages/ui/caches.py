@@ -1,0 +1,109 @@
+"""Models and attention results, cached for every session; models are only ever read.
+
+Results are cached by everything that determines them: model, device, text, causal mask and
+the heads switched off.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+
+from analysis import View, make_view
+from models import Attention, AttentionModel, HeadLensError, load_model
+
+from .messages import stop_with
+from .settings import SCRATCH, Settings
+from .state import choose
+
+
+def check_custom_folder(name: str) -> None:
+    """Where ``HEADLENS_MODELS_DIR`` is set (a server for a class), custom model folders must lie under it.
+
+    Model ids still come from the server's Hugging Face cache; any other folder is refused
+    without saying whether it exists.
+    """
+    root = os.environ.get("HEADLENS_MODELS_DIR")
+    path = Path(name).expanduser()
+    if not root or not (path.is_absolute() or path.exists() or name.startswith((".", "~"))):
+        return
+    if not path.resolve().is_relative_to(Path(root).expanduser().resolve()):
+        raise HeadLensError(f"This server loads model folders from {root} only; give a folder there, "
+                            "or a model id from its Hugging Face cache.")
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def cached_model(choice: str, custom: str, device: str) -> AttentionModel:
+    """One instance per (model, device) for every session; it is only ever read."""
+    if choice == "custom":
+        if not custom.strip():
+            raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
+        return load_model(custom.strip(), device=device)
+    return load_model(backend="transformers" if choice == "minilm" else "scratch", device=device,
+                      untrained=choice == "untrained")
+
+
+def model_for(choice: str, custom: str, device: str, container=st) -> AttentionModel:
+    """The cached model, with a spinner while it loads and its error as a sentence."""
+    slot = container.empty()  # keeps the elements after it in place, spinner or not
+    try:
+        if choice == "custom":
+            check_custom_folder(custom.strip())  # before the cache, which may hold it from before
+        with slot, st.spinner("Loading the model…"):
+            model = cached_model(choice, custom, device)
+    except HeadLensError as err:
+        stop_with(err)
+    slot.empty()
+    return model
+
+
+def head_mask(model: AttentionModel, heads_off: tuple[str, ...]) -> np.ndarray | None:
+    """``(layers, heads)`` 0/1 from "layer.head" names; None when every head is on."""
+    if not heads_off:
+        return None
+    mask = np.ones((model.n_layers, model.n_heads), dtype=np.float32)
+    for item in heads_off:
+        layer, head = map(int, item.split("."))
+        mask[layer, head] = 0
+    return mask
+
+
+@st.cache_data(max_entries=64, max_size="1GiB", show_spinner=False)
+def cached_attention(choice: str, custom: str, device: str, text: str, causal: bool,
+                     heads_off: tuple[str, ...]) -> Attention:
+    model = cached_model(choice, custom, device)
+    return model.attend(text, head_mask=head_mask(model, heads_off), causal=causal)
+
+
+def attention(s: Settings, text: str, choice: str | None = None, key: str = "component", container=st) -> Attention:
+    """The attention of ``text``; for an encoder-decoder model, the part picked under ``key``."""
+    choice = choice or s.choice
+    scratch = choice in SCRATCH
+    model_for(choice, s.custom, s.device)
+    # One slot, present on every run, holds the spinner and then the truncation note: elements
+    # below it keep their place, so the chart updates in place instead of being drawn anew.
+    slot = container.empty()
+    try:
+        with slot, st.spinner("Computing attention…"):
+            att = cached_attention(choice, s.custom, s.device, text, s.causal and scratch,
+                                   s.heads_off if scratch else ())
+    except HeadLensError as err:
+        stop_with(err)
+    if att.truncated:
+        slot.warning(f"This text has {att.n_tokens_original} tokens; the model reads at most "
+                     f"{len(att.tokens)}, so it was cut there.")
+    else:
+        slot.empty()
+    if att.decoder is None:
+        return att
+    parts = {"encoder": att, "decoder": att.decoder, "cross": att.cross}
+    names = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention",
+             "cross": "Cross-attention (decoder → encoder)"}
+    return parts[choose("Attention", list(parts), key, container=container, cast=str, format_func=names.get)]
+
+
+def view(s: Settings, att: Attention) -> View:
+    """``att`` as the sidebar's view options show it."""
+    return make_view(att, hide_special=s.hide_special, merge_words=s.merge_words)

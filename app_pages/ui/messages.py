@@ -1,0 +1,37 @@
+"""Text a user typed, shown back literally; errors as one sentence."""
+from __future__ import annotations
+
+import re
+
+import streamlit as st
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=%^@/,;?\"'])")
+_AUTOLINK = re.compile(r"(?i)(https?|ftp|www|mailto|xmpp)(?=\\[:.])|(?=\\@)")
+
+
+def plain(text: str) -> str:
+    """``text`` for an element that renders Markdown (alerts, captions), so that it shows literally.
+
+    Every punctuation mark is backslash-escaped; web and mail addresses, which Markdown links
+    even when escaped, get a word joiner (invisible) after their scheme and before their "@".
+    """
+    return _AUTOLINK.sub("\\g<0>\u2060", _MARKDOWN.sub(r"\\\1", text))
+
+
+def stop_with(err: Exception) -> None:
+    """Show ``err`` as its sentence and end this run; the session goes on."""
+    st.error(plain(str(err)))
+    st.stop()
+
+
+def short(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def readable(line: str) -> bool:
+    """Whether a line has a character to read: not only spaces, control or invisible characters."""
+    return any(ch.isprintable() and not ch.isspace() for ch in line)
+
+
+def sentences_of(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if readable(line)]

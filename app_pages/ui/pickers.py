@@ -1,0 +1,47 @@
+"""Pickers for a sentence, a layer, heads and a query token; each choice lives in the session and the URL."""
+from __future__ import annotations
+
+import streamlit as st
+
+from analysis import View
+from models import Attention
+
+from .messages import short
+from .settings import Settings
+from .state import bound, choose
+
+
+def pick_sentence(s: Settings, key: str = "sentence", container=st, label: str = "Sentence") -> str:
+    i = choose(label, list(range(len(s.sentences))), key, container=container,
+               format_func=lambda i: f"{i + 1}. {short(s.sentences[i])}")
+    return s.sentences[i]
+
+
+def pick_layer(n_layers: int, key: str = "layer", container=st) -> int:
+    return choose("Layer", list(range(n_layers)), key, container=container)
+
+
+def pick_head(n_heads: int, key: str = "head", container=st, label: str = "Head") -> int:
+    return choose(label, list(range(n_heads)), key, container=container)
+
+
+def pick_heads(n_heads: int, key: str = "heads", container=st) -> list[int]:
+    options = list(range(n_heads))
+    heads = bound(container.multiselect, key, options, init="default", options=options, multi=True, cast=int,
+                  label="Heads")
+    if not heads:
+        st.info("Pick at least one head.")
+        st.stop()
+    return sorted(heads)
+
+
+def pick_query(v: View, key: str = "query", container=st, allow_all: bool = True) -> int | None:
+    options = ([-1] if allow_all else []) + list(range(len(v.query_labels)))
+    words = [i for i in range(len(v.query_labels)) if not v.query_special[i]]
+    q = choose("Query token", options, key, default=words[0] if words else options[0], container=container,
+               format_func=lambda i: "all tokens" if i == -1 else f"{i}: {v.query_labels[i]}")
+    return None if q == -1 else q
+
+
+def title_for(att: Attention, what: str) -> str:
+    return f"{what} · {short(att.text, 70)}"

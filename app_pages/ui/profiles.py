@@ -1,0 +1,112 @@
+"""Head-role profiles over many sentences: computed once for every session, with a progress bar."""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import streamlit as st
+
+from analysis import RANKING_MEASURES, head_similarity, measure_heads
+from models import AttentionModel, HeadLensError
+
+from .caches import head_mask, model_for
+from .messages import sentences_of, stop_with
+from .settings import ASSETS, Settings
+
+CORPUS = sentences_of((ASSETS / "corpus.txt").read_text(encoding="utf-8"))
+PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
+
+
+class ProfileCache:
+    """The last few head-role profiles, for every session: (frame, per-sentence measures, attentions).
+
+    st.cache_data cannot drive a progress bar from inside a cached function, so profiles are
+    kept here and computed outside it. Values are only ever read; the frame is copied on the way out.
+    """
+
+    def __init__(self, max_entries: int = 4):
+        self.max_entries, self._items, self._lock = max_entries, OrderedDict(), threading.Lock()
+        self._computing: dict = {}  # key -> lock held by the session computing that profile
+
+    def computing(self, key) -> threading.Lock:
+        """The lock to hold while computing ``key``, so that sessions asking at once compute it once."""
+        with self._lock:
+            return self._computing.setdefault(key, threading.Lock())
+
+    def get(self, key):
+        with self._lock:
+            if key not in self._items:
+                return None
+            self._items.move_to_end(key)
+            frame, per_sentence, attentions = self._items[key]
+        return frame.copy(), per_sentence, attentions
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._computing.pop(key, None)
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
+
+@st.cache_resource
+def profile_cache() -> ProfileCache:
+    return ProfileCache()
+
+
+def profile(s: Settings, sentences: list[str]):
+    """Head roles over ``sentences`` for the sidebar's model, with a progress bar while it runs.
+
+    Returns the per-head frame, per-sentence measures (``(sentences, layers, heads)`` each, and
+    ``"similarity"``: the heads' Jensen-Shannon divergences), and the attentions.
+    """
+    key = (s.choice, s.custom, s.device, s.causal, s.heads_off,
+           hashlib.sha256("\n".join(sentences).encode("utf-8", "surrogatepass")).hexdigest())
+    cache = profile_cache()
+    cached = cache.get(key)
+    if cached is not None:
+        return cached
+    model = model_for(s.choice, s.custom, s.device)
+    lock = cache.computing(key)
+    if not lock.acquire(blocking=False):
+        with st.spinner("Another session is profiling the same sentences; its result will be shown here…"):
+            lock.acquire()
+    try:
+        cached = cache.get(key)
+        return cached if cached is not None else _compute_profile(model, s, sentences, key)
+    finally:
+        lock.release()
+
+
+def _compute_profile(model: AttentionModel, s: Settings, sentences: list[str], key):
+    try:
+        sentences = within_budget(model, sentences)
+    except HeadLensError as err:
+        stop_with(err)
+    bar = st.progress(0.0, text=f"Profiling {len(sentences)} sentences…")
+    try:
+        attentions = model.attend(sentences, head_mask=head_mask(model, s.heads_off), causal=s.causal,
+                                  progress=lambda done, total: bar.progress(
+                                      done / total, text=f"Profiling… {done} of {total} sentences"))
+    except HeadLensError as err:
+        stop_with(err)
+    bar.progress(1.0, text="Measuring every head…")
+    measures = measure_heads(attentions)
+    per_sentence = {name: measures.per_sentence(name) for name in RANKING_MEASURES}
+    per_sentence["similarity"] = head_similarity(attentions)
+    bar.empty()
+    value = (measures.frame(), per_sentence, attentions)
+    profile_cache().put(key, value)
+    return value[0].copy(), per_sentence, attentions
+
+
+def within_budget(model: AttentionModel, sentences: list[str]) -> list[str]:
+    """The first sentences whose attention weights fit ``PROFILE_BYTES``, with a note when some are left out."""
+    sizes = np.cumsum([n * n * model.bytes_per_token_pair for n in model.token_counts(sentences)])
+    keep = max(1, int(np.searchsorted(sizes, PROFILE_BYTES, side="right")))
+    if keep < len(sentences):
+        st.warning(f"Profiling the first {keep:,} of {len(sentences):,} sentences: their attention weights "
+                   f"fill the {PROFILE_BYTES // 2**20} MiB a profile may hold.")
+    return sentences[:keep]

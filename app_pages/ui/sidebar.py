@@ -1,0 +1,49 @@
+"""The controls every page shares; their values live in session state and the URL."""
+from __future__ import annotations
+
+import streamlit as st
+import torch
+
+from .caches import model_for
+from .settings import DEFAULT_TEXT, EXAMPLES, MAX_CHARS, MODELS, SCRATCH
+from .state import bound, flag, remember
+
+
+def _load_example() -> None:
+    name = st.session_state.get("example")
+    if name in EXAMPLES:
+        remember("text", EXAMPLES[name])
+        st.session_state.pop("text", None)  # the text box starts again, from the example
+
+
+def sidebar() -> None:
+    sb = st.sidebar
+    choice = bound(sb.selectbox, "model", "minilm", init="index", options=list(MODELS), label="Model",
+                   format_func=MODELS.get)
+    if choice == "custom":
+        bound(sb.text_input, "custom_model", "", label="Model id or folder",
+              placeholder="bert-base-uncased or /path/to/model",
+              help="A model already in the local Hugging Face cache, or a folder with config.json and "
+                   "model.safetensors. Nothing is downloaded.")
+    devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    device = bound(sb.selectbox, "device", "auto", init="index", options=devices, label="Device")
+    sb.selectbox("Examples", list(EXAMPLES), index=None, placeholder="Load an example…", key="example",
+                 on_change=_load_example)
+    bound(sb.text_area, "text", DEFAULT_TEXT, valid=lambda t: len(t) <= MAX_CHARS, label="Sentences, one per line",
+          height=140, max_chars=MAX_CHARS, help="Press Ctrl+Enter to apply.")
+    sb.subheader("View options")
+    bound(sb.toggle, "hide_special", False, cast=flag, label="Hide special tokens",
+          help="Drop [CLS], [SEP], <s>… and renormalise each row.")
+    bound(sb.toggle, "merge_words", False, cast=flag, label="Merge subwords into words",
+          help="Sum over a word's pieces as keys, average over them as queries (Clark et al., 2019).")
+    bound(sb.toggle, "shared_scale", True, cast=flag, label="One colour scale for all heads")
+    scratch = choice in SCRATCH
+    bound(sb.toggle, "causal", False, cast=flag, label="Causal mask", disabled=not scratch,
+          help="Each token sees only earlier ones; the from-scratch engine only.")
+    model = model_for(choice, st.session_state.get("custom_model", ""), device, container=sb)
+    if scratch:
+        names = [f"{l}.{h}" for l in range(model.n_layers) for h in range(model.n_heads)]
+        bound(sb.multiselect, "heads_off", [], init="default", options=names, multi=True, label="Switch heads off",
+              placeholder="layer.head",
+              help="Head masking, from-scratch engine only; later layers then see the model without those heads.")
+    sb.caption(f"Running on **{model.device}** · {model.n_layers} layers × {model.n_heads} heads")
