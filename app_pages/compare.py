@@ -1,4 +1,4 @@
-"""Compare: two to four (model, sentence, layer, head) picks side by side on one colour scale."""
+"""Compare: one to four (model, sentence, layer, head) picks side by side on one colour scale."""
 import streamlit as st
 
 from app_pages.ui.caches import attention, view
@@ -7,11 +7,12 @@ from app_pages.ui.pickers import pick_layer, pick_sentence
 from app_pages.ui.settings import MODELS, settings
 from app_pages.ui.state import bound, choose
 from viz import head_heatmap
+from viz.figures import MAX_CELLS
 
 s = settings()
 st.title("Compare")
-n = bound(st.segmented_control, "picks", 2, init="default", options=[2, 3, 4], cast=int, label="Picks",
-            required=True)
+n = bound(st.segmented_control, "picks", 2, init="default", options=[1, 2, 3, 4], cast=int, label="Picks",
+          required=True)
 choices = [m for m in MODELS if m != "custom" or s.custom]
 first = s.choice if s.choice in choices else "minilm"
 defaults = [(first, 0), (first, 1), ("untrained", 0), ("scratch" if first != "scratch" else "minilm", 0)]
@@ -20,8 +21,7 @@ picks = []
 for i, col in enumerate(st.columns(n)):
     with col:
         st.markdown(f"**Pick {i + 1}**")
-        model = choose("Model", choices, f"p{i + 1}_model", default=defaults[i][0], cast=str,
-                         format_func=MODELS.get)
+        model = choose("Model", choices, f"p{i + 1}_model", default=defaults[i][0], cast=str, format_func=MODELS.get)
         att = attention(s, pick_sentence(s, key=f"p{i + 1}_sentence"), choice=model, key=f"p{i + 1}_component")
         v = view(s, att)
         layer = pick_layer(att.n_layers, key=f"p{i + 1}_layer")
@@ -29,14 +29,32 @@ for i, col in enumerate(st.columns(n)):
         picks.append((model, att, v, layer, head))
 
 zmax = max(float(v.head(layer, head).max()) for _, _, v, layer, head in picks) if s.shared_scale else None
-for i, (col, (model, att, v, layer, head)) in enumerate(zip(st.columns(n), picks)):
-    with col:
-        fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=420,
-                           title=f"{i + 1}: {MODELS[model].split(' · ')[0]} · L{layer} H{head}")
-        chart(fig, f"compare-{i + 1}")
-        with st.expander("Downloads"):
-            exports(f"compare-{i + 1}", fig, att, v, layer, head, sig=f"{att.text}|{model}|{layer}|{head}|{s}")
+# Two to a row: a chart keeps room for its labels even in a narrow window (a 1024 px one gives
+# the page 564 px).
+for row in range(0, n, 2):
+    for col, i in zip(st.columns(min(n, 2)), range(row, min(row + 2, n))):
+        model, att, v, layer, head = picks[i]
+        with col:
+            fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=460,
+                               title_chars=34,
+                               title=f"{i + 1}: {MODELS[model].split(' · ')[0]} · L{layer} H{head}")
+            chart(fig, f"compare-{i + 1}")
+            with st.expander("Downloads"):
+                exports(f"compare-{i + 1}", fig, att, v, layer, head, sig=f"{att.text}|{model}|{layer}|{head}|{s}")
+if any(max(len(p[2].query_labels), len(p[2].key_labels)) > MAX_CELLS for p in picks):
+    st.caption("Long texts are drawn in blocks of a few tokens, each showing its largest weight; "
+               "hover names a block's tokens. Click a pick below to see all its weights.")
+    full = bound(st.segmented_control, "full_pick", None, init="default", options=list(range(1, n + 1)), cast=int,
+                 valid=lambda i: i is None or 1 <= i <= n, label="Pick at full resolution",
+                 format_func=lambda i: f"Pick {i}")
+    if full is not None:
+        model, att, v, layer, head = picks[full - 1]
+        chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=760, max_cells=None,
+                           title=f"Pick {full}: {MODELS[model].split(' · ')[0]} · L{layer} H{head}, every weight"),
+              "compare-full")
 
+if n == 1:
+    st.stop()
 st.subheader("Difference")
 a, b, _ = st.columns([1, 1, 3])
 ia = choose("From pick", list(range(1, n + 1)), "diff_a", default=1, container=a)

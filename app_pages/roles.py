@@ -6,7 +6,7 @@ import streamlit as st
 from analysis import THRESHOLDS, label_measure, make_view
 from app_pages.ui.caches import attention
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.messages import sentences_of, short, stop_with
+from app_pages.ui.messages import plain, sentences_of, stop_with
 from app_pages.ui.profiles import CORPUS, profile
 from app_pages.ui.settings import DEFAULT_TEXT, settings
 from app_pages.ui.state import bound, choose
@@ -82,12 +82,13 @@ layer, head = map(int, pick.split("."))
 values = per_sentence[measure][:, layer, head]
 order = np.argsort(np.where(np.isnan(values), -np.inf if higher else np.inf, values))
 order = order[::-1] if higher else order
-cols = st.columns(3)
-for col, i in zip(cols, order[:3]):
-    with col:
+st.markdown(f"**Where layer {layer}, head {head} is strongest**")
+for tab, i in zip(st.tabs([f"{measure} {values[i]:.2f}" for i in order[:3]]), order[:3]):
+    with tab:
+        st.caption(plain(attentions[i].text))  # a typed or uploaded sentence: shown literally
         v = make_view(attentions[i], hide_special=s.hide_special, merge_words=s.merge_words)
-        fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=380,
-                           title=f"{measure} {values[i]:.2f} · {short(attentions[i].text, 40)}")
+        fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=460,
+                           title=f"Layer {layer}, head {head} · {measure} {values[i]:.2f}")
         chart(fig, f"roles-example-{i}")
 
 seed = attention(s, SEED)

@@ -154,12 +154,31 @@ def figures(at) -> list[dict]:
     return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
 
 
+def block_max(w, cells: int = 128):
+    """What a heatmap draws of ``w`` (n x n): the largest weight in each block of ceil(n / cells) tokens."""
+    import numpy as np
+
+    n = w.shape[0]
+    step = -(-n // cells)
+    padded = np.full((-(-n // step) * step,) * 2, -np.inf, dtype=w.dtype)
+    padded[:n, :n] = w
+    m = padded.shape[0] // step
+    return padded.reshape(m, step, m, step).max(axis=(1, 3))
+
+
+def title_text(fig: dict) -> str:
+    """A figure's title on one line: a long title is drawn as lines joined by <br> where spaces were."""
+    return fig["layout"]["title"]["text"].replace("<br>", " ")
+
+
 def heatmaps(fig: dict) -> list[dict]:
     return [t for t in fig["data"] if t["type"] == "heatmap"]
 
 
 def tick_text(fig: dict, axis: str = "xaxis") -> list[str]:
-    return fig["layout"][axis]["ticktext"]
+    """The label each category of an axis shows (plotly draws as many of them as fit)."""
+    ax = fig["layout"][axis]
+    return [ax["labelalias"][cat] for cat in ax["categoryarray"]]
 
 
 class _RecordingMediaManager:

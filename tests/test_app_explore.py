@@ -163,11 +163,20 @@ def test_errors_are_sentences_and_the_session_goes_on(app):
     assert not app.exception and not app.error and tick_text(figures(app)[0])[1:3] == ["back", "to"]
 
 
-def test_long_text_is_cut_with_a_note(app):
+def test_long_text_is_cut_with_a_note_drawn_in_blocks_and_one_click_from_every_weight(app, hf_model):
     app.text_area(key="text").input("word " * 600).run()
     assert "the model reads at most 512" in app.warning[0].value
+    ref = hf_model.attend("word " * 600)
     fig, zs = grid(app)
-    assert zs[0].shape == (512, 512)
+    for h in (0, 7):  # 4 x 4 tokens a cell, each its largest weight
+        np.testing.assert_allclose(zs[h], ref.weights[0, h].reshape(128, 4, 128, 4).max(axis=(1, 3)), atol=TOL)
+    assert heatmaps(fig)[0]["x"][1] == "4–7: word … word"
+    assert app.get("segmented_control")[0].label == "Head at full resolution"
+    app.get("segmented_control")[0].set_value(7).run()
+    full = figures(app)[1]
+    assert full["layout"]["title"]["text"].startswith("Layer 0, head 7, every weight")
+    np.testing.assert_allclose(decode(heatmaps(full)[0]["z"]), ref.weights[0, 7], atol=TOL)
+    assert app.query_params["full"] == "7"
 
 
 def test_exports_hold_the_attention(app, hf_model):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from app_pages.ui.messages import short
-from tests.conftest import decode, figures, heatmaps, shown, tick_text
+from tests.conftest import block_max, decode, figures, heatmaps, shown, tick_text, title_text
 from tests.test_hard_inputs import HARD
 from viz.figures import safe
 
@@ -25,9 +25,9 @@ def test_hard_text_in_explore(name, app, hf_model):
     assert not app.exception and not app.error
     ref = hf_model.attend(text)
     (fig,) = figures(app)
-    assert fig["layout"]["title"]["text"] == safe(f"Layer 0 · {short(text, 70)}")
+    assert title_text(fig) == safe(f"Layer 0 · {short(text, 70)}")
     for h, trace in enumerate(heatmaps(fig)):
-        np.testing.assert_allclose(decode(trace["z"]), ref.weights[0, h], atol=1e-6)
+        np.testing.assert_allclose(decode(trace["z"]), block_max(ref.weights[0, h]), atol=1e-6)
     if len(ref.tokens) <= 20:
         assert tick_text(fig) == [safe(t) for t in ref.tokens]
     notes = [w.value for w in app.warning]
@@ -66,7 +66,7 @@ def test_every_page_takes_every_hard_line(page, new_app, hf_model):
             key = "p1_sentence" if page == "compare" else "sentence"
             at.selectbox(key=key).set_value(i).run()
             assert not at.exception and not at.error and figures(at)
-            assert all("<" not in f["layout"]["title"]["text"] for f in figures(at))
+            assert all("<" not in title_text(f) for f in figures(at))
 
 
 def test_markdown_in_a_model_name_is_shown_as_typed(app, hf_model):

@@ -37,9 +37,11 @@ def test_a_role_lists_its_heads_best_first_with_examples(new_app, corpus_profile
     assert at.selectbox(key="role_head").options[0] == first
     layer, head = int(heads.iloc[0]["layer"]), int(heads.iloc[0]["head"])
     examples = figures(at)[1:4]
-    for fig in examples:  # the three sentences where this head is most previous-token-like
-        text_start = fig["layout"]["title"]["text"].split(" · ", 1)[1].rstrip("…")
-        sentence = next(s for s in CORPUS if s.startswith(text_start))
+    assert len(at.tabs) == 3
+    for tab, fig in zip(at.tabs, examples):  # the three sentences where this head is most previous-token-like
+        sentence = shown(tab.caption[0].value)
+        assert sentence in CORPUS and tab.label.startswith("prev_token ")
+        assert fig["layout"]["title"]["text"] == f"Layer {layer}, head {head} · {tab.label}"
         np.testing.assert_allclose(decode(fig["data"][0]["z"]), hf_model.attend(sentence).weights[layer, head],
                                    atol=1e-6)
     seed = figures(at)[4]

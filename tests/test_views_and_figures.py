@@ -1,4 +1,5 @@
 """analysis.views and viz.figures on small synthetic attention whose right answers are known by hand."""
+import html
 import json
 
 import numpy as np
@@ -8,6 +9,8 @@ from analysis import head_stats, make_view, token_label, word_spans
 from models.result import Attention
 from viz import head_grid, overview_png, text_shading
 from viz.export import figure_image
+from viz.figures import block_categories, head_heatmap, wrapped_title
+from tests.conftest import decode, tick_text
 
 
 def synthetic(tokens, word_ids, special, weights, text=""):
@@ -51,21 +54,20 @@ def test_entropy_of_uniform_and_one_hot_heads():
     np.testing.assert_allclose(stats["max_weight"][0], [0.25, 1.0])
 
 
-def test_grid_keeps_repeated_words_apart_and_thins_long_axes():
+def test_grid_keeps_repeated_words_apart_and_labels_every_token():
     labels = [f"w{i % 5}" for i in range(39)] + ["a_very_long_subword_token", "end"]
     n = len(labels)
     w = np.random.default_rng(0).dirichlet(np.ones(n), size=(2, n)).astype(np.float32)
     fig = json.loads(head_grid(w, labels, labels, [0, 1]).to_json())
-    x = fig["layout"]["xaxis"]
     assert len(set(fig["data"][0]["x"])) == n  # "w0" occurs 9 times, each its own column
-    assert x["tickvals"] == fig["data"][0]["x"][::3]  # 41 labels, at most 20 drawn: every third
-    assert x["ticktext"][-1] == "a_very_long…"
+    assert tick_text(fig) == tick_text(fig, "yaxis") == labels[:39] + ["a_very_long…", "end"]
+    assert fig["layout"]["xaxis"]["tickmode"] == "auto"  # plotly draws as many as the width holds
 
 
 def test_every_label_is_escaped():
     labels = ["<b>x</b>", "&amp;", "ok"]
     fig = json.loads(head_grid(np.eye(3, dtype=np.float32)[None], labels, labels, [0], title="<i>t</i>").to_json())
-    assert fig["layout"]["xaxis"]["ticktext"][:2] == ["&lt;b&gt;x&lt;/b&gt;", "&amp;amp;"]
+    assert tick_text(fig)[:2] == ["&lt;b&gt;x&lt;/b&gt;", "&amp;amp;"]
     assert fig["layout"]["title"]["text"] == "&lt;i&gt;t&lt;/i&gt;"
     assert all("<b>" not in c for c in fig["data"][0]["y"])
 
@@ -101,3 +103,39 @@ def test_image_export_without_a_browser_says_what_to_do(monkeypatch):
     monkeypatch.setattr(go.Figure, "to_image", lambda self, **kw: (_ for _ in ()).throw(OSError("no chrome")))
     with pytest.raises(RuntimeError, match="needs Chrome or Chromium.*camera button"):
         figure_image(fig, "png")
+
+
+def test_long_axes_are_max_pooled_in_blocks_named_by_their_tokens():
+    n = 512
+    labels = [f"t{i}" for i in range(n)]
+    w = np.random.default_rng(1).dirichlet(np.ones(n), size=(1, n)).astype(np.float32)
+    fig = json.loads(head_grid(w, labels, labels, [0]).to_json())
+    (trace,) = fig["data"]
+    z = decode(trace["z"])
+    assert z.shape == (128, 128)  # 4 x 4 tokens a cell
+    np.testing.assert_array_equal(z, w[0].reshape(128, 4, 128, 4).max(axis=(1, 3)))
+    assert trace["x"][0] == "0–3: t0 … t3" and trace["y"][-1] == "508–511: t508 … t511"
+    assert tick_text(fig)[:2] == ["t0", "t4"]  # a block's tick is its first token
+    assert "largest weight in this block" in trace["hovertemplate"]
+
+
+def test_a_difference_keeps_the_value_largest_in_magnitude_and_full_resolution_keeps_all():
+    n = 300
+    labels = [str(i) for i in range(n)]
+    d = np.random.default_rng(2).normal(size=(n, n)).astype(np.float32)
+    z = decode(json.loads(head_heatmap(d, labels, labels, diverging=True).to_json())["data"][0]["z"])
+    step = 3  # ceil(300 / 128): 100 blocks a side
+    blocks = d.reshape(100, step, 100, step).transpose(0, 2, 1, 3).reshape(100, 100, -1)
+    want = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    np.testing.assert_array_equal(z, want)
+    assert block_categories(labels, np.array([0, 3]))[0] == "0–2: 0 … 2"
+    full = json.loads(head_heatmap(d, labels, labels, max_cells=None).to_json())["data"][0]
+    np.testing.assert_array_equal(decode(full["z"]), d)
+    assert full["hovertemplate"].startswith("%{y} → %{x}<br>weight")
+
+
+def test_titles_wrap_and_stay_escaped():
+    t = wrapped_title("Layer 0 · " + "a <b>word</b> " * 12, chars=40)
+    lines = t["text"].split("<br>")
+    assert len(lines) == 5 and all(len(html.unescape(line)) <= 40 for line in lines)
+    assert "&lt;b&gt;" in t["text"] and "<b>" not in t["text"]

@@ -10,6 +10,7 @@ import base64
 import html
 import io
 import math
+import textwrap
 
 import numpy as np
 import plotly.colors as pc
@@ -18,11 +19,12 @@ from plotly.subplots import make_subplots
 
 COLORSCALE = "Blues"
 DIVERGING = "RdBu"
-MAX_TICKS = 64  # beyond this many tokens an axis shows no tick labels (hover still names them)
 TICK_CHARS = 12  # longer tick labels are cut; hover shows them whole
-GRID_LABELS = 20  # most tick labels on an axis of a grid cell (about 12 px a label)
-SINGLE_LABELS = 40  # most on an axis of a figure with one heatmap
+MAX_CELLS = 128  # most cells along a heatmap axis; longer axes are max-pooled in blocks
 TICK_PX = 6.5  # width of one character of a 10 px tick label, for margins fixed in advance
+TITLE_SIZE = 14
+LINE_CHARS = 20  # token labels beside the head view's lines are cut beyond this
+TITLE_CHARS = 64  # titles wrap beyond this (about 480 px at 14 px; a chart is 564 px in a 1024 px window)
 
 
 # Control characters become visible symbols (a NUL would also break an SVG export); bidi
@@ -49,42 +51,93 @@ def categories(labels: list[str]) -> list[str]:
     return [f"{i}: {safe(label)}" for i, label in enumerate(labels)]
 
 
-def _tick(label: str) -> str:
-    return safe(label if len(label) <= TICK_CHARS else label[: TICK_CHARS - 1] + "…")
+def _tick(label: str, chars: int = TICK_CHARS) -> str:
+    return safe(label if len(label) <= chars else label[: chars - 1] + "…")
 
 
-def tick_step(n: int, max_labels: int) -> int:
-    """Label every ``step``-th token so that at most ``max_labels`` labels share an axis."""
-    return max(1, math.ceil(n / max_labels))
+def wrapped_title(text: str, chars: int = TITLE_CHARS) -> dict:
+    """A figure title, escaped, on lines of at most ``chars`` characters.
+
+    Plotly never wraps a title: a long one runs past the chart's edge or into its neighbour's.
+    """
+    lines = textwrap.wrap(visible(text), chars, break_on_hyphens=False, drop_whitespace=True) or [""]
+    return dict(text="<br>".join(html.escape(line, quote=False) for line in lines), font=dict(size=TITLE_SIZE))
 
 
-def _axis(labels: list[str], cats: list[str], max_labels: int) -> dict:
-    if len(labels) > MAX_TICKS:
-        return dict(showticklabels=False, type="category", categoryorder="array", categoryarray=cats)
-    step = tick_step(len(labels), max_labels)
-    return dict(type="category", categoryorder="array", categoryarray=cats, tickmode="array",
-                tickvals=cats[::step], ticktext=[_tick(label) for label in labels[::step]], tickfont=dict(size=10))
+def _top(fig: go.Figure, room: int = 30) -> int:
+    """The top margin: the title's lines and ``room`` below them."""
+    return 22 * (fig.layout.title.text or "").count("<br>") + 30 + room
+
+
+def blocks(n: int, max_cells: int | None = MAX_CELLS) -> np.ndarray:
+    """Start index of each block when ``n`` positions are drawn in at most ``max_cells`` cells."""
+    return np.arange(0, n, max(1, math.ceil(n / (max_cells or n or 1))))
+
+
+def pool(w: np.ndarray, q_starts: np.ndarray, k_starts: np.ndarray, signed: bool = False) -> np.ndarray:
+    """The largest weight in each (query block, key block); ``signed``: the value largest in magnitude."""
+    if len(q_starts) == w.shape[0] and len(k_starts) == w.shape[1]:
+        return w
+    top = np.maximum.reduceat(np.maximum.reduceat(w, q_starts, axis=0), k_starts, axis=1)
+    if not signed:
+        return top
+    low = np.minimum.reduceat(np.minimum.reduceat(w, q_starts, axis=0), k_starts, axis=1)
+    return np.where(-low > top, low, top)
+
+
+def block_categories(labels: list[str], starts: np.ndarray) -> list[str]:
+    """One category per block, naming its tokens: "3: the", or "40–43: the … mill" for a block."""
+    ends = [*starts[1:], len(labels)]
+    return [f"{a}: {safe(labels[a])}" if b - a == 1 else f"{a}–{b - 1}: {_tick(labels[a])} … {_tick(labels[b - 1])}"
+            for a, b in zip(starts, ends)]
+
+
+def _axis(labels: list[str], starts: np.ndarray, cats: list[str]) -> dict:
+    """A categorical axis of blocks, each block's tick showing its first token.
+
+    Plotly picks which ticks to draw from the pixels the axis has (about 15 px a label), so
+    labels never crowd, in a 1024 px window or a 1920 px one; hover names every cell.
+    """
+    return dict(type="category", categoryorder="array", categoryarray=cats, tickmode="auto",
+                labelalias={cat: _tick(labels[a]) for cat, a in zip(cats, starts)}, tickfont=dict(size=10))
 
 
 def _label_px(labels: list[str]) -> int:
     """Room that tick labels need beside an axis (rotated -60 degrees for x labels, about as tall)."""
-    if len(labels) > MAX_TICKS or not labels:
+    if not labels:
         return 10
-    return int(min(TICK_CHARS, max(len(label) for label in labels)) * TICK_PX) + 12
+    return int(min(TICK_CHARS, max(len(visible(label)) for label in labels)) * TICK_PX) + 12
+
+
+def _margins(query_labels: list[str], key_labels: list[str]) -> tuple[int, int]:
+    """Left and bottom margins: the y labels, and the first rotated x label's reach to the left."""
+    x_room, y_room = _label_px(key_labels), _label_px(query_labels)
+    return max(y_room, x_room // 2) + 10, x_room + 10
+
+
+def _hover(pooled: bool, value: str) -> str:
+    if pooled:
+        return f"queries %{{y}}<br>keys %{{x}}<br>largest {value} in this block %{{z:.3f}}"
+    return f"%{{y}} → %{{x}}<br>{value} %{{z:.3f}}"
 
 
 def _heatmap(w: np.ndarray, q_cats, k_cats, name: str, zmax: float | None, coloraxis: str | None = None,
-             colorscale=COLORSCALE, zmid=None) -> go.Heatmap:
+             colorscale=COLORSCALE, zmid=None, pooled: bool = False) -> go.Heatmap:
     return go.Heatmap(
         z=np.asarray(w, dtype=np.float32), x=k_cats, y=q_cats, name=name,
         coloraxis=coloraxis, colorscale=None if coloraxis else colorscale, zmin=None if zmid is not None else 0,
         zmax=zmax, zmid=zmid, showscale=False,
-        hovertemplate="%{y} → %{x}<br>weight %{z:.3f}<extra>" + safe(name) + "</extra>")
+        hovertemplate=_hover(pooled, "weight" if zmid is None else "difference") + f"<extra>{safe(name)}</extra>")
 
 
 def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str], heads: list[int], *,
-              shared_scale: bool = True, title: str = "", cols: int = 4, cell_px: int = 260) -> go.Figure:
+              shared_scale: bool = True, title: str = "", cols: int = 4, cell_px: int = 260,
+              max_cells: int | None = MAX_CELLS) -> go.Figure:
     """One heatmap per head of one layer: queries on rows, keys on columns.
+
+    The heads share their axes: token labels run down the first column and under the lowest
+    cell of each column, so the grid reads the same at any width. Axes longer than
+    ``max_cells`` are max-pooled in blocks; hover then names a block's tokens and its largest weight.
 
     Args:
         weights: ``(heads_in_layer, n_queries, n_keys)``.
@@ -96,42 +149,63 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
     rows = math.ceil(len(heads) / cols)
     # Margins are fixed from the labels rather than measured by plotly (automargin): measuring
     # every subplot's ticks and laying out again costs more than drawing the heatmaps.
-    x_room, y_room = _label_px(key_labels), _label_px(query_labels)
-    width, height = 1100, rows * cell_px + 120
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"Head {h}" for h in heads],
-                        horizontal_spacing=min(0.3 / cols, (y_room + 12) / width),
-                        vertical_spacing=min(0.3 / rows, (x_room + 30) / height))
-    q_cats, k_cats = categories(query_labels), categories(key_labels)
+    left, bottom = _margins(query_labels, key_labels)
+    head = wrapped_title(title)
+    top = _top(go.Figure(layout=dict(title=head)), room=40)
+    height = rows * cell_px + top + bottom
+    specs = [[{} if r * cols + c < len(heads) else None for c in range(cols)] for r in range(rows)]
+    fig = make_subplots(rows=rows, cols=cols, specs=specs, subplot_titles=[f"Head {h}" for h in heads],
+                        horizontal_spacing=0.02, vertical_spacing=min(0.3 / rows, 34 / height))
+    q_starts, k_starts = blocks(len(query_labels), max_cells), blocks(len(key_labels), max_cells)
+    q_cats, k_cats = block_categories(query_labels, q_starts), block_categories(key_labels, k_starts)
+    pooled = len(q_cats) < len(query_labels) or len(k_cats) < len(key_labels)
     zmax = float(weights[heads].max()) if heads else 1.0
     for i, h in enumerate(heads):
-        w = weights[h]
+        w = pool(weights[h], q_starts, k_starts)
         fig.add_trace(_heatmap(w, q_cats, k_cats, f"head {h}", None if shared_scale else float(w.max()) or 1.0,
-                               coloraxis="coloraxis" if shared_scale else None), row=i // cols + 1, col=i % cols + 1)
-    fig.update_xaxes(**_axis(key_labels, k_cats, GRID_LABELS), tickangle=-60, automargin=False)
-    fig.update_yaxes(**_axis(query_labels, q_cats, GRID_LABELS), autorange="reversed", automargin=False)
+                               coloraxis="coloraxis" if shared_scale else None, pooled=pooled),
+                      row=i // cols + 1, col=i % cols + 1)
+    x_axis, y_axis = _axis(key_labels, k_starts, k_cats), _axis(query_labels, q_starts, q_cats)
+    for i in range(len(heads)):
+        row, col = i // cols + 1, i % cols + 1
+        fig.update_xaxes(**x_axis, tickangle=-60, automargin=False, showticklabels=i + cols >= len(heads),
+                         row=row, col=col)
+        fig.update_yaxes(**y_axis, autorange="reversed", automargin=False, showticklabels=col == 1, row=row, col=col)
     if shared_scale:
         fig.update_layout(coloraxis=dict(colorscale=COLORSCALE, cmin=0, cmax=zmax or 1.0,
                                          colorbar=dict(title="weight", thickness=12)))
-    fig.update_layout(title=dict(text=safe(title)), height=height,
-                      margin=dict(t=90, l=y_room + 10, r=10, b=x_room + 10))
+    fig.update_layout(title=head, height=height, margin=dict(t=top, l=left, r=10, b=bottom))
     return fig
 
 
 def head_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[str], *, title: str = "",
-                 zmax: float | None = None, diverging: bool = False, height: int = 460) -> go.Figure:
-    """A single ``(n_queries, n_keys)`` heatmap with its colour bar; diverging centres 0 (differences)."""
-    q_cats, k_cats = categories(query_labels), categories(key_labels)
+                 zmax: float | None = None, diverging: bool = False, height: int = 460,
+                 max_cells: int | None = MAX_CELLS, title_chars: int = TITLE_CHARS,
+                 showscale: bool = True) -> go.Figure:
+    """A single ``(n_queries, n_keys)`` heatmap with its colour bar; diverging centres 0 (differences).
+
+    Axes longer than ``max_cells`` are max-pooled in blocks (for a difference, the value largest
+    in magnitude wins); ``max_cells=None`` draws every weight.
+    """
+    n_q, n_k = weights.shape
+    q_starts, k_starts = blocks(n_q, max_cells), blocks(n_k, max_cells)
+    q_cats, k_cats = block_categories(query_labels, q_starts), block_categories(key_labels, k_starts)
+    pooled = len(q_cats) < n_q or len(k_cats) < n_k
+    w = pool(weights, q_starts, k_starts, signed=diverging)
     if diverging:
         bound = zmax or float(np.abs(weights).max()) or 1.0
-        trace = _heatmap(weights, q_cats, k_cats, "difference", None, colorscale=DIVERGING, zmid=0)
+        trace = _heatmap(w, q_cats, k_cats, "difference", None, colorscale=DIVERGING, zmid=0, pooled=pooled)
         trace.update(zmin=-bound, zmax=bound, reversescale=True)
     else:
-        trace = _heatmap(weights, q_cats, k_cats, "weight", zmax if zmax is not None else float(weights.max()) or 1.0)
-    trace.update(showscale=True, colorbar=dict(thickness=12))
+        trace = _heatmap(w, q_cats, k_cats, "weight", zmax if zmax is not None else float(weights.max()) or 1.0,
+                         pooled=pooled)
+    trace.update(showscale=showscale, colorbar=dict(thickness=12))
     fig = go.Figure(trace)
-    fig.update_xaxes(**_axis(key_labels, k_cats, SINGLE_LABELS), tickangle=-60)
-    fig.update_yaxes(**_axis(query_labels, q_cats, SINGLE_LABELS), autorange="reversed")
-    fig.update_layout(title=dict(text=safe(title)), height=height, margin=dict(t=60, l=10, r=10, b=10))
+    left, bottom = _margins(query_labels, key_labels)
+    fig.update_xaxes(**_axis(key_labels, k_starts, k_cats), tickangle=-60, automargin=False)
+    fig.update_yaxes(**_axis(query_labels, q_starts, q_cats), autorange="reversed", automargin=False)
+    fig.update_layout(title=wrapped_title(title, title_chars), height=height, margin=dict(l=left, r=10, b=bottom))
+    fig.update_layout(margin_t=_top(fig, room=10))
     return fig
 
 
@@ -206,8 +280,9 @@ def overview(weights: np.ndarray, stats: dict[str, np.ndarray], *, shared_scale:
     fig.update_yaxes(tickmode="array", tickvals=centres_y, ticktext=[f"L{l}" for l in range(layers)],
                      showgrid=False, range=[height - 0.5, -0.5], scaleanchor="x")
     # the image keeps its aspect ratio; size the figure to it for a page about 1100 px wide
-    fig.update_layout(title=dict(text=safe(title)), height=min(1000, int(1100 * height / width) + 130),
-                      margin=dict(t=90, l=40, r=10, b=10))
+    fig.update_layout(title=wrapped_title(title), height=min(1000, int(1100 * height / width) + 130),
+                      margin=dict(l=40, r=10, b=10))
+    fig.update_layout(margin_t=_top(fig, room=40))
     return fig
 
 
@@ -243,20 +318,21 @@ def token_lines(weights: np.ndarray, query_labels: list[str], key_labels: list[s
                                          line=dict(width=2, color=f"rgba({color[0]},{color[1]},{color[2]},{hi:.3f})")))
     q_weight = None if query is None else weights[heads][:, query].mean(axis=0)
     fig.add_trace(go.Scatter(
-        x=[0] * n_q, y=[-i for i in range(n_q)], mode="text", text=[safe(t) for t in query_labels],
+        x=[0] * n_q, y=[-i for i in range(n_q)], mode="text", text=[_tick(t, LINE_CHARS) for t in query_labels],
         textposition="middle left", showlegend=False, name="queries",
         textfont=dict(color=["#d62728" if i == query else "#333" for i in range(n_q)], size=13),
         hovertemplate="%{text}<extra>query</extra>"))
     fig.add_trace(go.Scatter(
-        x=[1] * n_k, y=[-i for i in range(n_k)], mode="text", text=[safe(t) for t in key_labels],
+        x=[1] * n_k, y=[-i for i in range(n_k)], mode="text", text=[_tick(t, LINE_CHARS) for t in key_labels],
         textposition="middle right", showlegend=False, name="keys", textfont=dict(size=13),
         customdata=q_weight, hovertemplate="%{text}" + ("" if query is None else "<br>mean weight %{customdata:.3f}")
         + "<extra>key</extra>"))
     fig.update_xaxes(visible=False, range=[-0.9, 1.9])
     fig.update_yaxes(visible=False, range=[-max(n_q, n_k) + 0.5, 0.5])
-    fig.update_layout(title=dict(text=safe(title)), height=max(360, 22 * max(n_q, n_k) + 170),
-                      margin=dict(t=60, l=10, r=10, b=70), legend=dict(orientation="h", y=-0.02, yanchor="top"),
+    fig.update_layout(title=wrapped_title(title), height=max(360, 22 * max(n_q, n_k) + 170),
+                      margin=dict(l=10, r=10, b=70), legend=dict(orientation="h", y=-0.02, yanchor="top"),
                       plot_bgcolor="white")
+    fig.update_layout(margin_t=_top(fig))
     return fig
 
 
@@ -285,8 +361,9 @@ def text_shading(labels: list[str], values: np.ndarray, *, title: str = "", high
         hovertemplate="%{text}: %{z:.3f}<extra></extra>"))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed")
-    fig.update_layout(title=dict(text=safe(title)), height=70 * len(lines) + 110, margin=dict(t=60, l=10, r=10, b=10),
+    fig.update_layout(title=wrapped_title(title), height=70 * len(lines) + 110, margin=dict(l=10, r=10, b=10),
                       plot_bgcolor="white")
+    fig.update_layout(margin_t=_top(fig))
     return fig
 
 
@@ -320,6 +397,6 @@ def role_grid(layers: np.ndarray, heads: np.ndarray, labels: list[str], hover: l
                      side="top", showgrid=False)
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_layers)), ticktext=[f"L{l}" for l in range(n_layers)],
                      autorange="reversed", showgrid=False)
-    fig.update_layout(title=dict(text=safe(title)), height=70 * n_layers + 120, margin=dict(t=90, l=40, r=10, b=10),
+    fig.update_layout(title=wrapped_title(title), height=70 * n_layers + 120, margin=dict(t=90, l=40, r=10, b=10),
                       plot_bgcolor="white")
     return fig
