@@ -158,12 +158,11 @@ def test_text_shading_is_the_row_of_the_query(new_app, hf_model):
     at = new_app({"layer": "1", "head": "4", "query": "7"}, page="app_pages/text.py")
     ref = hf_model.attend(COFFEE)
     (fig,) = figures(at)
-    (trace,) = heatmaps(fig)
-    z = decode(trace["z"]).ravel()
-    labels = [t for row in trace["text"] for t in row]
-    keep = ~np.isnan(z)
-    np.testing.assert_allclose(z[keep], ref.weights[1, 4, 7], atol=TOL)
-    assert [t.replace("<b>", "").replace("</b>", "") for t, k in zip(labels, keep) if k] == ref.tokens
+    lines = heatmaps(fig)  # one heatmap a line of text
+    z = np.concatenate([decode(t["z"]).ravel() for t in lines])
+    labels = [label for t in lines for label in t["text"][0]]
+    np.testing.assert_allclose(z, ref.weights[1, 4, 7], atol=TOL)
+    assert [t.replace("<b>", "").replace("</b>", "") for t in labels] == ref.tokens
     assert labels[7] == "<b>coffee</b>"  # the query itself is in bold
     assert "“coffee”" in fig["layout"]["title"]["text"]
 
@@ -171,8 +170,8 @@ def test_text_shading_is_the_row_of_the_query(new_app, hf_model):
 def test_text_mean_over_queries_and_exports(new_app, hf_model):
     at = new_app({"layer": "0", "head": "2", "query": "-1"}, page="app_pages/text.py")
     ref = hf_model.attend(COFFEE)
-    z = decode(heatmaps(figures(at)[0])[0]["z"]).ravel()
-    np.testing.assert_allclose(z[~np.isnan(z)], ref.weights[0, 2].mean(axis=0), atol=TOL)
+    z = np.concatenate([decode(t["z"]).ravel() for t in heatmaps(figures(at)[0])])
+    np.testing.assert_allclose(z, ref.weights[0, 2].mean(axis=0), atol=TOL)
     csv_rows = downloads(at)["Head 0.2 · CSV"].decode().splitlines()
     assert len(csv_rows) == len(ref.tokens) + 1
 

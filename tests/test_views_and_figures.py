@@ -89,11 +89,16 @@ def test_overview_max_pools_long_inputs():
 
 
 def test_text_shading_wraps_and_keeps_order():
-    labels = [f"word{i}" for i in range(30)]
-    fig = json.loads(text_shading(labels, np.linspace(0, 1, 30), line_chars=40).to_json())
-    rows = [[t for t in row if t] for row in fig["data"][0]["text"]]
-    assert [t for row in rows for t in row] == labels
-    assert len(rows) > 1 and all(sum(len(t) + 1 for t in row) <= 40 for row in rows)
+    labels = [f"word{i}" for i in range(30)] + ["x" * 30, "end"]
+    values = np.linspace(0, 1, 32)
+    fig = json.loads(text_shading(labels, values, line_chars=40).to_json())
+    lines = fig["data"]
+    assert [t for line in lines for t in line["text"][0]] == labels[:30] + ["x" * 19 + "…", "end"]
+    np.testing.assert_allclose(np.concatenate([decode(line["z"]).ravel() for line in lines]), values, atol=1e-6)
+    assert len(lines) > 1 and all(decode(line["x"])[-1] <= 40 for line in lines)
+    # a cell is as wide as its token, with 3 characters of room
+    first = lines[0]
+    assert np.diff(decode(first["x"])).tolist() == [len(t) + 3 for t in first["text"][0]]
 
 
 def test_image_export_without_a_browser_says_what_to_do(monkeypatch):

@@ -337,31 +337,39 @@ def token_lines(weights: np.ndarray, query_labels: list[str], key_labels: list[s
 
 
 def text_shading(labels: list[str], values: np.ndarray, *, title: str = "", highlight: int | None = None,
-                 line_chars: int = 72) -> go.Figure:
-    """The text as a strip of cells, each token shaded by its value, wrapped like a paragraph."""
+                 line_chars: int = 56) -> go.Figure:
+    """The text as a paragraph of cells, each token shaded by its value.
+
+    Each line is a one-row heatmap whose cells are as wide as their tokens (in characters, with
+    room around them; tokens beyond 20 characters are cut, hover shows them whole), so a long
+    word gets the room it needs. ``line_chars`` characters fill the chart's width: 56 fit a chart
+    564 px wide, the narrowest a 1024 px window gives.
+    """
+    widths = [min(len(visible(label)), LINE_CHARS) + 3 for label in labels]
     lines, current, width = [], [], 0
-    for i, label in enumerate(labels):
-        if current and width + len(label) + 1 > line_chars:
+    for i, w in enumerate(widths):
+        if current and width + w > line_chars:
             lines.append(current)
             current, width = [], 0
         current.append(i)
-        width += len(label) + 1
+        width += w
     if current:
         lines.append(current)
-    n_cols = max(len(line) for line in lines)
-    z = np.full((len(lines), n_cols), np.nan, dtype=np.float32)
-    text = [["" for _ in range(n_cols)] for _ in lines]
+    fig = go.Figure()
     for r, line in enumerate(lines):
-        for c, i in enumerate(line):
-            z[r, c] = values[i]
-            text[r][c] = safe(labels[i]) if i != highlight else f"<b>{safe(labels[i])}</b>"
-    fig = go.Figure(go.Heatmap(
-        z=z, text=text, texttemplate="%{text}", textfont=dict(size=14), colorscale=COLORSCALE, zmin=0,
-        zmax=float(np.nanmax(z)) or 1.0, xgap=3, ygap=6, colorbar=dict(title="weight", thickness=12),
-        hovertemplate="%{text}: %{z:.3f}<extra></extra>"))
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False, autorange="reversed")
-    fig.update_layout(title=wrapped_title(title), height=70 * len(lines) + 110, margin=dict(l=10, r=10, b=10),
+        text = [_tick(labels[i], LINE_CHARS) if i != highlight else f"<b>{_tick(labels[i], LINE_CHARS)}</b>"
+                for i in line]
+        fig.add_trace(go.Heatmap(
+            z=np.asarray([[values[i] for i in line]], dtype=np.float32), x=np.cumsum([0] + [widths[i] for i in line]),
+            y=[r - 0.5, r + 0.5], text=[text], customdata=[[safe(labels[i]) for i in line]], texttemplate="%{text}",
+            textfont=dict(size=13), coloraxis="coloraxis", xgap=3, ygap=6, name=f"line {r + 1}",
+            hovertemplate="%{customdata}: %{z:.3f}<extra></extra>"))
+    top = float(np.max(values)) if len(values) else 0.0
+    fig.update_layout(coloraxis=dict(colorscale=COLORSCALE, cmin=0, cmax=top or 1.0,
+                                     colorbar=dict(title="weight", thickness=12)))
+    fig.update_xaxes(visible=False, range=[0, line_chars])
+    fig.update_yaxes(visible=False, range=[len(lines) - 0.5, -0.5])
+    fig.update_layout(title=wrapped_title(title), height=52 * len(lines) + 110, margin=dict(l=10, r=10, b=10),
                       plot_bgcolor="white")
     fig.update_layout(margin_t=_top(fig))
     return fig

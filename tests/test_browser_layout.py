@@ -1,0 +1,94 @@
+"""Every chart readable, checked by geometry in Chromium: each drawn label lies inside its chart and
+no two titles overlap, on every page, for 1 to 4 picks on Compare, for a 3-token sentence and an
+80-token one with a 30-character word, in windows 1024 and 1920 px wide."""
+from urllib.parse import urlencode
+
+import pytest
+
+from tests.browser import PLOT, shot
+
+LONG_WORD = "Pneumonoultramicroscopicsilico"  # 30 characters: one label once pieces are merged into words
+LONG = (f"The {LONG_WORD} samples were sealed in glass before the long winter, and every technician in the "
+        "northern laboratory wrote down the weight, colour, smell and temperature of each jar twice a day "
+        "while the river froze over.")
+TEXTS = {"3 tokens": ("Hi", {}), "80 tokens, a 30-character word": (LONG, {"merge_words": "true"})}
+VIEWS = [("", {}), ("explore", {}), ("overview", {}), ("tokens", {}), ("text", {}), ("roles", {})] + [
+    ("compare", {"picks": str(n)}) for n in (1, 2, 3, 4)]
+
+# Labels: tick labels of every axis (subplots too), token labels of the head view and of the shaded
+# text; titles: figure
+# and subplot titles. Boxes are the drawn text's, in page pixels.
+GEOMETRY = """() => {
+  const out = {labels: 0, titles: 0, outside: [], overlaps: []};
+  const titles = [];
+  const inside = (r, box) => r.left >= box.left - 1 && r.right <= box.right + 1 && r.top >= box.top - 1
+                             && r.bottom <= box.bottom + 1;
+  for (const plot of document.querySelectorAll('.js-plotly-plot')) {
+    const box = plot.getBoundingClientRect();
+    if (!box.width) continue;  // a chart in a tab not shown
+    for (const t of plot.querySelectorAll('.xaxislayer-above text, .yaxislayer-above text, .textpoint text, .heatmaplayer text')) {
+      const r = t.getBoundingClientRect();
+      if (!t.textContent.trim() || !r.width) continue;
+      out.labels++;
+      if (!inside(r, box)) out.outside.push(t.textContent);
+    }
+    for (const t of plot.querySelectorAll('.g-gtitle text, .annotation-text')) {
+      const r = t.getBoundingClientRect();
+      if (!r.width) continue;
+      out.titles++;
+      if (!inside(r, box)) out.outside.push('title: ' + t.textContent);
+      titles.push([t.textContent, r]);
+    }
+  }
+  for (let i = 0; i < titles.length; i++) for (let j = i + 1; j < titles.length; j++) {
+    const [a, p] = titles[i], [b, q] = titles[j];
+    if (p.left < q.right && q.left < p.right && p.top < q.bottom && q.top < p.bottom) out.overlaps.push(a + ' / ' + b);
+  }
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("width", [1024, 1920])
+def test_every_label_inside_its_chart_and_no_titles_overlap(width, browser, server):
+    context = browser.new_context(viewport={"width": width, "height": 1200})
+    page = context.new_page()
+    checked = []
+    try:
+        for name, (text, options) in TEXTS.items():
+            for path, params in VIEWS:
+                query = urlencode({"text": text, **options, **params})
+                page.goto(f"{server}/{path}?{query}")
+                page.wait_for_selector(PLOT, timeout=120_000)
+                n_charts = 2 if path == "compare" and params["picks"] == "1" else 1
+                page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n",
+                                       arg=n_charts, timeout=60_000)
+                page.wait_for_timeout(1500)  # every chart of the page drawn
+                r = page.evaluate(GEOMETRY)
+                where = f"{path or 'home'} {params} · {name} · {width} px"
+                assert r["labels"] > 0 and r["titles"] > 0, where
+                assert not r["outside"], f"{where}: drawn outside the chart: {r['outside'][:5]}"
+                assert not r["overlaps"], f"{where}: titles overlap: {r['overlaps'][:3]}"
+                assert not page.locator("[data-testid='stException']").count(), where
+                checked.append(r["labels"])
+                if name != "3 tokens":
+                    shot(page, f"layout-{width}-{path or 'home'}{params.get('picks', '')}")
+        assert len(checked) == len(TEXTS) * len(VIEWS)
+    finally:
+        context.close()
+
+
+def test_explore_has_its_own_address_and_a_copied_link_reopens_the_view(page, server):
+    page.goto(f"{server}/explore?layer=4&heads=2&heads=9")
+    page.wait_for_selector("h1:has-text('Explore')", timeout=60_000)
+    page.wait_for_function("() => document.querySelector('.js-plotly-plot .gtitle').textContent.startsWith('Layer 4')",
+                           timeout=60_000)
+    assert not page.get_by_text("Page not found").count()
+    subplot_titles = page.locator(".js-plotly-plot .annotation-text").all_text_contents()
+    assert subplot_titles == ["Head 2", "Head 9"]
+    copied = page.url
+    other = page.context.new_page()
+    other.goto(copied)
+    other.wait_for_function("() => { const t = document.querySelector('.js-plotly-plot .gtitle');"
+                            " return t && t.textContent.startsWith('Layer 4'); }", timeout=60_000)
+    assert other.locator(".js-plotly-plot .annotation-text").all_text_contents() == ["Head 2", "Head 9"]
+    other.close()
