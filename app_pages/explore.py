@@ -36,12 +36,12 @@ if max(len(v.query_labels), len(v.key_labels)) > MAX_CELLS:
                              title=title_for(att, f"Layer {layer}, head {full}, every weight"))
         chart(exact, "explore-full")
 
-stats = head_stats(v, special_share(att))
+stats = head_stats(v, special_share(att), layers=slice(layer, layer + 1))
 table = pd.DataFrame({
     "head": range(att.n_heads),
-    "entropy (nats)": stats["entropy"][layer],
-    "largest weight": stats["max_weight"][layer],
-    "to special tokens": stats["to_special"][layer],
+    "entropy (nats)": stats["entropy"][0],
+    "largest weight": stats["max_weight"][0],
+    "to special tokens": stats["to_special"][0],
 })
 st.subheader(f"Heads of layer {layer}")
 st.caption("Entropy and largest weight are of the rows as shown; attention to special tokens is the mean share "

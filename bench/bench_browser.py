@@ -3,10 +3,9 @@
     python -m bench.bench_browser [--repeat 5]
 
 Starts ``streamlit run app.py`` on a free loopback port and drives Debian's Chromium with
-Playwright. Each timing runs from the Ctrl+Enter that commits new text to the moment the page
-shows it: every heatmap's tick labels are the new tokens (Explore), or the overview image carries
-the new title (Overview). Every text is new, so no cached result helps. Bytes are the WebSocket
-frames the page received in that time.
+Playwright. Each timing runs from the Ctrl+Enter that commits new text to the moment every chart
+of the page is drawn with it (Compare: the four picks and their difference). Every text is new, so
+no cached result helps. Bytes are the WebSocket frames the page received in that time.
 """
 from __future__ import annotations
 
@@ -17,27 +16,15 @@ import time
 from bench.common import machine
 from models import load_model
 from tests.browser import PLOT, chromium, streamlit_server
-from viz.figures import GRID_LABELS, tick_step
 
 WORDS = ("river stone quietly carried seven small boats past the old mill while children watched from a "
          "bridge and their parents talked about harvest weather markets songs lanterns festivals and winter").split()
 
-# The chart the page shows is the one with the new title; plotly appends the previous figure's
-# axis layers after the new ones until it cleans them up, so the first 12 are the visible ones.
-ALL_TICKS_ARE = """tokens => {
-  const axes = Array.from(document.querySelectorAll('.js-plotly-plot .xaxislayer-above')).slice(0, 12);
-  if (axes.length < 12) return false;
-  for (const ax of axes) {
-    // plotly names each axis's tick groups after it: xtick, x2tick, x3tick...
-    const ticks = Array.from(ax.querySelectorAll('g[class^="x"][class$="tick"] text')).map(t => t.textContent);
-    if (ticks.length !== tokens.length || ticks.some((t, i) => t !== tokens[i])) return false;
-  }
-  return true;
-}"""
-
-# plotly draws a figure's title and its rasters (overview image, heatmaps) in one render
-TITLE_HAS = """p => { const t = document.querySelector('.js-plotly-plot .gtitle');
-  return t && t.textContent.includes(p) && document.querySelector('.js-plotly-plot image') !== null; }"""
+# Before a commit every chart's data is marked; plotly replaces a chart's data when it draws a new
+# figure, and draws it in the same task, so a chart without the mark shows the new text.
+MARK = "() => document.querySelectorAll('.js-plotly-plot').forEach(p => { if (p.data) p.data.seen = true; })"
+ALL_NEW = """n => { const plots = Array.from(document.querySelectorAll('.js-plotly-plot'));
+  return plots.length >= n && plots.every(p => p.data && !p.data.seen && p.querySelector('.main-svg')); }"""
 
 
 def sentence(tokenizer, n_tokens: int, seed: int) -> str:
@@ -64,15 +51,17 @@ class Frames:
         self.received += len(payload)
 
 
-def timed_commit(page, frames: Frames, text: str, wait_js: str, arg) -> tuple[float, int]:
+def timed_commit(page, frames: Frames, text: str, n_charts: int) -> tuple[float, int]:
+    """Seconds from Ctrl+Enter to ``n_charts`` charts drawn anew, and bytes received meanwhile."""
     box = page.get_by_role("textbox", name="Sentences, one per line")
     box.click()
     box.press("Control+a")
     box.fill(text)
+    page.evaluate(MARK)
     before = frames.received
     start = time.perf_counter()
     box.press("Control+Enter")
-    page.wait_for_function(wait_js, arg=arg, timeout=120_000, polling=10)
+    page.wait_for_function(ALL_NEW, arg=n_charts, timeout=120_000, polling=10)
     return time.perf_counter() - start, frames.received - before
 
 
@@ -89,23 +78,24 @@ def main() -> None:
         page.goto(url + "/")
         page.wait_for_selector(PLOT, timeout=120_000)
 
-        def measure(label, path, n_tokens, wait_js, arg_of, target=None):
+        def measure(label, path, n_tokens, n_charts, target=None):
             page.goto(url + path)
             page.wait_for_selector(PLOT, timeout=120_000)
+            timed_commit(page, frames, sentence(tok, n_tokens, seed=999), n_charts)  # models loaded, code warm
             times, sizes = [], []
             for i in range(args.repeat):
-                text = sentence(tok, n_tokens, seed=len(rows) * 100 + i)
-                t, b = timed_commit(page, frames, text, wait_js, arg_of(text))
+                t, b = timed_commit(page, frames, sentence(tok, n_tokens, seed=len(rows) * 100 + i), n_charts)
                 times.append(t)
                 sizes.append(b)
             rows.append((label, statistics.median(times), max(times), statistics.median(sizes), target))
 
-        shown = lambda t: model.attend(t).tokens[::tick_step(32, GRID_LABELS)]  # noqa: E731 - labels drawn
-        measure("Explore, 12 heatmaps, 32 tokens", "/", 32, ALL_TICKS_ARE, shown, 1.0)
-        measure("Overview, 72 heads, 32 tokens", "/overview", 32, TITLE_HAS, lambda t: t[:40], 1.5)
-        measure("Overview, 72 heads, 512 tokens", "/overview", 512, TITLE_HAS, lambda t: t[:40], 5.0)
-        # beyond 64 tokens the axes carry no tick labels: wait for the new title on the redrawn figure
-        measure("Explore, 12 heatmaps, 512 tokens", "/", 512, TITLE_HAS, lambda t: t[:40])
+        measure("Explore, 12 heatmaps, 32 tokens", "/", 32, 1, 1.0)
+        measure("Overview, 72 heads, 32 tokens", "/overview", 32, 1, 1.5)
+        measure("Overview, 72 heads, 512 tokens", "/overview", 512, 1, 5.0)
+        measure("Explore, 12 heatmaps, 512 tokens", "/", 512, 1, 1.5)
+        measure("Compare, 4 picks + difference, 512", "/compare?picks=4", 512, 5, 1.5)
+        measure("Tokens, 12 heads, 512 tokens", "/tokens", 512, 1, 1.5)
+        measure("Text, 512 tokens", "/text", 512, 1, 1.5)
     print(f"Commit to figures on screen, Chromium {machine()}, median of {args.repeat} new texts")
     print(f"{'view':<36} {'median s':>8} {'worst s':>8} {'sent MB':>8} {'target s':>8}")
     for label, med, worst, size, target in rows:

@@ -33,7 +33,7 @@ def exports(key: str, fig, att: Attention | None, v: View | None = None, layer: 
         cols[2].download_button("Attention · JSON", lambda: attention_json(att), f"{stem}.json", "application/json",
                                 key=f"{key}-json", on_click="ignore")
     if v is not None and layer is not None and head is not None:
-        cols[3].download_button(f"Head {layer}.{head} · CSV", head_csv(v, layer, head),
+        cols[3].download_button(f"Head {layer}.{head} · CSV", lambda: head_csv(v, layer, head),
                                 f"{stem}-L{layer}H{head}.csv", "text/csv", key=f"{key}-csv", on_click="ignore")
     stored = st.session_state.get(f"{key}-images")
     images = stored[1] if stored and stored[0] == sig else None
