@@ -80,7 +80,11 @@ def shot(page, name: str) -> None:
 
 
 def plot_title(page) -> str:
-    return page.locator(".js-plotly-plot .gtitle").first.text_content() or ""
+    """The first chart's title as one line: a wrapped title is drawn as one tspan a line."""
+    return page.evaluate(
+        "() => { const t = document.querySelector('.js-plotly-plot .gtitle'); if (!t) return '';"
+        " const lines = Array.from(t.querySelectorAll('tspan.line')).map(l => l.textContent);"
+        " return lines.length ? lines.join(' ') : t.textContent; }")
 
 
 def wait_title(page, prefix: str, timeout: float = 60_000) -> None:
@@ -90,11 +94,17 @@ def wait_title(page, prefix: str, timeout: float = 60_000) -> None:
 
 
 def x_ticks(page, plot: int = 0) -> list[str]:
-    """Tick labels of the first x axis of the ``plot``-th chart, as drawn."""
+    """Tick labels drawn under the first x axis that has any (in a grid, the lowest cell's) of the
+    ``plot``-th chart."""
     return page.evaluate(
-        "i => Array.from(document.querySelectorAll('.js-plotly-plot')[i]"
-        ".querySelector('.xaxislayer-above').querySelectorAll('g[class^=\"x\"][class$=\"tick\"] text'))"
-        ".map(t => t.textContent)", plot)
+        "i => { for (const ax of document.querySelectorAll('.js-plotly-plot')[i].querySelectorAll('.xaxislayer-above')) {"
+        " const t = Array.from(ax.querySelectorAll('g[class^=\"x\"][class$=\"tick\"] text')).map(t => t.textContent);"
+        " if (t.length) return t; } return []; }", plot)
+
+
+def every_kth(ticks: list[str], labels: list[str]) -> bool:
+    """Whether the drawn ticks are every k-th label from the first, as plotly thins a category axis."""
+    return bool(ticks) and any(ticks == labels[::k] for k in range(1, len(labels) + 1))
 
 
 def commit_text(page, text: str) -> None:

@@ -4,8 +4,7 @@ import io
 import numpy as np
 import pytest
 
-from viz.figures import GRID_LABELS, tick_step
-from tests.browser import PLOT, commit_text, plot_title, shot, wait_title, x_ticks
+from tests.browser import PLOT, commit_text, every_kth, plot_title, shot, wait_title, x_ticks
 
 PAGES = [("Explore", "", "Layer 0 · Which do you like better"), ("Compare", "compare", "1: all-MiniLM-L6-v2 · L0 H0"),
          ("Overview", "overview", "All 6 layers × 12 heads · Which"), ("Tokens", "tokens", "Layer 0 · Which"),
@@ -19,7 +18,7 @@ def test_typed_sentence_reaches_every_heatmap(page, hf_model):
     wait_title(page, text)
     tokens = hf_model.attend(text).tokens
     page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .xaxislayer-above').length >= n", arg=12)
-    assert x_ticks(page) == tokens
+    assert every_kth(x_ticks(page), tokens) and len(x_ticks(page)) >= len(tokens) // 2
     assert page.locator(".js-plotly-plot .heatmaplayer image").count() == 12  # one raster per head
     assert "text=The+old+lighthouse" in page.url or "text=The%20old%20lighthouse" in page.url
     shot(page, "explore-typed")
@@ -82,8 +81,8 @@ def test_markup_in_text_shows_as_text(page, hf_model):
     assert "<img src=x onerror=alert(1)>" in plot_title(page)
     assert page.locator("img[src='x']").count() == 0
     ticks = x_ticks(page)
-    tokens = hf_model.attend(text).tokens  # 33 tokens: every second one is labelled
-    assert ticks == tokens[::tick_step(len(tokens), GRID_LABELS)]
+    tokens = hf_model.attend(text).tokens  # 33 tokens: plotly labels as many as fit under a cell
+    assert every_kth(ticks, tokens)
     assert "<" in ticks and ">" in ticks and "script" in ticks
     page.wait_for_timeout(500)
     assert not page.dialogs
