@@ -80,8 +80,8 @@ def test_every_label_inside_its_chart_and_no_titles_overlap(width, browser, serv
 def test_explore_has_its_own_address_and_a_copied_link_reopens_the_view(page, server):
     page.goto(f"{server}/explore?layer=4&heads=2&heads=9")
     page.wait_for_selector("h1:has-text('Explore')", timeout=60_000)
-    page.wait_for_function("() => document.querySelector('.js-plotly-plot .gtitle').textContent.startsWith('Layer 4')",
-                           timeout=60_000)
+    page.wait_for_function("() => { const t = document.querySelector('.js-plotly-plot .gtitle');"
+                           " return t && t.textContent.startsWith('Layer 4'); }", timeout=60_000)
     assert not page.get_by_text("Page not found").count()
     subplot_titles = page.locator(".js-plotly-plot .annotation-text").all_text_contents()
     assert subplot_titles == ["Head 2", "Head 9"]
