@@ -7,7 +7,7 @@ import pytest
 
 from analysis import head_stats, make_view, token_label, word_spans
 from models.result import Attention
-from viz import head_grid, overview_png, text_shading
+from viz import head_grid, overview_png, text_shading, token_lines
 from viz.export import figure_image
 from viz.figures import block_categories, head_heatmap, wrapped_title
 from tests.conftest import decode, tick_text
@@ -144,3 +144,13 @@ def test_titles_wrap_and_stay_escaped():
     lines = t["text"].split("<br>")
     assert len(lines) == 5 and all(len(html.unescape(line)) <= 40 for line in lines)
     assert "&lt;b&gt;" in t["text"] and "<b>" not in t["text"]
+
+
+def test_head_view_keeps_each_querys_strongest_lines():
+    n = 300
+    w = np.random.default_rng(3).dirichlet(np.full(n, 5.0), size=(2, n)).astype(np.float32)
+    fig = json.loads(token_lines(w, [str(i) for i in range(n)], [str(i) for i in range(n)], [0, 1], 7).to_json())
+    for head in (0, 1):
+        ends = [-int(y) for t in fig["data"] if t["mode"] == "lines" and t["name"] == f"head {head}"
+                for y in t["y"][1::3]]
+        assert sorted(ends) == sorted(np.argsort(w[head, 7])[-24:].tolist())  # all far above 2% of the largest
