@@ -1,6 +1,7 @@
 """Two sessions of the app in one server process (two AppTests): each sees only its own choices,
 and the model both use from the shared cache is the same before and after."""
 import numpy as np
+import pytest
 
 from analysis import make_view
 from tests.conftest import decode, figures, heatmaps, tick_text
@@ -72,3 +73,25 @@ def test_sessions_asking_for_the_same_profile_compute_it_once(new_app, monkeypat
     titles = [figures(at)[0]["layout"]["title"]["text"] for at in sessions]
     assert titles == ["Roles over 2 sentences"] * 2
     assert sessions[0].dataframe[0].value.equals(sessions[1].dataframe[0].value)
+
+
+def test_results_are_shared_read_only_and_kept_within_their_budget(new_app, hf_model):
+    from app_pages.ui.caches import SharedCache, attention_cache
+
+    a = new_app({"text": "A shared sentence."})
+    b = new_app({"text": "A shared sentence."})
+    key = ("minilm", "", "auto", "A shared sentence.", False, ())
+    att = attention_cache().get(key)
+    assert att is not None and not att.weights.flags.writeable  # one object for both sessions, never written
+    with pytest.raises(ValueError):
+        att.weights[0, 0, 0, 0] = 1.0
+    np.testing.assert_allclose(att.weights, hf_model.attend("A shared sentence.").weights, atol=1e-6)
+    assert not a.exception and not b.exception
+
+    cache = SharedCache(max_entries=10, max_bytes=100, size=len)
+    for k in "abc":
+        cache.put(k, "x" * 40)
+    assert cache.get("a") is None and cache.get("b") == cache.get("c") == "x" * 40  # 120 bytes > 100
+    with pytest.raises(ZeroDivisionError):
+        cache.get_or_compute("d", lambda: 1 / 0)
+    assert cache.get("d") is None and cache.get_or_compute("d", lambda: "y") == "y"

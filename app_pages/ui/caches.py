@@ -6,6 +6,8 @@ the heads switched off.
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -70,11 +72,78 @@ def head_mask(model: AttentionModel, heads_off: tuple[str, ...]) -> np.ndarray |
     return mask
 
 
-@st.cache_data(max_entries=64, max_size="1GiB", show_spinner=False)
+class SharedCache:
+    """The last few values for every session, within an entry count and a byte budget.
+
+    Values are handed out as they are, never copied: st.cache_data pickles a value when storing it
+    and unpickles a copy on every read, 0.1 s for one 512-token text's 72 MB of weights. Whoever
+    stores a value makes it read-only. Sessions asking for the same key at once compute it once.
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int | None = None, size=lambda value: 0):
+        self.max_entries, self.max_bytes, self.size = max_entries, max_bytes, size
+        self._items, self._lock = OrderedDict(), threading.Lock()
+        self._computing: dict = {}  # key -> lock held by the session computing that value
+
+    def computing(self, key) -> threading.Lock:
+        """The lock to hold while computing ``key``, so that sessions asking at once compute it once."""
+        with self._lock:
+            return self._computing.setdefault(key, threading.Lock())
+
+    def get(self, key):
+        with self._lock:
+            if key not in self._items:
+                return None
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._computing.pop(key, None)
+            while len(self._items) > self.max_entries or (
+                    self.max_bytes is not None and len(self._items) > 1
+                    and sum(map(self.size, self._items.values())) > self.max_bytes):
+                self._items.popitem(last=False)
+
+    def get_or_compute(self, key, compute):
+        """The cached value of ``key``, or ``compute()``'s, stored; an error is raised, not stored."""
+        value = self.get(key)
+        if value is not None:
+            return value
+        with self.computing(key):
+            value = self.get(key)
+            if value is None:
+                value = compute()
+                self.put(key, value)
+        return value
+
+
+def _frozen(att: Attention) -> Attention:
+    """``att`` with every weight array read-only, as a value shared by all sessions must be."""
+    for part in (att, att.decoder, att.cross):
+        if part is not None:
+            part.weights.flags.writeable = False
+    return att
+
+
+def _nbytes(att: Attention) -> int:
+    return sum(part.weights.nbytes for part in (att, att.decoder, att.cross) if part is not None)
+
+
+@st.cache_resource
+def attention_cache() -> SharedCache:
+    return SharedCache(max_entries=64, max_bytes=2**30, size=_nbytes)
+
+
 def cached_attention(choice: str, custom: str, device: str, text: str, causal: bool,
                      heads_off: tuple[str, ...]) -> Attention:
-    model = cached_model(choice, custom, device)
-    return model.attend(text, head_mask=head_mask(model, heads_off), causal=causal)
+    """The attention of ``text``, computed once for every session (the last 64 within 1 GiB)."""
+    def compute() -> Attention:
+        model = cached_model(choice, custom, device)
+        return _frozen(model.attend(text, head_mask=head_mask(model, heads_off), causal=causal))
+
+    return attention_cache().get_or_compute((choice, custom, device, text, causal, heads_off), compute)
 
 
 def attention(s: Settings, text: str, choice: str | None = None, key: str = "component", container=st) -> Attention:

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 
 import numpy as np
 import streamlit as st
@@ -11,7 +9,7 @@ import streamlit as st
 from analysis import RANKING_MEASURES, head_similarity, measure_heads
 from models import AttentionModel, HeadLensError
 
-from .caches import head_mask, model_for
+from .caches import SharedCache, head_mask, model_for
 from .messages import sentences_of, stop_with
 from .settings import ASSETS, Settings
 
@@ -19,41 +17,14 @@ CORPUS = sentences_of((ASSETS / "corpus.txt").read_text(encoding="utf-8"))
 PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
 
 
-class ProfileCache:
-    """The last few head-role profiles, for every session: (frame, per-sentence measures, attentions).
+@st.cache_resource
+def profile_cache() -> SharedCache:
+    """Head-role profiles, (frame, per-sentence measures, attentions), for every session.
 
     st.cache_data cannot drive a progress bar from inside a cached function, so profiles are
-    kept here and computed outside it. Values are only ever read; the frame is copied on the way out.
+    computed outside it and kept here. Values are only ever read; the frame is copied on the way out.
     """
-
-    def __init__(self, max_entries: int = 4):
-        self.max_entries, self._items, self._lock = max_entries, OrderedDict(), threading.Lock()
-        self._computing: dict = {}  # key -> lock held by the session computing that profile
-
-    def computing(self, key) -> threading.Lock:
-        """The lock to hold while computing ``key``, so that sessions asking at once compute it once."""
-        with self._lock:
-            return self._computing.setdefault(key, threading.Lock())
-
-    def get(self, key):
-        with self._lock:
-            if key not in self._items:
-                return None
-            self._items.move_to_end(key)
-            frame, per_sentence, attentions = self._items[key]
-        return frame.copy(), per_sentence, attentions
-
-    def put(self, key, value) -> None:
-        with self._lock:
-            self._items[key] = value
-            self._computing.pop(key, None)
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
-
-
-@st.cache_resource
-def profile_cache() -> ProfileCache:
-    return ProfileCache()
+    return SharedCache(max_entries=4)
 
 
 def profile(s: Settings, sentences: list[str]):
@@ -66,18 +37,18 @@ def profile(s: Settings, sentences: list[str]):
            hashlib.sha256("\n".join(sentences).encode("utf-8", "surrogatepass")).hexdigest())
     cache = profile_cache()
     cached = cache.get(key)
-    if cached is not None:
-        return cached
-    model = model_for(s.choice, s.custom, s.device)
-    lock = cache.computing(key)
-    if not lock.acquire(blocking=False):
-        with st.spinner("Another session is profiling the same sentences; its result will be shown here…"):
-            lock.acquire()
-    try:
-        cached = cache.get(key)
-        return cached if cached is not None else _compute_profile(model, s, sentences, key)
-    finally:
-        lock.release()
+    if cached is None:
+        model = model_for(s.choice, s.custom, s.device)
+        lock = cache.computing(key)
+        if not lock.acquire(blocking=False):
+            with st.spinner("Another session is profiling the same sentences; its result will be shown here…"):
+                lock.acquire()
+        try:
+            cached = cache.get(key) or _compute_profile(model, s, sentences, key)
+        finally:
+            lock.release()
+    frame, per_sentence, attentions = cached
+    return frame.copy(), per_sentence, attentions
 
 
 def _compute_profile(model: AttentionModel, s: Settings, sentences: list[str], key):
@@ -99,7 +70,7 @@ def _compute_profile(model: AttentionModel, s: Settings, sentences: list[str], k
     bar.empty()
     value = (measures.frame(), per_sentence, attentions)
     profile_cache().put(key, value)
-    return value[0].copy(), per_sentence, attentions
+    return value
 
 
 def within_budget(model: AttentionModel, sentences: list[str]) -> list[str]:
