@@ -176,8 +176,10 @@ def heatmaps(fig: dict) -> list[dict]:
 
 
 def tick_text(fig: dict, axis: str = "xaxis") -> list[str]:
-    """The label each category of an axis shows (plotly draws as many of them as fit)."""
-    ax = fig["layout"][axis]
+    """The label each category of an axis shows (plotly draws as many of them as fit); in a grid,
+    of the first such axis that draws labels (the heads share their axes)."""
+    ax = next(a for k, a in sorted(fig["layout"].items(), key=lambda kv: len(kv[0]))
+              if k.startswith(axis) and "labelalias" in a)
     return [ax["labelalias"][cat] for cat in ax["categoryarray"]]
 
 
