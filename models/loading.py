@@ -336,6 +336,34 @@ class AttentionModel:
     def _attend_batch(self, texts, targets, head_mask, causal) -> list[Attention]:
         raise NotImplementedError
 
+    def blanked_outputs(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """The last layer's output at every position, for ``text`` and for ``text`` with each token
+        blanked in turn (the tokenizer's mask token, else its unknown token), in one batch.
+
+        Returns ``(full, blanked)``: ``(n, hidden)`` and ``(n, n, hidden)``, ``blanked[j]`` with
+        token ``j`` replaced; special tokens are blanked too, as positions like any other.
+        """
+        if self.encoder_decoder:
+            raise HeadLensError("Blanking tokens one at a time is for encoders and decoder-only models.")
+        blank = self.tokenizer.mask_token_id
+        blank = self.tokenizer.unk_token_id if blank is None else blank
+        if blank is None:
+            raise HeadLensError(f"The tokenizer of {self.name} has neither a mask nor an unknown token to blank with.")
+        self.token_counts([text])
+        enc, lengths, _ = self._encode([text])
+        inputs = self._inputs(enc)
+        n = lengths[0]
+        batch = {k: v[:, :n].repeat(n + 1, 1) for k, v in inputs.items()}  # row 0 as is, row j + 1 blanks j
+        batch["input_ids"][torch.arange(1, n + 1), torch.arange(n)] = blank
+        with torch.inference_mode():
+            hidden = self._last_hidden(batch).to("cpu", torch.float32).numpy()
+        return hidden[0], hidden[1:]
+
+    encoder_decoder = False
+
+    def _last_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
 
 class ScratchModel(AttentionModel):
     """Our BertEncoder, from pretrained weights or untrained."""
@@ -368,6 +396,9 @@ class ScratchModel(AttentionModel):
             out = self.encoder(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"),
                                causal=causal, head_mask=head_mask)
         return self._results(texts, enc, lengths, originals, torch.stack(out.attentions, dim=1), causal=causal)
+
+    def _last_hidden(self, inputs):
+        return self.encoder(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")).last_hidden_state
 
 
 class TransformersModel(AttentionModel):
@@ -412,6 +443,9 @@ class TransformersModel(AttentionModel):
         cross = self._results(targets, dec, dec_lengths, dec_originals, self._stack(out.cross_attentions),
                               component="cross", keys=encoder)
         return [_with_parts(e, d, x) for e, d, x in zip(encoder, decoder, cross)]
+
+    def _last_hidden(self, inputs):
+        return self._forward(inputs).last_hidden_state
 
     def _forward(self, inputs):
         try:

@@ -1,0 +1,73 @@
+"""Across layers: which input tokens an output position draws on, by attention rollout and flow."""
+import numpy as np
+import streamlit as st
+
+from analysis import FLOW_MAX_TOKENS, flow, rollout
+from app_pages.ui.caches import attention, view
+from app_pages.ui.exports import chart
+from app_pages.ui.messages import stop_with
+from app_pages.ui.pickers import pick_layer, pick_query, pick_sentence, title_for
+from app_pages.ui.settings import settings
+from app_pages.ui.state import bound
+from models import HeadLensError
+from viz import head_heatmap, text_shading
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def cached_flow(_v, key: tuple, residual: float) -> np.ndarray:
+    """Flow of the view ``_v`` (not hashed: ``key`` names it), seconds at 64 tokens, so kept."""
+    return flow(_v, residual=residual)
+
+
+s = settings()
+st.title("Across layers")
+st.caption("One head's weights say where a layer looks, not which input tokens reach a position once several "
+           "layers have mixed them. Rollout multiplies the layers' attention (each with the skip connection "
+           "added), flow takes the most that can pass from an output token down to each input token "
+           "(Abnar & Zuidema, 2020).")
+top = st.columns([3, 1, 2])
+att = attention(s, pick_sentence(s, container=top[0]))
+if att.keys is not None:
+    st.info("Rollout and flow follow one stack of self-attention; pick the encoder or the decoder.")
+    st.stop()
+v = view(s, att)
+layer = pick_layer(att.n_layers, container=top[1])
+query = pick_query(v, container=top[2], allow_all=False)
+residual = bound(st.slider, "residual", 0.5, cast=float, valid=lambda r: isinstance(r, float) and 0 <= r <= 1,
+                 label="Share of the skip connection", min_value=0.0, max_value=1.0, step=0.05,
+                 help="Each layer is taken as r × identity + (1 − r) × its attention (the mean of its heads), "
+                      "rows renormalised; Abnar & Zuidema use 0.5.")
+
+rolled = rollout(v, residual=residual)
+raw = v.weights[layer].mean(axis=0)
+left, right = st.columns(2)
+with left:
+    chart(head_heatmap(raw, v.query_labels, v.key_labels, title_chars=34,
+                       title=f"Layer {layer} attention, mean of heads"), "layers-raw")
+with right:
+    chart(head_heatmap(rolled[layer], v.query_labels, v.key_labels, title_chars=34,
+                       title=f"Rollout through layer {layer}"), "layers-rollout")
+
+token = f"“{v.query_labels[query]}”"
+rows = [(f"Raw attention from {token} · layer {layer}", raw[query], "layers-raw-text"),
+        (f"Rollout to {token} through layer {layer}", rolled[layer][query], "layers-rollout-text")]
+n = len(v.query_labels)
+if n > FLOW_MAX_TOKENS:
+    st.info(f"Flow solves a max-flow problem for every pair of tokens, so it is shown for texts of at most "
+            f"{FLOW_MAX_TOKENS} tokens; this one has {n}. Rollout has no such limit.")
+else:
+    try:
+        with st.spinner(f"Computing attention flow over {n} tokens…"):
+            flowed = cached_flow(v, (att.model_name, att.backend, att.text, s.hide_special, s.merge_words,
+                                     s.causal, s.heads_off), residual)
+    except HeadLensError as err:
+        stop_with(err)
+    left, _ = st.columns(2)
+    with left:
+        chart(head_heatmap(flowed, v.query_labels, v.key_labels, title_chars=34,
+                           title="Flow from the last layer"), "layers-flow")
+    rows.append((f"Flow to {token} from the last layer", flowed[query], "layers-flow-text"))
+
+st.subheader(f"What reaches {token}")
+for what, values, key in rows:
+    chart(text_shading(v.key_labels, values, highlight=query, title=title_for(att, what)), key)
