@@ -6,7 +6,7 @@ from analysis import FLOW_MAX_TOKENS, flow, rollout
 from app_pages.ui.caches import attention, view
 from app_pages.ui.exports import chart
 from app_pages.ui.messages import stop_with
-from app_pages.ui.pickers import pick_layer, pick_query, pick_sentence, title_for
+from app_pages.ui.pickers import pick_query, pick_sentence, title_for
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound
 from models import HeadLensError
@@ -25,14 +25,15 @@ st.caption("One head's weights say where a layer looks, not which input tokens r
            "layers have mixed them. Rollout multiplies the layers' attention (each with the skip connection "
            "added), flow takes the most that can pass from an output token down to each input token "
            "(Abnar & Zuidema, 2020).")
-top = st.columns([3, 1, 2])
+top = st.columns([3, 2])
 att = attention(s, pick_sentence(s, container=top[0]))
 if att.keys is not None:
     st.info("Rollout and flow follow one stack of self-attention; pick the encoder or the decoder.")
     st.stop()
 v = view(s, att)
-layer = pick_layer(att.n_layers, container=top[1])
-query = pick_query(v, container=top[2], allow_all=False)
+query = pick_query(v, container=top[1], allow_all=False)
+layer = bound(st.slider, "layer", 0, cast=int, valid=lambda l: l in range(att.n_layers), label="Layer",
+              min_value=0, max_value=att.n_layers - 1, help="Rollout through this layer, beside its raw attention.")
 residual = bound(st.slider, "residual", 0.5, cast=float, valid=lambda r: isinstance(r, float) and 0 <= r <= 1,
                  label="Share of the skip connection", min_value=0.0, max_value=1.0, step=0.05,
                  help="Each layer is taken as r × identity + (1 − r) × its attention (the mean of its heads), "

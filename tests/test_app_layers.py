@@ -26,6 +26,10 @@ def test_rollout_flow_and_raw_attention_of_one_layer_and_token(new_app, hf_model
     at.slider(key="residual").set_value(0.0).run()  # no skip connection
     np.testing.assert_allclose(decode(heatmaps(figures(at)[1])[0]["z"]), rollout(att, residual=0.0)[3], atol=1e-6)
     assert at.query_params["residual"] == "0.0"
+    at.slider(key="layer").set_value(5).run()  # the layer slider moves rollout and raw attention together
+    raw_fig, roll_fig = figures(at)[:2]
+    np.testing.assert_allclose(decode(heatmaps(raw_fig)[0]["z"]), att.weights[5].mean(axis=0), atol=1e-6)
+    np.testing.assert_allclose(decode(heatmaps(roll_fig)[0]["z"]), rollout(att, residual=0.0)[5], atol=1e-6)
 
 
 def test_view_options_and_a_text_beyond_flows_limit(new_app, hf_model):
@@ -37,3 +41,12 @@ def test_view_options_and_a_text_beyond_flows_limit(new_app, hf_model):
     assert not at.exception and not at.error
     assert "at most 64 tokens; this one has 80" in at.info[0].value
     assert len(figures(at)) == 4  # two heatmaps and two shaded texts, no flow
+
+
+def test_the_layer_carries_over_between_the_slider_and_other_pages_pickers(app):
+    app.selectbox(key="layer").set_value(3).run()
+    app.switch_page("app_pages/layers.py").run()
+    assert app.slider(key="layer").value == 3 and not app.exception and not app.warning
+    app.slider(key="layer").set_value(4).run()
+    app.switch_page("app_pages/explore.py").run()
+    assert app.selectbox(key="layer").value == 4 and not app.exception
