@@ -35,7 +35,7 @@ def layer_matrices(att, *, residual: float = 0.5, heads: Sequence[int] | None = 
         residual: the share ``r`` of the skip connection, in [0, 1].
         heads: one head per layer to use instead of the mean of the layer's heads.
     """
-    weights = np.asarray(att.weights, dtype=np.float64)
+    weights = att.weights  # float32; only the (layers, n, n) it comes down to is made float64
     n_layers, n_heads, n_q, n_k = weights.shape
     if n_q != n_k:
         raise HeadLensError("Rollout and flow follow a token through the layers of one stack of "
@@ -43,12 +43,12 @@ def layer_matrices(att, *, residual: float = 0.5, heads: Sequence[int] | None = 
     if not 0 <= residual <= 1:
         raise HeadLensError(f"The residual share must lie between 0 and 1; it is {residual}.")
     if heads is None:
-        mixed = weights.mean(axis=1)
+        mixed = weights.mean(axis=1, dtype=np.float64)
     else:
         heads = list(heads)
         if len(heads) != n_layers or not all(0 <= h < n_heads for h in heads):
             raise HeadLensError(f"Give one head per layer, {n_layers} in all, each from 0 to {n_heads - 1}.")
-        mixed = weights[np.arange(n_layers), heads]
+        mixed = np.asarray(weights[np.arange(n_layers), heads], dtype=np.float64)
     a = residual * np.eye(n_q) + (1 - residual) * mixed
     sums = a.sum(axis=-1, keepdims=True)
     return a / np.where(sums > 0, sums, 1.0)
@@ -117,15 +117,15 @@ def agreement(model, sentences: Sequence[str], *, residual: float = 0.5) -> dict
     scores: dict[str, list[float]] = {"raw attention": [], "rollout": [], "flow": []}
     for text in sentences:
         att = model.attend(text)
-        truth = token_ablation(model, text)
-        answers = {"raw attention": raw_attention(att), "rollout": rollout(att, residual=residual)[-1]}
-        if len(att.tokens) <= FLOW_MAX_TOKENS:
-            answers["flow"] = flow(att, residual=residual)
         # Content tokens only: blanking [CLS] or [SEP] moves little, while attention parks on them
         # as a no-op (Clark et al., 2019), which would rank them first.
         content = np.flatnonzero(~np.asarray(att.special, dtype=bool))
         if len(content) < 3:
             continue
+        truth = token_ablation(model, text)
+        answers = {"raw attention": raw_attention(att), "rollout": rollout(att, residual=residual)[-1]}
+        if len(att.tokens) <= FLOW_MAX_TOKENS:
+            answers["flow"] = flow(att, residual=residual)
         for name, answer in answers.items():
             rho = [spearmanr(answer[i, content], truth[i, content]).statistic for i in content]
             scores[name].append(float(np.nanmean(rho)))

@@ -3,11 +3,10 @@ import streamlit as st
 
 from app_pages.ui.caches import attention, view
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.pickers import pick_layer, pick_sentence
+from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
 from app_pages.ui.settings import MODELS, settings
 from app_pages.ui.state import bound, choose
 from viz import head_heatmap
-from viz.figures import MAX_CELLS
 
 s = settings()
 st.title("Compare")
@@ -41,17 +40,13 @@ for row in range(0, n, 2):
             chart(fig, f"compare-{i + 1}")
             with st.expander("Downloads"):
                 exports(f"compare-{i + 1}", fig, att, v, layer, head, sig=f"{att.text}|{model}|{layer}|{head}|{s}")
-if any(max(len(p[2].query_labels), len(p[2].key_labels)) > MAX_CELLS for p in picks):
-    st.caption("Long texts are drawn in blocks of a few tokens, each showing its largest weight; "
-               "hover names a block's tokens. Click a pick below to see all its weights.")
-    full = bound(st.segmented_control, "full_pick", None, init="default", options=list(range(1, n + 1)), cast=int,
-                 valid=lambda i: i is None or 1 <= i <= n, label="Pick at full resolution",
-                 format_func=lambda i: f"Pick {i}")
-    if full is not None:
-        model, att, v, layer, head = picks[full - 1]
-        chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=760, max_cells=None,
-                           title=f"Pick {full}: {MODELS[model].split(' · ')[0]} · L{layer} H{head}, every weight"),
-              "compare-full")
+full = pick_full_resolution([p[2] for p in picks], list(range(1, n + 1)), "full_pick", "Pick at full resolution",
+                            "pick", lambda i: f"Pick {i}")
+if full is not None:
+    model, att, v, layer, head = picks[full - 1]
+    chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=760, max_cells=None,
+                       title=f"Pick {full}: {MODELS[model].split(' · ')[0]} · L{layer} H{head}, every weight"),
+          "compare-full")
 
 if n == 1:
     st.stop()

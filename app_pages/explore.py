@@ -5,11 +5,9 @@ import streamlit as st
 from analysis import head_stats, special_share
 from app_pages.ui.caches import attention, view
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.pickers import pick_head, pick_heads, pick_layer, pick_sentence, title_for
+from app_pages.ui.pickers import pick_full_resolution, pick_head, pick_heads, pick_layer, pick_sentence, title_for
 from app_pages.ui.settings import settings
-from app_pages.ui.state import bound
 from viz import head_grid, head_heatmap
-from viz.figures import MAX_CELLS
 
 s = settings()
 st.title("Explore")
@@ -23,18 +21,12 @@ heads = pick_heads(att.n_heads)
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
                 title=title_for(att, f"Layer {layer}"))
 chart(fig, "explore-grid")
-if max(len(v.query_labels), len(v.key_labels)) > MAX_CELLS:
-    # Long texts are drawn in blocks; any head's exact weights are one click away.
-    st.caption(f"{len(v.query_labels)} × {len(v.key_labels)} tokens are drawn as blocks of a few tokens each, "
-               "each showing its largest weight; hover names a block's tokens. Click a head below to see all "
-               "its weights.")
-    full = bound(st.segmented_control, "full", None, init="default", options=heads, cast=int,
-                 valid=lambda h: h is None or h in heads, label="Head at full resolution", format_func=lambda h: f"H{h}")
-    if full is not None:
-        exact = head_heatmap(v.head(layer, full), v.query_labels, v.key_labels, max_cells=None, height=760,
-                             zmax=float(v.weights[layer][heads].max()) if s.shared_scale else None,
-                             title=title_for(att, f"Layer {layer}, head {full}, every weight"))
-        chart(exact, "explore-full")
+full = pick_full_resolution([v], heads, "full", "Head at full resolution", "head", lambda h: f"H{h}")
+if full is not None:
+    exact = head_heatmap(v.head(layer, full), v.query_labels, v.key_labels, max_cells=None, height=760,
+                         zmax=float(v.weights[layer][heads].max()) if s.shared_scale else None,
+                         title=title_for(att, f"Layer {layer}, head {full}, every weight"))
+    chart(exact, "explore-full")
 
 stats = head_stats(v, special_share(att), layers=slice(layer, layer + 1))
 table = pd.DataFrame({

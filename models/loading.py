@@ -201,6 +201,7 @@ class AttentionModel:
     """A loaded model that turns text into ``Attention``. Shared between users: never mutated by a call."""
 
     backend = ""
+    encoder_decoder = False  # an encoder-decoder's attend returns three parts
 
     def __init__(self, tokenizer, name: str, device: torch.device, n_layers: int, n_heads: int,
                  max_positions: int | None, causal: bool = False, parts: int = 1):
@@ -358,8 +359,6 @@ class AttentionModel:
         with torch.inference_mode():
             hidden = self._last_hidden(batch).to("cpu", torch.float32).numpy()
         return hidden[0], hidden[1:]
-
-    encoder_decoder = False
 
     def _last_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError

@@ -24,6 +24,7 @@ MAX_CELLS = 128  # most cells along a heatmap axis; longer axes are max-pooled i
 TICK_PX = 6.5  # width of one character of a 10 px tick label, for margins fixed in advance
 TITLE_SIZE = 14
 LINE_CHARS = 20  # token labels beside the head view's lines are cut beyond this
+LINES_PER_QUERY = 24  # the head view draws at most this many lines a query and head, the strongest
 TITLE_CHARS = 64  # titles wrap beyond this (about 480 px at 14 px; a chart is 564 px in a 1024 px window)
 
 
@@ -47,10 +48,6 @@ def safe(text: str) -> str:
     return html.escape(visible(text), quote=False)
 
 
-def categories(labels: list[str]) -> list[str]:
-    return [f"{i}: {safe(label)}" for i, label in enumerate(labels)]
-
-
 def _tick(label: str, chars: int = TICK_CHARS) -> str:
     return safe(label if len(label) <= chars else label[: chars - 1] + "…")
 
@@ -64,9 +61,9 @@ def wrapped_title(text: str, chars: int = TITLE_CHARS) -> dict:
     return dict(text="<br>".join(html.escape(line, quote=False) for line in lines), font=dict(size=TITLE_SIZE))
 
 
-def _top(fig: go.Figure, room: int = 30) -> int:
-    """The top margin: the title's lines and ``room`` below them."""
-    return 22 * (fig.layout.title.text or "").count("<br>") + 30 + room
+def _top(title: dict, room: int = 30) -> int:
+    """The top margin for a ``wrapped_title``: its lines and ``room`` below them."""
+    return 22 * title["text"].count("<br>") + 30 + room
 
 
 def blocks(n: int, max_cells: int | None = MAX_CELLS) -> np.ndarray:
@@ -151,7 +148,7 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
     # every subplot's ticks and laying out again costs more than drawing the heatmaps.
     left, bottom = _margins(query_labels, key_labels)
     head = wrapped_title(title)
-    top = _top(go.Figure(layout=dict(title=head)), room=40)
+    top = _top(head, room=40)
     height = rows * cell_px + top + bottom
     specs = [[{} if r * cols + c < len(heads) else None for c in range(cols)] for r in range(rows)]
     fig = make_subplots(rows=rows, cols=cols, specs=specs, subplot_titles=[f"Head {h}" for h in heads],
@@ -184,8 +181,7 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
 
 def head_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[str], *, title: str = "",
                  zmax: float | None = None, diverging: bool = False, height: int = 460,
-                 max_cells: int | None = MAX_CELLS, title_chars: int = TITLE_CHARS,
-                 showscale: bool = True) -> go.Figure:
+                 max_cells: int | None = MAX_CELLS, title_chars: int = TITLE_CHARS) -> go.Figure:
     """A single ``(n_queries, n_keys)`` heatmap with its colour bar; diverging centres 0 (differences).
 
     Axes longer than ``max_cells`` are max-pooled in blocks (for a difference, the value largest
@@ -203,13 +199,13 @@ def head_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[
     else:
         trace = _heatmap(w, q_cats, k_cats, "weight", zmax if zmax is not None else float(weights.max()) or 1.0,
                          pooled=pooled)
-    trace.update(showscale=showscale, colorbar=dict(thickness=12))
+    trace.update(showscale=True, colorbar=dict(thickness=12))
     fig = go.Figure(trace)
     left, bottom = _margins(query_labels, key_labels)
     fig.update_xaxes(**_axis(key_labels, k_starts, k_cats), tickangle=-60, automargin=False)
     fig.update_yaxes(**_axis(query_labels, q_starts, q_cats), autorange="reversed", automargin=False)
-    fig.update_layout(title=wrapped_title(title, title_chars), height=height, margin=dict(l=left, r=10, b=bottom))
-    fig.update_layout(margin_t=_top(fig, room=10))
+    head = wrapped_title(title, title_chars)
+    fig.update_layout(title=head, height=height, margin=dict(t=_top(head, room=10), l=left, r=10, b=bottom))
     return fig
 
 
@@ -284,9 +280,9 @@ def overview(weights: np.ndarray, stats: dict[str, np.ndarray], *, shared_scale:
     fig.update_yaxes(tickmode="array", tickvals=centres_y, ticktext=[f"L{l}" for l in range(layers)],
                      showgrid=False, range=[height - 0.5, -0.5], scaleanchor="x")
     # the image keeps its aspect ratio; size the figure to it for a page about 1100 px wide
-    fig.update_layout(title=wrapped_title(title), height=min(1000, int(1100 * height / width) + 130),
-                      margin=dict(l=40, r=10, b=10))
-    fig.update_layout(margin_t=_top(fig, room=40))
+    head = wrapped_title(title)
+    fig.update_layout(title=head, height=min(1000, int(1100 * height / width) + 130),
+                      margin=dict(t=_top(head, room=40), l=40, r=10, b=10))
     return fig
 
 
@@ -297,7 +293,7 @@ def token_lines(weights: np.ndarray, query_labels: list[str], key_labels: list[s
 
     Opacity follows the weight (in ``levels`` steps), colour the head. ``query=None`` draws every
     query's lines. Lines below ``floor`` times a head's largest weight are left out, and a query
-    keeps its 24 strongest lines a head (fewer when many queries and heads share ``max_lines``):
+    keeps its ``LINES_PER_QUERY`` strongest lines a head (fewer when many queries and heads share ``max_lines``):
     drawing every line of one query over 512 keys took the browser half a second.
 
     Args:
@@ -307,7 +303,7 @@ def token_lines(weights: np.ndarray, query_labels: list[str], key_labels: list[s
     n_q, n_k = len(query_labels), len(key_labels)
     fig = go.Figure()
     rows = range(n_q) if query is None else [query]
-    per_row = max(1, min(24, max_lines // (len(rows) * max(1, len(heads)))))
+    per_row = max(1, min(LINES_PER_QUERY, max_lines // (len(rows) * max(1, len(heads)))))
     row_index = np.asarray(rows)
     for h in heads:
         w = weights[h][row_index]  # (rows, keys)
@@ -338,10 +334,10 @@ def token_lines(weights: np.ndarray, query_labels: list[str], key_labels: list[s
         + "<extra>key</extra>"))
     fig.update_xaxes(visible=False, range=[-0.9, 1.9])
     fig.update_yaxes(visible=False, range=[-max(n_q, n_k) + 0.5, 0.5])
-    fig.update_layout(title=wrapped_title(title), height=max(360, 22 * max(n_q, n_k) + 170),
-                      margin=dict(l=10, r=10, b=70), legend=dict(orientation="h", y=-0.02, yanchor="top"),
+    head = wrapped_title(title)
+    fig.update_layout(title=head, height=max(360, 22 * max(n_q, n_k) + 170),
+                      margin=dict(t=_top(head), l=10, r=10, b=70), legend=dict(orientation="h", y=-0.02, yanchor="top"),
                       plot_bgcolor="white")
-    fig.update_layout(margin_t=_top(fig))
     return fig
 
 
@@ -378,9 +374,9 @@ def text_shading(labels: list[str], values: np.ndarray, *, title: str = "", high
                                      colorbar=dict(title="weight", thickness=12)))
     fig.update_xaxes(visible=False, range=[0, line_chars])
     fig.update_yaxes(visible=False, range=[len(lines) - 0.5, -0.5])
-    fig.update_layout(title=wrapped_title(title), height=52 * len(lines) + 110, margin=dict(l=10, r=10, b=10),
+    head = wrapped_title(title)
+    fig.update_layout(title=head, height=52 * len(lines) + 110, margin=dict(t=_top(head), l=10, r=10, b=10),
                       plot_bgcolor="white")
-    fig.update_layout(margin_t=_top(fig))
     return fig
 
 

@@ -8,6 +8,8 @@ from models import Attention
 
 from .messages import short
 from .settings import Settings
+from viz.figures import MAX_CELLS
+
 from .state import bound, choose
 
 
@@ -41,6 +43,17 @@ def pick_query(v: View, key: str = "query", container=st, allow_all: bool = True
     q = choose("Query token", options, key, default=words[0] if words else options[0], container=container,
                format_func=lambda i: "all tokens" if i == -1 else f"{i}: {v.query_labels[i]}")
     return None if q == -1 else q
+
+
+def pick_full_resolution(views: list[View], options: list, key: str, label: str, what: str, format_func):
+    """Where a view is longer than its heatmaps draw (``MAX_CELLS``), say so and offer one of
+    ``options`` at full resolution; the choice, or None."""
+    if all(max(len(v.query_labels), len(v.key_labels)) <= MAX_CELLS for v in views):
+        return None
+    st.caption(f"Long texts are drawn in blocks of a few tokens, each showing its largest weight; hover names "
+               f"a block's tokens. Click a {what} below to see all its weights.")
+    return bound(st.segmented_control, key, None, init="default", options=options, cast=int,
+                 valid=lambda o: o is None or o in options, label=label, format_func=format_func)
 
 
 def title_for(att: Attention, what: str) -> str:
