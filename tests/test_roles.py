@@ -35,7 +35,7 @@ def word_tokens(doc):
 
 
 PATTERNS = ["previous token", "[CLS]", "[SEP] / no-op", "broad", "object focus", "syntax", "next token",
-            "punctuation / sentence type"]
+            "sentence type focus", "relation focus"]
 
 
 def synthetic(doc) -> Attention:
@@ -51,10 +51,12 @@ def synthetic(doc) -> Attention:
         w[0, 2, q, n - 1] = 1
         w[0, 3, q, :] = 1 / n
         w[0, 4, q, nouns] = 1 / len(nouns)
+        dets = [c.i for c in doc[q - 1].children if c.dep_ == "det"] if 0 < q < n - 1 else []
+        w[0, 5, q, dets[0] + 1 if dets else n - 1] = 1  # a noun looks at its determiner, the rest at [SEP]
         if 0 < q < n - 1 and doc[q - 1].head.i != q - 1:
-            w[0, 5, q, doc[q - 1].head.i + 1] = 1  # each word looks at its syntactic head
+            w[0, 8, q, doc[q - 1].head.i + 1] = 1  # each word looks at its syntactic head, most often a verb
         else:
-            w[0, 5, q, n - 1] = 1
+            w[0, 8, q, n - 1] = 1
         w[0, 6, q, min(q + 1, n - 1)] = 1
         w[0, 7, q, last] = 1
     return Attention(tokens=tokens, weights=w, word_ids=[None] + list(range(len(doc))) + [None], special=special,
@@ -67,17 +69,19 @@ def test_known_patterns_get_their_labels(nlp):
     df = profile_heads(None, SENTENCES, attentions=[synthetic(d) for d in docs], nlp=nlp)
     labels = df.label.tolist()
     assert labels[:5] == PATTERNS[:5] and labels[6:] == PATTERNS[6:]
-    assert labels[5].startswith("syntax: ")
+    assert labels[5] == "syntax: det" and df.sep[5] > 0.6  # syntax before special tokens
+    # a head that follows every dependency lands on verbs: a relation focus first, its syntax in the columns
+    assert df.dep_acc[8] == pytest.approx(1.0) and df.relation_lift_lo[8] > 1.5
     assert df.prev_token[0] == pytest.approx(1.0) and df.cls[1] == pytest.approx(1.0)
     assert df.sep[2] == pytest.approx(1.0) and df.entropy_norm[3] == pytest.approx(1.0)
-    assert df.noun[4] == pytest.approx(1.0) and df.relation_acc[5] == pytest.approx(1.0)
-    assert df.sentence_type[7] == pytest.approx(1.0)
+    assert df.noun[4] == pytest.approx(1.0) and df.dep_acc[5] > 0.9  # "What a …" has two determiners
+    assert df.final_mark[7] == pytest.approx(1.0)
 
 
 def test_uniform_attention_is_no_syntax(nlp):
     docs = list(nlp.pipe(SENTENCES))
     df = profile_heads(None, SENTENCES, attentions=[synthetic(d) for d in docs], nlp=nlp)
-    assert df.relation_acc[3] == 0.0  # ties name no word, so a uniform head tracks no relation
+    assert df.dep_acc[3] == 0.0  # ties name no word, so a uniform head tracks no relation
 
 
 def test_dependency_accuracy_on_a_hand_checked_parse(nlp):
@@ -127,7 +131,8 @@ def test_subword_pieces_align_to_spacy_words(hf_model, nlp):
 def test_real_model_profile(hf_model, nlp):
     df = profile_heads(hf_model, SENTENCES, nlp=nlp)
     assert len(df) == 72 and set(df.columns) >= {"layer", "head", "prev_token", "next_token", "self", "cls", "sep",
-                                                  "punct", "entropy", "relation", "relation_acc", "label"}
+                                                  "punct", "entropy", "dep_relation", "dep_acc", "label",
+                                                  "object_lift_lo", "secondary"}
     row = df[(df["layer"] == 0) & (df["head"] == 2)].iloc[0]
     assert row.prev_token > 0.9 and row.label == "previous token"
     sums = df[["prev_token", "next_token", "self"]].sum(axis=1)
@@ -137,7 +142,7 @@ def test_real_model_profile(hf_model, nlp):
 def test_head_similarity(nlp):
     docs = list(nlp.pipe(SENTENCES[:4]))
     S = head_similarity([synthetic(d) for d in docs])
-    assert S.shape == (8, 8) and np.allclose(np.diag(S), 0) and np.allclose(S, S.T)
+    assert S.shape == (9, 9) and np.allclose(np.diag(S), 0) and np.allclose(S, S.T)
     assert S[0, 6] == pytest.approx(np.log(2), abs=1e-6)  # disjoint one-hot patterns: JS is ln 2
 
 
