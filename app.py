@@ -8,6 +8,7 @@ st.set_page_config(page_title="HeadLens", page_icon=":material/visibility:", lay
 EXPLORE = "app_pages/explore.py"
 PAGES = [
     st.Page(EXPLORE, title="Explore", icon=":material/grid_view:", url_path="home", default=True),
+    st.Page("app_pages/foci.py", title="Foci", icon=":material/center_focus_strong:", url_path="foci"),
     st.Page("app_pages/compare.py", title="Compare", icon=":material/compare:", url_path="compare"),
     st.Page("app_pages/overview.py", title="Overview", icon=":material/apps:", url_path="overview"),
     st.Page("app_pages/tokens.py", title="Tokens", icon=":material/share:", url_path="tokens"),

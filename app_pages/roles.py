@@ -3,65 +3,48 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis import THRESHOLDS, label_measure, make_view
+from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view
 from app_pages.ui.caches import attention
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.messages import plain, sentences_of, stop_with
-from app_pages.ui.profiles import CORPUS, profile
+from app_pages.ui.messages import plain
+from app_pages.ui.profiles import CONTENT_ATTENTION, profile, profile_sentences
 from app_pages.ui.settings import DEFAULT_TEXT, settings
-from app_pages.ui.state import bound, choose
+from app_pages.ui.state import choose
 from viz import head_heatmap, role_grid, text_shading
 
-UPLOAD_LIMIT = 1_000_000  # bytes
 SEED = DEFAULT_TEXT  # the coffee-or-tea sentence, first of the examples
-SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",
-           "upload": "An uploaded .txt"}
-
-
-def uploaded_sentences() -> list[str]:
-    file = st.file_uploader("A .txt file, one sentence per line", type=["txt"], max_upload_size=1)
-    if file is None:
-        st.info("Upload a text file to profile its sentences.")
-        st.stop()
-    data = file.getvalue()
-    if len(data) > UPLOAD_LIMIT:
-        stop_with(ValueError(f"That file has {len(data):,} bytes; the limit is {UPLOAD_LIMIT:,}."))
-    if b"\x00" in data:
-        stop_with(ValueError("That file is binary, not text; upload a .txt with one sentence per line."))
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        stop_with(ValueError("That file is not UTF-8 text; save it as UTF-8 and upload it again."))
-    lines = sentences_of(text)
-    if not lines:
-        stop_with(ValueError("That file has no sentences in it."))
-    return lines[:2000]
 
 
 s = settings()
 st.title("Head roles")
-source = bound(st.segmented_control, "corpus", "corpus", init="default", options=list(SOURCES), cast=str,
-                 label="Sentences to profile", format_func=SOURCES.get, required=True)
-sentences = CORPUS if source == "corpus" else s.sentences if source == "sidebar" else uploaded_sentences()
+frame, per_sentence, attentions = profile(s, profile_sentences(s))
 
-frame, per_sentence, attentions = profile(s, sentences)
+scores = ["prev_token", "next_token", "self", "cls", "sep", "punct", "final_mark", "entropy_norm",
+          *(c for f in FOCI for c in (f"{f}_lift", f"{f}_lift_lo", f"{f}_lift_hi")), "dep_acc"]
 
-scores = ["prev_token", "next_token", "self", "cls", "sep", "punct", "sentence_type", "entropy_norm", "noun", "verb",
-          "modifier", "relation_acc"]
-hover = [f"<b>{r.label}</b><br>" + "<br>".join(
-    f"{k}: {r[k]:.2f}" for k in ("prev_token", "next_token", "cls", "sep", "punct", "entropy_norm", "noun", "verb"))
-    + (f"<br>{r.relation}: {r.relation_acc:.2f} (offset baseline {r.relation_base:.2f})" if r.relation else "")
-    for _, r in frame.iterrows()]
-grid = role_grid(frame["layer"].to_numpy(), frame["head"].to_numpy(), frame["label"].tolist(), hover,
-                 title=f"Roles over {len(attentions)} sentences")
+
+def tip(r) -> str:
+    foci = "<br>".join(f"{FOCUS_NAMES[f]}: lift {r[f'{f}_lift']:.2f} ({r[f'{f}_lift_lo']:.2f}–{r[f'{f}_lift_hi']:.2f})"
+                       for f in FOCI if r[f"{f}_n"] > 0)
+    raw = "<br>".join(f"{k}: {r[k]:.2f}" for k in ("prev_token", "next_token", "cls", "sep", "punct", "entropy_norm"))
+    syntax = f"<br>{r.dep_relation}: {r.dep_acc:.2f} (offset baseline {r.dep_base:.2f})" if r.dep_relation else ""
+    also = f"<br>also: {r.secondary}" if r.secondary else ""
+    return f"<b>{r.label}</b>{also}<br>{foci}<br>{raw}{syntax}"
+
+
+grid = role_grid(frame["layer"].to_numpy(), frame["head"].to_numpy(), frame["label"].tolist(),
+                 [tip(r) for _, r in frame.iterrows()], title=f"Roles over {len(attentions)} sentences")
 chart(grid, "roles-grid")
-st.caption(f"Labels: positional above {THRESHOLDS['positional']}, special tokens and punctuation above "
-           f"{THRESHOLDS['special']}, a word class with half the mass and twice its uniform share, syntax at "
-           f"{THRESHOLDS['syntax_acc']} accuracy and {THRESHOLDS['syntax_margin']} over the fixed-offset baseline, "
-           f"broad above {THRESHOLDS['broad']} of the largest possible entropy; else mixed.")
+counts = ", ".join(f"{FOCUS_NAMES[f]} {int(frame[f'{f}_n'].iloc[0])}" for f in FOCI)
+st.caption(f"Labels: positional above {THRESHOLDS['positional']}; a focus when the lower end of its lift's 95% "
+           f"interval is {THRESHOLDS['focus_lift_lo']} or more, over at least {THRESHOLDS['focus_sentences']} "
+           f"sentences with such a word (sentences with one: {counts}); syntax at {THRESHOLDS['syntax_acc']} "
+           f"accuracy and {THRESHOLDS['syntax_margin']} over the fixed-offset baseline; special tokens and "
+           f"punctuation above {THRESHOLDS['special']}; broad above {THRESHOLDS['broad']} of the largest possible "
+           f"entropy; else mixed. {CONTENT_ATTENTION} Foci are measured on it; the other columns on raw attention.")
 
 st.subheader("Every head")
-table = frame[["layer", "head", "label", *scores, "relation", "relation_base"]]
+table = frame[["layer", "head", "label", "secondary", *scores, "dep_relation", "dep_base"]]
 st.dataframe(table.style.format(precision=2), hide_index=True, key="roles-table")
 st.download_button("Profile · CSV", lambda: table.to_csv(index=False), "headlens-roles.csv", "text/csv",
                    key="roles-csv", on_click="ignore")
@@ -73,7 +56,8 @@ role = choose("Role", list(counts.index), "role", cast=str, format_func=lambda r
 measure, higher = label_measure(role)
 members = frame[frame["label"] == role].sort_values(measure, ascending=not higher)
 st.caption(f"Ranked by {measure} ({'highest' if higher else 'lowest'} first).")
-st.dataframe(members[["layer", "head", measure, "relation", "relation_acc", "relation_base"]].style.format(precision=2),
+extra = [f"{measure}_lo", f"{measure}_hi"] if measure.endswith("_lift") else []
+st.dataframe(members[["layer", "head", measure, *extra, "secondary", "dep_relation", "dep_acc"]].style.format(precision=2),
              hide_index=True, key="roles-members")
 picks = [f"{r.layer}.{r.head}" for r in members.itertuples()]
 pick = choose("Head", picks, "role_head", cast=str, format_func=lambda p: f"layer {p.replace('.', ', head ')}")

@@ -17,13 +17,17 @@ def test_grid_and_table_are_the_profile(new_app, corpus_profile):
     assert len(CORPUS) >= 300
     grid = figures(at)[0]
     cells = np.array(grid["data"][0]["text"]).ravel()
-    assert cells.tolist() == [r.replace(" / ", "/") for r in corpus_profile["label"]]
+    # each cell names its head's role, "focus" left out, on two lines
+    assert [c.replace("<br>", " ") for c in cells] == [r.removesuffix(" focus") for r in corpus_profile["label"]]
+    assert "object focus" in corpus_profile["label"].tolist()
     table = at.dataframe[0].value
     assert table["label"].tolist() == corpus_profile["label"].tolist()
     np.testing.assert_allclose(table["prev_token"], corpus_profile["prev_token"], atol=1e-9)
-    np.testing.assert_allclose(table["relation_acc"], corpus_profile["relation_acc"], atol=1e-9)
+    np.testing.assert_allclose(table["dep_acc"], corpus_profile["dep_acc"], atol=1e-9)
+    np.testing.assert_allclose(table["object_lift_lo"], corpus_profile["object_lift_lo"], atol=1e-9)
+    assert table["secondary"].tolist() == corpus_profile["secondary"].tolist()
     profile_csv = downloads(at)["Profile · CSV"].decode().splitlines()
-    assert profile_csv[0].startswith("layer,head,label,prev_token") and len(profile_csv) == 73
+    assert profile_csv[0].startswith("layer,head,label,secondary,prev_token") and len(profile_csv) == 73
     assert set(downloads(at)) >= {"Figure · HTML", "Profile · CSV"} and "Attention · NPZ" not in downloads(at)
     # the role picker lists every label with its count, the most common first
     counts = corpus_profile["label"].value_counts()
@@ -93,3 +97,24 @@ def test_similar_heads_are_ranked_by_divergence(new_app, hf_model):
     want = [i for i in np.argsort(row) if i != layer_head][:6]
     assert (table["layer"] * 12 + table["head"]).tolist() == want
     np.testing.assert_allclose(table["Jensen-Shannon divergence (nats)"], row[want], atol=1e-9)
+
+
+def test_a_focus_role_ranks_heads_and_sentences_by_lift(new_app, corpus_profile, hf_model):
+    from analysis import focus_tokens
+
+    at = new_app({"role": "object focus"}, page="app_pages/roles.py")
+    heads = corpus_profile[corpus_profile["label"] == "object focus"].sort_values("object_lift", ascending=False)
+    layer, head = int(heads.iloc[0]["layer"]), int(heads.iloc[0]["head"])
+    assert at.selectbox(key="role_head").options[0] == f"layer {layer}, head {head}"
+    members = at.dataframe[1].value
+    assert members.columns[2:5].tolist() == ["object_lift", "object_lift_lo", "object_lift_hi"]
+    np.testing.assert_allclose(members["object_lift"], heads["object_lift"], atol=1e-9)
+    # the strongest sentence: its own lift, by hand: content attention on its object tokens over their share
+    sentence = shown(at.tabs[0].caption[0].value)
+    att = hf_model.attend(sentence)
+    keep = ~att.special
+    w = att.weights[layer, head][keep][:, keep].astype(np.float64)
+    w /= w.sum(1, keepdims=True)
+    objects = focus_tokens(att)["object"][keep]
+    lift = w[:, objects].sum(1).mean() / objects.mean()
+    assert at.tabs[0].label == f"object_lift {lift:.2f}"

@@ -6,7 +6,8 @@ import pytest
 
 from tests.browser import PLOT, commit_text, every_kth, plot_title, shot, wait_title, x_ticks
 
-PAGES = [("Explore", "", "Layer 0 · Which do you like better"), ("Compare", "compare", "1: all-MiniLM-L6-v2 · L0 H0"),
+PAGES = [("Explore", "", "Layer 0 · Which do you like better"), ("Foci", "foci", "Sentence type · layer 3, head 11"),
+         ("Compare", "compare", "1: all-MiniLM-L6-v2 · L0 H0"),
          ("Overview", "overview", "All 6 layers × 12 heads · Which"), ("Tokens", "tokens", "Layer 0 · Which"),
          ("Text", "text", "Attention from “which” · layer 0, head 0"),
          ("Head roles", "roles", "Roles over 335 sentences")]
@@ -108,3 +109,26 @@ def test_server_side_png_and_svg(page):
     with page.expect_download() as info:
         page.get_by_role("button", name="Download PNG").click()
     assert open(info.value.path(), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_foci_shades_coffee_and_tea_darkest_under_object(page, server):
+    """Read off the screen: the colour of each cell of the seed sentence in the "Object" chart."""
+    from PIL import Image
+
+    page.goto(server + "/foci")
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4", timeout=120_000)
+    plot = page.locator(".js-plotly-plot").nth(1)
+    plot.scroll_into_view_if_needed()
+    assert page.evaluate("el => el.querySelector('.gtitle').textContent", plot.element_handle()).startswith("Object")
+    box = plot.bounding_box()
+    cells = page.evaluate(
+        "el => Array.from(el.querySelectorAll('.heatmaplayer text')).map(t => { const r = t.getBoundingClientRect();"
+        " return [t.textContent, (r.left + r.right) / 2, r.top]; })", plot.element_handle())
+    assert [c[0] for c in cells] == ["which", "do", "you", "like", "better", ",", "coffee", "or", "tea", "?"]
+    image = Image.open(io.BytesIO(plot.screenshot())).convert("L")  # grey level: 0 black, 255 white
+    # a point of the cell's own colour: above its label, inside the cell
+    grey = {text: image.getpixel((int(x - box["x"]), int(top - box["y"]) - 5)) for text, x, top in cells}
+    darkest = sorted(grey, key=grey.get)[:2]
+    assert set(darkest) == {"coffee", "tea"}, grey
+    assert max(grey["coffee"], grey["tea"]) < min(v for k, v in grey.items() if k not in darkest) - 30
+    shot(page, "foci")

@@ -12,7 +12,7 @@ LONG = (f"The {LONG_WORD} samples were sealed in glass before the long winter, a
         "northern laboratory wrote down the weight, colour, smell and temperature of each jar twice a day "
         "while the river froze over.")
 TEXTS = {"3 tokens": ("Hi", {}), "80 tokens, a 30-character word": (LONG, {"merge_words": "true"})}
-VIEWS = [("", {}), ("explore", {}), ("overview", {}), ("tokens", {}), ("text", {}), ("roles", {}), ("layers", {})] + [
+VIEWS = [("", {}), ("explore", {}), ("overview", {}), ("tokens", {}), ("text", {}), ("roles", {}), ("layers", {}), ("foci", {})] + [
     ("compare", {"picks": str(n)}) for n in (1, 2, 3, 4)]
 
 # Labels: tick labels of every axis (subplots too), token labels of the head view and of the shaded

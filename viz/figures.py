@@ -11,6 +11,7 @@ import html
 import io
 import math
 import textwrap
+from collections.abc import Collection
 
 import numpy as np
 import plotly.colors as pc
@@ -341,9 +342,10 @@ def token_lines(weights: np.ndarray, query_labels: list[str], key_labels: list[s
     return fig
 
 
-def text_shading(labels: list[str], values: np.ndarray, *, title: str = "", highlight: int | None = None,
-                 line_chars: int = 56) -> go.Figure:
-    """The text as a paragraph of cells, each token shaded by its value.
+def text_shading(labels: list[str], values: np.ndarray, *, title: str = "",
+                 highlight: int | Collection[int] | None = None, line_chars: int = 56) -> go.Figure:
+    """The text as a paragraph of cells, each token shaded by its value; ``highlight`` (a token or
+    several) is written in bold.
 
     Each line is a one-row heatmap whose cells are as wide as their tokens (in characters, with
     room around them; tokens beyond 20 characters are cut, hover shows them whole), so a long
@@ -360,10 +362,10 @@ def text_shading(labels: list[str], values: np.ndarray, *, title: str = "", high
         width += w
     if current:
         lines.append(current)
+    bold = set() if highlight is None else {highlight} if isinstance(highlight, (int, np.integer)) else set(highlight)
     fig = go.Figure()
     for r, line in enumerate(lines):
-        text = [_tick(labels[i], LINE_CHARS) if i != highlight else f"<b>{_tick(labels[i], LINE_CHARS)}</b>"
-                for i in line]
+        text = [f"<b>{_tick(labels[i], LINE_CHARS)}</b>" if i in bold else _tick(labels[i], LINE_CHARS) for i in line]
         fig.add_trace(go.Heatmap(
             z=np.asarray([[values[i] for i in line]], dtype=np.float32), x=np.cumsum([0] + [widths[i] for i in line]),
             y=[r - 0.5, r + 0.5], text=[text], customdata=[[safe(labels[i]) for i in line]], texttemplate="%{text}",
@@ -382,9 +384,14 @@ def text_shading(labels: list[str], values: np.ndarray, *, title: str = "", high
 
 ROLE_COLORS = {
     "previous token": "#1f77b4", "next token": "#17becf", "self": "#aec7e8", "[SEP] / no-op": "#c7c7c7",
-    "[CLS]": "#7f7f7f", "punctuation / sentence type": "#d62728", "object focus": "#2ca02c",
-    "relation focus": "#ff7f0e", "modifier / sentiment focus": "#9467bd", "broad": "#f7dc6f", "mixed": "#ffffff",
+    "[CLS]": "#7f7f7f", "punctuation": "#e377c2", "sentence type focus": "#d62728", "object focus": "#2ca02c",
+    "relation focus": "#ff7f0e", "sentiment focus": "#9467bd", "broad": "#f7dc6f", "mixed": "#ffffff",
 }
+
+
+def cell_text(role: str) -> str:
+    """A role as a grid cell shows it: without "focus", on two lines from its first space."""
+    return safe(role.removesuffix(" focus")).replace(" ", "<br>", 1)
 SYNTAX_COLOR = "#8c564b"
 
 
@@ -399,7 +406,7 @@ def role_grid(layers: np.ndarray, heads: np.ndarray, labels: list[str], hover: l
     text = [["" for _ in range(n_heads)] for _ in range(n_layers)]
     tips = [["" for _ in range(n_heads)] for _ in range(n_layers)]
     for l, h, r, tip in zip(layers, heads, labels, hover):
-        z[l, h], text[l][h], tips[l][h] = index[r], safe(r.replace(" / ", "/")), tip
+        z[l, h], text[l][h], tips[l][h] = index[r], cell_text(r), tip
     k = len(names)
     scale = [[(i + edge) / k, c] for i, c in enumerate(colors) for edge in (0, 1)]
     fig = go.Figure(go.Heatmap(

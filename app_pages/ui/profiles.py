@@ -12,9 +12,44 @@ from models import AttentionModel, HeadLensError
 from .caches import SharedCache, head_mask, model_for
 from .messages import sentences_of, stop_with
 from .settings import ASSETS, Settings
+from .state import bound
 
 CORPUS = sentences_of((ASSETS / "corpus.txt").read_text(encoding="utf-8"))
 PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
+CONTENT_ATTENTION = ("Content attention is a head's attention with the special tokens ([CLS], [SEP]) dropped and "
+                     "each row rescaled to 1: attention to them works as a no-op (Clark et al. 2019) and hides what "
+                     "the head does with the words.")
+UPLOAD_LIMIT = 1_000_000  # bytes
+UPLOAD_SENTENCES = 2000
+SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",
+           "upload": "An uploaded .txt"}
+
+
+def profile_sentences(s: Settings) -> list[str]:
+    """The sentences to profile, as the user picks them: the built-in corpus, the sidebar's, or an upload."""
+    source = bound(st.segmented_control, "corpus", "corpus", init="default", options=list(SOURCES), cast=str,
+                   label="Sentences to profile", format_func=SOURCES.get, required=True)
+    return CORPUS if source == "corpus" else s.sentences if source == "sidebar" else uploaded_sentences()
+
+
+def uploaded_sentences() -> list[str]:
+    file = st.file_uploader("A .txt file, one sentence per line", type=["txt"], max_upload_size=1)
+    if file is None:
+        st.info("Upload a text file to profile its sentences.")
+        st.stop()
+    data = file.getvalue()
+    if len(data) > UPLOAD_LIMIT:
+        stop_with(ValueError(f"That file has {len(data):,} bytes; the limit is {UPLOAD_LIMIT:,}."))
+    if b"\x00" in data:
+        stop_with(ValueError("That file is binary, not text; upload a .txt with one sentence per line."))
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        stop_with(ValueError("That file is not UTF-8 text; save it as UTF-8 and upload it again."))
+    lines = sentences_of(text)
+    if not lines:
+        stop_with(ValueError("That file has no sentences in it."))
+    return lines[:UPLOAD_SENTENCES]
 
 
 @st.cache_resource

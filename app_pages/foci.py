@@ -1,0 +1,76 @@
+"""Foci: the sentence written once per focus (sentence type, objects, relation, sentiment), each time
+shaded by the head that focuses on it most."""
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from analysis import FOCI, FOCUS_NAMES, focus_tokens, make_view, received
+from app_pages.ui.caches import attention
+from app_pages.ui.exports import chart
+from app_pages.ui.pickers import pick_sentence
+from app_pages.ui.profiles import CONTENT_ATTENTION, profile, profile_sentences
+from app_pages.ui.settings import settings
+from app_pages.ui.state import choose
+from viz import text_shading
+
+LINE_CHARS = 46  # characters a line of shaded text holds in the right-hand column at a 1024 px window
+
+s = settings()
+st.title("Foci")
+st.caption(f"{CONTENT_ATTENTION} Each focus names the head whose content attention lifts that class of words "
+           "most above what uniform attention would give, measured over the profiled sentences; its 95% interval "
+           "is a bootstrap over them.")
+sentence = pick_sentence(s)
+frame, _, attentions = profile(s, profile_sentences(s))
+counts = {f: int(frame[f"{f}_n"].iloc[0]) for f in FOCI}
+st.caption(f"Foci found over {len(attentions)} sentences. Sentences with a word of each class: "
+           + ", ".join(f"{FOCUS_NAMES[f]} {counts[f]}" for f in FOCI) + "; the others are left out of that class.")
+
+att = attention(s, sentence)
+if att.special.all():
+    st.info("This text has no token besides the model's special tokens, so it has no content attention to show. "
+            "Pick or type a sentence with words in it.")
+    st.stop()
+members = focus_tokens(att)
+v = make_view(att, hide_special=True, merge_words=s.merge_words)
+n_heads = int(frame["head"].max()) + 1
+rows = {}
+
+for f in FOCI:
+    name = FOCUS_NAMES[f]
+    st.subheader(name.capitalize(), divider="gray")
+    if counts[f] == 0:
+        st.info(f"None of the profiled sentences has a {name} word, so no head is measured on it. "
+                "Profile more sentences, or the built-in corpus.")
+        continue
+    ranked = frame.sort_values([f"{f}_lift_lo", f"{f}_lift"], ascending=False)
+    options = [f"{r.layer}.{r.head}" for r in ranked.itertuples()]
+    left, right = st.columns([2, 5])
+    pick = choose("Head", options, f"focus_{f}", cast=str, container=left,
+                  format_func=lambda p: f"layer {p.replace('.', ', head ')}"
+                  + (" (strongest)" if p == options[0] else ""))
+    layer, head = map(int, pick.split("."))
+    r = frame.iloc[layer * n_heads + head]
+    verdict = (f"labelled {r.label}" if r.label == f"{name} focus"
+               else f"also clears the bar (labelled {r.label})" if name in r.secondary.split(", ")
+               else f"below the bar; labelled {r.label}")
+    left.markdown(f"Lift **{r[f'{f}_lift']:.2f}**, 95% interval {r[f'{f}_lift_lo']:.2f} to "
+                  f"{r[f'{f}_lift_hi']:.2f}, over {counts[f]} sentences: {verdict}.")
+    left.caption(f"Share of its content attention on {name} words {r[f]:.2f}, uniform {r[f'{f}_base']:.2f}; "
+                 f"to [CLS] {r.cls:.2f} and [SEP] {r.sep:.2f} of its raw attention.")
+    values = received(att.weights[layer, head], att.special)
+    shown = np.array([values[a:b].sum() for a, b in v.key_spans])
+    marked = [i for i, (a, b) in enumerate(v.key_spans) if members[f][a:b].any()]
+    with right:
+        chart(text_shading(v.key_labels, shown, highlight=marked, line_chars=LINE_CHARS,
+                           title=f"{name.capitalize()} · layer {layer}, head {head}"), f"foci-{f}")
+        if not marked:
+            st.caption(f"This sentence has no {name} word; the shading shows where the head looks instead.")
+        else:
+            st.caption(f"In bold: the sentence's {name} words. They get {shown[marked].sum():.2f} of this head's "
+                       f"content attention; uniform attention would give {members[f][~att.special].mean():.2f}.")
+    rows[f"{f} L{layer}H{head}"] = shown
+
+table = pd.DataFrame({"token": v.key_labels, **rows})
+st.download_button("Shading · CSV", lambda: table.to_csv(index=False), "headlens-foci.csv", "text/csv",
+                   key="foci-csv", on_click="ignore")
