@@ -165,10 +165,11 @@ def _load_model(name, backend, device, untrained, seed, allow_pickle) -> "Attent
     dev = pick_device(device)
     folder, display = resolve_model_dir(name)
     config = check_model_dir(folder, allow_pickle=allow_pickle or untrained)
-    tokenizer = load_tokenizer(folder)
     if backend == "scratch":
         enc_config = EncoderConfig.from_dict(config)
         check_parameter_count(lambda: BertEncoder(enc_config), display)
+        # the tokenizer after the checks: a refused model should cost nothing (reading it took 270 MiB on 16 cores)
+        tokenizer = load_tokenizer(folder)
         if untrained:
             encoder, display = BertEncoder.untrained(enc_config, seed), f"{display} (untrained, seed {seed})"
         else:
@@ -176,7 +177,8 @@ def _load_model(name, backend, device, untrained, seed, allow_pickle) -> "Attent
                 raise HeadLensError(f"The scratch engine reads model.safetensors, which {folder} lacks.")
             encoder = BertEncoder.from_pretrained(folder)
         return ScratchModel(encoder.to(dev), tokenizer, display, dev)
-    return TransformersModel(_load_hf_model(folder, allow_pickle).to(dev), tokenizer, display, dev)
+    model = _load_hf_model(folder, allow_pickle)
+    return TransformersModel(model.to(dev), load_tokenizer(folder), display, dev)
 
 
 def _load_hf_model(folder: Path, allow_pickle: bool):

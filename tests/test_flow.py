@@ -57,14 +57,14 @@ def test_bad_requests_get_a_sentence(hf_model):
 def test_token_ablation_is_the_change_of_each_output(hf_model, scratch_model):
     text = "The cat sat on the mat."
     truth = token_ablation(hf_model, text)
-    enc = hf_model.tokenizer(text, return_tensors="pt")
+    enc = hf_model.tokenizer(text, return_tensors="pt").to(hf_model.device)
     with torch.inference_mode():
         full = hf_model.model(**enc).last_hidden_state[0]
         for j in (0, 2, 5):  # [CLS], "cat", "mat", each replaced by [MASK]
             ids = enc["input_ids"].clone()
             ids[0, j] = hf_model.tokenizer.mask_token_id
             moved = (hf_model.model(input_ids=ids, attention_mask=enc["attention_mask"]).last_hidden_state[0] - full)
-            np.testing.assert_allclose(truth[:, j], moved.norm(dim=-1).numpy(), rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(truth[:, j], moved.norm(dim=-1).cpu().numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(token_ablation(scratch_model, text), truth, rtol=1e-3, atol=1e-3)
 
 

@@ -44,7 +44,8 @@ def test_default_model_result(hf_model, minilm_dir):
     assert res.word_ids == tok(text).word_ids()
     assert res.special.tolist() == [True] + [False] * 10 + [True]
     assert [text[s:e].lower() for s, e in res.offsets[1:-1]] == tokens[1:-1]
-    assert (res.model_name, res.backend, res.device) == ("sentence-transformers/all-MiniLM-L6-v2", "transformers", "cpu")
+    assert (res.model_name, res.backend, res.device) == ("sentence-transformers/all-MiniLM-L6-v2", "transformers",
+                                                         pick_device("auto").type)  # "auto": CUDA where there is one
     assert not res.truncated and res.n_tokens_original == 12 and not res.causal
 
 
