@@ -192,6 +192,10 @@ class LiftBootstrap:
         self.bases += counts.T @ np.array([b for _, _, b in self._pending])
         self._pending.clear()
 
+    def __getstate__(self) -> dict:
+        self._flush()  # sent as sums, whatever was buffered
+        return self.__dict__
+
     def merge(self, other: "LiftBootstrap") -> None:
         self._flush()
         other._flush()

@@ -131,13 +131,15 @@ def word_matrices(token_words: list[int | None], n_words: int) -> tuple[np.ndarr
 class _Totals:
     """Running sums over sentences, one value per (layer, head), and each sentence's own mean."""
 
-    def __init__(self, shape):
+    def __init__(self, shape, keep_sentences: bool = True):
         self.shape = shape
         self.sentence = 0
-        self.sums = defaultdict(lambda: np.zeros(shape, dtype=np.float64))
+        self.keep_sentences = keep_sentences  # per-sentence values, for ranking sentences on the page
+        zeros = functools.partial(np.zeros, shape, dtype=np.float64)  # not a lambda: partial sums are pickled
+        self.sums = defaultdict(zeros)
         self.counts = Counter()
         self.by_sentence = defaultdict(dict)  # name -> sentence index -> (L, H) mean
-        self.relations = defaultdict(lambda: np.zeros(shape, dtype=np.float64))  # (rel, direction) -> correct
+        self.relations = defaultdict(zeros)  # (rel, direction) -> correct
         self.relation_counts = Counter()
         self.offsets = defaultdict(Counter)  # (rel, direction) -> offset -> count
         self.bootstraps = {f: LiftBootstrap(shape) for f in FOCI}
@@ -145,11 +147,29 @@ class _Totals:
     def add(self, name: str, total: np.ndarray, count: int) -> None:
         self.sums[name] += total
         self.counts[name] += count
-        if count:
+        if count and self.keep_sentences:
             self.by_sentence[name][self.sentence] = total / count
 
     def mean(self, name: str) -> np.ndarray:
         return self.sums[name] / max(self.counts[name], 1)
+
+    def merge(self, other: "_Totals", offset: int) -> None:
+        """Add ``other``'s sums; its sentences are numbered after this one's ``offset`` sentences."""
+        if tuple(other.shape) != tuple(self.shape):
+            raise ValueError(f"Partial sums of {other.shape} heads cannot join {self.shape}.")
+        for name, total in other.sums.items():
+            self.sums[name] += total
+        self.counts.update(other.counts)
+        if self.keep_sentences:
+            for name, values in other.by_sentence.items():
+                self.by_sentence[name].update({offset + i: v for i, v in values.items()})
+        for key, correct in other.relations.items():
+            self.relations[key] += correct
+        self.relation_counts.update(other.relation_counts)
+        for key, offsets in other.offsets.items():
+            self.offsets[key].update(offsets)
+        for f, boot in other.bootstraps.items():
+            self.bootstraps[f].merge(boot)
 
 
 def _token_measures(att: Attention, totals: _Totals) -> None:
@@ -221,7 +241,8 @@ def _focus_measures(att: Attention, doc, totals: _Totals) -> None:
     for f, (share, base) in focus_shares(att.weights, att.special, members).items():
         totals.add(f, share, 1)
         totals.add(f"{f}_base", np.full(share.shape, base), 1)
-        totals.by_sentence[f"{f}_lift"][totals.sentence] = share / base
+        if totals.keep_sentences:
+            totals.by_sentence[f"{f}_lift"][totals.sentence] = share / base
         totals.bootstraps[f].add(key, share, base)
 
 
@@ -292,6 +313,12 @@ def strongest_head(df: pd.DataFrame, focus: str) -> int | None:
     return None if ranked.empty else int(ranked.index[0])
 
 
+PROFILE_COLUMNS = ("layer", "head", *TOKEN_MEASURES, "final_mark", *POS_GROUPS, *(f"{g}_base" for g in POS_GROUPS),
+                   "dep_relation", "dep_acc", "dep_base",
+                   *(f"{f}{suffix}" for f in FOCI for suffix in ("", "_base", "_lift", "_lift_lo", "_lift_hi", "_n")),
+                   "label", "secondary")  # a profile's columns, in order
+
+
 class HeadMeasures:
     """The measures of every head over a set of sentences: ``frame()`` per head, ``per_sentence`` per text."""
 
@@ -328,19 +355,59 @@ class HeadMeasures:
         return out
 
 
+class HeadProfiler:
+    """Measures heads over sentences that arrive in batches: what it keeps is running sums per head
+    (and, with ``keep_sentences``, each sentence's own values), never the attention weights.
+
+    ``add`` a batch of results, ``measures()`` at any point; ``measure_heads`` is one batch.
+    """
+
+    def __init__(self, nlp=None, keep_sentences: bool = True):
+        self._nlp, self.keep_sentences = nlp, keep_sentences
+        self.totals: _Totals | None = None
+        self.n_sentences = 0
+
+    def add(self, attentions: Sequence[Attention]) -> None:
+        if not attentions:
+            return
+        if self.totals is None:
+            self.totals = _Totals(attentions[0].weights.shape[:2], self.keep_sentences)
+        if self._nlp is None:
+            self._nlp = load_spacy()
+        with _SPACY_LOCK:
+            docs = list(self._nlp.pipe([a.text for a in attentions], batch_size=256))
+        for att, doc in zip(attentions, docs):
+            self.totals.sentence = self.n_sentences
+            _token_measures(att, self.totals)
+            _word_measures(att, doc, self.totals)
+            _focus_measures(att, doc, self.totals)
+            self.n_sentences += 1
+
+    def merge(self, other: "HeadProfiler") -> None:
+        """Add another profiler's sums (another shard of the corpus), exactly as if its sentences
+        had been added here after these."""
+        if other.totals is None:
+            return
+        if self.totals is None:
+            self.totals = _Totals(other.totals.shape, self.keep_sentences)
+        self.totals.merge(other.totals, self.n_sentences)
+        self.n_sentences += other.n_sentences
+
+    def __getstate__(self) -> dict:
+        """Pickled without the spaCy pipeline: a worker sends its sums back to be merged."""
+        return {**self.__dict__, "_nlp": None}
+
+    def measures(self) -> HeadMeasures:
+        if self.totals is None:
+            raise ValueError("No sentence was measured.")
+        return HeadMeasures(self.totals, self.n_sentences)
+
+
 def measure_heads(attentions: Sequence[Attention], nlp=None) -> HeadMeasures:
     """Measure every head over ``attentions`` (one per sentence); spaCy parses their texts."""
-    nlp = nlp or load_spacy()
-    L, H = attentions[0].weights.shape[:2]
-    totals = _Totals((L, H))
-    with _SPACY_LOCK:
-        docs = list(nlp.pipe([a.text for a in attentions], batch_size=256))
-    for i, (att, doc) in enumerate(zip(attentions, docs)):
-        totals.sentence = i
-        _token_measures(att, totals)
-        _word_measures(att, doc, totals)
-        _focus_measures(att, doc, totals)
-    return HeadMeasures(totals, len(attentions))
+    profiler = HeadProfiler(nlp)
+    profiler.add(list(attentions))
+    return profiler.measures()
 
 
 def profile_heads(model, sentences: Sequence[str], *, attentions: Sequence[Attention] | None = None,
