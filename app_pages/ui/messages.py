@@ -5,6 +5,8 @@ import re
 
 import streamlit as st
 
+from analysis.profile import readable  # one rule for what counts as a sentence, in the app and the CLI
+
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=%^@/,;?\"'])")
 _AUTOLINK = re.compile(r"(?i)(https?|ftp|www|mailto|xmpp)(?=\\[:.])|(?=\\@)")
 
@@ -26,11 +28,6 @@ def stop_with(err: Exception) -> None:
 
 def short(text: str, n: int = 60) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def readable(line: str) -> bool:
-    """Whether a line has a character to read: not only spaces, control or invisible characters."""
-    return any(ch.isprintable() and not ch.isspace() for ch in line)
 
 
 def sentences_of(text: str) -> list[str]:

@@ -1,0 +1,352 @@
+"""Profile every head over a corpus from the command line, into a Parquet file that pandas and the app open.
+
+    python -m analysis.profile INPUT --out OUT.parquet [--model NAME] [--backend transformers|scratch]
+                               [--device auto|cpu|cuda] [--batch-size N] [--engine local|ray]
+                               [--address RAY_ADDRESS] [--actors N]
+
+INPUT is a .txt file, one sentence per line, or a folder of them (every ``*.txt`` inside, in name
+order). Sentences stream through the model a chunk at a time; what is kept is running sums per head
+(a ``HeadProfiler`` without per-sentence values), never the attention weights, so memory stays flat
+as the corpus grows. The table holds the values ``profile_heads`` gives for the same sentences.
+
+Engines:
+- ``local``: this process, on ``--device``.
+- ``ray``: Ray Data reads the files (``read_text``) and ``map_batches`` sends each batch of lines to
+  an actor that loads the model once and returns the batch's partial sums; this process merges them,
+  which gives the same sums as one pass. ``--address`` (or ``RAY_ADDRESS``) joins a running
+  cluster, where every worker must be able to read INPUT and load the model; without either, a
+  local Ray instance is started. With CUDA each actor asks for one GPU; on the CPU each asks for a
+  fraction of one, so that Ray's read tasks always find a CPU to run on.
+
+The file's metadata (key ``headlens`` in the Parquet schema) names the model, backend, engine,
+sentence count, a SHA-256 of the corpus (the lines profiled, in order, each followed by a newline),
+the layout (``layers``, ``heads``), the file format and HeadLens's version.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pickle
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+FORMAT = 1  # the profile file's layout; a file of another format is refused when opened
+CHUNK = 512  # sentences read, run and measured at a time
+META_KEY = b"headlens"
+ACTOR_CPUS = 0.5  # what one CPU actor asks of Ray; the rest of a core is left to the read tasks
+
+
+class InputError(Exception):
+    """Input that cannot be profiled; its message is the sentence shown to the user."""
+
+
+def readable(line: str) -> bool:
+    """Whether a line has a character to read: not only spaces, control or invisible characters."""
+    return any(ch.isprintable() and not ch.isspace() for ch in line)
+
+
+def corpus_files(path: Path) -> list[Path]:
+    if not path.exists():
+        raise InputError(f"{path} does not exist.")
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not files:
+            raise InputError(f"The folder {path} holds no .txt file.")
+        return files
+    return [path]
+
+
+def clean_lines(lines) -> list[str]:
+    """The sentences among raw lines: stripped, without those that hold nothing to read."""
+    return [line.strip() for line in lines if readable(line)]
+
+
+def sentences(files: list[Path]) -> Iterator[str]:
+    """Every readable line of ``files``, stripped, in order.
+
+    Lines end where ``str.splitlines`` ends them (as Ray's ``read_text`` does), so both engines
+    see the same sentences; a file is read a line at a time, never whole.
+    """
+    for f in files:
+        try:
+            with open(f, encoding="utf-8-sig") as handle:
+                for line in handle:
+                    yield from clean_lines(line.splitlines())
+        except UnicodeDecodeError as err:
+            raise InputError(f"{f} is not UTF-8 text: save it as UTF-8 and run again.") from err
+        except OSError as err:
+            raise InputError(f"{f} could not be read: {err.strerror or err}.") from err
+
+
+def scan(files: list[Path]) -> tuple[int, str]:
+    """How many sentences ``files`` hold, and the SHA-256 of the corpus; InputError when there are none."""
+    digest, count = hashlib.sha256(), 0
+    for s in sentences(files):
+        digest.update(s.encode("utf-8") + b"\n")
+        count += 1
+    if count == 0:
+        raise InputError("The corpus has no sentences: every line is empty or unreadable.")
+    return count, digest.hexdigest()
+
+
+def chunks(items: Iterator[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def attend_readable(model, texts: list[str], batch_size: int, progress: Callable[[int], None] | None = None):
+    """``(attentions, skipped)``: the results of the texts the model can read, and how many it could not
+    (a line of characters its tokenizer drops, such as a lone accent for an uncased model)."""
+    from models import HeadLensError
+
+    def step(done: int, _total: int) -> None:
+        nonlocal reported
+        if progress is not None:
+            progress(done - reported)
+        reported = done
+
+    reported = 0
+    try:
+        return model.attend(texts, batch_size=batch_size, progress=step), 0
+    except HeadLensError:
+        kept = []
+        for t in texts:
+            try:
+                model.token_counts([t])
+                kept.append(t)
+            except HeadLensError:
+                pass
+        attentions = model.attend(kept, batch_size=batch_size) if kept else []
+        if progress is not None:
+            progress(len(texts) - reported)
+        return attentions, len(texts) - len(kept)
+
+
+def profile_local(model, files: list[Path], *, batch_size: int = 32, progress: Callable[[int], None] | None = None,
+                  nlp=None):
+    """``(profiler, skipped)``: every head's running sums over the sentences of ``files``, streamed."""
+    from .roles import HeadProfiler
+
+    profiler, skipped = HeadProfiler(nlp, keep_sentences=False), 0
+    for chunk in chunks(sentences(files), CHUNK):
+        attentions, lost = attend_readable(model, chunk, batch_size, progress)
+        profiler.add(attentions)
+        skipped += lost
+    return profiler, skipped
+
+
+class ProfileBatches:
+    """The Ray Data callable: loads the model once per actor; each batch of lines gives one row holding
+    its partial sums (a pickled ``HeadProfiler``), to be merged by the driver."""
+
+    def __init__(self, model: str | None, backend: str, device: str, batch_size: int):
+        from models import load_model
+
+        from .roles import load_spacy
+
+        self.model = load_model(model, backend=backend, device=device)
+        self.nlp, self.batch_size = load_spacy(), batch_size
+
+    def __call__(self, batch: dict) -> dict:
+        import numpy as np
+
+        from .roles import HeadProfiler
+
+        texts = clean_lines(batch["text"])
+        profiler = HeadProfiler(self.nlp, keep_sentences=False)
+        attentions, skipped = attend_readable(self.model, texts, self.batch_size) if texts else ([], 0)
+        profiler.add(attentions)
+        return {"partial": np.array([pickle.dumps(profiler)], dtype=object),
+                "lines": np.array([len(texts)]), "skipped": np.array([skipped]),
+                "model": np.array([self.model.name], dtype=object), "backend": np.array([self.model.backend], dtype=object)}
+
+
+def profile_ray(model: str | None, backend: str, device: str, files: list[Path], *, batch_size: int = 32,
+                address: str | None = None, actors: int = 1, progress: Callable[[int], None] | None = None):
+    """``(profiler, skipped, model_name, backend)`` computed by Ray Data actors and merged here."""
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # the bar says how far it is; Ray's lines repeat it
+    import ray
+
+    from models import HeadLensError
+
+    from .roles import HeadProfiler
+
+    check_model(model)  # a clear sentence here, not an actor's death in Ray's log
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, log_to_driver=False,
+                 include_dashboard=False, logging_level="ERROR")
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if device == "cuda" and not gpus:
+        raise HeadLensError("CUDA was asked for, but the Ray cluster has no GPU; choose 'auto' or 'cpu'.")
+    on_gpu = device == "cuda" or (device == "auto" and gpus > 0)
+    resources = {"num_gpus": 1} if on_gpu else {"num_cpus": ACTOR_CPUS}
+    lines = ray.data.read_text([str(f.resolve()) for f in files], encoding="utf-8-sig")
+    with warnings.catch_warnings():  # Ray 2.60 warns that remote-args functions go in 2.64; ours is pinned
+        warnings.simplefilter("ignore", DeprecationWarning)
+        partials = lines.map_batches(
+            ProfileBatches, batch_size=CHUNK, compute=ray.data.ActorPoolStrategy(size=actors),
+            fn_constructor_kwargs={"model": model, "backend": backend, "device": "cuda" if on_gpu else "cpu",
+                                   "batch_size": batch_size},
+            ray_remote_args_fn=_no_restarts, **resources)
+    profiler, skipped, name, used = HeadProfiler(keep_sentences=False), 0, None, backend
+    try:
+        for row in partials.iter_rows():
+            profiler.merge(pickle.loads(row["partial"]))
+            skipped += int(row["skipped"])
+            name, used = row["model"], row["backend"]
+            if progress is not None:
+                progress(int(row["lines"]))
+    except Exception as err:  # a worker's error arrives wrapped; a HeadLens one is a sentence for the user
+        cause = _root_cause(err)
+        if isinstance(cause, (HeadLensError, InputError)):
+            raise cause from None
+        raise
+    return profiler, skipped, name, used
+
+
+def check_model(name: str | None) -> None:
+    """HeadLensError, with a sentence, when ``name`` is not a model that can be opened here."""
+    from models.loading import check_model_dir, resolve_model_dir
+
+    check_model_dir(resolve_model_dir(name)[0])
+
+
+def _no_restarts() -> dict:
+    """Actors that fail report their error at once instead of restarting."""
+    return {"max_restarts": 0}
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    seen = set()
+    while id(err) not in seen:
+        seen.add(id(err))
+        nxt = getattr(err, "cause", None) or err.__cause__
+        if nxt is None:
+            break
+        err = nxt
+    return err
+
+
+def metadata(profiler, *, model: str, backend: str, engine: str, sha256: str, skipped: int) -> dict:
+    from models import __version__
+
+    L, H = profiler.totals.shape
+    return {"format": FORMAT, "headlens": __version__, "model": model, "backend": backend, "engine": engine,
+            "sentences": profiler.n_sentences, "skipped": skipped, "corpus_sha256": sha256,
+            "layers": int(L), "heads": int(H)}
+
+
+def write_profile(frame, meta: dict, out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: json.dumps(meta).encode()})
+    pq.write_table(table, out)
+
+
+def read_profile(source) -> tuple["pd.DataFrame", dict]:  # noqa: F821 - pandas is imported lazily
+    """A saved profile (a path or a binary file object) and its metadata.
+
+    Raises ValueError, with a sentence, for a file that is not a HeadLens profile, is of another
+    format, or lacks a column this version of HeadLens shows.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .roles import PROFILE_COLUMNS
+
+    try:
+        table = pq.read_table(source)
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError("That file is not a Parquet file; choose a profile written by "
+                         "`python -m analysis.profile`.") from err
+    raw = (table.schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise ValueError("That Parquet file is not a HeadLens profile: it has no HeadLens metadata.")
+    try:
+        meta = json.loads(raw)
+        fmt = meta.get("format")
+    except (ValueError, AttributeError) as err:
+        raise ValueError("That profile's HeadLens metadata is damaged; profile the corpus again.") from err
+    if fmt != FORMAT:
+        raise ValueError(f"That profile is of format {fmt}; this HeadLens reads format {FORMAT}. "
+                         "Profile the corpus again.")
+    missing = [c for c in PROFILE_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(f"That profile lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing[:5])}"
+                         f"{' …' if len(missing) > 5 else ''}; profile the corpus again.")
+    frame = table.to_pandas()
+    layers, heads = meta.get("layers"), meta.get("heads")
+    if not isinstance(layers, int) or not isinstance(heads, int) or len(frame) != layers * heads:
+        raise ValueError("That profile's rows do not match the layers and heads its metadata names; "
+                         "profile the corpus again.")
+    return frame, meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.profile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("input", type=Path, help="a .txt file, one sentence per line, or a folder of them")
+    parser.add_argument("--out", type=Path, required=True, help="the Parquet file to write")
+    parser.add_argument("--model", default=None, help="a model folder or name (default: the bundled MiniLM)")
+    parser.add_argument("--backend", choices=["transformers", "scratch"], default="transformers")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass")
+    parser.add_argument("--engine", choices=["local", "ray"], default="local")
+    parser.add_argument("--address", default=None, help="a Ray cluster's address (default: RAY_ADDRESS, "
+                        "or a local Ray instance)")
+    parser.add_argument("--actors", type=int, default=1, help="Ray actors, each with its own copy of the model")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1 or args.actors < 1:
+        parser.error("--batch-size and --actors take a whole number of at least 1")
+
+    from tqdm import tqdm
+
+    from models import HeadLensError, load_model
+
+    try:
+        files = corpus_files(args.input)
+        total, sha256 = scan(files)
+        if not args.out.parent.is_dir():
+            raise InputError(f"The folder {args.out.parent} does not exist; make it or choose another --out.")
+        if args.engine == "ray":
+            check_model(args.model)
+        else:
+            model = load_model(args.model, backend=args.backend, device=args.device)
+        with tqdm(total=total, unit=" sentences", desc="Profiling", file=sys.stderr, smoothing=0.1) as bar:
+            if args.engine == "ray":
+                profiler, skipped, name, backend = profile_ray(
+                    args.model, args.backend, args.device, files, batch_size=args.batch_size,
+                    address=args.address, actors=args.actors, progress=bar.update)
+            else:
+                bar.set_description(f"Profiling on {model.device}")
+                profiler, skipped = profile_local(model, files, batch_size=args.batch_size, progress=bar.update)
+                name, backend = model.name, model.backend
+        if profiler.n_sentences == 0:
+            raise InputError("The model could read none of the corpus's lines.")
+        meta = metadata(profiler, model=name, backend=backend, engine=args.engine, sha256=sha256, skipped=skipped)
+        frame = profiler.measures().frame()
+        write_profile(frame, meta, args.out)
+    except (InputError, HeadLensError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    note = f" ({skipped:,} line{'s' if skipped > 1 else ''} the model could not read {'were' if skipped > 1 else 'was'} left out)" if skipped else ""
+    print(f"{meta['sentences']:,} sentences, {len(frame)} heads -> {args.out}{note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
