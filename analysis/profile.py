@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 FORMAT = 1  # the profile file's layout; a file of another format is refused when opened
-CHUNK = 512  # sentences read, run and measured at a time
+CHUNK = 512  # sentences read at a time (and lines in one Ray batch)
+CHUNK_BYTES = 256 * 2**20  # attention weights held at once: fewer sentences of a chunk when they are long
 META_KEY = b"headlens"
 ACTOR_CPUS = 0.5  # what one CPU actor asks of Ray; the rest of a core is left to the read tasks
 
@@ -82,15 +83,21 @@ def sentences(files: list[Path]) -> Iterator[str]:
             raise InputError(f"{f} could not be read: {err.strerror or err}.") from err
 
 
+def corpus_hash(lines) -> tuple[int, str]:
+    """How many lines there are, and the SHA-256 of them in order, each followed by a newline."""
+    digest, count = hashlib.sha256(), 0
+    for line in lines:
+        digest.update(line.encode("utf-8", "surrogatepass") + b"\n")
+        count += 1
+    return count, digest.hexdigest()
+
+
 def scan(files: list[Path]) -> tuple[int, str]:
     """How many sentences ``files`` hold, and the SHA-256 of the corpus; InputError when there are none."""
-    digest, count = hashlib.sha256(), 0
-    for s in sentences(files):
-        digest.update(s.encode("utf-8") + b"\n")
-        count += 1
+    count, sha256 = corpus_hash(sentences(files))
     if count == 0:
         raise InputError("The corpus has no sentences: every line is empty or unreadable.")
-    return count, digest.hexdigest()
+    return count, sha256
 
 
 def chunks(items: Iterator[str], size: int) -> Iterator[list[str]]:
@@ -104,20 +111,13 @@ def chunks(items: Iterator[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-def attend_readable(model, texts: list[str], batch_size: int, progress: Callable[[int], None] | None = None):
-    """``(attentions, skipped)``: the results of the texts the model can read, and how many it could not
-    (a line of characters its tokenizer drops, such as a lone accent for an uncased model)."""
+def readable_by(model, texts: list[str]) -> tuple[list[str], list[int]]:
+    """The texts the model can read, and their token counts; a text of characters its tokenizer drops
+    (a lone accent for an uncased model) is left out."""
     from models import HeadLensError
 
-    def step(done: int, _total: int) -> None:
-        nonlocal reported
-        if progress is not None:
-            progress(done - reported)
-        reported = done
-
-    reported = 0
     try:
-        return model.attend(texts, batch_size=batch_size, progress=step), 0
+        return texts, model.token_counts(texts)
     except HeadLensError:
         kept = []
         for t in texts:
@@ -126,10 +126,30 @@ def attend_readable(model, texts: list[str], batch_size: int, progress: Callable
                 kept.append(t)
             except HeadLensError:
                 pass
-        attentions = model.attend(kept, batch_size=batch_size) if kept else []
-        if progress is not None:
-            progress(len(texts) - reported)
-        return attentions, len(texts) - len(kept)
+        return kept, (model.token_counts(kept) if kept else [])
+
+
+def measure_chunk(model, profiler, texts: list[str], batch_size: int,
+                  progress: Callable[[int], None] | None = None) -> int:
+    """Run ``texts`` through ``model`` and add them to ``profiler``, at most ``CHUNK_BYTES`` of
+    attention weights at a time; returns how many texts the model could not read."""
+    kept, lengths = readable_by(model, texts)
+    group: list[str] = []
+    size = 0
+    for text, n in zip(kept, lengths):
+        cost = n * n * model.bytes_per_token_pair
+        if group and size + cost > CHUNK_BYTES:
+            profiler.add(model.attend(group, batch_size=batch_size))
+            if progress is not None:
+                progress(len(group))
+            group, size = [], 0
+        group.append(text)
+        size += cost
+    if group:
+        profiler.add(model.attend(group, batch_size=batch_size))
+    if progress is not None:
+        progress(len(group) + len(texts) - len(kept))
+    return len(texts) - len(kept)
 
 
 def profile_local(model, files: list[Path], *, batch_size: int = 32, progress: Callable[[int], None] | None = None,
@@ -139,9 +159,7 @@ def profile_local(model, files: list[Path], *, batch_size: int = 32, progress: C
 
     profiler, skipped = HeadProfiler(nlp, keep_sentences=False), 0
     for chunk in chunks(sentences(files), CHUNK):
-        attentions, lost = attend_readable(model, chunk, batch_size, progress)
-        profiler.add(attentions)
-        skipped += lost
+        skipped += measure_chunk(model, profiler, chunk, batch_size, progress)
     return profiler, skipped
 
 
@@ -164,8 +182,7 @@ class ProfileBatches:
 
         texts = clean_lines(batch["text"])
         profiler = HeadProfiler(self.nlp, keep_sentences=False)
-        attentions, skipped = attend_readable(self.model, texts, self.batch_size) if texts else ([], 0)
-        profiler.add(attentions)
+        skipped = measure_chunk(self.model, profiler, texts, self.batch_size) if texts else 0
         return {"partial": np.array([pickle.dumps(profiler)], dtype=object),
                 "lines": np.array([len(texts)]), "skipped": np.array([skipped]),
                 "model": np.array([self.model.name], dtype=object), "backend": np.array([self.model.backend], dtype=object)}
@@ -240,13 +257,15 @@ def _root_cause(err: BaseException) -> BaseException:
     return err
 
 
-def metadata(profiler, *, model: str, backend: str, engine: str, sha256: str, skipped: int) -> dict:
+def metadata(*, model: str, backend: str, engine: str, sentences: int, sha256: str, layers: int, heads: int,
+             skipped: int = 0, heads_off: list | None = None, causal: bool = False) -> dict:
+    """What a profile file records about how it was made (key ``headlens`` of its Parquet schema)."""
     from models import __version__
 
-    L, H = profiler.totals.shape
     return {"format": FORMAT, "headlens": __version__, "model": model, "backend": backend, "engine": engine,
-            "sentences": profiler.n_sentences, "skipped": skipped, "corpus_sha256": sha256,
-            "layers": int(L), "heads": int(H)}
+            "sentences": int(sentences), "skipped": int(skipped), "corpus_sha256": sha256,
+            "layers": int(layers), "heads": int(heads), "heads_off": [list(map(int, h)) for h in heads_off or []],
+            "causal": bool(causal)}
 
 
 def write_profile(frame, meta: dict, out: Path) -> None:
@@ -289,6 +308,11 @@ def read_profile(source) -> tuple["pd.DataFrame", dict]:  # noqa: F821 - pandas 
     if missing:
         raise ValueError(f"That profile lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing[:5])}"
                          f"{' …' if len(missing) > 5 else ''}; profile the corpus again.")
+    try:
+        meta["heads_off"] = [[int(layer), int(head)] for layer, head in meta.get("heads_off", [])]
+    except (TypeError, ValueError) as err:
+        raise ValueError("That profile's list of heads switched off is damaged; profile the corpus again.") from err
+    meta["causal"] = meta.get("causal") is True
     frame = table.to_pandas()
     layers, heads = meta.get("layers"), meta.get("heads")
     if not isinstance(layers, int) or not isinstance(heads, int) or len(frame) != layers * heads:
@@ -337,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
                 name, backend = model.name, model.backend
         if profiler.n_sentences == 0:
             raise InputError("The model could read none of the corpus's lines.")
-        meta = metadata(profiler, model=name, backend=backend, engine=args.engine, sha256=sha256, skipped=skipped)
+        layers, heads = profiler.totals.shape
+        meta = metadata(model=name, backend=backend, engine=args.engine, sentences=profiler.n_sentences,
+                        sha256=sha256, layers=layers, heads=heads, skipped=skipped)
         frame = profiler.measures().frame()
         write_profile(frame, meta, args.out)
     except (InputError, HeadLensError) as err:

@@ -8,7 +8,7 @@ from analysis import FOCI, FOCUS_NAMES, focus_tokens, make_view, received
 from app_pages.ui.caches import attention
 from app_pages.ui.exports import chart
 from app_pages.ui.pickers import pick_sentence
-from app_pages.ui.profiles import CONTENT_ATTENTION, profile, profile_sentences
+from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose
 from viz import text_shading
@@ -21,9 +21,10 @@ st.caption(f"{CONTENT_ATTENTION} Each focus names the head whose content attenti
            "most above what uniform attention would give, measured over the profiled sentences; its 95% interval "
            "is a bootstrap over them.")
 sentence = pick_sentence(s)
-frame, _, attentions = profile(s, profile_sentences(s))
+profiled = page_profile(s)
+frame = profiled.frame
 counts = {f: int(frame[f"{f}_n"].iloc[0]) for f in FOCI}
-st.caption(f"Foci found over {len(attentions)} sentences. Sentences with a word of each class: "
+st.caption(f"Foci found over {profiled.n_sentences:,} sentences. Sentences with a word of each class: "
            + ", ".join(f"{FOCUS_NAMES[f]} {counts[f]}" for f in FOCI) + "; the others are left out of that class.")
 
 att = attention(s, sentence)

@@ -7,7 +7,7 @@ from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view
 from app_pages.ui.caches import attention
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.messages import plain
-from app_pages.ui.profiles import CONTENT_ATTENTION, profile, profile_sentences
+from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile, profile_file
 from app_pages.ui.settings import DEFAULT_TEXT, settings
 from app_pages.ui.state import choose
 from viz import head_heatmap, role_grid, text_shading
@@ -17,7 +17,8 @@ SEED = DEFAULT_TEXT  # the coffee-or-tea sentence, first of the examples
 
 s = settings()
 st.title("Head roles")
-frame, per_sentence, attentions = profile(s, profile_sentences(s))
+profiled = page_profile(s)
+frame = profiled.frame
 
 scores = ["prev_token", "next_token", "self", "cls", "sep", "punct", "final_mark", "entropy_norm",
           *(c for f in FOCI for c in (f"{f}_lift", f"{f}_lift_lo", f"{f}_lift_hi")), "dep_acc"]
@@ -33,7 +34,7 @@ def tip(r) -> str:
 
 
 grid = role_grid(frame["layer"].to_numpy(), frame["head"].to_numpy(), frame["label"].tolist(),
-                 [tip(r) for _, r in frame.iterrows()], title=f"Roles over {len(attentions)} sentences")
+                 [tip(r) for _, r in frame.iterrows()], title=f"Roles over {profiled.n_sentences:,} sentences")
 chart(grid, "roles-grid")
 counts = ", ".join(f"{FOCUS_NAMES[f]} {int(frame[f'{f}_n'].iloc[0])}" for f in FOCI)
 st.caption(f"Labels: positional above {THRESHOLDS['positional']}; a focus when the lower end of its lift's 95% "
@@ -46,9 +47,14 @@ st.caption(f"Labels: positional above {THRESHOLDS['positional']}; a focus when t
 st.subheader("Every head")
 table = frame[["layer", "head", "label", "secondary", *scores, "dep_relation", "dep_base"]]
 st.dataframe(table.style.format(precision=2), hide_index=True, key="roles-table")
-st.download_button("Profile · CSV", lambda: table.to_csv(index=False), "headlens-roles.csv", "text/csv",
-                   key="roles-csv", on_click="ignore")
-exports("roles", grid, None, sig=f"{len(attentions)}|{s}")
+left, right = st.columns(2)
+left.download_button("Profile · CSV", lambda: table.to_csv(index=False), "headlens-roles.csv", "text/csv",
+                     key="roles-csv", on_click="ignore")
+if profiled.attentions is not None:  # a computed profile saves as a file that "Open a saved profile" takes back
+    right.download_button("Profile · Parquet", lambda: profile_file(s, profiled), "headlens-profile.parquet",
+                          "application/vnd.apache.parquet", key="roles-parquet", on_click="ignore",
+                          help="Every column, with the model and corpus recorded: open it again here, or in pandas.")
+exports("roles", grid, None, sig=f"{profiled.n_sentences}|{s}")
 
 st.subheader("Heads by role")
 counts = frame["label"].value_counts()
@@ -63,18 +69,37 @@ picks = [f"{r.layer}.{r.head}" for r in members.itertuples()]
 pick = choose("Head", picks, "role_head", cast=str, format_func=lambda p: f"layer {p.replace('.', ', head ')}")
 layer, head = map(int, pick.split("."))
 
-values = per_sentence[measure][:, layer, head]
-order = np.argsort(np.where(np.isnan(values), -np.inf if higher else np.inf, values))
-order = order[::-1] if higher else order
-st.markdown(f"**Where layer {layer}, head {head} is strongest**")
-for tab, i in zip(st.tabs([f"{measure} {values[i]:.2f}" for i in order[:3]]), order[:3]):
-    with tab:
-        st.caption(plain(attentions[i].text))  # a typed or uploaded sentence: shown literally
-        v = make_view(attentions[i], hide_special=s.hide_special, merge_words=s.merge_words)
-        fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=460,
-                           title=f"Layer {layer}, head {head} · {measure} {values[i]:.2f}")
-        chart(fig, f"roles-example-{i}")
 
+def strongest_sentences() -> None:
+    values = profiled.per_sentence[measure][:, layer, head]
+    order = np.argsort(np.where(np.isnan(values), -np.inf if higher else np.inf, values))
+    order = order[::-1] if higher else order
+    st.markdown(f"**Where layer {layer}, head {head} is strongest**")
+    for tab, i in zip(st.tabs([f"{measure} {values[i]:.2f}" for i in order[:3]]), order[:3]):
+        with tab:
+            st.caption(plain(profiled.attentions[i].text))  # a typed or uploaded sentence: shown literally
+            v = make_view(profiled.attentions[i], hide_special=s.hide_special, merge_words=s.merge_words)
+            fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=460,
+                               title=f"Layer {layer}, head {head} · {measure} {values[i]:.2f}")
+            chart(fig, f"roles-example-{i}")
+
+
+def similar_heads() -> None:
+    st.subheader(f"Heads that behave like layer {layer}, head {head}")
+    similarity = profiled.per_sentence["similarity"]
+    n_heads = int(frame["head"].max()) + 1
+    nearest = [i for i in np.argsort(similarity[layer * n_heads + head]) if i != layer * n_heads + head][:6]
+    st.dataframe(pd.DataFrame({
+        "layer": [i // n_heads for i in nearest], "head": [i % n_heads for i in nearest],
+        "label": [frame["label"].iloc[i] for i in nearest],
+        "Jensen-Shannon divergence (nats)": [similarity[layer * n_heads + head, i] for i in nearest],
+    }).style.format(precision=3), hide_index=True, key="roles-similar")
+    st.caption("0 means the same pattern on every sentence; ln 2 = 0.69 means the two never look at the same "
+               "tokens. Averaged over the query rows of the first 100 sentences.")
+
+
+if profiled.attentions is not None:
+    strongest_sentences()
 seed = attention(s, SEED)
 sv = make_view(seed, hide_special=s.hide_special, merge_words=s.merge_words)
 received = sv.head(layer, head).mean(axis=0)
@@ -83,14 +108,8 @@ chart(text_shading(sv.key_labels, received,
 st.dataframe(pd.DataFrame({"token": sv.key_labels, "attention received": received}).style.format(precision=3),
              hide_index=True, key="roles-seed-table")
 
-st.subheader(f"Heads that behave like layer {layer}, head {head}")
-similarity = per_sentence["similarity"]
-n_heads = int(frame["head"].max()) + 1
-nearest = [i for i in np.argsort(similarity[layer * n_heads + head]) if i != layer * n_heads + head][:6]
-st.dataframe(pd.DataFrame({
-    "layer": [i // n_heads for i in nearest], "head": [i % n_heads for i in nearest],
-    "label": [frame["label"].iloc[i] for i in nearest],
-    "Jensen-Shannon divergence (nats)": [similarity[layer * n_heads + head, i] for i in nearest],
-}).style.format(precision=3), hide_index=True, key="roles-similar")
-st.caption("0 means the same pattern on every sentence; ln 2 = 0.69 means the two never look at the same tokens. "
-           "Averaged over the query rows of the first 100 sentences.")
+if profiled.attentions is None:
+    st.info("A saved profile holds each head's measures, not its sentences: profile sentences here to see where "
+            "a head is strongest and which heads behave alike.")
+else:
+    similar_heads()

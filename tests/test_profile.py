@@ -56,7 +56,7 @@ def test_cli_writes_what_profile_heads_gives(tmp_path, reference, capsys):
     assert meta == {"format": cli.FORMAT, "headlens": __version__, "model": "sentence-transformers/all-MiniLM-L6-v2",
                     "backend": "transformers", "engine": "local", "sentences": 40, "skipped": 0,
                     "corpus_sha256": hashlib.sha256("".join(s + "\n" for s in CORPUS).encode()).hexdigest(),
-                    "layers": 6, "heads": 12}
+                    "layers": 6, "heads": 12, "heads_off": [], "causal": False}
     # pandas opens it as it is, and the metadata is in the schema
     assert pd.read_parquet(out).shape == (72, len(PROFILE_COLUMNS))
     assert json.loads(pq.read_schema(out).metadata[b"headlens"])["sentences"] == 40
@@ -66,10 +66,17 @@ def test_a_folder_is_read_in_name_order_and_chunks_change_nothing(tmp_path, monk
     write_corpus(tmp_path / "texts", [CORPUS[:15], CORPUS[15:33], CORPUS[33:]])
     (tmp_path / "texts" / "notes.md").write_text("not a sentence file", encoding="utf-8")
     monkeypatch.setattr(cli, "CHUNK", 7)  # many chunks, each a partial sum
+    budget = 2 * 24**2 * 4 * 72  # two 24-token sentences' attention weights
+    monkeypatch.setattr(cli, "CHUNK_BYTES", budget)
+    groups = []  # the weights' bytes of each group of sentences measured at once
+    real_add = HeadProfiler.add
+    monkeypatch.setattr(HeadProfiler, "add",
+                        lambda self, atts: groups.append([a.weights.nbytes for a in atts]) or real_add(self, atts))
     out = tmp_path / "p.parquet"
     assert cli.main([str(tmp_path / "texts"), "--out", str(out)]) == 0
     frame, meta = cli.read_profile(out)
-    assert meta["sentences"] == 40
+    assert meta["sentences"] == 40 == sum(map(len, groups))
+    assert all(sum(g) <= budget or len(g) == 1 for g in groups) and len(groups) > 40 / 7  # within the budget
     assert_same_profile(frame, reference)
 
 

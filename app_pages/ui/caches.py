@@ -66,10 +66,14 @@ def head_mask(model: AttentionModel, heads_off: tuple[str, ...]) -> np.ndarray |
     if not heads_off:
         return None
     mask = np.ones((model.n_layers, model.n_heads), dtype=np.float32)
-    for item in heads_off:
-        layer, head = map(int, item.split("."))
+    for layer, head in heads_named(heads_off):
         mask[layer, head] = 0
     return mask
+
+
+def heads_named(names) -> list[tuple[int, int]]:
+    """``(layer, head)`` pairs from the sidebar's "layer.head" names."""
+    return [tuple(map(int, name.split("."))) for name in names]
 
 
 class SharedCache:

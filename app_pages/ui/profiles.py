@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import hashlib
+import io
+from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import streamlit as st
 
 from analysis import RANKING_MEASURES, head_similarity, measure_heads
+from analysis.profile import corpus_hash, metadata, read_profile, write_profile
 from models import AttentionModel, HeadLensError
 
-from .caches import SharedCache, head_mask, model_for
-from .messages import sentences_of, stop_with
+from .caches import SharedCache, head_mask, heads_named, model_for
+from .messages import plain, sentences_of, stop_with
 from .settings import ASSETS, Settings
 from .state import bound
 
@@ -22,14 +26,74 @@ CONTENT_ATTENTION = ("Content attention is a head's attention with the special t
 UPLOAD_LIMIT = 1_000_000  # bytes
 UPLOAD_SENTENCES = 2000
 SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",
-           "upload": "An uploaded .txt"}
+           "upload": "An uploaded .txt", "saved": "Open a saved profile"}
 
 
-def profile_sentences(s: Settings) -> list[str]:
-    """The sentences to profile, as the user picks them: the built-in corpus, the sidebar's, or an upload."""
+@dataclass
+class PageProfile:
+    """A profile as a page shows it: computed here (with each sentence's values and attention) or
+    opened from a file (per-head values only: ``per_sentence`` and ``attentions`` are None)."""
+
+    frame: pd.DataFrame
+    n_sentences: int
+    per_sentence: dict | None = None
+    attentions: list | None = None
+    meta: dict | None = None  # a saved profile's metadata
+
+
+def page_profile(s: Settings) -> PageProfile:
+    """The profile the user picks: of the built-in corpus, the sidebar's sentences or an upload, or a saved one."""
     source = bound(st.segmented_control, "corpus", "corpus", init="default", options=list(SOURCES), cast=str,
                    label="Sentences to profile", format_func=SOURCES.get, required=True)
-    return CORPUS if source == "corpus" else s.sentences if source == "sidebar" else uploaded_sentences()
+    if source == "saved":
+        return saved_profile(s)
+    sentences = CORPUS if source == "corpus" else s.sentences if source == "sidebar" else uploaded_sentences()
+    frame, per_sentence, attentions = profile(s, sentences)
+    return PageProfile(frame, len(attentions), per_sentence, attentions)
+
+
+def saved_profile(s: Settings) -> PageProfile:
+    """A profile written by ``python -m analysis.profile`` (or saved from Head roles), checked against the sidebar's model."""
+    file = st.file_uploader("A profile written by `python -m analysis.profile` or saved from Head roles (.parquet)",
+                            type=["parquet"], max_upload_size=1)
+    if file is None:
+        st.info("Open a .parquet profile to see its heads here. Write one for any corpus with "
+                "`python -m analysis.profile CORPUS.txt --out profile.parquet`.")
+        st.stop()
+    data = file.getvalue()
+    if len(data) > UPLOAD_LIMIT:
+        stop_with(ValueError(f"That file has {len(data):,} bytes; the limit is {UPLOAD_LIMIT:,}."))
+    try:
+        frame, meta = read_profile(io.BytesIO(data))
+    except ValueError as err:
+        stop_with(err)
+    model = model_for(s.choice, s.custom, s.device)
+    if meta.get("model") != model.name:
+        stop_with(ValueError(f"That profile is of the model {meta.get('model')}, not the sidebar's {model.name}. "
+                             "Choose its model in the sidebar, or open a profile of this one."))
+    if (meta["layers"], meta["heads"]) != (model.n_layers, model.n_heads):
+        stop_with(ValueError(f"That profile has {meta['layers']} layers of {meta['heads']} heads; "
+                             f"{model.name} has {model.n_layers} of {model.n_heads}."))
+    st.caption(plain(f"Opened {file.name}: {meta.get('sentences', 0):,} sentences profiled by HeadLens "
+                     f"{meta.get('headlens', '?')} ({meta.get('engine', '?')} engine), corpus SHA-256 "
+                     f"{str(meta.get('corpus_sha256', '?'))[:12]}…"))
+    saved = ({tuple(h) for h in meta["heads_off"]}, meta["causal"])
+    if saved != (set(heads_named(s.heads_off)), s.causal):
+        off = ", ".join(f"L{l}H{h}" for l, h in sorted(saved[0])) or "none"
+        st.warning(f"This profile was made with heads switched off: {off}; causal mask: "
+                   f"{'on' if saved[1] else 'off'}. The sidebar's settings differ and do not change it.")
+    return PageProfile(frame, int(meta.get("sentences", 0)), meta=meta)
+
+
+def profile_file(s: Settings, p: PageProfile) -> bytes:
+    """``p`` as a Parquet profile that this page (and pandas) can open again."""
+    model = model_for(s.choice, s.custom, s.device)
+    _, sha256 = corpus_hash(a.text for a in p.attentions)
+    meta = metadata(model=model.name, backend=model.backend, engine="app", sentences=p.n_sentences, sha256=sha256,
+                    layers=model.n_layers, heads=model.n_heads, heads_off=sorted(heads_named(s.heads_off)), causal=s.causal)
+    out = io.BytesIO()
+    write_profile(p.frame, meta, out)
+    return out.getvalue()
 
 
 def uploaded_sentences() -> list[str]:
