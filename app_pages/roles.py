@@ -47,7 +47,7 @@ st.caption(f"Labels: positional above {THRESHOLDS['positional']}; a focus when t
 st.subheader("Every head")
 table = frame[["layer", "head", "label", "secondary", *scores, "dep_relation", "dep_base"]]
 st.dataframe(table.style.format(precision=2), hide_index=True, key="roles-table")
-left, right = st.columns(2)
+left, right, _ = st.columns([1, 1, 2])
 left.download_button("Profile · CSV", lambda: table.to_csv(index=False), "headlens-roles.csv", "text/csv",
                      key="roles-csv", on_click="ignore")
 if profiled.attentions is not None:  # a computed profile saves as a file that "Open a saved profile" takes back
