@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import pickle
+import socket
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -200,8 +201,14 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
 
     check_model(model)  # a clear sentence here, not an actor's death in Ray's log
     if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, log_to_driver=False,
-                 include_dashboard=False, logging_level="ERROR")
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        try:
+            reachable(address)
+            ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level="ERROR")
+        except ConnectionError as err:
+            raise InputError(f"No Ray cluster answered at {address}: check the address, and for a cluster with "
+                             "token authentication set RAY_AUTH_MODE=token and its token (`ray get-auth-token`) "
+                             "here.") from err
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     context.print_on_execution_start = False
@@ -232,6 +239,18 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
             raise cause from None
         raise
     return profiler, skipped, name, used
+
+
+def reachable(address: str | None, timeout: float = 5.0) -> None:
+    """ConnectionError at once when a ``host:port`` address has nothing listening: Ray itself
+    retries for minutes. ``None``, "auto" and ``ray://`` addresses are left to Ray."""
+    if not address or address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as err:
+        raise ConnectionError(str(err)) from err
 
 
 def check_model(name: str | None) -> None:
@@ -290,6 +309,8 @@ def read_profile(source) -> tuple["pd.DataFrame", dict]:  # noqa: F821 - pandas 
 
     try:
         table = pq.read_table(source)
+    except FileNotFoundError as err:
+        raise ValueError(f"There is no file {source}.") from err
     except (pa.ArrowException, OSError) as err:
         raise ValueError("That file is not a Parquet file; choose a profile written by "
                          "`python -m analysis.profile`.") from err

@@ -13,6 +13,7 @@ import pytest
 
 from analysis import profile as cli
 from analysis.roles import PROFILE_COLUMNS, HeadProfiler, load_spacy, measure_heads, profile_heads
+from tests.browser import free_port
 from tests.conftest import ROOT
 
 CORPUS = [s for s in (ROOT / "assets" / "corpus.txt").read_text(encoding="utf-8").splitlines() if s.strip()][:40]
@@ -159,6 +160,8 @@ def test_kept_sums_do_not_grow_with_the_corpus(hf_model, nlp):
 
 
 def test_read_profile_refuses_what_is_not_a_profile(tmp_path, reference):
+    with pytest.raises(ValueError, match="There is no file"):
+        cli.read_profile(tmp_path / "missing.parquet")
     text = tmp_path / "a.parquet"
     text.write_text("not parquet", encoding="utf-8")
     with pytest.raises(ValueError, match="not a Parquet file"):
@@ -208,6 +211,16 @@ def test_the_ray_engine_equals_profile_heads(tmp_path, monkeypatch, reference, l
     assert_same_profile(frame, reference)
     resources = local_ray.available_resources()
     assert resources.get("CPU", 0) > 0  # the actor left CPU for read tasks and is gone
+
+
+def test_a_ray_address_that_does_not_answer_gets_a_sentence(tmp_path, capsys, local_ray):
+    local_ray.shutdown()
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("A sentence.\n", encoding="utf-8")
+    port = free_port()
+    assert cli.main([str(corpus), "--out", str(tmp_path / "p.parquet"), "--engine", "ray",
+                     "--address", f"127.0.0.1:{port}"]) == 2
+    assert f"No Ray cluster answered at 127.0.0.1:{port}" in capsys.readouterr().err
 
 
 def test_the_ray_engine_refuses_cuda_on_a_cluster_without_gpus(tmp_path, monkeypatch, local_ray, capsys):
