@@ -191,7 +191,11 @@ class ProfileBatches:
 
 def profile_ray(model: str | None, backend: str, device: str, files: list[Path], *, batch_size: int = 32,
                 address: str | None = None, actors: int = 1, progress: Callable[[int], None] | None = None):
-    """``(profiler, skipped, model_name, backend)`` computed by Ray Data actors and merged here."""
+    """``(profiler, skipped, model_name, backend)`` computed by Ray Data actors and merged here.
+
+    Check ``model`` first (``check_model``): a model that cannot load otherwise surfaces as an
+    actor's death in Ray's log.
+    """
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # the bar says how far it is; Ray's lines repeat it
     import ray
 
@@ -199,7 +203,6 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
 
     from .roles import HeadProfiler
 
-    check_model(model)  # a clear sentence here, not an actor's death in Ray's log
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
         try:

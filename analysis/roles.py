@@ -147,8 +147,13 @@ class _Totals:
     def add(self, name: str, total: np.ndarray, count: int) -> None:
         self.sums[name] += total
         self.counts[name] += count
-        if count and self.keep_sentences:
-            self.by_sentence[name][self.sentence] = total / count
+        if count:
+            self.keep(name, total / count)
+
+    def keep(self, name: str, value: np.ndarray) -> None:
+        """The current sentence's own value of ``name``, when per-sentence values are kept."""
+        if self.keep_sentences:
+            self.by_sentence[name][self.sentence] = value
 
     def mean(self, name: str) -> np.ndarray:
         return self.sums[name] / max(self.counts[name], 1)
@@ -200,8 +205,10 @@ def _token_measures(att: Attention, totals: _Totals) -> None:
     totals.add("entropy_norm", entropy.sum(-1) / np.log(max(n, 2)), q)
 
 
-def _word_measures(att: Attention, doc, totals: _Totals) -> None:
-    Q, K = word_matrices(align_to_words(att, doc), len(doc))
+def _word_measures(att: Attention, doc, totals: _Totals, token_words: list[int | None] | None = None) -> None:
+    if token_words is None:
+        token_words = align_to_words(att, doc)
+    Q, K = word_matrices(token_words, len(doc))
     present = Q.sum(axis=1) > 0
     # a truncated text: spaCy parsed all of it, the model read only the start
     n_words = int(np.flatnonzero(present).max()) + 1 if present.any() else 0
@@ -234,15 +241,13 @@ def _word_measures(att: Attention, doc, totals: _Totals) -> None:
             totals.offsets[key][dst - src] += 1
 
 
-def _focus_measures(att: Attention, doc, totals: _Totals) -> None:
+def _focus_measures(att: Attention, members: dict[str, np.ndarray], totals: _Totals) -> None:
     """The four foci on content attention (``analysis.foci``): one value per sentence that has the class."""
-    members = token_classes(align_to_words(att, doc), word_classes(doc))
     key = text_key(att.text)
     for f, (share, base) in focus_shares(att.weights, att.special, members).items():
         totals.add(f, share, 1)
         totals.add(f"{f}_base", np.full(share.shape, base), 1)
-        if totals.keep_sentences:
-            totals.by_sentence[f"{f}_lift"][totals.sentence] = share / base
+        totals.keep(f"{f}_lift", share / base)
         totals.bootstraps[f].add(key, share, base)
 
 
@@ -378,9 +383,10 @@ class HeadProfiler:
             docs = list(self._nlp.pipe([a.text for a in attentions], batch_size=256))
         for att, doc in zip(attentions, docs):
             self.totals.sentence = self.n_sentences
+            token_words = align_to_words(att, doc)
             _token_measures(att, self.totals)
-            _word_measures(att, doc, self.totals)
-            _focus_measures(att, doc, self.totals)
+            _word_measures(att, doc, self.totals, token_words)
+            _focus_measures(att, token_classes(token_words, word_classes(doc)), self.totals)
             self.n_sentences += 1
 
     def merge(self, other: "HeadProfiler") -> None:

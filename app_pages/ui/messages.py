@@ -5,7 +5,7 @@ import re
 
 import streamlit as st
 
-from analysis.profile import readable  # one rule for what counts as a sentence, in the app and the CLI
+from analysis.profile import clean_lines  # one rule for what counts as a sentence, in the app and the CLI
 
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=%^@/,;?\"'])")
 _AUTOLINK = re.compile(r"(?i)(https?|ftp|www|mailto|xmpp)(?=\\[:.])|(?=\\@)")
@@ -31,4 +31,4 @@ def short(text: str, n: int = 60) -> str:
 
 
 def sentences_of(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if readable(line)]
+    return clean_lines(text.splitlines())

@@ -38,7 +38,6 @@ class PageProfile:
     n_sentences: int
     per_sentence: dict | None = None
     attentions: list | None = None
-    meta: dict | None = None  # a saved profile's metadata
 
 
 def page_profile(s: Settings) -> PageProfile:
@@ -54,15 +53,9 @@ def page_profile(s: Settings) -> PageProfile:
 
 def saved_profile(s: Settings) -> PageProfile:
     """A profile written by ``python -m analysis.profile`` (or saved from Head roles), checked against the sidebar's model."""
-    file = st.file_uploader("A profile written by `python -m analysis.profile` or saved from Head roles (.parquet)",
-                            type=["parquet"], max_upload_size=1)
-    if file is None:
-        st.info("Open a .parquet profile to see its heads here. Write one for any corpus with "
-                "`python -m analysis.profile CORPUS.txt --out profile.parquet`.")
-        st.stop()
-    data = file.getvalue()
-    if len(data) > UPLOAD_LIMIT:
-        stop_with(ValueError(f"That file has {len(data):,} bytes; the limit is {UPLOAD_LIMIT:,}."))
+    name, data = uploaded("A profile written by `python -m analysis.profile` or saved from Head roles (.parquet)",
+                          "parquet", "Open a .parquet profile to see its heads here. Write one for any corpus with "
+                          "`python -m analysis.profile CORPUS.txt --out profile.parquet`.")
     try:
         frame, meta = read_profile(io.BytesIO(data))
     except ValueError as err:
@@ -74,7 +67,7 @@ def saved_profile(s: Settings) -> PageProfile:
     if (meta["layers"], meta["heads"]) != (model.n_layers, model.n_heads):
         stop_with(ValueError(f"That profile has {meta['layers']} layers of {meta['heads']} heads; "
                              f"{model.name} has {model.n_layers} of {model.n_heads}."))
-    st.caption(plain(f"Opened {file.name}: {meta.get('sentences', 0):,} sentences profiled by HeadLens "
+    st.caption(plain(f"Opened {name}: {meta.get('sentences', 0):,} sentences profiled by HeadLens "
                      f"{meta.get('headlens', '?')} ({meta.get('engine', '?')} engine), corpus SHA-256 "
                      f"{str(meta.get('corpus_sha256', '?'))[:12]}…"))
     saved = ({tuple(h) for h in meta["heads_off"]}, meta["causal"])
@@ -82,7 +75,7 @@ def saved_profile(s: Settings) -> PageProfile:
         off = ", ".join(f"L{l}H{h}" for l, h in sorted(saved[0])) or "none"
         st.warning(f"This profile was made with heads switched off: {off}; causal mask: "
                    f"{'on' if saved[1] else 'off'}. The sidebar's settings differ and do not change it.")
-    return PageProfile(frame, int(meta.get("sentences", 0)), meta=meta)
+    return PageProfile(frame, int(meta.get("sentences", 0)))
 
 
 def profile_file(s: Settings, p: PageProfile) -> bytes:
@@ -96,14 +89,20 @@ def profile_file(s: Settings, p: PageProfile) -> bytes:
     return out.getvalue()
 
 
-def uploaded_sentences() -> list[str]:
-    file = st.file_uploader("A .txt file, one sentence per line", type=["txt"], max_upload_size=1)
+def uploaded(label: str, kind: str, prompt: str) -> tuple[str, bytes]:
+    """The name and bytes of a file the user uploads, within ``UPLOAD_LIMIT``; ``prompt`` until there is one."""
+    file = st.file_uploader(label, type=[kind], max_upload_size=1)
     if file is None:
-        st.info("Upload a text file to profile its sentences.")
+        st.info(prompt)
         st.stop()
     data = file.getvalue()
     if len(data) > UPLOAD_LIMIT:
         stop_with(ValueError(f"That file has {len(data):,} bytes; the limit is {UPLOAD_LIMIT:,}."))
+    return file.name, data
+
+
+def uploaded_sentences() -> list[str]:
+    _, data = uploaded("A .txt file, one sentence per line", "txt", "Upload a text file to profile its sentences.")
     if b"\x00" in data:
         stop_with(ValueError("That file is binary, not text; upload a .txt with one sentence per line."))
     try:
