@@ -5,7 +5,7 @@ from .mha import MultiHeadAttention
 from .result import Attention
 from .loading import AttentionModel, load_model, pick_device
 
-__version__ = "0.14.0"  # HeadLens's version, recorded in the files it writes
+__version__ = "0.15.0"  # HeadLens's version, recorded in the files it writes
 
 __all__ = ["Attention", "AttentionModel", "BertEncoder", "EncoderConfig", "HeadLensError",
            "MultiHeadAttention", "load_model", "pick_device"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -41,6 +41,19 @@ class EncoderConfig:
     attention_probs_dropout_prob: float = 0.1
     initializer_range: float = 0.02
     pad_token_id: int = 0
+    # heads removed by pruning, as ((layer, (head, ...)), ...); config.json writes {"layer": [head, ...]}
+    pruned_heads: tuple = ()
+
+    def kept_heads(self, layer: int) -> list[int]:
+        """The original indices of the heads ``layer`` still has, in order."""
+        gone = dict(self.pruned_heads).get(layer, ())
+        return [h for h in range(self.num_attention_heads) if h not in gone]
+
+    def to_dict(self) -> dict:
+        """As a transformers BERT ``config.json``, with the pruned heads where transformers 4 kept them."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["pruned_heads"] = {str(layer): list(heads) for layer, heads in self.pruned_heads}
+        return {"model_type": "bert", "architectures": ["BertModel"], **d}
 
     @classmethod
     def from_dict(cls, d: dict) -> "EncoderConfig":
@@ -55,8 +68,28 @@ class EncoderConfig:
                                 "choose the transformers engine for this model.")
         if d.get("hidden_act", "gelu") not in ACTIVATIONS:
             raise HeadLensError(f"The from-scratch engine has no activation '{d['hidden_act']}'.")
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names and v is not None})
+        names = {f.name for f in fields(cls)} - {"pruned_heads"}
+        config = cls(**{k: v for k, v in d.items() if k in names and v is not None})
+        return replace(config, pruned_heads=_pruned_heads(d.get("pruned_heads") or {}, config))
+
+
+def _pruned_heads(given, config: EncoderConfig) -> tuple:
+    """``{"layer": [head, ...]}`` from a config.json, checked against the model's sizes, as a sorted tuple."""
+    if not isinstance(given, dict):
+        raise HeadLensError("The config.json's pruned_heads must map each layer to a list of heads.")
+    out = {}
+    for layer, heads in given.items():
+        try:
+            layer = int(layer)
+            heads = tuple(sorted({int(h) for h in heads}))
+        except (TypeError, ValueError) as err:
+            raise HeadLensError(f"The config.json's pruned_heads has a layer or head that is not a number: {err}") from err
+        if not 0 <= layer < config.num_hidden_layers or any(not 0 <= h < config.num_attention_heads for h in heads):
+            raise HeadLensError(f"The config.json prunes heads {list(heads)} of layer {layer}; the model has "
+                                f"{config.num_hidden_layers} layers of {config.num_attention_heads} heads.")
+        if heads:
+            out[layer] = heads
+    return tuple(sorted(out.items()))
 
 
 class Embeddings(nn.Module):
@@ -79,12 +112,13 @@ class Embeddings(nn.Module):
 
 
 class Block(nn.Module):
-    """One post-LayerNorm transformer block."""
+    """One post-LayerNorm transformer block, with ``n_heads`` of the config's heads (fewer once pruned)."""
 
-    def __init__(self, c: EncoderConfig):
+    def __init__(self, c: EncoderConfig, n_heads: int | None = None):
         super().__init__()
         E = c.hidden_size
-        self.attn = MultiHeadAttention(E, c.num_attention_heads, dropout=c.attention_probs_dropout_prob)
+        self.attn = MultiHeadAttention(E, c.num_attention_heads if n_heads is None else n_heads,
+                                       head_dim=E // c.num_attention_heads, dropout=c.attention_probs_dropout_prob)
         self.ln_attn = nn.LayerNorm(E, eps=c.layer_norm_eps)
         self.ffn_in = nn.Linear(E, c.intermediate_size)
         self.ffn_out = nn.Linear(c.intermediate_size, E)
@@ -92,10 +126,12 @@ class Block(nn.Module):
         self.act = ACTIVATIONS[c.hidden_act]
         self.dropout = c.hidden_dropout_prob
 
-    def forward(self, x, key_padding_mask=None, causal=False, head_mask=None, packing: "Packing | None" = None):
+    def forward(self, x, key_padding_mask=None, causal=False, head_mask=None, packing: "Packing | None" = None,
+                head_fill=None):
         """``x`` is ``(B, L, E)``, or ``(N, E)`` real tokens only when ``packing`` is given."""
         padded = x if packing is None else packing.unpack(x)                  # (B, L, E)
-        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal, head_mask=head_mask)
+        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal, head_mask=head_mask,
+                               head_fill=head_fill)
         a = a if packing is None else packing.pack(a)                          # like x
         x = self.ln_attn(x + F.dropout(a, self.dropout, self.training))
         h = self.ffn_out(self.act(self.ffn_in(x)))
@@ -129,15 +165,25 @@ class EncoderOutput:
 
 
 class BertEncoder(nn.Module):
+    """Embeddings and blocks; a block whose heads were pruned (``config.pruned_heads``) holds fewer."""
+
     def __init__(self, config: EncoderConfig):
         super().__init__()
+        if config.hidden_size % config.num_attention_heads:
+            raise ValueError(f"hidden_size ({config.hidden_size}) must be a multiple of num_attention_heads "
+                             f"({config.num_attention_heads})")
         self.config = config
+        self.kept = [config.kept_heads(i) for i in range(config.num_hidden_layers)]
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(Block(config, len(kept)) for kept in self.kept)
+
+    @property
+    def pruned(self) -> bool:
+        return bool(self.config.pruned_heads)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, *, causal: bool = False,
-                head_mask: torch.Tensor | None = None) -> EncoderOutput:
+                head_mask: torch.Tensor | None = None, head_fill: torch.Tensor | None = None) -> EncoderOutput:
         """Encode a batch.
 
         Args:
@@ -146,24 +192,56 @@ class BertEncoder(nn.Module):
             token_type_ids: ``(B, L)`` segment ids, zeros when None.
             causal: masked self-attention, no token sees a later one.
             head_mask: ``(layers, heads)``, 1 keeps a head, 0 switches it off.
+            head_fill: ``(layers, heads, Dh)``: the output of a head switched off, instead of zero.
+
+        Both name every head of the unpruned model; a pruned head's entries are not read.
 
         Returns:
-            the last hidden state ``(B, L, E)`` and per layer the weights ``(B, H, L, L)``.
+            the last hidden state ``(B, L, E)`` and per layer the weights ``(B, H, L, L)``, with
+            the pruned heads' weights all zero.
             Padded positions carry no meaning: their hidden state is zero and their query rows
             are not those of a model run without packing.
         """
+        x, padding, packing = self.embed_tokens(input_ids, attention_mask, token_type_ids)
+        x, attentions = self.run_layers(x, padding, packing, causal=causal, head_mask=head_mask, head_fill=head_fill)
+        x = x if packing is None else packing.unpack(x)
+        return EncoderOutput(x, attentions)
+
+    def embed_tokens(self, input_ids, attention_mask=None, token_type_ids=None):
+        """The input to the first block: ``(x, padding, packing)``, ``x`` packed to real tokens when there is padding."""
         x = self.embeddings(input_ids, token_type_ids)                          # (B, L, E)
         padding = packing = None
         if attention_mask is not None and not bool(attention_mask.all()):
             padding = attention_mask == 0
             packing = Packing(attention_mask)
             x = packing.pack(x)                                                # (N, E)
+        return x, padding, packing
+
+    def run_layers(self, x, padding=None, packing=None, *, start: int = 0, stop: int | None = None,
+                   causal: bool = False, head_mask=None, head_fill=None):
+        """Blocks ``start`` to ``stop`` (exclusive) on ``x`` as ``embed_tokens`` gives it, or as an earlier
+        call left it; ``head_mask`` and ``head_fill`` cover every layer. Returns ``x`` and the weights."""
         attentions = []
-        for i, block in enumerate(self.layers):
-            x, weights = block(x, padding, causal, None if head_mask is None else head_mask[i], packing)
-            attentions.append(weights)
-        x = x if packing is None else packing.unpack(x)
-        return EncoderOutput(x, tuple(attentions))
+        for i in range(start, len(self.layers) if stop is None else stop):
+            mask = None if head_mask is None else self._kept(head_mask[i], i)
+            fill = None if head_fill is None else self._kept(head_fill[i], i)
+            x, weights = self.layers[i](x, padding, causal, mask, packing, fill)
+            attentions.append(self._all_heads(weights, i))
+        return x, tuple(attentions)
+
+    def _kept(self, per_head: torch.Tensor, layer: int) -> torch.Tensor:
+        if len(self.kept[layer]) == self.config.num_attention_heads:
+            return per_head
+        return per_head[torch.tensor(self.kept[layer], dtype=torch.long, device=per_head.device)]
+
+    def _all_heads(self, weights: torch.Tensor, layer: int) -> torch.Tensor:
+        """``(B, kept, L, L)`` weights placed among zeros for the pruned heads: ``(B, heads, L, L)``."""
+        kept, H = self.kept[layer], self.config.num_attention_heads
+        if len(kept) == H:
+            return weights
+        B, _, Lq, Lk = weights.shape
+        index = torch.tensor(kept, dtype=torch.long, device=weights.device)
+        return weights.new_zeros(B, H, Lq, Lk).index_copy_(1, index, weights)
 
     @classmethod
     def untrained(cls, config: EncoderConfig, seed: int = 0) -> "BertEncoder":
@@ -201,8 +279,60 @@ class BertEncoder(nn.Module):
             raise HeadLensError(f"The weights in {folder / 'model.safetensors'} could not be read: {err}") from err
         with torch.device("meta"):
             model = cls(config)
-        model.load_state_dict(state_dict_from_bert(hf, config.num_hidden_layers), assign=True)
+        try:
+            model.load_state_dict(state_dict_from_bert(hf, config.num_hidden_layers), assign=True)
+        except RuntimeError as err:
+            pruned = " or the heads its config.json says were pruned" if config.pruned_heads else ""
+            raise HeadLensError(f"The weights in {folder} do not fit the sizes in its config.json{pruned}: "
+                                f"{str(err).splitlines()[-1].strip()}") from err
         return model.eval()
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` as a transformers BERT checkpoint would hold
+        them (q, k and v apart), pruned heads recorded; ``from_pretrained`` opens the folder again."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n", encoding="utf-8")
+        save_file(state_dict_to_bert(self.state_dict()), str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+    def pruned_copy(self, heads, head_fill: torch.Tensor | None = None) -> "BertEncoder":
+        """A new encoder without ``heads`` (``(layer, head)`` pairs of the unpruned numbering), this one untouched.
+
+        Each removed head takes its rows of the q, k and v projections and its columns of the output
+        projection with it, as transformers 4's ``prune_heads`` did. With ``head_fill``
+        (``(layers, heads, Dh)``), a removed head's constant output is folded into the output
+        projection's bias, so the copy equals this encoder with those heads mean-ablated.
+        """
+        c, H, Dh = self.config, self.config.num_attention_heads, self.config.hidden_size // self.config.num_attention_heads
+        gone = {layer: set(hs) for layer, hs in c.pruned_heads}
+        for layer, head in heads:
+            gone.setdefault(layer, set()).add(head)
+        config = replace(c, pruned_heads=tuple(sorted((layer, tuple(sorted(hs))) for layer, hs in gone.items() if hs)))
+        copy = type(self)(config).to(self.embeddings.word_embeddings.weight.device)
+        state = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        for i, block in enumerate(self.layers):
+            old, new = self.kept[i], copy.kept[i]
+            if old == new:
+                continue
+            keep = torch.tensor([old.index(h) for h in new], dtype=torch.long)
+            rows = (keep.view(-1, 1) * Dh + torch.arange(Dh)).reshape(-1)          # this layer's kept q/k/v rows
+            inner = len(old) * Dh
+            prefix = f"layers.{i}.attn."
+            qkv = torch.cat([rows + part * inner for part in range(3)]).to(state[prefix + "in_proj_weight"].device)
+            w_out = state[prefix + "out_proj.weight"]                                 # (E, old * Dh)
+            if head_fill is not None and prefix + "out_proj.bias" in state:
+                dropped = [j for j, h in enumerate(old) if h not in new]
+                fill = head_fill[i, [old[j] for j in dropped]].to(w_out)               # (dropped, Dh)
+                cols = (torch.tensor(dropped).view(-1, 1) * Dh + torch.arange(Dh)).reshape(-1).to(w_out.device)
+                state[prefix + "out_proj.bias"] += w_out[:, cols] @ fill.reshape(-1)
+            state[prefix + "in_proj_weight"] = state[prefix + "in_proj_weight"][qkv]
+            if prefix + "in_proj_bias" in state:
+                state[prefix + "in_proj_bias"] = state[prefix + "in_proj_bias"][qkv]
+            state[prefix + "out_proj.weight"] = w_out[:, rows.to(w_out.device)]
+        copy.load_state_dict(state)
+        return copy.train(self.training)
 
 
 _LAYER_RENAMES = {
@@ -240,6 +370,27 @@ def state_dict_from_bert(hf: dict[str, torch.Tensor], n_layers: int) -> dict[str
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise HeadLensError(f"These are not BERT encoder weights: missing {shown}.")
     return ours
+
+
+def state_dict_to_bert(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our state dict in transformers BERT names, contiguous on the CPU, as safetensors stores it."""
+    back = {new: old for old, new in _LAYER_RENAMES.items()}
+    hf = {}
+    for name, tensor in ours.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        proj = re.fullmatch(r"layers\.(\d+)\.attn\.in_proj_(weight|bias)", name)
+        other = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name)
+        if proj is not None:
+            i, kind = proj.groups()
+            parts = tensor.reshape(3, tensor.shape[0] // 3, *tensor.shape[1:])  # q, k, v: the rows of the kept heads
+            for part, chunk in zip(("query", "key", "value"), parts):
+                hf[f"encoder.layer.{i}.attention.self.{part}.{kind}"] = chunk.contiguous()
+        elif other is not None:
+            i, module, kind = other.groups()
+            hf[f"encoder.layer.{i}.{back[module]}.{kind}"] = tensor
+        else:
+            hf[name] = tensor
+    return hf
 
 
 def _normalise_key(key: str) -> str:

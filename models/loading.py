@@ -176,9 +176,23 @@ def _load_model(name, backend, device, untrained, seed, allow_pickle) -> "Attent
             if not (folder / "model.safetensors").is_file():
                 raise HeadLensError(f"The scratch engine reads model.safetensors, which {folder} lacks.")
             encoder = BertEncoder.from_pretrained(folder)
-        return ScratchModel(encoder.to(dev), tokenizer, display, dev)
+        return _with_embed_length(ScratchModel(encoder.to(dev), tokenizer, display, dev), folder)
+    if config.get("pruned_heads"):
+        raise HeadLensError(f"{display} has pruned heads, which transformers no longer builds; "
+                            "open it with the from-scratch engine (backend='scratch').")
     model = _load_hf_model(folder, allow_pickle)
-    return TransformersModel(model.to(dev), load_tokenizer(folder), display, dev)
+    return _with_embed_length(TransformersModel(model.to(dev), load_tokenizer(folder), display, dev), folder)
+
+
+def _with_embed_length(model: "AttentionModel", folder: Path) -> "AttentionModel":
+    """The model cutting texts to embed where sentence-transformers does (``sentence_bert_config.json``)."""
+    try:
+        length = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8")).get("max_seq_length")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return model
+    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        model.embed_max_tokens = min(length, model.max_tokens)
+    return model
 
 
 def _load_hf_model(folder: Path, allow_pickle: bool):
@@ -217,12 +231,13 @@ class AttentionModel:
         self.bytes_per_token_pair = 4 * n_layers * n_heads * parts
         limits = [m for m in (max_positions, tokenizer.model_max_length) if m and m < 1e9]
         self.max_tokens = min([MAX_TOKENS_CAP, token_limit(self.bytes_per_token_pair), *limits])
+        self.embed_max_tokens = self.max_tokens  # the sentence-transformers length, where the folder gives one
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.name!r}, backend={self.backend!r}, device={str(self.device)!r}, "
                 f"layers={self.n_layers}, heads={self.n_heads})")
 
-    def attend(self, texts: str | Sequence[str], *, head_mask=None, causal: bool = False,
+    def attend(self, texts: str | Sequence[str], *, head_mask=None, head_means=None, causal: bool = False,
                target: str | Sequence[str] | None = None, batch_size: int = 32,
                progress: Progress | None = None) -> Attention | list[Attention]:
         """Attention weights of one text, or of several run as padded batches.
@@ -230,6 +245,8 @@ class AttentionModel:
         Args:
             texts: a string, or a list of strings (a list in, a list out, in the same order).
             head_mask: ``(layers, heads)`` 0/1 array: 0 switches a head off (scratch backend).
+            head_means: ``(layers, heads, head_dim)``, from ``head_means``: a head switched off
+                outputs its mean instead of zero (mean ablation; scratch backend).
             causal: masked self-attention (scratch backend).
             target: for encoder-decoder models, the decoder's text(s); default: the input itself.
             batch_size: texts per forward pass; texts of similar length are batched together.
@@ -243,12 +260,12 @@ class AttentionModel:
         targets = self._targets(items, target, single)
         if targets is not None:
             lengths = [max(n, m) for n, m in zip(lengths, self.token_counts(targets, "target"))]
-        mask = self._head_mask(head_mask)
+        mask, fill = self._head_mask(head_mask), self._head_fill(head_means, head_mask)
         results: list[Attention | None] = [None] * len(items)
         done_count = 0
         for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
             done = self._attend_batch([items[i] for i in chunk],
-                                      None if targets is None else [targets[i] for i in chunk], mask, causal)
+                                      None if targets is None else [targets[i] for i in chunk], mask, causal, fill)
             for i, res in zip(chunk, done):
                 results[i] = res
             done_count += len(chunk)
@@ -291,10 +308,47 @@ class AttentionModel:
             raise HeadLensError("A target text is empty; type the decoder's sentence.")
         return targets
 
+    def embed(self, texts: str | Sequence[str], *, head_mask=None, head_means=None, batch_size: int = 32,
+              progress: Progress | None = None) -> np.ndarray:
+        """Sentence embeddings, as all-MiniLM-L6-v2 is trained to produce them: the mean of the last
+        hidden state over each text's real tokens, L2-normalised. ``(n_texts, hidden)`` float32.
+
+        Texts are cut at the sentence-transformers length when the model folder gives one
+        (``sentence_bert_config.json``, 256 tokens for all-MiniLM-L6-v2), else at ``max_tokens``.
+        ``head_mask`` and ``head_means`` switch heads off as in ``attend`` (scratch backend).
+        """
+        items = [texts] if isinstance(texts, str) else list(texts)
+        if not items:
+            raise HeadLensError("There is no text to embed.")
+        if self.encoder_decoder:
+            raise HeadLensError("Sentence embeddings are for encoders and decoder-only models; "
+                                f"{self.name} is an encoder-decoder.")
+        lengths = self.token_counts(items)
+        mask, fill = self._head_mask(head_mask), self._head_fill(head_means, head_mask)
+        out, done = None, 0
+        for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
+            enc = self._tokenize([items[i] for i in chunk], padding=True, truncation=True,
+                                 max_length=self.embed_max_tokens, return_tensors="pt")
+            inputs = self._inputs(enc)
+            with torch.inference_mode():
+                pooled = mean_pooled(self._hidden(inputs, mask, fill), inputs["attention_mask"])
+            if out is None:
+                out = np.empty((len(items), pooled.shape[1]), dtype=np.float32)
+            out[chunk] = pooled
+            done += len(chunk)
+            if progress is not None:
+                progress(done, len(items))
+        return out
+
     def _head_mask(self, head_mask):
         if head_mask is None:
             return None
         raise HeadLensError("Head masks need the scratch backend: transformers models no longer take them.")
+
+    def _head_fill(self, head_means, head_mask):
+        if head_means is None:
+            return None
+        raise HeadLensError("Mean ablation needs the scratch backend: transformers models no longer take head masks.")
 
     def _tokenize(self, *args, **kwargs):
         with self._tokenizer_lock:
@@ -316,7 +370,7 @@ class AttentionModel:
                 if k in enc and k in names}
 
     def _results(self, texts, enc, lengths, originals, stacked: torch.Tensor, component="self",
-                 causal=False, keys: list[Attention] | None = None) -> list[Attention]:
+                 causal=False, keys: list[Attention] | None = None, pruned: np.ndarray | None = None) -> list[Attention]:
         """Split a ``(B, layers, H, Lq, Lk)`` tensor into per-text results without padding."""
         weights = stacked.detach().to("cpu", torch.float32).numpy()
         ids = enc["input_ids"]
@@ -333,10 +387,14 @@ class AttentionModel:
                 offsets=[tuple(o) for o in enc["offset_mapping"][i, :n].tolist()],
                 text=text, model_name=self.name, backend=self.backend, device=str(self.device),
                 truncated=originals[i] > n, n_tokens_original=originals[i], component=component,
-                causal=causal, keys=None if keys is None else keys[i]))
+                causal=causal, keys=None if keys is None else keys[i], pruned=pruned))
         return out
 
-    def _attend_batch(self, texts, targets, head_mask, causal) -> list[Attention]:
+    def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None) -> list[Attention]:
+        raise NotImplementedError
+
+    def _hidden(self, inputs: dict[str, torch.Tensor], head_mask=None, head_fill=None) -> torch.Tensor:
+        """The last hidden state ``(B, L, hidden)`` of a batch, without attention weights."""
         raise NotImplementedError
 
     def blanked_outputs(self, text: str) -> tuple[np.ndarray, np.ndarray]:
@@ -359,11 +417,8 @@ class AttentionModel:
         batch = {k: v[:, :n].repeat(n + 1, 1) for k, v in inputs.items()}  # row 0 as is, row j + 1 blanks j
         batch["input_ids"][torch.arange(1, n + 1), torch.arange(n)] = blank
         with torch.inference_mode():
-            hidden = self._last_hidden(batch).to("cpu", torch.float32).numpy()
+            hidden = self._hidden(batch).to("cpu", torch.float32).numpy()
         return hidden[0], hidden[1:]
-
-    def _last_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        raise NotImplementedError
 
 
 class ScratchModel(AttentionModel):
@@ -377,6 +432,132 @@ class ScratchModel(AttentionModel):
                          c.max_position_embeddings)
         self.encoder = encoder
 
+    @property
+    def pruned_heads(self) -> np.ndarray:
+        """bool ``(layers, heads)``: True for a head removed by ``pruned``."""
+        out = np.zeros((self.n_layers, self.n_heads), dtype=bool)
+        for layer, heads in self.encoder.config.pruned_heads:
+            out[layer, list(heads)] = True
+        return out
+
+    def pruned(self, heads, *, head_means=None) -> "ScratchModel":
+        """A new, smaller model without ``heads``, a list of ``(layer, head)``; this one is untouched.
+
+        Its ``attend`` and ``embed`` equal this model's with those heads masked (zeroed), or with
+        ``head_means`` (from ``head_means``) mean-ablated, the means folded into the output bias.
+        Results keep every head's place: a pruned head's weights are zero and ``Attention.pruned``
+        marks it. Pruning every head of a layer leaves its skip connection and feed-forward.
+        """
+        pairs = []
+        for item in heads:
+            try:
+                layer, head = (int(x) for x in item)
+            except (TypeError, ValueError) as err:
+                raise HeadLensError(f"Name each head to prune as (layer, head); {item!r} is not that.") from err
+            if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):
+                raise HeadLensError(f"There is no head {head} in layer {layer}: {self.name} has {self.n_layers} "
+                                    f"layers of {self.n_heads} heads, numbered from 0.")
+            pairs.append((layer, head))
+        fill = self._head_fill(head_means, np.zeros((self.n_layers, self.n_heads)))
+        encoder = self.encoder.pruned_copy(pairs, head_fill=fill).eval()
+        gone = int(sum(len(h) for _, h in encoder.config.pruned_heads))
+        base = self.name.split(" (pruned:")[0]
+        name = f"{base} (pruned: {gone} of {self.n_layers * self.n_heads} heads)" if gone else base
+        copy = ScratchModel(encoder, self.tokenizer, name, self.device)
+        copy._tokenizer_lock = self._tokenizer_lock  # one tokenizer, so one lock, for both models
+        copy.embed_max_tokens = self.embed_max_tokens
+        return copy
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write the model to ``folder``: safetensors, a config recording its pruned heads, and its tokenizer.
+
+        ``load_model(folder, backend="scratch")`` opens it again.
+        """
+        folder = Path(folder)
+        try:
+            self.encoder.save_pretrained(folder)
+            self.tokenizer.save_pretrained(str(folder))
+            if self.embed_max_tokens != self.max_tokens:
+                (folder / "sentence_bert_config.json").write_text(
+                    json.dumps({"max_seq_length": self.embed_max_tokens, "do_lower_case": False}) + "\n", encoding="utf-8")
+        except OSError as err:
+            raise HeadLensError(f"The model could not be written to {folder}: {err}") from err
+        return folder
+
+    def head_means(self, texts: Sequence[str], *, batch_size: int = 32, progress: Progress | None = None) -> np.ndarray:
+        """Each head's mean output over every real token of ``texts`` (before the output projection),
+        ``(layers, heads, head_dim)``: what mean ablation puts in place of a head. Pruned heads get zeros."""
+        items = [texts] if isinstance(texts, str) else list(texts)
+        if not items:
+            raise HeadLensError("Mean ablation needs sentences to average a head's output over.")
+        lengths = self.token_counts(items)
+        Dh = self.encoder.config.hidden_size // self.n_heads
+        sums = torch.zeros(self.n_layers, self.n_heads, Dh, dtype=torch.float64)
+        count, real, done = 0, {}, 0
+
+        def hook(layer):
+            def add(module, args):
+                x = args[0]                                                        # (B, L, kept * Dh)
+                kept = self.encoder.kept[layer]
+                total = (x * real["mask"]).sum(dim=(0, 1)).view(len(kept), Dh)
+                sums[layer, kept] += total.to("cpu", torch.float64)
+            return add
+
+        handles = [block.attn.out_proj.register_forward_pre_hook(hook(i)) for i, block in enumerate(self.encoder.layers)]
+        try:
+            for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
+                enc = self._tokenize([items[i] for i in chunk], padding=True, truncation=True,
+                                     max_length=self.max_tokens, return_tensors="pt")
+                inputs = self._inputs(enc)
+                real["mask"] = inputs["attention_mask"].unsqueeze(-1).float()
+                count += int(inputs["attention_mask"].sum())
+                with torch.inference_mode():
+                    self._hidden(inputs)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, len(items))
+        finally:
+            for handle in handles:
+                handle.remove()
+        return (sums / count).to(torch.float32).numpy()
+
+    def embed_variants(self, texts: Sequence[str], head_masks, *, head_means=None, batch_size: int = 32,
+                       progress: Progress | None = None) -> np.ndarray:
+        """``embed(texts, head_mask=m)`` for every ``m`` in ``head_masks``: ``(masks, texts, hidden)``.
+
+        Layers before a mask's first switched-off head are run once for all masks, so ablating one
+        head at a time costs about half of as many separate ``embed`` calls on a 6-layer model.
+        """
+        items = list(texts)
+        masks = [self._head_mask(m) for m in head_masks]
+        if not items or not masks:
+            raise HeadLensError("There is no text to embed, or no head mask to embed it with.")
+        fill = None if head_means is None else self._head_fill(head_means, head_masks[0])
+        starts = [int((m == 0).any(dim=1).float().argmax()) if bool((m == 0).any()) else self.n_layers for m in masks]
+        lengths = self.token_counts(items)
+        out = np.empty((len(masks), len(items), self.encoder.config.hidden_size), dtype=np.float32)
+        done, total = 0, len(masks) * len(items)
+        for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
+            enc = self._tokenize([items[i] for i in chunk], padding=True, truncation=True,
+                                 max_length=self.embed_max_tokens, return_tensors="pt")
+            inputs = self._inputs(enc)
+            with torch.inference_mode():
+                x, padding, packing = self.encoder.embed_tokens(inputs["input_ids"], inputs["attention_mask"],
+                                                                inputs.get("token_type_ids"))
+                entering = [x]                                                     # the input of each layer
+                for layer in range(self.n_layers):
+                    entering.append(self.encoder.run_layers(entering[-1], padding, packing, start=layer,
+                                                            stop=layer + 1)[0])
+                for k, (mask, start) in enumerate(zip(masks, starts)):
+                    h, _ = self.encoder.run_layers(entering[start], padding, packing, start=start, head_mask=mask,
+                                                   head_fill=fill)
+                    h = h if packing is None else packing.unpack(h)
+                    out[k, chunk] = mean_pooled(h, inputs["attention_mask"])
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, total)
+        return out
+
     def _head_mask(self, head_mask):
         if head_mask is None:
             return None
@@ -388,18 +569,33 @@ class ScratchModel(AttentionModel):
             raise HeadLensError("The head mask may hold only 0 (head off) and 1 (head on).")
         return mask.to(self.device)
 
-    def _attend_batch(self, texts, targets, head_mask, causal):
+    def _head_fill(self, head_means, head_mask):
+        if head_means is None:
+            return None
+        if head_mask is None:
+            raise HeadLensError("Head means replace the heads a head mask switches off; give the head mask too.")
+        Dh = self.encoder.config.hidden_size // self.n_heads
+        fill = torch.tensor(np.asarray(head_means, dtype=np.float32))  # a copy: shared means may be read-only
+        if fill.shape != (self.n_layers, self.n_heads, Dh):
+            raise HeadLensError(f"Head means must have shape ({self.n_layers}, {self.n_heads}, {Dh}), as "
+                                f"head_means returns them; these have {tuple(fill.shape)}.")
+        return fill.to(self.device)
+
+    def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None):
         if targets is not None:
             raise HeadLensError("A target text is for encoder-decoder models; this is an encoder.")
         enc, lengths, originals = self._encode(texts)
         inputs = self._inputs(enc)
         with torch.inference_mode():
             out = self.encoder(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"),
-                               causal=causal, head_mask=head_mask)
-        return self._results(texts, enc, lengths, originals, torch.stack(out.attentions, dim=1), causal=causal)
+                               causal=causal, head_mask=head_mask, head_fill=head_fill)
+        pruned = self.pruned_heads if self.encoder.pruned else None
+        return self._results(texts, enc, lengths, originals, torch.stack(out.attentions, dim=1), causal=causal,
+                             pruned=pruned)
 
-    def _last_hidden(self, inputs):
-        return self.encoder(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")).last_hidden_state
+    def _hidden(self, inputs, head_mask=None, head_fill=None):
+        return self.encoder(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"),
+                            head_mask=head_mask, head_fill=head_fill).last_hidden_state
 
 
 class TransformersModel(AttentionModel):
@@ -420,7 +616,7 @@ class TransformersModel(AttentionModel):
         super().__init__(tokenizer, name, device, n_layers, n_heads, max_positions, causal=decoder_only,
                          parts=3 if self.encoder_decoder else 1)
 
-    def _attend_batch(self, texts, targets, head_mask, causal):
+    def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None):
         if causal:
             raise HeadLensError("A causal mask can be added to the scratch engine only; "
                                 "a transformers model attends as it was trained.")
@@ -445,8 +641,13 @@ class TransformersModel(AttentionModel):
                               component="cross", keys=encoder)
         return [_with_parts(e, d, x) for e, d, x in zip(encoder, decoder, cross)]
 
-    def _last_hidden(self, inputs):
-        return self._forward(inputs).last_hidden_state
+    def _hidden(self, inputs, head_mask=None, head_fill=None):
+        model = self.model.get_encoder() if self.encoder_decoder else self.model
+        try:
+            with torch.inference_mode():
+                return model(**inputs, return_dict=True).last_hidden_state
+        except (TypeError, ValueError, RuntimeError, IndexError) as err:
+            raise HeadLensError(f"The model {self.name} failed on this input: {err}") from err
 
     def _forward(self, inputs):
         try:
@@ -460,6 +661,14 @@ class TransformersModel(AttentionModel):
             raise HeadLensError(f"The model {self.name} returns no attention weights; "
                                 "HeadLens needs a model whose eager attention reports them.")
         return torch.stack(attentions, dim=1)  # (B, layers, H, Lq, Lk)
+
+
+def mean_pooled(hidden: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
+    """The L2-normalised mean of ``hidden`` ``(B, L, E)`` over real tokens, as sentence-transformers pools."""
+    hidden = hidden.float()
+    real = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    pooled = (hidden * real).sum(dim=1) / real.sum(dim=1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(pooled, p=2, dim=1).cpu().numpy()
 
 
 def _with_parts(encoder: Attention, decoder: Attention, cross: Attention) -> Attention:

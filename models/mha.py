@@ -7,6 +7,8 @@ against each other number for number.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,34 +19,45 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         embed_dim: E, the size of queries and of the output.
-        num_heads: H; E must be divisible by H, each head has ``Dh = E // H``.
+        num_heads: H; each head has ``Dh = E // H`` (E must be divisible by H) unless ``head_dim``
+            is given. A pruned layer keeps fewer heads of the original size, down to none.
+        head_dim: Dh, when it is not ``E // H`` (a layer with heads pruned away).
         bias: whether the input and output projections have biases.
         dropout: dropout on the attention weights, active in training mode only.
         kdim, vdim: sizes of keys and values for cross-attention (default E).
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, *, bias: bool = True, dropout: float = 0.0,
-                 kdim: int | None = None, vdim: int | None = None):
+    def __init__(self, embed_dim: int, num_heads: int, *, head_dim: int | None = None, bias: bool = True,
+                 dropout: float = 0.0, kdim: int | None = None, vdim: int | None = None):
         super().__init__()
-        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
-            raise ValueError(f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})")
-        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        if head_dim is None:
+            if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+                raise ValueError(f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})")
+            head_dim = embed_dim // num_heads
+        elif embed_dim <= 0 or num_heads < 0 or head_dim <= 0:
+            raise ValueError(f"embed_dim ({embed_dim}) and head_dim ({head_dim}) must be positive, "
+                             f"num_heads ({num_heads}) at least 0")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, head_dim
+        self.inner_dim = num_heads * head_dim                              # H * Dh: E unless heads were pruned
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
         self.dropout = dropout
         self.fused = self.kdim == embed_dim and self.vdim == embed_dim
+        inner = self.inner_dim
         if self.fused:
-            self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+            self.in_proj_weight = nn.Parameter(torch.empty(3 * inner, embed_dim))
         else:
-            self.q_proj_weight = nn.Parameter(torch.empty(embed_dim, embed_dim))
-            self.k_proj_weight = nn.Parameter(torch.empty(embed_dim, self.kdim))
-            self.v_proj_weight = nn.Parameter(torch.empty(embed_dim, self.vdim))
-        self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim)) if bias else None
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+            self.q_proj_weight = nn.Parameter(torch.empty(inner, embed_dim))
+            self.k_proj_weight = nn.Parameter(torch.empty(inner, self.kdim))
+            self.v_proj_weight = nn.Parameter(torch.empty(inner, self.vdim))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * inner)) if bias else None
+        with warnings.catch_warnings():  # a layer with every head pruned has an empty projection, on purpose
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors", UserWarning)
+            self.out_proj = nn.Linear(inner, embed_dim, bias=bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         for name, p in self.named_parameters(recurse=False):
-            if name.endswith("weight"):
+            if name.endswith("weight") and p.numel():
                 nn.init.xavier_uniform_(p)
         if self.in_proj_bias is not None:
             nn.init.zeros_(self.in_proj_bias)
@@ -73,20 +86,21 @@ class MultiHeadAttention(nn.Module):
 
     def project(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
         """q, k, v projections, each ``(B, L, E)``; one matrix product for self-attention."""
-        E = self.embed_dim
+        E = self.inner_dim
         b = self.in_proj_bias
-        bq, bk, bv = (None, None, None) if b is None else b.split(E)
+        bq, bk, bv = (None, None, None) if b is None else b.view(3, E).unbind()
         if self.fused:
             if query is key and key is value:
-                return F.linear(query, self.in_proj_weight, b).split(E, dim=-1)
-            wq, wk, wv = self.in_proj_weight.split(E)
+                return F.linear(query, self.in_proj_weight, b).unflatten(-1, (3, E)).unbind(-2)
+            wq, wk, wv = self.in_proj_weight.view(3, E, -1).unbind()
         else:
             wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
         return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None, *,
                 key_padding_mask: torch.Tensor | None = None, valid_lens: torch.Tensor | None = None,
-                causal: bool = False, head_mask: torch.Tensor | None = None):
+                causal: bool = False, head_mask: torch.Tensor | None = None,
+                head_fill: torch.Tensor | None = None):
         """Attend from ``query`` to ``key``/``value``.
 
         Args:
@@ -97,6 +111,8 @@ class MultiHeadAttention(nn.Module):
             valid_lens: ``(B,)`` or ``(B, Lq)``: keys at positions >= the length are masked.
             causal: query i sees keys 0..i only.
             head_mask: ``(H,)``, 1 keeps a head, 0 drops it; multiplies the weights after softmax.
+            head_fill: ``(H, Dh)``: what a head dropped by ``head_mask`` outputs at every position
+                instead of zero, such as its mean output over a corpus (mean ablation).
 
         Returns:
             output ``(B, Lq, E)`` and weights ``(B, H, Lq, Lk)``. A query whose keys are all
@@ -119,7 +135,10 @@ class MultiHeadAttention(nn.Module):
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout)
         out = torch.matmul(weights, v)                                     # (B, H, Lq, Dh)
-        out = out.transpose(1, 2).reshape(B, Lq, self.embed_dim)           # (B, Lq, E)
+        if head_fill is not None and head_mask is not None:
+            dropped = (1 - head_mask.to(out.dtype)).view(1, H, 1, 1)
+            out = out + dropped * head_fill.to(out.dtype).view(1, H, 1, Dh)
+        out = out.transpose(1, 2).reshape(B, Lq, self.inner_dim)           # (B, Lq, H * Dh)
         return self.out_proj(out), weights
 
 

@@ -27,6 +27,8 @@ class Attention:
         keys: for cross-attention, the key side (the encoder's tokens); None when keys are the queries.
         decoder, cross: for encoder-decoder models, the decoder's self-attention and its
             cross-attention to the encoder; this object then holds the encoder's self-attention.
+        pruned: bool ``(layers, heads)``, True for a head the model no longer has (its weights
+            are all zero); None for a model without pruned heads.
     """
 
     tokens: list[str]
@@ -45,6 +47,7 @@ class Attention:
     keys: "Attention | None" = field(default=None, repr=False)
     decoder: "Attention | None" = field(default=None, repr=False)
     cross: "Attention | None" = field(default=None, repr=False)
+    pruned: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def n_layers(self) -> int:
