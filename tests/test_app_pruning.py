@@ -1,0 +1,105 @@
+"""The Pruning page in AppTest: its grid, curves, pruned model and ablation are the model's own numbers."""
+import io
+import re
+import zipfile
+
+import numpy as np
+import pytest
+
+from models import load_model
+from tests.conftest import decode, downloads, figures, heatmaps, shown
+
+SENTENCES = ["Which do you like better, coffee or tea?", "The cat sat on the mat.", "Dogs bark at night.",
+             "She reads long books about the sea.", "The sun is hot today.", "We walked to the river.",
+             "He plays the piano every evening.", "Birds fly south in winter."]
+LINK = {"prune_on": "sidebar", "text": "\n".join(SENTENCES)}
+
+
+@pytest.fixture(scope="module")
+def means(scratch_model):
+    return scratch_model.head_means(SENTENCES)
+
+
+def off(*heads):
+    mask = np.ones((6, 12), dtype=np.float32)
+    for l, h in heads:
+        mask[l, h] = 0
+    return mask
+
+
+def removed(at) -> list[tuple[int, int]]:
+    caption = next(shown(c.value) for c in at.caption if c.value.startswith("Removed:"))
+    return [(int(l), int(h)) for l, h in re.findall(r"L(\d+)H(\d+)", caption)]
+
+
+def test_grid_is_each_heads_importance_and_the_curve_point_is_the_pruned_model(new_app, scratch_model, means):
+    at = new_app(LINK, page="app_pages/pruning.py")
+    grid, curves = figures(at)[:2]
+    assert grid["layout"]["title"]["text"].startswith("Importance · 8 sentences · mean ablation")
+    z = decode(heatmaps(grid)[0]["z"])
+    full = scratch_model.embed(SENTENCES)
+    for l, h in [(0, 0), (2, 5), (5, 11)]:  # each head switched off alone, its mean in its place
+        alone = scratch_model.embed(SENTENCES, head_mask=off((l, h)), head_means=means)
+        assert z[l, h] == pytest.approx(np.mean(1 - np.sum(alone * full, axis=1)), abs=1e-6)
+    # 40% by default: 29 heads, drawn grey and listed
+    heads = removed(at)
+    assert len(heads) == 29
+    grey = decode(heatmaps(grid)[1]["z"])
+    assert sorted(zip(*np.nonzero(np.isfinite(grey)))) == sorted(heads)
+    # the curve's point is that pruned model, measured
+    pruned = scratch_model.pruned(heads, head_means=means)
+    fidelity = float(np.mean(np.sum(pruned.embed(SENTENCES) * full, axis=1)))
+    line = next(t for t in curves["data"] if t["name"] == "by importance" and t["xaxis"] == "x")
+    x, y = decode(line["x"]), decode(line["y"])
+    assert y[list(x).index(40.3)] == pytest.approx(fidelity, abs=1e-5)
+    assert at.metric[0].label == "Fidelity" and at.metric[0].value == f"{fidelity:.3f}"
+    assert y[0] == pytest.approx(1.0, abs=1e-6) and len(x) == 11
+    assert {t["name"] for t in curves["data"]} == {"by importance", "at random (mean of 3 seeds)", "by attention alone"}
+    # the downloaded model is that pruned model
+    with zipfile.ZipFile(io.BytesIO(downloads(at)["Pruned model · ZIP"])) as z_file:
+        names = z_file.namelist()
+        assert {"headlens-pruned/config.json", "headlens-pruned/model.safetensors",
+                "headlens-pruned/tokenizer.json"} <= set(names)
+        z_file.extractall(at_dir := __import__("tempfile").mkdtemp())
+    opened = load_model(f"{at_dir}/headlens-pruned", backend="scratch")
+    np.testing.assert_allclose(opened.embed(SENTENCES), pruned.embed(SENTENCES), atol=1e-6)
+    importance_csv = downloads(at)["Importance · CSV"].decode().splitlines()
+    assert importance_csv[0] == "layer,head,importance,pruned" and len(importance_csv) == 73
+
+
+def test_prune_to_another_point_and_zero_ablation(new_app, scratch_model):
+    at = new_app({**LINK, "ablation": "zero", "prune_to": "50"}, page="app_pages/pruning.py")
+    grid = figures(at)[0]
+    assert "zero ablation" in grid["layout"]["title"]["text"] and "pruned at 69%" in grid["layout"]["title"]["text"]
+    heads = removed(at)
+    assert len(heads) == 50
+    z = decode(heatmaps(grid)[0]["z"])
+    full = scratch_model.embed(SENTENCES)
+    alone = scratch_model.embed(SENTENCES, head_mask=off((1, 7)))
+    assert z[1, 7] == pytest.approx(np.mean(1 - np.sum(alone * full, axis=1)), abs=1e-6)
+    at.select_slider(key="prune_to").set_value(7).run()
+    assert len(removed(at)) == 7
+    assert at.subheader[0].value == "Pruned to 10%: 7 of 72 heads removed"
+
+
+def test_switching_heads_off_shows_what_changes_later(new_app, scratch_model, means):
+    at = new_app(LINK, page="app_pages/pruning.py")
+    at.multiselect(key="ablate").set_value(["3.4"]).run()
+    change = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("Change in each head"))
+    values = decode(heatmaps(change)[0]["z"])
+    assert np.isnan(values[3, 4]) and not values[:3].any()
+    full = scratch_model.attend(SENTENCES)
+    ablated = scratch_model.attend(SENTENCES, head_mask=off((3, 4)), head_means=means)
+    expected = np.mean([0.5 * np.abs(a.weights - b.weights).sum(-1).mean(-1) for a, b in zip(full, ablated)], axis=0)
+    np.testing.assert_allclose(values[4:], expected[4:], atol=1e-6)
+    table = at.dataframe[-1].value
+    emb = scratch_model.embed(SENTENCES, head_mask=off((3, 4)), head_means=means)
+    np.testing.assert_allclose(table["cosine to the full model"], np.sum(emb * scratch_model.embed(SENTENCES), 1).round(4),
+                               atol=1e-4)
+
+
+def test_what_the_page_cannot_do_it_says(new_app, tiny):
+    at = new_app({"model": "custom", "custom_model": str(tiny("gpt2"))}, page="app_pages/pruning.py")
+    assert "from-scratch engine" in at.info[0].value and not figures(at)
+    at = new_app({"prune_on": "sidebar", "text": "Only one sentence here."}, page="app_pages/pruning.py")
+    assert "at least two" in at.info[0].value and not figures(at)
