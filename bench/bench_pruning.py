@@ -1,0 +1,82 @@
+"""Pruned all-MiniLM-L6-v2 against the full model: forward time, and what pruning keeps.
+
+    python -m bench.bench_pruning [--device cpu|cuda] [--sentences N] [--ablation mean|zero]
+
+1. Forward time, pruned / full, with half the heads (36 of 72) pruned in the order the pruning
+   curve by importance removes them: 64 sentences as one padded batch, and one 512-token text.
+   Timed alternately in one process (``bench.common.ratio``).
+2. Fidelity (mean embedding cosine to the full model) and neighbour agreement (top-5 overlap) at
+   20, 40 and 60% of the heads pruned (14, 29 and 43 of 72), by importance and at random (mean
+   of 3 seeds), on the built-in corpus. Aim: at 40% by importance, cosine >= 0.95 and
+   agreement >= 0.8.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import pandas as pd
+import torch
+
+from analysis.importance import curve_summary, pruning_curve
+from app_pages.ui.profiles import CORPUS
+from bench.bench_encoder import long_text, sentences
+from bench.common import machine, ratio
+from models import load_model
+
+POINTS = {14: "20%", 29: "40%", 43: "60%"}
+
+
+def forward(model, inputs):
+    def run():
+        with torch.inference_mode():
+            model.encoder(inputs["input_ids"], inputs.get("attention_mask"), inputs.get("token_type_ids"))
+    return run
+
+
+def batch(model, texts):
+    enc = model.tokenizer(texts, padding=True, truncation=True, max_length=512, return_tensors="pt")
+    return {k: v.to(model.device) for k, v in enc.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--sentences", type=int, default=len(CORPUS), help="sentences of the built-in corpus to measure on")
+    ap.add_argument("--ablation", default="mean", choices=["mean", "zero"])
+    a = ap.parse_args()
+    model = load_model(backend="scratch", device=a.device)
+    corpus = CORPUS[: a.sentences]
+    print(f"{machine(a.device)}; {len(corpus)} sentences of the built-in corpus; {a.ablation} ablation")
+
+    start = time.perf_counter()
+    means = model.head_means(corpus) if a.ablation == "mean" else None
+    curves = [pruning_curve(model, corpus, order="importance", ablation=a.ablation, head_means=means)]
+    print(f"curve by importance: {time.perf_counter() - start:.0f} s")
+    for seed in (0, 1, 2):
+        curves.append(pruning_curve(model, corpus, order="random", seed=seed, ablation=a.ablation, head_means=means))
+    summary = curve_summary(pd.concat(curves, ignore_index=True)).set_index(["order", "n_pruned"])
+
+    print("\npruned        by importance: fidelity, agreement   at random (3 seeds): fidelity, agreement")
+    for count, name in POINTS.items():
+        imp, rnd = summary.loc[("importance", count)], summary.loc[("random", count)]
+        print(f"{name} ({count:2d})       {imp.fidelity:.3f}      {imp.agreement:.3f}"
+              f"                    {rnd.fidelity:.3f}      {rnd.agreement:.3f}")
+    at40 = summary.loc[("importance", 29)]
+    print(f"aim at 40% by importance: cosine {at40.fidelity:.3f} (>= 0.95: {'met' if at40.fidelity >= 0.95 else 'not met'}), "
+          f"agreement {at40.agreement:.3f} (>= 0.8: {'met' if at40.agreement >= 0.8 else 'not met'})")
+
+    half = curves[0].set_index("n_pruned").loc[36, "heads"]
+    pruned = model.pruned([tuple(map(int, h.split("."))) for h in half], head_means=means)
+    per_layer = pruned.pruned_heads.sum(axis=1).tolist()
+    print(f"\nhalf the heads pruned (36, by importance; per layer {per_layer}): forward time pruned / full")
+    for name, texts in (("64 sentences", sentences(64)), ("one 512-token text", [long_text(model.tokenizer)])):
+        inputs = batch(model, texts)
+        r, mine, full = ratio(forward(pruned, inputs), forward(model, inputs), a.device)
+        print(f"  {name:20s} {r:.3f}  ({mine * 1e3:.1f} ms against {full * 1e3:.1f} ms)")
+    params = [sum(p.numel() for p in m.encoder.parameters()) for m in (pruned, model)]
+    print(f"parameters {params[0]:,} of {params[1]:,} ({params[0] / params[1]:.3f})")
+
+
+if __name__ == "__main__":
+    main()
