@@ -1,4 +1,5 @@
 """Embeddings, ablation, head importance and pruning, checked against transformers and by hand."""
+import io
 import json
 
 import numpy as np
@@ -113,6 +114,12 @@ def test_pruned_equals_masked_on_a_tiny_model(tiny_scratch, heads):
         for l, h in heads:
             assert not a.weights[l, h].any()
     assert tiny_scratch.attend(TEXTS[0]).pruned is None
+    from analysis.export import attention_json, attention_npz
+
+    exported = json.loads(attention_json(pruned.attend(TEXTS[0])))
+    assert exported["pruned_heads"] == sorted([list(h) for h in heads])
+    with np.load(io.BytesIO(attention_npz(pruned.attend(TEXTS[0])))) as z:
+        assert json.loads(str(z["metadata"]))["pruned_heads"] == sorted([list(h) for h in heads])
 
 
 def test_pruned_equals_masked_on_the_bundled_weights(scratch_model):
