@@ -35,20 +35,6 @@ NEIGHBOURS = 5  # nearest neighbours compared for neighbour agreement
 Progress = Callable[[int, int], None]
 
 
-def _pairs(model: AttentionModel, heads) -> list[tuple[int, int]]:
-    out = []
-    for item in heads:
-        try:
-            layer, head = (int(x) for x in item)
-        except (TypeError, ValueError) as err:
-            raise HeadLensError(f"Name each head as (layer, head); {item!r} is not that.") from err
-        if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
-            raise HeadLensError(f"There is no head {head} in layer {layer}: {model.name} has {model.n_layers} "
-                                f"layers of {model.n_heads} heads, numbered from 0.")
-        out.append((layer, head))
-    return out
-
-
 def _needs_scratch(model: AttentionModel, what: str) -> None:
     if not hasattr(model, "embed_variants"):
         raise HeadLensError(f"{what} switches heads off, which only the from-scratch engine can do; "
@@ -126,7 +112,7 @@ def ablate(model: AttentionModel, sentences: Sequence[str], heads, *, ablation: 
     embeddings, on every head's attention (later layers change, earlier ones cannot) and, where
     the model has one, on its loss. ``head_means`` defaults to the means over ``sentences``."""
     _needs_scratch(model, "Ablation")
-    pairs = _pairs(model, heads)
+    pairs = model.heads(heads)
     if not pairs:
         raise HeadLensError("Pick at least one head to switch off.")
     means = _means(model, sentences, ablation, head_means)

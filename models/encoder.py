@@ -305,7 +305,7 @@ class BertEncoder(nn.Module):
         (``(layers, heads, Dh)``), a removed head's constant output is folded into the output
         projection's bias, so the copy equals this encoder with those heads mean-ablated.
         """
-        c, H, Dh = self.config, self.config.num_attention_heads, self.config.hidden_size // self.config.num_attention_heads
+        c, Dh = self.config, self.config.hidden_size // self.config.num_attention_heads
         gone = {layer: set(hs) for layer, hs in c.pruned_heads}
         for layer, head in heads:
             gone.setdefault(layer, set()).add(head)

@@ -308,6 +308,20 @@ class AttentionModel:
             raise HeadLensError("A target text is empty; type the decoder's sentence.")
         return targets
 
+    def heads(self, heads) -> list[tuple[int, int]]:
+        """``heads`` as ``(layer, head)`` pairs of ints, each checked to exist; a sentence when one does not."""
+        pairs = []
+        for item in heads:
+            try:
+                layer, head = (int(x) for x in item)
+            except (TypeError, ValueError) as err:
+                raise HeadLensError(f"Name each head as (layer, head); {item!r} is not that.") from err
+            if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):
+                raise HeadLensError(f"There is no head {head} in layer {layer}: {self.name} has {self.n_layers} "
+                                    f"layers of {self.n_heads} heads, numbered from 0.")
+            pairs.append((layer, head))
+        return pairs
+
     def embed(self, texts: str | Sequence[str], *, head_mask=None, head_means=None, batch_size: int = 32,
               progress: Progress | None = None) -> np.ndarray:
         """Sentence embeddings, as all-MiniLM-L6-v2 is trained to produce them: the mean of the last
@@ -448,16 +462,7 @@ class ScratchModel(AttentionModel):
         Results keep every head's place: a pruned head's weights are zero and ``Attention.pruned``
         marks it. Pruning every head of a layer leaves its skip connection and feed-forward.
         """
-        pairs = []
-        for item in heads:
-            try:
-                layer, head = (int(x) for x in item)
-            except (TypeError, ValueError) as err:
-                raise HeadLensError(f"Name each head to prune as (layer, head); {item!r} is not that.") from err
-            if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):
-                raise HeadLensError(f"There is no head {head} in layer {layer}: {self.name} has {self.n_layers} "
-                                    f"layers of {self.n_heads} heads, numbered from 0.")
-            pairs.append((layer, head))
+        pairs = self.heads(heads)
         fill = self._head_fill(head_means, np.zeros((self.n_layers, self.n_heads)))
         encoder = self.encoder.pruned_copy(pairs, head_fill=fill).eval()
         gone = int(sum(len(h) for _, h in encoder.config.pruned_heads))

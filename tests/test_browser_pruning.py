@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from models import load_model
-from tests.browser import PLOT, shot
+from tests.browser import shot
 from tests.test_app_pruning import SENTENCES
 from tests.test_browser_layout import GEOMETRY
 
