@@ -55,7 +55,7 @@ def test_ten_thousand_characters_are_cut_with_a_note(page, hf_model):
 def test_exported_html_shows_markup_as_text(page, browser, tmp_path):
     commit_text(page, MARKUP)
     wait_for_title(page, visible(f"Layer 0 · {short(MARKUP, 70)}"))
-    with page.expect_download() as info:
+    with page.expect_download(timeout=120_000) as info:  # the figure is written on the click: slow on a busy machine
         page.get_by_role("button", name="Figure · HTML").click()
     exported = browser.new_page()
     dialogs = []
