@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import HeadLensError
-from .mha import MultiHeadAttention
+from .mha import MultiHeadAttention, place_heads, select_heads
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -131,7 +131,7 @@ class Block(nn.Module):
         """``x`` is ``(B, L, E)``, or ``(N, E)`` real tokens only when ``packing`` is given."""
         padded = x if packing is None else packing.unpack(x)                  # (B, L, E)
         a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal, head_mask=head_mask,
-                               head_fill=head_fill)
+                               head_fill=head_fill, average_attn_weights=False)
         a = a if packing is None else packing.pack(a)                          # like x
         x = self.ln_attn(x + F.dropout(a, self.dropout, self.training))
         h = self.ffn_out(self.act(self.ffn_in(x)))
@@ -223,25 +223,16 @@ class BertEncoder(nn.Module):
         call left it; ``head_mask`` and ``head_fill`` cover every layer. Returns ``x`` and the weights."""
         attentions = []
         for i in range(start, len(self.layers) if stop is None else stop):
-            mask = None if head_mask is None else self._kept(head_mask[i], i)
-            fill = None if head_fill is None else self._kept(head_fill[i], i)
+            H = self.config.num_attention_heads
+            mask = None if head_mask is None else select_heads(head_mask[i], self.kept[i], H)
+            fill = None if head_fill is None else select_heads(head_fill[i], self.kept[i], H)
             x, weights = self.layers[i](x, padding, causal, mask, packing, fill)
-            attentions.append(self._all_heads(weights, i))
+            attentions.append(place_heads(weights, self.kept[i], H))
         return x, tuple(attentions)
 
-    def _kept(self, per_head: torch.Tensor, layer: int) -> torch.Tensor:
-        if len(self.kept[layer]) == self.config.num_attention_heads:
-            return per_head
-        return per_head[torch.tensor(self.kept[layer], dtype=torch.long, device=per_head.device)]
-
-    def _all_heads(self, weights: torch.Tensor, layer: int) -> torch.Tensor:
-        """``(B, kept, L, L)`` weights placed among zeros for the pruned heads: ``(B, heads, L, L)``."""
-        kept, H = self.kept[layer], self.config.num_attention_heads
-        if len(kept) == H:
-            return weights
-        B, _, Lq, Lk = weights.shape
-        index = torch.tensor(kept, dtype=torch.long, device=weights.device)
-        return weights.new_zeros(B, H, Lq, Lk).index_copy_(1, index, weights)
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """The last hidden state from the last block's output (nothing to add for BERT)."""
+        return x
 
     @classmethod
     def untrained(cls, config: EncoderConfig, seed: int = 0) -> "BertEncoder":
@@ -305,32 +296,19 @@ class BertEncoder(nn.Module):
         (``(layers, heads, Dh)``), a removed head's constant output is folded into the output
         projection's bias, so the copy equals this encoder with those heads mean-ablated.
         """
-        c, Dh = self.config, self.config.hidden_size // self.config.num_attention_heads
-        gone = {layer: set(hs) for layer, hs in c.pruned_heads}
+        gone = {layer: set(hs) for layer, hs in self.config.pruned_heads}
         for layer, head in heads:
             gone.setdefault(layer, set()).add(head)
-        config = replace(c, pruned_heads=tuple(sorted((layer, tuple(sorted(hs))) for layer, hs in gone.items() if hs)))
+        config = replace(self.config,
+                         pruned_heads=tuple(sorted((layer, tuple(sorted(hs))) for layer, hs in gone.items() if hs)))
         copy = type(self)(config).to(self.embeddings.word_embeddings.weight.device)
         state = {k: v.detach().clone() for k, v in self.state_dict().items()}
         for i, block in enumerate(self.layers):
             old, new = self.kept[i], copy.kept[i]
-            if old == new:
-                continue
-            keep = torch.tensor([old.index(h) for h in new], dtype=torch.long)
-            rows = (keep.view(-1, 1) * Dh + torch.arange(Dh)).reshape(-1)          # this layer's kept q/k/v rows
-            inner = len(old) * Dh
-            prefix = f"layers.{i}.attn."
-            qkv = torch.cat([rows + part * inner for part in range(3)]).to(state[prefix + "in_proj_weight"].device)
-            w_out = state[prefix + "out_proj.weight"]                                 # (E, old * Dh)
-            if head_fill is not None and prefix + "out_proj.bias" in state:
-                dropped = [j for j, h in enumerate(old) if h not in new]
-                fill = head_fill[i, [old[j] for j in dropped]].to(w_out)               # (dropped, Dh)
-                cols = (torch.tensor(dropped).view(-1, 1) * Dh + torch.arange(Dh)).reshape(-1).to(w_out.device)
-                state[prefix + "out_proj.bias"] += w_out[:, cols] @ fill.reshape(-1)
-            state[prefix + "in_proj_weight"] = state[prefix + "in_proj_weight"][qkv]
-            if prefix + "in_proj_bias" in state:
-                state[prefix + "in_proj_bias"] = state[prefix + "in_proj_bias"][qkv]
-            state[prefix + "out_proj.weight"] = w_out[:, rows.to(w_out.device)]
+            if old != new:
+                fill = None if head_fill is None else head_fill[i, old]
+                smaller = block.attn.pruned([old.index(h) for h in new], fill)
+                state.update({f"layers.{i}.attn.{k}": v for k, v in smaller.state_dict().items()})
         copy.load_state_dict(state)
         return copy.train(self.training)
 

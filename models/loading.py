@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .decoder import Decoder
 from .encoder import BertEncoder, EncoderConfig
 from .errors import HeadLensError
 from .limits import batches, check_config_sizes, check_parameter_count, check_weight_files, token_limit
@@ -165,6 +166,11 @@ def _load_model(name, backend, device, untrained, seed, allow_pickle) -> "Attent
     dev = pick_device(device)
     folder, display = resolve_model_dir(name)
     config = check_model_dir(folder, allow_pickle=allow_pickle or untrained)
+    if config.get("model_type") == "headlens_decoder":
+        if backend != "scratch" or untrained:
+            raise HeadLensError(f"{display} is a decoder trained in HeadLens; open it with backend='scratch'.")
+        decoder = Decoder.from_pretrained(folder)
+        return DecoderModel(decoder.to(dev), load_tokenizer(folder), display, dev)
     if backend == "scratch":
         enc_config = EncoderConfig.from_dict(config)
         check_parameter_count(lambda: BertEncoder(enc_config), display)
@@ -447,6 +453,14 @@ class ScratchModel(AttentionModel):
         self.encoder = encoder
 
     @property
+    def head_dim(self) -> int:
+        return self.encoder.layers[0].attn.head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        return self.encoder.layers[0].attn.embed_dim
+
+    @property
     def pruned_heads(self) -> np.ndarray:
         """bool ``(layers, heads)``: True for a head removed by ``pruned``."""
         out = np.zeros((self.n_layers, self.n_heads), dtype=bool)
@@ -468,7 +482,7 @@ class ScratchModel(AttentionModel):
         gone = int(sum(len(h) for _, h in encoder.config.pruned_heads))
         base = self.name.split(" (pruned:")[0]
         name = f"{base} (pruned: {gone} of {self.n_layers * self.n_heads} heads)" if gone else base
-        copy = ScratchModel(encoder, self.tokenizer, name, self.device)
+        copy = type(self)(encoder, self.tokenizer, name, self.device)
         copy._tokenizer_lock = self._tokenizer_lock  # one tokenizer, so one lock, for both models
         copy.embed_max_tokens = self.embed_max_tokens
         return copy
@@ -496,7 +510,7 @@ class ScratchModel(AttentionModel):
         if not items:
             raise HeadLensError("Mean ablation needs sentences to average a head's output over.")
         lengths = self.token_counts(items)
-        Dh = self.encoder.config.hidden_size // self.n_heads
+        Dh = self.head_dim
         sums = torch.zeros(self.n_layers, self.n_heads, Dh, dtype=torch.float64)
         count, real, done = 0, {}, 0
 
@@ -540,7 +554,7 @@ class ScratchModel(AttentionModel):
         fill = None if head_means is None else self._head_fill(head_means, head_masks[0])
         starts = [int((m == 0).any(dim=1).float().argmax()) if bool((m == 0).any()) else self.n_layers for m in masks]
         lengths = self.token_counts(items)
-        out = np.empty((len(masks), len(items), self.encoder.config.hidden_size), dtype=np.float32)
+        out = np.empty((len(masks), len(items), self.hidden_size), dtype=np.float32)
         done, total = 0, len(masks) * len(items)
         for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
             enc = self._tokenize([items[i] for i in chunk], padding=True, truncation=True,
@@ -556,7 +570,7 @@ class ScratchModel(AttentionModel):
                 for k, (mask, start) in enumerate(zip(masks, starts)):
                     h, _ = self.encoder.run_layers(entering[start], padding, packing, start=start, head_mask=mask,
                                                    head_fill=fill)
-                    h = h if packing is None else packing.unpack(h)
+                    h = self.encoder.finish(h if packing is None else packing.unpack(h))
                     out[k, chunk] = mean_pooled(h, inputs["attention_mask"])
                     done += len(chunk)
                     if progress is not None:
@@ -579,7 +593,7 @@ class ScratchModel(AttentionModel):
             return None
         if head_mask is None:
             raise HeadLensError("Head means replace the heads a head mask switches off; give the head mask too.")
-        Dh = self.encoder.config.hidden_size // self.n_heads
+        Dh = self.head_dim
         fill = torch.tensor(np.asarray(head_means, dtype=np.float32))  # a copy: shared means may be read-only
         if fill.shape != (self.n_layers, self.n_heads, Dh):
             raise HeadLensError(f"Head means must have shape ({self.n_layers}, {self.n_heads}, {Dh}), as "
@@ -591,6 +605,7 @@ class ScratchModel(AttentionModel):
             raise HeadLensError("A target text is for encoder-decoder models; this is an encoder.")
         enc, lengths, originals = self._encode(texts)
         inputs = self._inputs(enc)
+        causal = causal or self.causal
         with torch.inference_mode():
             out = self.encoder(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"),
                                causal=causal, head_mask=head_mask, head_fill=head_fill)
@@ -601,6 +616,29 @@ class ScratchModel(AttentionModel):
     def _hidden(self, inputs, head_mask=None, head_fill=None):
         return self.encoder(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"),
                             head_mask=head_mask, head_fill=head_fill).last_hidden_state
+
+
+class DecoderModel(ScratchModel):
+    """A decoder trained in HeadLens (``models.training``), on the same engine: attend, embed, ablate, prune."""
+
+    def __init__(self, decoder: Decoder, tokenizer, name: str, device: torch.device):
+        c = decoder.config
+        AttentionModel.__init__(self, tokenizer, name, device, c.n_layers, c.n_heads, c.max_len, causal=True)
+        self.encoder = decoder
+
+    @property
+    def decoder(self) -> Decoder:
+        return self.encoder
+
+    def loss(self, texts: Sequence[str], head_mask=None, head_means=None) -> torch.Tensor:
+        """Mean next-token cross-entropy over ``texts`` (each a sequence of the model's tokens)."""
+        enc = self._tokenize(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
+                             return_tensors="pt")
+        ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        fill = None if head_means is None else self._head_fill(head_means, head_mask)
+        logits = self.encoder(ids, mask, need_weights=False, head_mask=head_mask, head_fill=fill).logits
+        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 class TransformersModel(AttentionModel):
