@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import HeadLensError
-from .mha import MultiHeadAttention, place_heads, select_heads
+from .mha import (MultiHeadAttention, kept_heads, place_heads, pruned_heads_json, read_pruned_heads, select_heads,
+                  with_pruned)
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
@@ -36,12 +37,11 @@ class DecoderConfig:
     pruned_heads: tuple = ()
 
     def kept_heads(self, layer: int) -> list[int]:
-        gone = dict(self.pruned_heads).get(layer, ())
-        return [h for h in range(self.n_heads) if h not in gone]
+        return kept_heads(self.pruned_heads, layer, self.n_heads)
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["pruned_heads"] = {str(layer): list(heads) for layer, heads in self.pruned_heads}
+        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
         return {"model_type": "headlens_decoder", **d}
 
     @classmethod
@@ -54,15 +54,8 @@ class DecoderConfig:
         if config.d_model % config.n_heads or config.activation not in ACTIVATIONS:
             raise HeadLensError("The decoder's config.json has a width that its heads do not divide, "
                                 "or an activation HeadLens does not have.")
-        pruned = {}
-        for layer, heads in (d.get("pruned_heads") or {}).items():
-            layer, heads = int(layer), tuple(sorted({int(h) for h in heads}))
-            if not 0 <= layer < config.n_layers or any(not 0 <= h < config.n_heads for h in heads):
-                raise HeadLensError(f"The config.json prunes heads {list(heads)} of layer {layer}; the model has "
-                                    f"{config.n_layers} layers of {config.n_heads} heads.")
-            if heads:
-                pruned[layer] = heads
-        return replace(config, pruned_heads=tuple(sorted(pruned.items())))
+        return replace(config, pruned_heads=read_pruned_heads(d.get("pruned_heads") or {}, config.n_layers,
+                                                              config.n_heads))
 
 
 class DecoderBlock(nn.Module):
@@ -231,11 +224,7 @@ class Decoder(nn.Module):
 
     def pruned_copy(self, heads, head_fill=None) -> "Decoder":
         """A new decoder without ``heads`` (``(layer, head)`` of the unpruned numbering); this one untouched."""
-        gone = {layer: set(hs) for layer, hs in self.config.pruned_heads}
-        for layer, head in heads:
-            gone.setdefault(layer, set()).add(head)
-        config = replace(self.config,
-                         pruned_heads=tuple(sorted((l, tuple(sorted(hs))) for l, hs in gone.items() if hs)))
+        config = replace(self.config, pruned_heads=with_pruned(self.config.pruned_heads, heads))
         copy = type(self)(config).to(self.tok_emb.weight.device)
         state = {k: v.detach().clone() for k, v in self.state_dict().items()}
         for i, block in enumerate(self.layers):

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import HeadLensError
-from .mha import MultiHeadAttention, place_heads, select_heads
+from .mha import (MultiHeadAttention, kept_heads, place_heads, pruned_heads_json, read_pruned_heads, select_heads,
+                  with_pruned)
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -46,13 +47,12 @@ class EncoderConfig:
 
     def kept_heads(self, layer: int) -> list[int]:
         """The original indices of the heads ``layer`` still has, in order."""
-        gone = dict(self.pruned_heads).get(layer, ())
-        return [h for h in range(self.num_attention_heads) if h not in gone]
+        return kept_heads(self.pruned_heads, layer, self.num_attention_heads)
 
     def to_dict(self) -> dict:
         """As a transformers BERT ``config.json``, with the pruned heads where transformers 4 kept them."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["pruned_heads"] = {str(layer): list(heads) for layer, heads in self.pruned_heads}
+        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
         return {"model_type": "bert", "architectures": ["BertModel"], **d}
 
     @classmethod
@@ -70,26 +70,8 @@ class EncoderConfig:
             raise HeadLensError(f"The from-scratch engine has no activation '{d['hidden_act']}'.")
         names = {f.name for f in fields(cls)} - {"pruned_heads"}
         config = cls(**{k: v for k, v in d.items() if k in names and v is not None})
-        return replace(config, pruned_heads=_pruned_heads(d.get("pruned_heads") or {}, config))
-
-
-def _pruned_heads(given, config: EncoderConfig) -> tuple:
-    """``{"layer": [head, ...]}`` from a config.json, checked against the model's sizes, as a sorted tuple."""
-    if not isinstance(given, dict):
-        raise HeadLensError("The config.json's pruned_heads must map each layer to a list of heads.")
-    out = {}
-    for layer, heads in given.items():
-        try:
-            layer = int(layer)
-            heads = tuple(sorted({int(h) for h in heads}))
-        except (TypeError, ValueError) as err:
-            raise HeadLensError(f"The config.json's pruned_heads has a layer or head that is not a number: {err}") from err
-        if not 0 <= layer < config.num_hidden_layers or any(not 0 <= h < config.num_attention_heads for h in heads):
-            raise HeadLensError(f"The config.json prunes heads {list(heads)} of layer {layer}; the model has "
-                                f"{config.num_hidden_layers} layers of {config.num_attention_heads} heads.")
-        if heads:
-            out[layer] = heads
-    return tuple(sorted(out.items()))
+        return replace(config, pruned_heads=read_pruned_heads(d.get("pruned_heads") or {}, config.num_hidden_layers,
+                                                              config.num_attention_heads))
 
 
 class Embeddings(nn.Module):
@@ -296,11 +278,7 @@ class BertEncoder(nn.Module):
         (``(layers, heads, Dh)``), a removed head's constant output is folded into the output
         projection's bias, so the copy equals this encoder with those heads mean-ablated.
         """
-        gone = {layer: set(hs) for layer, hs in self.config.pruned_heads}
-        for layer, head in heads:
-            gone.setdefault(layer, set()).add(head)
-        config = replace(self.config,
-                         pruned_heads=tuple(sorted((layer, tuple(sorted(hs))) for layer, hs in gone.items() if hs)))
+        config = replace(self.config, pruned_heads=with_pruned(self.config.pruned_heads, heads))
         copy = type(self)(config).to(self.embeddings.word_embeddings.weight.device)
         state = {k: v.detach().clone() for k, v in self.state_dict().items()}
         for i, block in enumerate(self.layers):
