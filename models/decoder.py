@@ -8,12 +8,17 @@ causal mask, weights copied by ``DecoderBlock.from_torch``.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .encoder import initialised
 from .errors import HeadLensError
 from .mha import (MultiHeadAttention, kept_heads, place_heads, pruned_heads_json, read_pruned_heads, select_heads,
                   with_pruned)
@@ -138,17 +143,7 @@ class Decoder(nn.Module):
     @classmethod
     def untrained(cls, config: DecoderConfig, seed: int = 0) -> "Decoder":
         """Initialised reproducibly for ``seed``: normal(0, 0.02) weights (GPT-2's), zero biases."""
-        gen = torch.Generator().manual_seed(seed)
-        model = cls(config)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if ".ln_" in name or name.startswith("ln_"):
-                    p.fill_(1.0 if name.endswith("weight") else 0.0)
-                elif name.endswith("bias"):
-                    p.zero_()
-                else:
-                    p.normal_(0.0, 0.02, generator=gen)
-        return model
+        return initialised(cls(config), 0.02, seed)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, *, causal: bool = True, need_weights: bool = True,
@@ -188,11 +183,6 @@ class Decoder(nn.Module):
 
     def save_pretrained(self, folder) -> None:
         """``config.json`` and ``model.safetensors`` (our names), pruned heads recorded."""
-        import json
-        from pathlib import Path
-
-        from safetensors.torch import save_file
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n", encoding="utf-8")
@@ -201,12 +191,6 @@ class Decoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder) -> "Decoder":
-        import json
-        from pathlib import Path
-
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         folder = Path(folder)
         config = DecoderConfig.from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
         try:

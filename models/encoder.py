@@ -74,6 +74,22 @@ class EncoderConfig:
                                                               config.num_attention_heads))
 
 
+def initialised(model: nn.Module, std: float, seed: int) -> nn.Module:
+    """``model`` with LayerNorms at 1 and 0, biases at 0 and every other weight drawn from normal(0, ``std``),
+    reproducibly for ``seed``: how BERT and GPT-2 start before training."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            owner = model.get_submodule(name.rsplit(".", 1)[0])
+            if isinstance(owner, nn.LayerNorm):
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std, generator=gen)
+    return model
+
+
 class Embeddings(nn.Module):
     def __init__(self, c: EncoderConfig):
         super().__init__()
@@ -219,17 +235,8 @@ class BertEncoder(nn.Module):
     @classmethod
     def untrained(cls, config: EncoderConfig, seed: int = 0) -> "BertEncoder":
         """Randomly initialised the way BERT initialises before training, reproducibly for ``seed``."""
-        gen = torch.Generator().manual_seed(seed)
-        model = cls(config)
+        model = initialised(cls(config), config.initializer_range, seed)
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                owner = model.get_submodule(name.rsplit(".", 1)[0])
-                if isinstance(owner, nn.LayerNorm):
-                    p.fill_(1.0 if name.endswith("weight") else 0.0)
-                elif name.endswith("bias"):
-                    p.zero_()
-                else:
-                    p.normal_(0.0, config.initializer_range, generator=gen)
             model.embeddings.word_embeddings.weight[config.pad_token_id].zero_()
         return model.eval()
 

@@ -343,13 +343,9 @@ class AttentionModel:
         if self.encoder_decoder:
             raise HeadLensError("Sentence embeddings are for encoders and decoder-only models; "
                                 f"{self.name} is an encoder-decoder.")
-        lengths = self.token_counts(items)
         mask, fill = self._head_mask(head_mask), self._head_fill(head_means, head_mask)
         out, done = None, 0
-        for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
-            enc = self._tokenize([items[i] for i in chunk], padding=True, truncation=True,
-                                 max_length=self.embed_max_tokens, return_tensors="pt")
-            inputs = self._inputs(enc)
+        for chunk, inputs in self._padded_batches(items, batch_size, self.embed_max_tokens):
             with torch.inference_mode():
                 pooled = mean_pooled(self._hidden(inputs, mask, fill), inputs["attention_mask"])
             if out is None:
@@ -359,6 +355,14 @@ class AttentionModel:
             if progress is not None:
                 progress(done, len(items))
         return out
+
+    def _padded_batches(self, items: list[str], batch_size: int, max_length: int):
+        """``(chunk, inputs)`` per batch of texts of similar length: the texts' indices and their padded
+        model inputs, cut at ``max_length`` tokens."""
+        for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
+            enc = self._tokenize([items[i] for i in chunk], padding=True, truncation=True, max_length=max_length,
+                                 return_tensors="pt")
+            yield chunk, self._inputs(enc)
 
     def _head_mask(self, head_mask):
         if head_mask is None:
@@ -509,7 +513,6 @@ class ScratchModel(AttentionModel):
         items = [texts] if isinstance(texts, str) else list(texts)
         if not items:
             raise HeadLensError("Mean ablation needs sentences to average a head's output over.")
-        lengths = self.token_counts(items)
         Dh = self.head_dim
         sums = torch.zeros(self.n_layers, self.n_heads, Dh, dtype=torch.float64)
         count, real, done = 0, {}, 0
@@ -524,10 +527,7 @@ class ScratchModel(AttentionModel):
 
         handles = [block.attn.out_proj.register_forward_pre_hook(hook(i)) for i, block in enumerate(self.encoder.layers)]
         try:
-            for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
-                enc = self._tokenize([items[i] for i in chunk], padding=True, truncation=True,
-                                     max_length=self.max_tokens, return_tensors="pt")
-                inputs = self._inputs(enc)
+            for chunk, inputs in self._padded_batches(items, batch_size, self.max_tokens):
                 real["mask"] = inputs["attention_mask"].unsqueeze(-1).float()
                 count += int(inputs["attention_mask"].sum())
                 with torch.inference_mode():
@@ -553,13 +553,9 @@ class ScratchModel(AttentionModel):
             raise HeadLensError("There is no text to embed, or no head mask to embed it with.")
         fill = None if head_means is None else self._head_fill(head_means, head_masks[0])
         starts = [int((m == 0).any(dim=1).float().argmax()) if bool((m == 0).any()) else self.n_layers for m in masks]
-        lengths = self.token_counts(items)
         out = np.empty((len(masks), len(items), self.hidden_size), dtype=np.float32)
         done, total = 0, len(masks) * len(items)
-        for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
-            enc = self._tokenize([items[i] for i in chunk], padding=True, truncation=True,
-                                 max_length=self.embed_max_tokens, return_tensors="pt")
-            inputs = self._inputs(enc)
+        for chunk, inputs in self._padded_batches(items, batch_size, self.embed_max_tokens):
             with torch.inference_mode():
                 x, padding, packing = self.encoder.embed_tokens(inputs["input_ids"], inputs["attention_mask"],
                                                                 inputs.get("token_type_ids"))

@@ -123,6 +123,30 @@ class SharedCache:
         return value
 
 
+def computed_once(cache: SharedCache, key, compute, waiting: str):
+    """``cache``'s value of ``key``, else ``compute()``'s, stored. While another session computes the
+    same key, this one waits under a spinner saying ``waiting``, then takes that result. A
+    ``HeadLensError`` is shown as its sentence and ends the run."""
+    value = cache.get(key)
+    if value is not None:
+        return value
+    lock = cache.computing(key)
+    if not lock.acquire(blocking=False):
+        with st.spinner(waiting):
+            lock.acquire()
+    try:
+        value = cache.get(key)
+        if value is None:
+            try:
+                value = compute()
+            except HeadLensError as err:
+                stop_with(err)
+            cache.put(key, value)
+        return value
+    finally:
+        lock.release()
+
+
 def _frozen(att: Attention) -> Attention:
     """``att`` with every weight array read-only, as a value shared by all sessions must be."""
     for part in (att, att.decoder, att.cross):

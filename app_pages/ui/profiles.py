@@ -13,7 +13,7 @@ from analysis import RANKING_MEASURES, head_similarity, measure_heads
 from analysis.profile import corpus_hash, metadata, read_profile, write_profile
 from models import AttentionModel, HeadLensError
 
-from .caches import SharedCache, head_mask, heads_named, model_for
+from .caches import SharedCache, computed_once, head_mask, heads_named, model_for
 from .messages import plain, sentences_of, stop_with
 from .settings import ASSETS, Settings
 from .state import bound
@@ -133,23 +133,13 @@ def profile(s: Settings, sentences: list[str]):
     """
     key = (s.choice, s.custom, s.device, s.causal, s.heads_off,
            hashlib.sha256("\n".join(sentences).encode("utf-8", "surrogatepass")).hexdigest())
-    cache = profile_cache()
-    cached = cache.get(key)
-    if cached is None:
-        model = model_for(s.choice, s.custom, s.device)
-        lock = cache.computing(key)
-        if not lock.acquire(blocking=False):
-            with st.spinner("Another session is profiling the same sentences; its result will be shown here…"):
-                lock.acquire()
-        try:
-            cached = cache.get(key) or _compute_profile(model, s, sentences, key)
-        finally:
-            lock.release()
-    frame, per_sentence, attentions = cached
+    frame, per_sentence, attentions = computed_once(
+        profile_cache(), key, lambda: _compute_profile(model_for(s.choice, s.custom, s.device), s, sentences),
+        "Another session is profiling the same sentences; its result will be shown here…")
     return frame.copy(), per_sentence, attentions
 
 
-def _compute_profile(model: AttentionModel, s: Settings, sentences: list[str], key):
+def _compute_profile(model: AttentionModel, s: Settings, sentences: list[str]):
     try:
         sentences = within_budget(model, sentences)
     except HeadLensError as err:
@@ -166,9 +156,7 @@ def _compute_profile(model: AttentionModel, s: Settings, sentences: list[str], k
     per_sentence = {name: measures.per_sentence(name) for name in RANKING_MEASURES}
     per_sentence["similarity"] = head_similarity(attentions)
     bar.empty()
-    value = (measures.frame(), per_sentence, attentions)
-    profile_cache().put(key, value)
-    return value
+    return measures.frame(), per_sentence, attentions
 
 
 def within_budget(model: AttentionModel, sentences: list[str]) -> list[str]:

@@ -14,10 +14,9 @@ import streamlit as st
 
 from analysis.importance import (attention_proxies, curve_work, head_importance, proxy_correlations, prune_counts,
                                  pruning_curve)
-from models import AttentionModel, HeadLensError
+from models import AttentionModel
 
-from .caches import SharedCache, cached_model, model_for
-from .messages import stop_with
+from .caches import SharedCache, cached_model, computed_once, model_for
 from .profiles import CORPUS, uploaded_sentences
 from .settings import MODELS, Settings
 from .state import bound
@@ -79,29 +78,6 @@ def _key(kind: str, choice: str, s: Settings, ablation: str, sentences: list[str
     return kind, choice, s.device, ablation, digest
 
 
-def _once(key, compute, waiting: str):
-    """The cached value of ``key``, else ``compute()``'s; a session computing it makes others wait for it."""
-    cache = pruning_cache()
-    value = cache.get(key)
-    if value is not None:
-        return value
-    lock = cache.computing(key)
-    if not lock.acquire(blocking=False):
-        with st.spinner(waiting):
-            lock.acquire()
-    try:
-        value = cache.get(key)
-        if value is None:
-            try:
-                value = compute()
-            except HeadLensError as err:
-                stop_with(err)
-            cache.put(key, value)
-        return value
-    finally:
-        lock.release()
-
-
 class Bar:
     """A progress bar that redraws at most every quarter second, with the time left estimated."""
 
@@ -138,7 +114,7 @@ def importance(choice: str, s: Settings, ablation: str, sentences: list[str]) ->
         return Importance(frame, means, full)
 
     model_for(choice, "", s.device)
-    return _once(_key("importance", choice, s, ablation, sentences), compute,
+    return computed_once(pruning_cache(), _key("importance", choice, s, ablation, sentences), compute,
                  "Another session is measuring the same heads; its result will be shown here…")
 
 
@@ -161,7 +137,7 @@ def curves(choice: str, s: Settings, ablation: str, sentences: list[str], imp: I
         bar.empty()
         return pd.concat(frames, ignore_index=True)
 
-    return _once(_key("curves", choice, s, ablation, sentences), compute,
+    return computed_once(pruning_cache(), _key("curves", choice, s, ablation, sentences), compute,
                  "Another session is computing the same curves; they will be shown here…").copy()
 
 
@@ -175,7 +151,8 @@ def proxy_table(choice: str, s: Settings, sentences: list[str]) -> pd.DataFrame:
         model = cached_model(choice, "", s.device)
         return attention_proxies(model.attend(sentences))
 
-    return _once(_key("proxies", choice, s, "", sentences), compute, "Measuring attention…").copy()
+    return computed_once(pruning_cache(), _key("proxies", choice, s, "", sentences), compute,
+                         "Measuring attention…").copy()
 
 
 def correlations(imp: Importance, proxies: pd.DataFrame, labels: list[str] | None) -> pd.DataFrame:
