@@ -3,23 +3,27 @@
 Two tasks:
 
 - ``"induction"``: sequences of random tokens, written ``t0`` ... ``t{V-1}``, in which a segment
-  appears twice, each copy at a random offset. Predicting the second copy needs an induction
-  head (attend to the token after the earlier occurrence of the current token), which forms
-  with a previous-token head in the layer below (Olsson et al. 2022). A fixed offset would let a
-  head solve the task by position alone, so the offsets are drawn for every sequence.
+  of 2 to ``seq_len // 2`` tokens is repeated back to back (two or more copies) at a random
+  offset. Predicting the copies needs an induction head (attend to the token after the earlier
+  occurrence of the current token), which forms with a previous-token head in the layer below
+  (Olsson et al. 2022). The segment's length, and so the distance between the copies, is drawn for
+  every sequence: at a fixed distance a head solves the task by position alone. Short segments
+  matter too: with only long ones, two heads in the first layer can carry a pair of tokens a
+  long way forward, and the second layer's heads match that pair instead of forming induction heads.
 - ``"text"``: a word-level language model on the built-in corpus or a given text, where
   previous-token and positional heads form.
 
-Every ``log_every`` steps each head is scored on held-out sequences: ``prev_token`` (mean
-weight on the previous token) and ``induction`` (on repeated sequences: mean weight from a token
-of the second copy on the token after its earlier occurrence, the prefix-matching score).
+Every ``log_every`` steps each head is scored on held-out sequences made of a half and the same
+half again (random tokens for "induction", a slice of the text for "text"): ``prev_token``
+(mean weight on the previous token) and ``induction`` (the mean weight from a token of the second
+half on the token after its earlier occurrence, the prefix-matching score).
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -28,7 +32,7 @@ import torch.nn.functional as F
 
 from .decoder import Decoder, DecoderConfig
 from .errors import HeadLensError
-from .vocab import PAD, UNK, token_tokenizer, word_tokenizer
+from .vocab import token_tokenizer, word_tokenizer
 
 TASKS = ("induction", "text")
 LIMITS = {"n_layers": 4, "n_heads": 8, "d_model": 256, "steps": 20_000, "seq_len": 128, "vocab_size": 4096,
@@ -45,11 +49,11 @@ class TrainConfig:
     seq_len: int = 32
     vocab_size: int = 64
     attention_only: bool = True
-    steps: int = 3000
+    steps: int = 2000
     batch_size: int = 64
     lr: float = 1e-3
     seed: int = 0
-    log_every: int = 50
+    log_every: int = 20
 
     def check(self) -> "TrainConfig":
         if self.task not in TASKS:
@@ -67,17 +71,38 @@ class TrainConfig:
         return self
 
 
+MAX_SNAPSHOTS = 200
+
+
 @dataclass
 class TrainRun:
-    """A training's result: the model, one history row per logged step and head, and attention snapshots."""
+    """A training's result: the model, one history row per logged step and head, and attention snapshots.
+
+    While the training runs another thread may read it: ``history`` and ``snapshots`` are replaced
+    or appended to whole, never changed in place.
+    """
 
     config: TrainConfig
-    model: "object"                                  # a DecoderModel: attend, embed, pruned, save
-    history: pd.DataFrame
-    snapshots: list = field(default_factory=list)    # (step, (layers, heads, L, L) weights on the probe)
-    probe: list[str] = field(default_factory=list)   # the probe sequence's tokens
+    model: "object"                                   # a DecoderModel: attend, embed, pruned, save
+    probe: list[str] = field(default_factory=list)    # the probe sequence's tokens
+    held_out: list[str] = field(default_factory=list)  # the scored sequences, as texts for ``model.attend``
+    snapshots: list = field(default_factory=list)     # (step, (layers, heads, L, L) weights on the probe)
+    device: str = "cpu"
     seconds: float = 0.0
-    stopped: bool = False                            # stopped before the last step
+    steps_done: int = 0
+    stopped: bool = False                             # stopped before the last step
+    rows: list = field(default_factory=list, repr=False)
+    _frame: tuple = field(default=(0, None), repr=False)
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """``step, layer, head, loss, prev_token, induction``, one row per logged step and head."""
+        n, frame = self._frame
+        rows = self.rows
+        if frame is None or n != len(rows):
+            frame = pd.DataFrame(rows[:len(rows)], columns=list(HISTORY_COLUMNS))
+            self._frame = (len(frame), frame)
+        return frame
 
     def step_reaching(self, score: float = 0.4) -> int | None:
         """The first logged step at which some head's induction score reaches ``score``."""
@@ -85,21 +110,28 @@ class TrainRun:
         reached = best[best >= score]
         return None if reached.empty else int(reached.index[0])
 
+    def steps_per_second(self) -> float:
+        return self.steps_done / self.seconds if self.seconds else float("nan")
+
+
+HISTORY_COLUMNS = ("step", "layer", "head", "loss", "prev_token", "induction")
+
 
 # --- data ---------------------------------------------------------------------------------------------
 
-def induction_batch(gen: torch.Generator, batch: int, seq_len: int, vocab: int):
-    """Random tokens with a segment repeated at random offsets: ``(tokens, first, second, length)``,
-    ``tokens`` ``(batch, seq_len)`` and per sequence the start of each copy and the segment length."""
-    n = max(2, seq_len // 3)
+def induction_batch(gen: torch.Generator, batch: int, seq_len: int, vocab: int) -> torch.Tensor:
+    """``(batch, seq_len)`` random tokens; in each row a segment of ``n`` tokens (2 to ``seq_len // 2``)
+    is repeated back to back over ``m`` tokens (``2n`` to ``seq_len``, the last copy cut short), from a
+    random offset."""
     tokens = torch.randint(vocab, (batch, seq_len), generator=gen)
-    first = (torch.rand(batch, generator=gen) * (seq_len - 2 * n + 1)).long()                 # [0, L - 2n]
-    room = seq_len - n - (first + n) + 1                                                      # starts after the first copy
-    second = first + n + (torch.rand(batch, generator=gen) * room).long()
-    index = torch.arange(n)
-    rows = torch.arange(batch).view(-1, 1)
-    tokens[rows, second.view(-1, 1) + index] = tokens[rows, first.view(-1, 1) + index]
-    return tokens, first, second, n
+    n = torch.randint(2, max(2, seq_len // 2) + 1, (batch,), generator=gen)
+    m = 2 * n + (torch.rand(batch, generator=gen) * (seq_len - 2 * n + 1)).long()       # [2n, seq_len]
+    start = (torch.rand(batch, generator=gen) * (seq_len - m + 1)).long()               # [0, seq_len - m]
+    i = torch.arange(seq_len).view(1, -1)
+    j = i - start.view(-1, 1)                                                            # index in the run
+    inside = (j >= n.view(-1, 1)) & (j < m.view(-1, 1))                                  # a copy, not the first
+    source = (start.view(-1, 1) + j % n.view(-1, 1)).clamp(max=seq_len - 1)
+    return torch.where(inside, tokens.gather(1, source), tokens)
 
 
 def repeated_batch(gen: torch.Generator, batch: int, seq_len: int, vocab: int) -> torch.Tensor:
@@ -110,7 +142,7 @@ def repeated_batch(gen: torch.Generator, batch: int, seq_len: int, vocab: int) -
 
 
 def text_stream(text: str, tokenizer) -> torch.Tensor:
-    ids = tokenizer(text.replace("\n", " "), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(text.replace("\n", " "), add_special_tokens=False, verbose=False)["input_ids"]
     if len(ids) < 4:
         raise HeadLensError("The text is too short to train on: give a few sentences.")
     return torch.tensor(ids, dtype=torch.long)
@@ -142,39 +174,36 @@ def text_tokenizer(text: str, vocab_size: int, max_len: int):
 
 # --- scores -------------------------------------------------------------------------------------------
 
-def head_scores(attentions: torch.Tensor, half: int | None) -> dict[str, np.ndarray]:
-    """``prev_token`` and ``induction`` per ``(layer, head)`` from weights ``(B, layers, heads, L, L)``.
-
-    ``half``: the length of the repeated half for the induction score (its sequences are a half
-    and the same half again); None scores only ``prev_token``.
-    """
+def head_scores(attentions: torch.Tensor, half: int) -> dict[str, np.ndarray]:
+    """``prev_token`` and ``induction`` per ``(layer, head)`` from weights ``(..., layers, heads, L, L)``
+    on sequences made of a half of ``half`` tokens and the same half again (averaged over the batch)."""
     L = attentions.shape[-1]
     q = torch.arange(1, L)
-    prev = attentions[..., q, q - 1].mean(dim=(0, -1))
-    out = {"prev_token": prev.cpu().numpy()}
-    if half is not None:
-        q = torch.arange(half, 2 * half)
-        out["induction"] = attentions[..., q, q - half + 1].mean(dim=(0, -1)).cpu().numpy()
-    return out
+    prev = attentions[..., q, q - 1].mean(dim=-1)
+    q = torch.arange(half, 2 * half)
+    induction = attentions[..., q, q - half + 1].mean(dim=-1)
+    batch = tuple(range(attentions.dim() - 4))
+    return {"prev_token": prev.mean(dim=batch).cpu().numpy() if batch else prev.cpu().numpy(),
+            "induction": induction.mean(dim=batch).cpu().numpy() if batch else induction.cpu().numpy()}
 
 
 # --- training -----------------------------------------------------------------------------------------
 
 def train(config: TrainConfig, *, device: str = "auto", text: str | None = None,
-          on_step: Callable[[int, pd.DataFrame, "TrainRun"], None] | None = None,
-          should_stop: Callable[[], bool] | None = None, max_seconds: float | None = None,
-          snapshot_every: int | None = None) -> TrainRun:
+          on_step: Callable[[int, "TrainRun"], None] | None = None,
+          should_stop: Callable[[], bool] | None = None, max_seconds: float | None = None) -> TrainRun:
     """Train a decoder on ``config.task`` and return the run.
 
     Args:
         device: "auto" (CUDA when there is one), "cpu", "cuda".
         text: the text for the "text" task (default: the built-in corpus).
-        on_step: called after each logged step with the step, the history so far and the run
-            (whose ``model`` holds the weights of that moment; read it, do not change it).
+        on_step: called after each logged step with the step and the run (whose ``model`` holds
+            the weights of that moment; read it, do not change it).
         should_stop: asked after every step; True ends the training there.
         max_seconds: a time budget; the run stops when it is spent.
-        snapshot_every: keep the attention on the probe sequence every this many steps
-            (default: every logged step).
+
+    The attention on the probe sequence is kept at logged steps, at most ``MAX_SNAPSHOTS`` of them:
+    when there would be more, every other one is dropped and snapshots are kept half as often.
     """
     from .loading import DecoderModel, pick_device
 
@@ -185,57 +214,61 @@ def train(config: TrainConfig, *, device: str = "auto", text: str | None = None,
     held_out = torch.Generator().manual_seed(config.seed + 10_000)
     if config.task == "induction":
         tokenizer = induction_tokenizer(config.vocab_size, config.seq_len)
-        eval_ids = repeated_batch(held_out, 64, config.seq_len, config.vocab_size).to(dev)
+        eval_ids = repeated_batch(held_out, 64, config.seq_len, config.vocab_size)
         half = config.seq_len // 2
-        stream = None
+
+        def batch():
+            return induction_batch(gen, config.batch_size, config.seq_len + 1, config.vocab_size)
     else:
         source = text if text is not None else CORPUS_FILE.read_text(encoding="utf-8")
         tokenizer = text_tokenizer(source, config.vocab_size, config.seq_len)
         stream = text_stream(source, tokenizer)
-        eval_ids = text_batch(held_out, stream, 64, config.seq_len).to(dev)
-        half = None
+        eval_ids = text_batch(held_out, stream, 64, config.seq_len // 2).repeat(1, 2)
+        half = eval_ids.shape[1] // 2
+
+        def batch():
+            return text_batch(gen, stream, config.batch_size, config.seq_len + 1)
     vocab = len(tokenizer)
     dconf = DecoderConfig(vocab_size=vocab, n_layers=config.n_layers, n_heads=config.n_heads,
                           d_model=config.d_model, max_len=config.seq_len, attention_only=config.attention_only,
                           d_mlp=4 * config.d_model)
     net = Decoder.untrained(dconf, config.seed).to(dev).train()
-    model = DecoderModel(net, tokenizer, f"Trained decoder ({config.task}, seed {config.seed})", dev)
-    probe_ids = eval_ids[:1]
-    probe = tokenizer.convert_ids_to_tokens(probe_ids[0].tolist())
+    name = f"Trained decoder ({config.task}, {config.n_layers}x{config.n_heads}, seed {config.seed})"
+    model = DecoderModel(net, tokenizer, name, dev)
+    texts = [" ".join(tokenizer.convert_ids_to_tokens(row)) for row in eval_ids.tolist()]
+    run = TrainRun(config, model, probe=texts[0].split(" "), held_out=texts, device=dev.type)
+    eval_ids = eval_ids.to(dev)
     optimiser = torch.optim.AdamW(net.parameters(), lr=config.lr, weight_decay=0.0)
-    rows: list[dict] = []
-    run = TrainRun(config, model, pd.DataFrame(rows), probe=probe)
-    snapshot_every = snapshot_every or config.log_every
+    every = config.log_every
     start = time.perf_counter()
-    losses = []
+    losses: list[float] = []
 
-    def log(step: int) -> None:
+    def log(step: int, last: bool = False) -> None:
+        nonlocal every
         net.eval()
         with torch.inference_mode():
-            att = net(eval_ids, need_weights=True).attentions
+            weights = torch.stack(net(eval_ids, need_weights=True).attentions, dim=1)  # (B, layers, heads, L, L)
         net.train()
-        weights = torch.stack(att, dim=1)                                         # (B, layers, heads, L, L)
         scores = head_scores(weights, half)
         loss = float(np.mean(losses[-config.log_every:])) if losses else float("nan")
-        for l in range(config.n_layers):
-            for h in range(config.n_heads):
-                rows.append({"step": step, "layer": l, "head": h, "loss": loss,
-                             "prev_token": float(scores["prev_token"][l, h]),
-                             "induction": float(scores["induction"][l, h]) if half else float("nan")})
-        if step % snapshot_every == 0 or step == config.steps:
-            run.snapshots.append((step, weights[0].float().cpu().numpy()))
-        run.history = pd.DataFrame(rows)
+        run.rows.extend({"step": step, "layer": l, "head": h, "loss": loss,
+                         "prev_token": float(scores["prev_token"][l, h]),
+                         "induction": float(scores["induction"][l, h])}
+                        for l in range(config.n_layers) for h in range(config.n_heads))
+        if step % every == 0 or last:
+            kept = run.snapshots + [(step, weights[0].float().cpu().numpy())]
+            if len(kept) > MAX_SNAPSHOTS:
+                every *= 2
+                kept = [s for s in kept if s[0] % every == 0 or s is kept[-1]]
+            run.snapshots = kept
+        run.steps_done = step
         run.seconds = time.perf_counter() - start
         if on_step is not None:
-            on_step(step, run.history, run)
+            on_step(step, run)
 
     log(0)
-    step = 0
     for step in range(1, config.steps + 1):
-        if config.task == "induction":
-            ids = induction_batch(gen, config.batch_size, config.seq_len, config.vocab_size)[0].to(dev)
-        else:
-            ids = text_batch(gen, stream, config.batch_size, config.seq_len).to(dev)
+        ids = batch().to(dev)
         logits = net(ids[:, :-1], need_weights=False).logits
         loss = F.cross_entropy(logits.reshape(-1, vocab), ids[:, 1:].reshape(-1))
         optimiser.zero_grad(set_to_none=True)
@@ -244,8 +277,9 @@ def train(config: TrainConfig, *, device: str = "auto", text: str | None = None,
         losses.append(loss.item())
         stop = (should_stop is not None and should_stop()) or (
             max_seconds is not None and time.perf_counter() - start > max_seconds)
-        if step % config.log_every == 0 or step == config.steps or stop:
-            log(step)
+        last = stop or step == config.steps
+        if step % config.log_every == 0 or last:
+            log(step, last)
         if stop:
             run.stopped = step < config.steps
             break
@@ -254,4 +288,4 @@ def train(config: TrainConfig, *, device: str = "auto", text: str | None = None,
     return run
 
 
-__all__ = ["TASKS", "LIMITS", "TrainConfig", "TrainRun", "train", "head_scores", "induction_batch"]
+__all__ = ["TASKS", "LIMITS", "TrainConfig", "TrainRun", "train", "head_scores", "induction_batch", "repeated_batch"]
