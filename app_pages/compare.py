@@ -4,7 +4,7 @@ import streamlit as st
 from app_pages.ui.caches import attention, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
-from app_pages.ui.settings import MODELS, settings
+from app_pages.ui.settings import model_names, settings
 from app_pages.ui.state import bound, choose
 from viz import head_heatmap
 
@@ -12,9 +12,12 @@ s = settings()
 st.title("Compare")
 n = bound(st.segmented_control, "picks", 2, init="default", options=[1, 2, 3, 4], cast=int, label="Picks",
           required=True)
+MODELS = model_names()
 choices = [m for m in MODELS if m != "custom" or s.custom]
 first = s.choice if s.choice in choices else "minilm"
 defaults = [(first, 0), (first, 1), ("untrained", 0), ("scratch" if first != "scratch" else "minilm", 0)]
+if first in ("trained", "trained_start"):  # how training changed one head: step 0 beside the last step
+    defaults[:2] = [("trained_start", 0), ("trained", 0)]
 
 picks = []
 for i, col in enumerate(st.columns(n)):

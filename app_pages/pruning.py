@@ -10,8 +10,8 @@ from app_pages.ui.caches import model_for
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.messages import stop_with
 from app_pages.ui.profiles import profile
-from app_pages.ui.pruning import (correlations, curves, engine_choice, importance, has_curves, pruned_zip,
-                                  proxy_table, pruning_sentences)
+from app_pages.ui.pruning import (correlations, curves, engine_choice, engine_custom, importance, has_curves,
+                                  pruned_zip, proxy_table, pruning_sentences)
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound
 from models import HeadLensError
@@ -25,7 +25,7 @@ st.caption("A head's importance is what removing it alone does to the model's ou
            "et al. (2019) do: by importance, recomputed on the pruned model at each step; at random; and by attention "
            "alone.")
 choice = engine_choice(s)
-model = model_for(choice, "", s.device)
+model = model_for(choice, engine_custom(choice, s), s.device)
 notes = []
 if s.choice == "minilm":
     notes.append("This page runs the from-scratch engine with the same weights: it can remove heads, which "

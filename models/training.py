@@ -110,6 +110,14 @@ class TrainRun:
         reached = best[best >= score]
         return None if reached.empty else int(reached.index[0])
 
+    def initial_model(self):
+        """The model as it was at step 0: the same initialisation, drawn again from the seed."""
+        from .loading import DecoderModel
+
+        net = self.model.decoder
+        start = Decoder.untrained(net.config, self.config.seed).to(self.model.device).eval()
+        return DecoderModel(start, self.model.tokenizer, f"{self.model.name} at step 0", self.model.device)
+
     def steps_per_second(self) -> float:
         return self.steps_done / self.seconds if self.seconds else float("nan")
 

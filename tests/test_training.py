@@ -93,6 +93,12 @@ def test_history_scores_agree_with_scores_recomputed_from_attend(induction_run):
     step, snapshot = run.snapshots[-1]
     assert step == 400
     np.testing.assert_allclose(snapshot, weights[0], atol=1e-5)   # the probe is the first held-out sequence
+    start = run.initial_model().attend(run.held_out[0]).weights
+    np.testing.assert_allclose(run.snapshots[0][1], start, atol=1e-6)
+    first = run.history[run.history.step == 0].sort_values(["layer", "head"])
+    again = head_scores(torch.from_numpy(np.stack([r.weights for r in run.initial_model().attend(run.held_out)])),
+                        len(run.probe) // 2)
+    np.testing.assert_allclose(first.induction.to_numpy(), again["induction"].ravel(), atol=1e-5)
 
 
 def test_a_run_is_deterministic_for_a_seed():

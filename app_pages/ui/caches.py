@@ -17,7 +17,7 @@ from analysis import View, make_view
 from models import Attention, AttentionModel, HeadLensError, load_model
 
 from .messages import stop_with
-from .settings import SCRATCH, Settings
+from .settings import SCRATCH, TRAINED, Settings, custom_for
 from .state import choose
 
 
@@ -36,9 +36,18 @@ def check_custom_folder(name: str) -> None:
                             "or a model id from its Hugging Face cache.")
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
 def cached_model(choice: str, custom: str, device: str) -> AttentionModel:
-    """One instance per (model, device) for every session; it is only ever read."""
+    """The model behind a sidebar choice: one instance per (model, device) for every session, only
+    ever read; this session's own for a trained decoder (``custom`` is then the run's id)."""
+    if choice in TRAINED:
+        from .training import trained_model
+
+        return trained_model(choice, custom)
+    return shared_model(choice, custom, device)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def shared_model(choice: str, custom: str, device: str) -> AttentionModel:
     if choice == "custom":
         if not custom.strip():
             raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
@@ -177,14 +186,15 @@ def cached_attention(choice: str, custom: str, device: str, text: str, causal: b
 def attention(s: Settings, text: str, choice: str | None = None, key: str = "component", container=st) -> Attention:
     """The attention of ``text``; for an encoder-decoder model, the part picked under ``key``."""
     choice = choice or s.choice
+    custom = s.custom if choice == s.choice else custom_for(choice)
     scratch = choice in SCRATCH
-    model_for(choice, s.custom, s.device)
+    model_for(choice, custom, s.device)
     # One slot, present on every run, holds the spinner and then the truncation note: elements
     # below it keep their place, so the chart updates in place instead of being drawn anew.
     slot = container.empty()
     try:
         with slot, st.spinner("Computing attention…"):
-            att = cached_attention(choice, s.custom, s.device, text, s.causal and scratch,
+            att = cached_attention(choice, custom, s.device, text, s.causal and scratch,
                                    s.heads_off if scratch else ())
     except HeadLensError as err:
         stop_with(err)

@@ -18,7 +18,7 @@ from models import AttentionModel
 
 from .caches import SharedCache, cached_model, computed_once, model_for
 from .profiles import CORPUS, uploaded_sentences
-from .settings import MODELS, Settings
+from .settings import MODELS, TRAINED, Settings
 from .state import bound
 
 SAMPLE = 100  # sentences of the built-in corpus the page measures by default: about a minute on 2 CPU cores
@@ -26,7 +26,8 @@ MAX_SENTENCES = 400  # more would take many minutes: every step re-measures ever
 SEEDS = (0, 1, 2)
 SOURCES = {"sample": f"{SAMPLE} sentences of the built-in corpus", "corpus": f"The whole built-in corpus ({len(CORPUS)})",
            "sidebar": "The sidebar's sentences", "upload": "An uploaded .txt"}
-ENGINE = {"minilm": "scratch", "scratch": "scratch", "untrained": "untrained"}  # the sidebar's model on our engine
+ENGINE = {"minilm": "scratch", "scratch": "scratch", "untrained": "untrained",  # the sidebar's model on our engine
+          **{t: t for t in TRAINED}}
 
 
 def corpus_sample() -> list[str]:
@@ -35,7 +36,16 @@ def corpus_sample() -> list[str]:
 
 
 def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
-    """The sentences the user picks to measure heads on, and the source's key."""
+    """The sentences the user picks to measure heads on, and the source's key. A trained decoder is
+    measured on its training's held-out sequences, which are written in its own tokens."""
+    if s.choice in TRAINED:
+        from .training import trained_job
+
+        job = trained_job()
+        if job is not None and job.id == s.custom:
+            st.caption(f"Measured on the training's {len(job.run.held_out)} held-out sequences (a half, then the "
+                       "same half again), written in the model's own tokens.")
+            return "held_out", list(job.run.held_out)
     source = bound(st.segmented_control, "prune_on", "sample", init="default", options=list(SOURCES), cast=str,
                    label="Sentences to measure on", format_func=SOURCES.get, required=True)
     sentences = (corpus_sample() if source == "sample" else CORPUS if source == "corpus"
@@ -73,9 +83,14 @@ def pruning_cache() -> SharedCache:
     return SharedCache(max_entries=12)
 
 
+def engine_custom(choice: str, s: Settings) -> str:
+    """What names the model beyond its choice on this page: a trained run's id, else nothing."""
+    return s.custom if choice in TRAINED else ""
+
+
 def _key(kind: str, choice: str, s: Settings, ablation: str, sentences: list[str]) -> tuple:
     digest = hashlib.sha256("\n".join(sentences).encode("utf-8", "surrogatepass")).hexdigest()
-    return kind, choice, s.device, ablation, digest
+    return kind, choice, engine_custom(choice, s), s.device, ablation, digest
 
 
 class Bar:
@@ -102,7 +117,7 @@ class Bar:
 def importance(choice: str, s: Settings, ablation: str, sentences: list[str]) -> Importance:
     """Every head's ablation importance on ``sentences``, with a progress bar while it runs."""
     def compute() -> Importance:
-        model = cached_model(choice, "", s.device)
+        model = cached_model(choice, engine_custom(choice, s), s.device)
         bar = Bar(f"Switching each of {model.n_layers * model.n_heads} heads off in turn, on {len(sentences)} sentences")
         means = model.head_means(sentences) if ablation == "mean" else None
         full = model.embed(sentences)
@@ -113,7 +128,7 @@ def importance(choice: str, s: Settings, ablation: str, sentences: list[str]) ->
                 array.flags.writeable = False
         return Importance(frame, means, full)
 
-    model_for(choice, "", s.device)
+    model_for(choice, engine_custom(choice, s), s.device)
     return computed_once(pruning_cache(), _key("importance", choice, s, ablation, sentences), compute,
                  "Another session is measuring the same heads; its result will be shown here…")
 
@@ -121,7 +136,7 @@ def importance(choice: str, s: Settings, ablation: str, sentences: list[str]) ->
 def curves(choice: str, s: Settings, ablation: str, sentences: list[str], imp: Importance) -> pd.DataFrame:
     """The pruning curves by importance, at random (``SEEDS``) and by attention alone."""
     def compute() -> pd.DataFrame:
-        model = cached_model(choice, "", s.device)
+        model = cached_model(choice, engine_custom(choice, s), s.device)
         proxies = proxy_table(choice, s, sentences)
         counts = prune_counts(model.n_layers * model.n_heads)
         n = len(sentences)
@@ -148,7 +163,7 @@ def has_curves(choice: str, s: Settings, ablation: str, sentences: list[str]) ->
 def proxy_table(choice: str, s: Settings, sentences: list[str]) -> pd.DataFrame:
     """Attention-only measures of each head on ``sentences`` (entropy, weight on special tokens)."""
     def compute() -> pd.DataFrame:
-        model = cached_model(choice, "", s.device)
+        model = cached_model(choice, engine_custom(choice, s), s.device)
         return attention_proxies(model.attend(sentences))
 
     return computed_once(pruning_cache(), _key("proxies", choice, s, "", sentences), compute,

@@ -21,7 +21,27 @@ MODELS = {
     "untrained": "Untrained encoder · from scratch, seed 0",
     "custom": "Custom model (id or folder) · transformers",
 }
-SCRATCH = {"scratch", "untrained"}  # the choices that run our engine: head masks and causal apply
+TRAINED = {
+    "trained": "Your trained decoder · this session",
+    "trained_start": "Your trained decoder at step 0 · this session",
+}
+SCRATCH = {"scratch", "untrained", *TRAINED}  # the choices that run our engine: head masks and causal apply
+
+
+def model_names() -> dict[str, str]:
+    """The sidebar's models: the bundled ones, and this session's trained decoder once there is one."""
+    from .training import trained_job
+
+    return {**MODELS, **TRAINED} if trained_job() is not None else dict(MODELS)
+
+
+def custom_for(choice: str) -> str:
+    """What names the model beyond its choice: the custom id or folder, or the trained run's id."""
+    ss = st.session_state
+    if choice in TRAINED:
+        job = ss.get("trained_job")
+        return job.id if job is not None else ""
+    return ss.get("custom_model", "") or ""
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,6 @@ def settings() -> Settings:
         sentences = sentences[:MAX_SENTENCES]
     choice = ss.get("model", "minilm")
     scratch = choice in SCRATCH
-    return Settings(choice, ss.get("custom_model", "") or "", ss.get("device", "auto"), sentences,
+    return Settings(choice, custom_for(choice), ss.get("device", "auto"), sentences,
                     bool(ss.get("hide_special")), bool(ss.get("merge_words")), bool(ss.get("shared_scale", True)),
                     scratch and bool(ss.get("causal")), tuple(ss.get("heads_off") or ()) if scratch else ())

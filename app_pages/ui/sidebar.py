@@ -5,7 +5,7 @@ import streamlit as st
 import torch
 
 from .caches import model_for
-from .settings import DEFAULT_TEXT, EXAMPLES, MAX_CHARS, MODELS, SCRATCH
+from .settings import DEFAULT_TEXT, EXAMPLES, MAX_CHARS, SCRATCH, custom_for, model_names
 from .state import bound, flag, remember
 
 
@@ -18,8 +18,9 @@ def _load_example() -> None:
 
 def sidebar() -> None:
     sb = st.sidebar
-    choice = bound(sb.selectbox, "model", "minilm", init="index", options=list(MODELS), label="Model",
-                   format_func=MODELS.get)
+    names = model_names()
+    choice = bound(sb.selectbox, "model", "minilm", init="index", options=list(names), label="Model",
+                   format_func=names.get)
     if choice == "custom":
         bound(sb.text_input, "custom_model", "", label="Model id or folder",
               placeholder="bert-base-uncased or /path/to/model",
@@ -40,7 +41,7 @@ def sidebar() -> None:
     scratch = choice in SCRATCH
     bound(sb.toggle, "causal", False, cast=flag, label="Causal mask", disabled=not scratch,
           help="Each token sees only earlier ones; the from-scratch engine only.")
-    model = model_for(choice, st.session_state.get("custom_model", ""), device, container=sb)
+    model = model_for(choice, custom_for(choice), device, container=sb)
     if scratch:
         names = [f"{l}.{h}" for l in range(model.n_layers) for h in range(model.n_heads)]
         bound(sb.multiselect, "heads_off", [], init="default", options=names, multi=True, label="Switch heads off",

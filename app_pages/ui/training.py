@@ -1,0 +1,165 @@
+"""Trainings in background threads: one per session, at most ``MAX_RUNNING`` at once on the server.
+
+The thread only trains and writes to its ``Job``; the page reads the job on each run of its
+fragment. Nothing here is called from the thread but the training and the checks it makes.
+"""
+from __future__ import annotations
+
+import io
+import tempfile
+import threading
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+import streamlit as st
+
+from models import HeadLensError
+from models.training import TrainConfig, TrainRun, train
+
+MAX_RUNNING = 2        # trainings at once on this server; more wait for a slot
+MAX_SECONDS = 600      # each training's time budget
+GONE_AFTER = 15.0      # seconds a session may be disconnected before its training stops
+
+
+@st.cache_resource
+def slots() -> threading.BoundedSemaphore:
+    """The server's training slots, shared by every session."""
+    return threading.BoundedSemaphore(MAX_RUNNING)
+
+
+def _session_check():
+    """A function saying whether this session is still connected (checked from the training thread)."""
+    from streamlit.runtime import Runtime
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    if ctx is None or not Runtime.exists():
+        return lambda: True
+    runtime, session_id = Runtime.instance(), ctx.session_id
+    return lambda: runtime.is_active_session(session_id)
+
+
+class Job:
+    """One training: its settings, its state and, once it has logged a step, its run."""
+
+    def __init__(self, config: TrainConfig, *, text: str | None, device: str, max_seconds: float = MAX_SECONDS,
+                 connected=None):
+        self.id = uuid.uuid4().hex[:12]
+        self.config, self.text, self.device, self.max_seconds = config, text, device, max_seconds
+        self.state = "waiting"              # waiting, training, done, stopped, failed
+        self.error: str | None = None
+        self.run: TrainRun | None = None
+        self.stop_requested = threading.Event()
+        self._connected = connected or (lambda: True)
+        self._gone_since: float | None = None
+        self._start_model = None
+        self.thread = threading.Thread(target=self._work, name=f"headlens-train-{self.id}", daemon=True)
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("waiting", "training")
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "stopped") and self.run is not None
+
+    def start(self) -> "Job":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_requested.set()
+
+    def should_stop(self) -> bool:
+        if self.stop_requested.is_set():
+            return True
+        if self._connected():
+            self._gone_since = None
+            return False
+        now = time.monotonic()
+        self._gone_since = self._gone_since or now
+        return now - self._gone_since > GONE_AFTER
+
+    def _work(self) -> None:
+        slot = slots()
+        while not slot.acquire(timeout=0.2):
+            if self.should_stop():
+                self.state = "stopped"
+                return
+        try:
+            self.state = "training"
+            run = train(self.config, device=self.device, text=self.text, should_stop=self.should_stop,
+                        on_step=self._logged, max_seconds=self.max_seconds)
+            self.run = run
+            self.state = "stopped" if run.stopped else "done"
+        except HeadLensError as err:
+            self.error, self.state = str(err), "failed"
+        except Exception as err:  # the session keeps working; the page says what went wrong
+            self.error, self.state = f"The training failed: {type(err).__name__}: {err}", "failed"
+        finally:
+            slot.release()
+
+    def _logged(self, step: int, run: TrainRun) -> None:
+        self.run = run
+
+    def model(self, at_start: bool = False):
+        """The trained model, or the same model at step 0 (built once, on first use)."""
+        if not self.finished:
+            raise HeadLensError("This model is still training; it joins the other pages when it stops.")
+        if not at_start:
+            return self.run.model
+        if self._start_model is None:
+            self._start_model = self.run.initial_model()
+        return self._start_model
+
+
+def start_job(config: TrainConfig, *, text: str | None, device: str) -> Job:
+    """Stop this session's training, if any, and start ``config`` in a new thread."""
+    old = st.session_state.get("train_job")
+    if old is not None:
+        old.stop()
+    job = Job(config, text=text, device=device, connected=_session_check()).start()
+    st.session_state["train_job"] = job
+    return job
+
+
+def current_job() -> Job | None:
+    return st.session_state.get("train_job")
+
+
+def trained_job() -> Job | None:
+    """This session's last finished training: the one the other pages open."""
+    job = current_job()
+    if job is not None and job.finished:
+        st.session_state["trained_job"] = job
+    return st.session_state.get("trained_job")
+
+
+def trained_model(choice: str, job_id: str):
+    """The model behind the sidebar's "trained" choices, for this session only."""
+    job = st.session_state.get("trained_job")
+    if job is None or job.id != job_id:
+        raise HeadLensError("No trained model in this session: train one on the Train page first.")
+    return job.model(at_start=choice == "trained_start")
+
+
+def running_elsewhere() -> bool:
+    """True when every training slot is taken."""
+    slot = slots()
+    if slot.acquire(blocking=False):
+        slot.release()
+        return False
+    return True
+
+
+def model_zip(job: Job) -> bytes:
+    """The trained model as a ZIP: safetensors, config.json and the tokenizer, for ``load_model``."""
+    buffer = io.BytesIO()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = job.run.model.save(Path(tmp) / "model")
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+            for path in sorted(folder.iterdir()):
+                z.write(path, f"headlens-trained-{job.id}/{path.name}")
+    return buffer.getvalue()
