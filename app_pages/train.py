@@ -86,7 +86,8 @@ def summary(job) -> str:
             f"({run.steps_per_second():.0f} steps/s on {run.device}); last loss {last.loss.iloc[0]:.3f}. ")
     said += (f"An induction score of 0.4 was first reached at step {reached:,}; " if reached is not None
              else "No head reached an induction score of 0.4; ")
-    return said + f"the strongest induction head now is L{best.layer} H{best.head} ({best.induction:.2f})."
+    return said + (f"the strongest induction head now is L{int(best['layer'])} H{int(best['head'])} "
+                   f"({best['induction']:.2f}).")
 
 
 def snapshots(run) -> None:
@@ -144,7 +145,7 @@ def live() -> None:
     snapshots(run)
 
 
-st.fragment(run_every=1.0 if running else None)(live)()
+st.fragment(run_every=1.5 if running else None)(live)()
 
 job = trained_job()
 if job is not None and not running:
