@@ -1,5 +1,4 @@
 """Train: a small decoder learns on our multi-head attention while the page shows its heads form."""
-import pandas as pd
 import streamlit as st
 
 from app_pages.ui.exports import chart

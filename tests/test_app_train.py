@@ -4,7 +4,6 @@ import time
 import zipfile
 
 import numpy as np
-import pytest
 
 from models import load_model
 from tests.conftest import decode, downloads, figures, heatmaps, shown
