@@ -72,6 +72,7 @@ class TrainConfig:
 
 
 MAX_SNAPSHOTS = 200
+SNAPSHOT_BYTES = 64 * 2**20  # all snapshots of a run together; the largest model keeps 32
 
 
 @dataclass
@@ -210,8 +211,9 @@ def train(config: TrainConfig, *, device: str = "auto", text: str | None = None,
         should_stop: asked after every step; True ends the training there.
         max_seconds: a time budget; the run stops when it is spent.
 
-    The attention on the probe sequence is kept at logged steps, at most ``MAX_SNAPSHOTS`` of them:
-    when there would be more, every other one is dropped and snapshots are kept half as often.
+    The attention on the probe sequence is kept at logged steps, at most ``MAX_SNAPSHOTS`` of them
+    within ``SNAPSHOT_BYTES``: when there would be more, every other one is dropped and snapshots
+    are kept half as often.
     """
     from .loading import DecoderModel, pick_device
 
@@ -264,8 +266,9 @@ def train(config: TrainConfig, *, device: str = "auto", text: str | None = None,
                          "induction": float(scores["induction"][l, h])}
                         for l in range(config.n_layers) for h in range(config.n_heads))
         if step % every == 0 or last:
-            kept = run.snapshots + [(step, weights[0].float().cpu().numpy())]
-            if len(kept) > MAX_SNAPSHOTS:
+            probe = weights[0].float().cpu().numpy()
+            kept = run.snapshots + [(step, probe)]
+            if len(kept) > max(2, min(MAX_SNAPSHOTS, SNAPSHOT_BYTES // probe.nbytes)):
                 every *= 2
                 kept = [s for s in kept if s[0] % every == 0 or s is kept[-1]]
             run.snapshots = kept

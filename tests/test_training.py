@@ -142,6 +142,10 @@ def test_snapshots_are_thinned_to_at_most_the_cap(monkeypatch):
     steps = [s for s, _ in run.snapshots]
     assert len(steps) <= 4 and steps[0] == 0 and steps[-1] == 50
     assert steps == sorted(steps) and all(s % 20 == 0 for s in steps[:-1])
+    monkeypatch.setattr(training, "MAX_SNAPSHOTS", 200)
+    monkeypatch.setattr(training, "SNAPSHOT_BYTES", 3 * 2 * 2 * 32 * 32 * 4)   # room for three probes
+    run = train(TrainConfig(steps=50, log_every=5, d_model=16), device="cpu")
+    assert len(run.snapshots) <= 3 and run.snapshots[-1][0] == 50
 
 
 def test_text_task_trains_on_the_corpus_or_a_given_text():
