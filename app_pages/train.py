@@ -1,12 +1,11 @@
 """Train: a small decoder learns on our multi-head attention while the page shows its heads form."""
 import streamlit as st
 
-from app_pages.ui.exports import chart
+from app_pages.ui.exports import chart, model_zip
 from app_pages.ui.messages import plain
 from app_pages.ui.settings import TRAINED
 from app_pages.ui.state import remember
-from app_pages.ui.training import (MAX_RUNNING, MAX_SECONDS, current_job, model_zip, running_elsewhere, start_job,
-                                   trained_job)
+from app_pages.ui.training import MAX_RUNNING, MAX_SECONDS, current_job, running_elsewhere, start_job, trained_job
 from models import HeadLensError
 from models.training import LIMITS, TASKS, TrainConfig
 from viz import head_grid
@@ -150,7 +149,6 @@ job = trained_job()
 if job is not None and not running:
     st.subheader("Use the trained model")
 
-
     def go(choice: str, page: str) -> None:
         for key, value in (("model", choice), ("text", " ".join(job.run.probe))):
             ss.pop(key, None)  # the sidebar's widget starts again, from the kept value
@@ -162,7 +160,8 @@ if job is not None and not running:
              help="Opens it in Explore with the probe sequence; the sidebar's model list now has it, and its "
                   "step-0 self, for every page.")
     b.button("Compare step 0 with the last", on_click=go, args=("trained", COMPARE), key="train_compare")
-    c.download_button("Model · ZIP", lambda: model_zip(job), f"headlens-trained-{job.id}.zip", "application/zip",
+    c.download_button("Model · ZIP", lambda: model_zip(job.run.model, f"headlens-trained-{job.id}"),
+                      f"headlens-trained-{job.id}.zip", "application/zip",
                       key="train-zip", on_click="ignore",
                       help="safetensors, config.json and the tokenizer: load_model(folder, backend=\"scratch\") opens it.")
     e.download_button("History · CSV", lambda: job.run.history.to_csv(index=False).encode(),

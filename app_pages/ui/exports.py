@@ -1,6 +1,11 @@
 """Charts on the page, and the downloads under them: figure, attention, one head."""
 from __future__ import annotations
 
+import io
+import tempfile
+import zipfile
+from pathlib import Path
+
 import streamlit as st
 
 from analysis import View
@@ -9,6 +14,18 @@ from models import Attention
 from viz.export import figure_html, figure_image
 
 from .messages import plain
+
+
+def model_zip(model, top: str) -> bytes:
+    """``model`` saved (safetensors, config.json, tokenizer) and zipped under the folder ``top``."""
+    out = io.BytesIO()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = model.save(Path(tmp) / "model")
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+            for file in sorted(folder.rglob("*")):
+                if file.is_file():
+                    z.write(file, f"{top}/{file.relative_to(folder)}")
+    return out.getvalue()
 
 
 def chart(fig, key: str, **kwargs):

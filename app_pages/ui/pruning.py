@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-import io
-import tempfile
 import time
-import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +14,7 @@ from analysis.importance import (attention_proxies, curve_work, head_importance,
 from models import AttentionModel
 
 from .caches import SharedCache, cached_model, computed_once, model_for
+from .exports import model_zip
 from .profiles import CORPUS, uploaded_sentences
 from .settings import MODELS, TRAINED, Settings
 from .state import bound
@@ -179,13 +177,5 @@ def correlations(imp: Importance, proxies: pd.DataFrame, labels: list[str] | Non
 
 def pruned_zip(model: AttentionModel, heads: list[tuple[int, int]], means: np.ndarray | None) -> bytes:
     """The pruned model as a ZIP of its folder (safetensors, config.json, tokenizer)."""
-    pruned = model.pruned(heads, head_means=means)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = pruned.save(tmp)
-        out = io.BytesIO()
-        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-            for file in sorted(folder.rglob("*")):
-                if file.is_file():
-                    z.write(file, f"headlens-pruned/{file.relative_to(folder)}")
-    return out.getvalue()
+    return model_zip(model.pruned(heads, head_means=means), "headlens-pruned")
 

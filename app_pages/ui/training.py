@@ -5,13 +5,9 @@ fragment. Nothing here is called from the thread but the training and the checks
 """
 from __future__ import annotations
 
-import io
-import tempfile
 import threading
 import time
 import uuid
-import zipfile
-from pathlib import Path
 
 import streamlit as st
 
@@ -152,14 +148,3 @@ def running_elsewhere() -> bool:
         slot.release()
         return False
     return True
-
-
-def model_zip(job: Job) -> bytes:
-    """The trained model as a ZIP: safetensors, config.json and the tokenizer, for ``load_model``."""
-    buffer = io.BytesIO()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = job.run.model.save(Path(tmp) / "model")
-        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
-            for path in sorted(folder.iterdir()):
-                z.write(path, f"headlens-trained-{job.id}/{path.name}")
-    return buffer.getvalue()
