@@ -5,7 +5,7 @@ from app_pages.ui.exports import chart, model_zip
 from app_pages.ui.messages import plain
 from app_pages.ui.settings import TRAINED
 from app_pages.ui.state import remember
-from app_pages.ui.training import MAX_RUNNING, MAX_SECONDS, current_job, running_elsewhere, start_job, trained_job
+from app_pages.ui.training import MAX_RUNNING, MAX_SECONDS, current_job, start_job, trained_job
 from models import HeadLensError
 from models.training import LIMITS, TASKS, TrainConfig
 from viz import head_grid
@@ -64,8 +64,6 @@ if left.button("Start", type="primary", disabled=running, key="train_start"):
     except HeadLensError as err:
         st.error(plain(str(err)))
         st.stop()
-    if running_elsewhere():
-        st.info(f"{MAX_RUNNING} trainings are running on this server; yours starts when one of them ends.")
     ss.pop("train_snapshot", None)
     job = start_job(config, text=text, device=ss.get("device", "auto"))
     running = True

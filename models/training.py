@@ -21,9 +21,10 @@ half on the token after its earlier occurrence, the prefix-matching score).
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -171,8 +172,6 @@ def induction_tokenizer(vocab_size: int, max_len: int):
 
 def text_tokenizer(text: str, vocab_size: int, max_len: int):
     """The ``vocab_size - 2`` most frequent words and punctuation marks of ``text`` (lowercased)."""
-    from collections import Counter
-
     from tokenizers import pre_tokenizers
 
     split = pre_tokenizers.Whitespace()

@@ -19,6 +19,7 @@ from models import Attention, AttentionModel, HeadLensError, load_model
 from .messages import stop_with
 from .settings import SCRATCH, TRAINED, Settings, custom_for
 from .state import choose
+from .training import trained_model
 
 
 def check_custom_folder(name: str) -> None:
@@ -40,8 +41,6 @@ def cached_model(choice: str, custom: str, device: str) -> AttentionModel:
     """The model behind a sidebar choice: one instance per (model, device) for every session, only
     ever read; this session's own for a trained decoder (``custom`` is then the run's id)."""
     if choice in TRAINED:
-        from .training import trained_model
-
         return trained_model(choice, custom)
     return shared_model(choice, custom, device)
 

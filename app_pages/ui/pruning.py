@@ -18,6 +18,7 @@ from .exports import model_zip
 from .profiles import CORPUS, uploaded_sentences
 from .settings import MODELS, TRAINED, Settings
 from .state import bound
+from .training import trained_job
 
 SAMPLE = 100  # sentences of the built-in corpus the page measures by default: about a minute on 2 CPU cores
 MAX_SENTENCES = 400  # more would take many minutes: every step re-measures every remaining head
@@ -37,8 +38,6 @@ def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
     """The sentences the user picks to measure heads on, and the source's key. A trained decoder is
     measured on its training's held-out sequences, which are written in its own tokens."""
     if s.choice in TRAINED:
-        from .training import trained_job
-
         job = trained_job()
         if job is not None and job.id == s.custom:
             st.caption(f"Measured on the training's {len(job.run.held_out)} held-out sequences (a half, then the "

@@ -8,6 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from .messages import sentences_of
+from .training import trained_job
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EXAMPLES: dict[str, str] = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
@@ -30,8 +31,6 @@ SCRATCH = {"scratch", "untrained", *TRAINED}  # the choices that run our engine:
 
 def model_names() -> dict[str, str]:
     """The sidebar's models: the bundled ones, and this session's trained decoder once there is one."""
-    from .training import trained_job
-
     return {**MODELS, **TRAINED} if trained_job() is not None else dict(MODELS)
 
 

@@ -139,12 +139,3 @@ def trained_model(choice: str, job_id: str):
     if job is None or job.id != job_id:
         raise HeadLensError("No trained model in this session: train one on the Train page first.")
     return job.model(at_start=choice == "trained_start")
-
-
-def running_elsewhere() -> bool:
-    """True when every training slot is taken."""
-    slot = slots()
-    if slot.acquire(blocking=False):
-        slot.release()
-        return False
-    return True
