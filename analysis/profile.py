@@ -35,6 +35,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from models.corpus import clean_lines
+from models.errors import HeadLensError
+
 FORMAT = 1  # the profile file's layout; a file of another format is refused when opened
 CHUNK = 512  # sentences read at a time (and lines in one Ray batch)
 CHUNK_BYTES = 256 * 2**20  # attention weights held at once: fewer sentences of a chunk when they are long
@@ -42,29 +45,15 @@ META_KEY = b"headlens"
 ACTOR_CPUS = 0.5  # what one CPU actor asks of Ray; the rest of a core is left to the read tasks
 
 
-class InputError(Exception):
-    """Input that cannot be profiled; its message is the sentence shown to the user."""
-
-
-def readable(line: str) -> bool:
-    """Whether a line has a character to read: not only spaces, control or invisible characters."""
-    return any(ch.isprintable() and not ch.isspace() for ch in line)
-
-
 def corpus_files(path: Path) -> list[Path]:
     if not path.exists():
-        raise InputError(f"{path} does not exist.")
+        raise HeadLensError(f"{path} does not exist.")
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if not files:
-            raise InputError(f"The folder {path} holds no .txt file.")
+            raise HeadLensError(f"The folder {path} holds no .txt file.")
         return files
     return [path]
-
-
-def clean_lines(lines) -> list[str]:
-    """The sentences among raw lines: stripped, without those that hold nothing to read."""
-    return [line.strip() for line in lines if readable(line)]
 
 
 def sentences(files: list[Path]) -> Iterator[str]:
@@ -79,9 +68,9 @@ def sentences(files: list[Path]) -> Iterator[str]:
                 for line in handle:
                     yield from clean_lines(line.splitlines())
         except UnicodeDecodeError as err:
-            raise InputError(f"{f} is not UTF-8 text: save it as UTF-8 and run again.") from err
+            raise HeadLensError(f"{f} is not UTF-8 text: save it as UTF-8 and run again.") from err
         except OSError as err:
-            raise InputError(f"{f} could not be read: {err.strerror or err}.") from err
+            raise HeadLensError(f"{f} could not be read: {err.strerror or err}.") from err
 
 
 def corpus_hash(lines) -> tuple[int, str]:
@@ -94,10 +83,10 @@ def corpus_hash(lines) -> tuple[int, str]:
 
 
 def scan(files: list[Path]) -> tuple[int, str]:
-    """How many sentences ``files`` hold, and the SHA-256 of the corpus; InputError when there are none."""
+    """How many sentences ``files`` hold, and the SHA-256 of the corpus; HeadLensError when there are none."""
     count, sha256 = corpus_hash(sentences(files))
     if count == 0:
-        raise InputError("The corpus has no sentences: every line is empty or unreadable.")
+        raise HeadLensError("The corpus has no sentences: every line is empty or unreadable.")
     return count, sha256
 
 
@@ -115,8 +104,6 @@ def chunks(items: Iterator[str], size: int) -> Iterator[list[str]]:
 def readable_by(model, texts: list[str]) -> tuple[list[str], list[int]]:
     """The texts the model can read, and their token counts; a text of characters its tokenizer drops
     (a lone accent for an uncased model) is left out."""
-    from models import HeadLensError
-
     try:
         return texts, model.token_counts(texts)
     except HeadLensError:
@@ -199,8 +186,6 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # the bar says how far it is; Ray's lines repeat it
     import ray
 
-    from models import HeadLensError
-
     from .roles import HeadProfiler
 
     if not ray.is_initialized():
@@ -209,7 +194,7 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
             reachable(address)
             ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level="ERROR")
         except ConnectionError as err:
-            raise InputError(f"No Ray cluster answered at {address}: check the address, and for a cluster with "
+            raise HeadLensError(f"No Ray cluster answered at {address}: check the address, and for a cluster with "
                              "token authentication set RAY_AUTH_MODE=token and its token (`ray get-auth-token`) "
                              "here.") from err
     context = ray.data.DataContext.get_current()
@@ -238,7 +223,7 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
                 progress(int(row["lines"]))
     except Exception as err:  # a worker's error arrives wrapped; a HeadLens one is a sentence for the user
         cause = _root_cause(err)
-        if isinstance(cause, (HeadLensError, InputError)):
+        if isinstance(cause, HeadLensError):
             raise cause from None
         raise
     return profiler, skipped, name, used
@@ -258,7 +243,7 @@ def reachable(address: str | None, timeout: float = 5.0) -> None:
 
 def check_model(name: str | None) -> None:
     """HeadLensError, with a sentence, when ``name`` is not a model that can be opened here."""
-    from models.loading import check_model_dir, resolve_model_dir
+    from models.files import check_model_dir, resolve_model_dir
 
     check_model_dir(resolve_model_dir(name)[0])
 
@@ -302,7 +287,7 @@ def write_profile(frame, meta: dict, out: Path) -> None:
 def read_profile(source) -> tuple["pd.DataFrame", dict]:  # noqa: F821 - pandas is imported lazily
     """A saved profile (a path or a binary file object) and its metadata.
 
-    Raises ValueError, with a sentence, for a file that is not a HeadLens profile, is of another
+    Raises HeadLensError, with a sentence, for a file that is not a HeadLens profile, is of another
     format, or lacks a column this version of HeadLens shows.
     """
     import pyarrow as pa
@@ -313,34 +298,34 @@ def read_profile(source) -> tuple["pd.DataFrame", dict]:  # noqa: F821 - pandas 
     try:
         table = pq.read_table(source)
     except FileNotFoundError as err:
-        raise ValueError(f"There is no file {source}.") from err
+        raise HeadLensError(f"There is no file {source}.") from err
     except (pa.ArrowException, OSError) as err:
-        raise ValueError("That file is not a Parquet file; choose a profile written by "
+        raise HeadLensError("That file is not a Parquet file; choose a profile written by "
                          "`python -m analysis.profile`.") from err
     raw = (table.schema.metadata or {}).get(META_KEY)
     if raw is None:
-        raise ValueError("That Parquet file is not a HeadLens profile: it has no HeadLens metadata.")
+        raise HeadLensError("That Parquet file is not a HeadLens profile: it has no HeadLens metadata.")
     try:
         meta = json.loads(raw)
         fmt = meta.get("format")
     except (ValueError, AttributeError) as err:
-        raise ValueError("That profile's HeadLens metadata is damaged; profile the corpus again.") from err
+        raise HeadLensError("That profile's HeadLens metadata is damaged; profile the corpus again.") from err
     if fmt != FORMAT:
-        raise ValueError(f"That profile is of format {fmt}; this HeadLens reads format {FORMAT}. "
+        raise HeadLensError(f"That profile is of format {fmt}; this HeadLens reads format {FORMAT}. "
                          "Profile the corpus again.")
     missing = [c for c in PROFILE_COLUMNS if c not in table.column_names]
     if missing:
-        raise ValueError(f"That profile lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing[:5])}"
+        raise HeadLensError(f"That profile lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing[:5])}"
                          f"{' …' if len(missing) > 5 else ''}; profile the corpus again.")
     try:
         meta["heads_off"] = [[int(layer), int(head)] for layer, head in meta.get("heads_off", [])]
     except (TypeError, ValueError) as err:
-        raise ValueError("That profile's list of heads switched off is damaged; profile the corpus again.") from err
+        raise HeadLensError("That profile's list of heads switched off is damaged; profile the corpus again.") from err
     meta["causal"] = meta.get("causal") is True
     frame = table.to_pandas()
     layers, heads = meta.get("layers"), meta.get("heads")
     if not isinstance(layers, int) or not isinstance(heads, int) or len(frame) != layers * heads:
-        raise ValueError("That profile's rows do not match the layers and heads its metadata names; "
+        raise HeadLensError("That profile's rows do not match the layers and heads its metadata names; "
                          "profile the corpus again.")
     return frame, meta
 
@@ -363,13 +348,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from models import HeadLensError, load_model
+    from models import load_model
 
     try:
         files = corpus_files(args.input)
         total, sha256 = scan(files)
         if not args.out.parent.is_dir():
-            raise InputError(f"The folder {args.out.parent} does not exist; make it or choose another --out.")
+            raise HeadLensError(f"The folder {args.out.parent} does not exist; make it or choose another --out.")
         if args.engine == "ray":
             check_model(args.model)
         else:
@@ -384,13 +369,13 @@ def main(argv: list[str] | None = None) -> int:
                 profiler, skipped = profile_local(model, files, batch_size=args.batch_size, progress=bar.update)
                 name, backend = model.name, model.backend
         if profiler.n_sentences == 0:
-            raise InputError("The model could read none of the corpus's lines.")
+            raise HeadLensError("The model could read none of the corpus's lines.")
         layers, heads = profiler.totals.shape
         meta = metadata(model=name, backend=backend, engine=args.engine, sentences=profiler.n_sentences,
                         sha256=sha256, layers=layers, heads=heads, skipped=skipped)
         frame = profiler.measures().frame()
         write_profile(frame, meta, args.out)
-    except (InputError, HeadLensError) as err:
+    except HeadLensError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     note = f" ({skipped:,} line{'s' if skipped > 1 else ''} the model could not read {'were' if skipped > 1 else 'was'} left out)" if skipped else ""

@@ -76,7 +76,7 @@ def main() -> None:
     import transformers as tf
 
     from models import BertEncoder
-    from models.loading import default_model_dir
+    from models.files import default_model_dir
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -1,9 +1,11 @@
-"""Attention engines: our from-scratch multi-head attention and encoder, and transformers models."""
-from .encoder import BertEncoder, EncoderConfig
+"""Attention engines: our from-scratch multi-head attention and networks, and transformers models."""
+from .base import AttentionModel
 from .errors import HeadLensError
+from .files import pick_device
+from .loading import load_model
 from .mha import MultiHeadAttention
 from .result import Attention
-from .loading import AttentionModel, load_model, pick_device
+from .stacks.bert import BertEncoder, EncoderConfig
 
 __version__ = "0.15.0"  # HeadLens's version, recorded in the files it writes
 

@@ -24,21 +24,22 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .decoder import Decoder, DecoderConfig
+from .corpus import corpus_text
 from .errors import HeadLensError
+from .files import pick_device
+from .scratch import DecoderModel
+from .stacks.decoder import Decoder, DecoderConfig
 from .vocab import token_tokenizer, word_tokenizer
 
 TASKS = ("induction", "text")
 LIMITS = {"n_layers": 4, "n_heads": 8, "d_model": 256, "steps": 20_000, "seq_len": 128, "vocab_size": 4096,
           "batch_size": 256}
-CORPUS_FILE = Path(__file__).resolve().parents[1] / "assets" / "corpus.txt"
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class TrainRun:
     steps_done: int = 0
     stopped: bool = False                             # stopped before the last step
     rows: list = field(default_factory=list, repr=False)
+    snapshot_every: int = 0                           # logged steps between snapshots; doubles as they thin
     _frame: tuple = field(default=(0, None), repr=False)
 
     @property
@@ -112,16 +114,36 @@ class TrainRun:
         reached = best[best >= score]
         return None if reached.empty else int(reached.index[0])
 
-    def initial_model(self):
+    def initial_model(self) -> DecoderModel:
         """The model as it was at step 0: the same initialisation, drawn again from the seed."""
-        from .loading import DecoderModel
-
         net = self.model.decoder
         start = Decoder.untrained(net.config, self.config.seed).to(self.model.device).eval()
         return DecoderModel(start, self.model.tokenizer, f"{self.model.name} at step 0", self.model.device)
 
     def steps_per_second(self) -> float:
         return self.steps_done / self.seconds if self.seconds else float("nan")
+
+    def record(self, step: int, weights: torch.Tensor, half: int, loss: float, seconds: float, last: bool) -> None:
+        """A logged step: each head's scores from its weights on the held-out sequences
+        ``(B, layers, heads, L, L)``, and the probe's weights as a snapshot when one is due.
+
+        At most ``MAX_SNAPSHOTS`` snapshots are kept within ``SNAPSHOT_BYTES``: when there would be
+        more, every other one is dropped and snapshots are kept half as often.
+        """
+        scores = head_scores(weights, half)
+        layers, heads = scores["induction"].shape
+        self.rows.extend({"step": step, "layer": l, "head": h, "loss": loss,
+                          "prev_token": float(scores["prev_token"][l, h]), "induction": float(scores["induction"][l, h])}
+                         for l in range(layers) for h in range(heads))
+        self.snapshot_every = self.snapshot_every or self.config.log_every
+        if step % self.snapshot_every == 0 or last:
+            probe = weights[0].float().cpu().numpy()
+            kept = self.snapshots + [(step, probe)]
+            if len(kept) > max(2, min(MAX_SNAPSHOTS, SNAPSHOT_BYTES // probe.nbytes)):
+                self.snapshot_every *= 2
+                kept = [s for s in kept if s[0] % self.snapshot_every == 0 or s is kept[-1]]
+            self.snapshots = kept
+        self.steps_done, self.seconds = step, seconds
 
 
 HISTORY_COLUMNS = ("step", "layer", "head", "loss", "prev_token", "induction")
@@ -195,6 +217,36 @@ def head_scores(attentions: torch.Tensor, half: int) -> dict[str, np.ndarray]:
             "induction": induction.mean(dim=batch).cpu().numpy() if batch else induction.cpu().numpy()}
 
 
+# --- tasks -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Task:
+    """What a run trains and scores on: the tokenizer, a batch drawer, and held-out sequences made of
+    a half of ``half`` tokens and the same half again."""
+
+    tokenizer: object
+    batch: Callable[[], torch.Tensor]                  # (batch_size, seq_len + 1) token ids
+    held_out: torch.Tensor                             # (64, 2 * half)
+    half: int
+
+
+def make_task(config: TrainConfig, text: str | None) -> Task:
+    """``config.task``'s data, drawn reproducibly from ``config.seed`` (held-out sequences from another stream)."""
+    gen = torch.Generator().manual_seed(config.seed)
+    held_out = torch.Generator().manual_seed(config.seed + 10_000)
+    if config.task == "induction":
+        eval_ids = repeated_batch(held_out, 64, config.seq_len, config.vocab_size)
+        return Task(induction_tokenizer(config.vocab_size, config.seq_len),
+                    lambda: induction_batch(gen, config.batch_size, config.seq_len + 1, config.vocab_size),
+                    eval_ids, config.seq_len // 2)
+    source = text if text is not None else corpus_text()
+    tokenizer = text_tokenizer(source, config.vocab_size, config.seq_len)
+    stream = text_stream(source, tokenizer)
+    eval_ids = text_batch(held_out, stream, 64, config.seq_len // 2).repeat(1, 2)
+    return Task(tokenizer, lambda: text_batch(gen, stream, config.batch_size, config.seq_len + 1),
+                eval_ids, eval_ids.shape[1] // 2)
+
+
 # --- training -----------------------------------------------------------------------------------------
 
 def train(config: TrainConfig, *, device: str = "auto", text: str | None = None,
@@ -209,93 +261,59 @@ def train(config: TrainConfig, *, device: str = "auto", text: str | None = None,
             the weights of that moment; read it, do not change it).
         should_stop: asked after every step; True ends the training there.
         max_seconds: a time budget; the run stops when it is spent.
-
-    The attention on the probe sequence is kept at logged steps, at most ``MAX_SNAPSHOTS`` of them
-    within ``SNAPSHOT_BYTES``: when there would be more, every other one is dropped and snapshots
-    are kept half as often.
     """
-    from .loading import DecoderModel, pick_device
-
     config = config.check()
     dev = pick_device(device)
     torch.manual_seed(config.seed)
-    gen = torch.Generator().manual_seed(config.seed)
-    held_out = torch.Generator().manual_seed(config.seed + 10_000)
-    if config.task == "induction":
-        tokenizer = induction_tokenizer(config.vocab_size, config.seq_len)
-        eval_ids = repeated_batch(held_out, 64, config.seq_len, config.vocab_size)
-        half = config.seq_len // 2
-
-        def batch():
-            return induction_batch(gen, config.batch_size, config.seq_len + 1, config.vocab_size)
-    else:
-        source = text if text is not None else CORPUS_FILE.read_text(encoding="utf-8")
-        tokenizer = text_tokenizer(source, config.vocab_size, config.seq_len)
-        stream = text_stream(source, tokenizer)
-        eval_ids = text_batch(held_out, stream, 64, config.seq_len // 2).repeat(1, 2)
-        half = eval_ids.shape[1] // 2
-
-        def batch():
-            return text_batch(gen, stream, config.batch_size, config.seq_len + 1)
-    vocab = len(tokenizer)
-    dconf = DecoderConfig(vocab_size=vocab, n_layers=config.n_layers, n_heads=config.n_heads,
-                          d_model=config.d_model, max_len=config.seq_len, attention_only=config.attention_only,
-                          d_mlp=4 * config.d_model)
-    net = Decoder.untrained(dconf, config.seed).to(dev).train()
+    task = make_task(config, text)
+    vocab = len(task.tokenizer)
+    net = Decoder.untrained(DecoderConfig(vocab_size=vocab, n_layers=config.n_layers, n_heads=config.n_heads,
+                                          d_model=config.d_model, max_len=config.seq_len,
+                                          attention_only=config.attention_only, d_mlp=4 * config.d_model),
+                            config.seed).to(dev).train()
     name = f"Trained decoder ({config.task}, {config.n_layers}x{config.n_heads}, seed {config.seed})"
-    model = DecoderModel(net, tokenizer, name, dev)
-    texts = [" ".join(tokenizer.convert_ids_to_tokens(row)) for row in eval_ids.tolist()]
-    run = TrainRun(config, model, probe=texts[0].split(" "), held_out=texts, device=dev.type)
-    eval_ids = eval_ids.to(dev)
+    texts = [" ".join(task.tokenizer.convert_ids_to_tokens(row)) for row in task.held_out.tolist()]
+    run = TrainRun(config, DecoderModel(net, task.tokenizer, name, dev), probe=texts[0].split(" "), held_out=texts,
+                   device=dev.type)
+    held_out = task.held_out.to(dev)
     optimiser = torch.optim.AdamW(net.parameters(), lr=config.lr, weight_decay=0.0)
-    every = config.log_every
-    start = time.perf_counter()
     losses: list[float] = []
-
-    def log(step: int, last: bool = False) -> None:
-        nonlocal every
-        net.eval()
-        with torch.inference_mode():
-            weights = torch.stack(net(eval_ids, need_weights=True).attentions, dim=1)  # (B, layers, heads, L, L)
-        net.train()
-        scores = head_scores(weights, half)
-        loss = float(np.mean(losses[-config.log_every:])) if losses else float("nan")
-        run.rows.extend({"step": step, "layer": l, "head": h, "loss": loss,
-                         "prev_token": float(scores["prev_token"][l, h]),
-                         "induction": float(scores["induction"][l, h])}
-                        for l in range(config.n_layers) for h in range(config.n_heads))
-        if step % every == 0 or last:
-            probe = weights[0].float().cpu().numpy()
-            kept = run.snapshots + [(step, probe)]
-            if len(kept) > max(2, min(MAX_SNAPSHOTS, SNAPSHOT_BYTES // probe.nbytes)):
-                every *= 2
-                kept = [s for s in kept if s[0] % every == 0 or s is kept[-1]]
-            run.snapshots = kept
-        run.steps_done = step
-        run.seconds = time.perf_counter() - start
-        if on_step is not None:
-            on_step(step, run)
-
-    log(0)
+    start = time.perf_counter()
+    run.record(0, attention_on(net, held_out), task.half, float("nan"), 0.0, last=False)
+    if on_step is not None:
+        on_step(0, run)
     for step in range(1, config.steps + 1):
-        ids = batch().to(dev)
+        ids = task.batch().to(dev)
         logits = net(ids[:, :-1], need_weights=False).logits
         loss = F.cross_entropy(logits.reshape(-1, vocab), ids[:, 1:].reshape(-1))
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()
         losses.append(loss.item())
+
         stop = (should_stop is not None and should_stop()) or (
             max_seconds is not None and time.perf_counter() - start > max_seconds)
         last = stop or step == config.steps
         if step % config.log_every == 0 or last:
-            log(step, last)
+            run.record(step, attention_on(net, held_out), task.half, float(np.mean(losses[-config.log_every:])),
+                       time.perf_counter() - start, last)
+            if on_step is not None:
+                on_step(step, run)
         if stop:
             run.stopped = step < config.steps
             break
     net.eval()
     run.seconds = time.perf_counter() - start
     return run
+
+
+def attention_on(net: Decoder, ids: torch.Tensor) -> torch.Tensor:
+    """Every head's weights on ``ids``, ``(B, layers, heads, L, L)``, the network left in training mode."""
+    net.eval()
+    with torch.inference_mode():
+        weights = torch.stack(net(ids, need_weights=True).attentions, dim=1)
+    net.train()
+    return weights
 
 
 __all__ = ["TASKS", "LIMITS", "TrainConfig", "TrainRun", "train", "head_scores", "induction_batch", "repeated_batch"]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from models import load_model
-from models.loading import default_model_dir
+from models.files import default_model_dir
 
 CORPUS = [
     "Which do you like better, coffee or tea?",

@@ -5,7 +5,7 @@ import re
 
 import streamlit as st
 
-from analysis.profile import clean_lines  # one rule for what counts as a sentence, in the app and the CLI
+from models.corpus import clean_lines  # one rule for what counts as a sentence, in the app and the CLI
 
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=%^@/,;?\"'])")
 _AUTOLINK = re.compile(r"(?i)(https?|ftp|www|mailto|xmpp)(?=\\[:.])|(?=\\@)")

@@ -1,0 +1,39 @@
+"""The texts HeadLens ships, and the one rule for what counts as a sentence.
+
+The app's text box, uploads, the command line (``python -m analysis.profile``), the benchmarks and
+training all read sentences through ``clean_lines``: a line is a sentence when it holds a
+character to read, and it is used stripped.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+CORPUS_FILE = ASSETS / "corpus.txt"
+EXAMPLES_FILE = ASSETS / "examples.json"
+
+
+def readable(line: str) -> bool:
+    """Whether a line has a character to read: not only spaces, control or invisible characters."""
+    return any(ch.isprintable() and not ch.isspace() for ch in line)
+
+
+def clean_lines(lines) -> list[str]:
+    """The sentences among raw lines: stripped, without those that hold nothing to read."""
+    return [line.strip() for line in lines if readable(line)]
+
+
+def sentences_of(text: str) -> list[str]:
+    """The sentences of a text written one per line."""
+    return clean_lines(text.splitlines())
+
+
+def corpus_text() -> str:
+    """The built-in corpus, one sentence per line (``assets/corpus.txt``)."""
+    return CORPUS_FILE.read_text(encoding="utf-8")
+
+
+CORPUS: tuple[str, ...] = tuple(sentences_of(corpus_text()))  # the built-in corpus's 335 sentences, in order
+EXAMPLES: dict[str, str] = json.loads(EXAMPLES_FILE.read_text(encoding="utf-8"))  # name -> text
+DEFAULT_TEXT = next(iter(EXAMPLES.values()))  # "Which do you like better, coffee or tea?"

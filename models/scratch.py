@@ -1,0 +1,238 @@
+"""The from-scratch engine: our ``Stack`` networks on our MultiHeadAttention, behind ``AttentionModel``.
+
+Heads can be switched off (zeroed or mean-ablated) and pruned from the weights, which
+transformers no longer does; a pruned model saves to a folder that ``load_model`` opens again.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .base import AttentionModel, Progress, mean_pooled
+from .errors import HeadLensError
+from .limits import check_parameter_count
+from .stacks import Stack
+
+
+class ScratchModel(AttentionModel):
+    """A ``Stack`` of ours (a BERT encoder, a decoder trained here…), from its weights or untrained."""
+
+    backend = "scratch"
+
+    def __init__(self, stack: Stack, tokenizer, name: str, device: torch.device):
+        super().__init__(tokenizer, name, device, stack.n_layers, stack.n_heads, stack.max_positions,
+                         causal=stack.causal)
+        self.stack = stack
+
+    @property
+    def encoder(self) -> Stack:
+        """The stack, by the name a BERT model's reader looks for."""
+        return self.stack
+
+    @property
+    def head_dim(self) -> int:
+        return self.stack.head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        return self.stack.hidden_size
+
+    @property
+    def pruned_heads(self) -> np.ndarray:
+        """bool ``(layers, heads)``: True for a head removed by ``pruned``."""
+        out = np.zeros((self.n_layers, self.n_heads), dtype=bool)
+        for layer, heads in self.stack.config.pruned_heads:
+            out[layer, list(heads)] = True
+        return out
+
+    def pruned(self, heads, *, head_means=None) -> "ScratchModel":
+        """A new, smaller model without ``heads``, a list of ``(layer, head)``; this one is untouched.
+
+        Its ``attend`` and ``embed`` equal this model's with those heads masked (zeroed), or with
+        ``head_means`` (from ``head_means``) mean-ablated, the means folded into the output bias.
+        Results keep every head's place: a pruned head's weights are zero and ``Attention.pruned``
+        marks it. Pruning every head of a layer leaves its skip connection and feed-forward.
+        """
+        pairs = self.heads(heads)
+        fill = self._head_fill(head_means, np.zeros((self.n_layers, self.n_heads)))
+        stack = self.stack.pruned_copy(pairs, head_fill=fill).eval()
+        gone = int(sum(len(h) for _, h in stack.config.pruned_heads))
+        base = self.name.split(" (pruned:")[0]
+        name = f"{base} (pruned: {gone} of {self.n_layers * self.n_heads} heads)" if gone else base
+        copy = type(self)(stack, self.tokenizer, name, self.device)
+        copy._tokenizer_lock = self._tokenizer_lock  # one tokenizer, so one lock, for both models
+        copy.embed_max_tokens = self.embed_max_tokens
+        return copy
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write the model to ``folder``: safetensors, a config recording its pruned heads, and its tokenizer.
+
+        ``load_model(folder, backend="scratch")`` opens it again.
+        """
+        folder = Path(folder)
+        try:
+            self.stack.save_pretrained(folder)
+            self.tokenizer.save_pretrained(str(folder))
+            if self.embed_max_tokens != self.max_tokens:
+                (folder / "sentence_bert_config.json").write_text(
+                    json.dumps({"max_seq_length": self.embed_max_tokens, "do_lower_case": False}) + "\n", encoding="utf-8")
+        except OSError as err:
+            raise HeadLensError(f"The model could not be written to {folder}: {err}") from err
+        return folder
+
+    def head_means(self, texts: Sequence[str], *, batch_size: int = 32, progress: Progress | None = None) -> np.ndarray:
+        """Each head's mean output over every real token of ``texts`` (before the output projection),
+        ``(layers, heads, head_dim)``: what mean ablation puts in place of a head. Pruned heads get zeros."""
+        items = [texts] if isinstance(texts, str) else list(texts)
+        if not items:
+            raise HeadLensError("Mean ablation needs sentences to average a head's output over.")
+        Dh = self.head_dim
+        sums = torch.zeros(self.n_layers, self.n_heads, Dh, dtype=torch.float64)
+        count, real, done = 0, {}, 0
+
+        def hook(layer):
+            def add(module, args):
+                x = args[0]                                                        # (B, L, kept * Dh)
+                kept = self.stack.kept[layer]
+                total = (x * real["mask"]).sum(dim=(0, 1)).view(len(kept), Dh)
+                sums[layer, kept] += total.to("cpu", torch.float64)
+            return add
+
+        handles = [block.attn.out_proj.register_forward_pre_hook(hook(i)) for i, block in enumerate(self.stack.layers)]
+        try:
+            for chunk, inputs in self._padded_batches(items, batch_size, self.max_tokens):
+                real["mask"] = inputs["attention_mask"].unsqueeze(-1).float()
+                count += int(inputs["attention_mask"].sum())
+                with torch.inference_mode():
+                    self._hidden(inputs)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, len(items))
+        finally:
+            for handle in handles:
+                handle.remove()
+        return (sums / count).to(torch.float32).numpy()
+
+    def embed_variants(self, texts: Sequence[str], head_masks, *, head_means=None, batch_size: int = 32,
+                       progress: Progress | None = None) -> np.ndarray:
+        """``embed(texts, head_mask=m)`` for every ``m`` in ``head_masks``: ``(masks, texts, hidden)``.
+
+        Layers before a mask's first switched-off head are run once for all masks, so ablating one
+        head at a time costs about half of as many separate ``embed`` calls on a 6-layer model.
+        """
+        items = list(texts)
+        masks = [self._head_mask(m) for m in head_masks]
+        if not items or not masks:
+            raise HeadLensError("There is no text to embed, or no head mask to embed it with.")
+        fill = None if head_means is None else self._head_fill(head_means, head_masks[0])
+        starts = [int((m == 0).any(dim=1).float().argmax()) if bool((m == 0).any()) else self.n_layers for m in masks]
+        out = np.empty((len(masks), len(items), self.hidden_size), dtype=np.float32)
+        done, total = 0, len(masks) * len(items)
+        for chunk, inputs in self._padded_batches(items, batch_size, self.embed_max_tokens):
+            with torch.inference_mode():
+                x, padding, packing = self.stack.embed_tokens(**self._stack_inputs(inputs))
+                entering = [x]                                                     # the input of each layer
+                for layer in range(self.n_layers):
+                    entering.append(self.stack.run_layers(entering[-1], padding, packing, start=layer,
+                                                          stop=layer + 1)[0])
+                for k, (mask, start) in enumerate(zip(masks, starts)):
+                    h, _ = self.stack.run_layers(entering[start], padding, packing, start=start, head_mask=mask,
+                                                 head_fill=fill)
+                    h = self.stack.finish(h if packing is None else packing.unpack(h))
+                    out[k, chunk] = mean_pooled(h, inputs["attention_mask"])
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, total)
+        return out
+
+    def _head_mask(self, head_mask):
+        if head_mask is None:
+            return None
+        mask = torch.as_tensor(np.asarray(head_mask, dtype=np.float32))
+        if mask.shape != (self.n_layers, self.n_heads):
+            raise HeadLensError(f"The head mask must have shape ({self.n_layers}, {self.n_heads}), "
+                                f"one 0 or 1 per layer and head; it has {tuple(mask.shape)}.")
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise HeadLensError("The head mask may hold only 0 (head off) and 1 (head on).")
+        return mask.to(self.device)
+
+    def _head_fill(self, head_means, head_mask):
+        if head_means is None:
+            return None
+        if head_mask is None:
+            raise HeadLensError("Head means replace the heads a head mask switches off; give the head mask too.")
+        Dh = self.head_dim
+        fill = torch.tensor(np.asarray(head_means, dtype=np.float32))  # a copy: shared means may be read-only
+        if fill.shape != (self.n_layers, self.n_heads, Dh):
+            raise HeadLensError(f"Head means must have shape ({self.n_layers}, {self.n_heads}, {Dh}), as "
+                                f"head_means returns them; these have {tuple(fill.shape)}.")
+        return fill.to(self.device)
+
+    def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None):
+        if targets is not None:
+            raise HeadLensError("A target text is for encoder-decoder models; this model has one stack.")
+        enc, lengths, originals = self._encode(texts)
+        inputs = self._inputs(enc)
+        causal = causal or self.causal
+        with torch.inference_mode():
+            out = self.stack(**self._stack_inputs(inputs), causal=causal, head_mask=head_mask, head_fill=head_fill)
+        pruned = self.pruned_heads if self.stack.pruned else None
+        return self._results(texts, enc, lengths, originals, torch.stack(out.attentions, dim=1), causal=causal,
+                             pruned=pruned)
+
+    def _hidden(self, inputs, head_mask=None, head_fill=None):
+        return self.stack(**self._stack_inputs(inputs), head_mask=head_mask, head_fill=head_fill).last_hidden_state
+
+    def _stack_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tokenizer's outputs that the stack reads (a decoder reads no token types)."""
+        return {k: v for k, v in inputs.items() if k in self.stack.input_names}
+
+
+class DecoderModel(ScratchModel):
+    """A language model on our engine (such as a decoder trained in HeadLens): attend, embed, ablate,
+    prune, and its next-token loss."""
+
+    @property
+    def decoder(self) -> Stack:
+        return self.stack
+
+    def loss(self, texts: Sequence[str], head_mask=None, head_means=None) -> torch.Tensor:
+        """Mean next-token cross-entropy over ``texts`` (each a sequence of the model's tokens)."""
+        enc = self._tokenize(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
+                             return_tensors="pt")
+        ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        fill = None if head_means is None else self._head_fill(head_means, head_mask)
+        logits = self.stack(ids, mask, need_weights=False, head_mask=head_mask, head_fill=fill).logits
+        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def open_scratch(folder: Path, config: dict, display: str, device: torch.device, *, untrained: bool = False,
+                 seed: int = 0) -> ScratchModel:
+    """The model in ``folder`` (its config.json already checked) on the architecture its model_type names."""
+    from .files import load_tokenizer
+    from .stacks import architectures, for_model_type
+
+    model_type = config.get("model_type")
+    cls = for_model_type(model_type)
+    if cls is None:
+        runs = " and ".join(c.description for c in architectures())
+        raise HeadLensError(f"The from-scratch engine implements {runs}; this model is '{model_type}'. "
+                            "Choose the transformers engine for it.")
+    stack_config = cls.config_class.from_dict(config)
+    check_parameter_count(lambda: cls(stack_config), display)
+    # the tokenizer after the checks: a refused model should cost nothing (reading it took 270 MiB on 16 cores)
+    tokenizer = load_tokenizer(folder)
+    if untrained:
+        stack, display = cls.untrained(stack_config, seed), f"{display} (untrained, seed {seed})"
+    else:
+        if not (folder / "model.safetensors").is_file():
+            raise HeadLensError(f"The scratch engine reads model.safetensors, which {folder} lacks.")
+        stack = cls.from_pretrained(folder)
+    model_class = DecoderModel if stack.language_model else ScratchModel
+    return model_class(stack.eval().to(device), tokenizer, display, device)

@@ -1,0 +1,282 @@
+"""What the from-scratch engine runs: a stack of blocks on our MultiHeadAttention.
+
+``BertEncoder`` and ``Decoder`` subclass ``Stack``, and so does any architecture added later. The
+base holds what they share: the config and the heads each layer still has, the loop over the
+blocks, the forward pass, pruning, and reading and writing safetensors. A subclass gives its
+modules and a few small pieces:
+
+- ``config_class``, a frozen dataclass with ``pruned_heads``, ``from_dict`` and ``to_dict``;
+- ``n_layers``, ``n_heads`` and ``max_positions``, read from its config's own names;
+- ``embed(input_ids, token_type_ids)``: the input of the first block, ``(B, L, E)``;
+- ``finish(x)``: the last hidden state from the last block's output; ``logits(h)`` for a language model;
+- ``to_file(state)`` and ``from_file(weights, config)`` when its file names differ from its own;
+- blocks called as ``block(x, key_padding_mask=, packing=, causal=, need_weights=, head_mask=, head_fill=)``,
+  each with an ``attn`` (``MultiHeadAttention``) returning ``(x, weights or None)``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import HeadLensError
+
+
+@dataclass(frozen=True)
+class StackOutput:
+    last_hidden_state: torch.Tensor          # (B, L, E)
+    attentions: tuple | None                 # per layer (B, heads, L, L), pruned heads all zero; None unless asked
+    logits: torch.Tensor | None = None       # (B, L, vocab), for a language model
+
+
+class Packing:
+    """Where the real tokens of a padded ``(B, L)`` batch sit, to run token-wise layers on them alone.
+
+    Padding costs every linear layer as much as a real token does; the feed-forward, two thirds
+    of a block's work, then runs on ``N`` real tokens instead of ``B * L``.
+    """
+
+    def __init__(self, attention_mask: torch.Tensor):
+        self.B, self.L = attention_mask.shape
+        self.index = attention_mask.reshape(-1).nonzero().squeeze(1)           # (N,)
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(self.B * self.L, -1).index_select(0, self.index)      # (N, E)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(self.B * self.L, x.shape[-1])
+        return out.index_copy_(0, self.index, x).view(self.B, self.L, -1)      # (B, L, E)
+
+
+class Stack(nn.Module):
+    """Embeddings, blocks and a finish; a block whose heads were pruned (``config.pruned_heads``) holds fewer."""
+
+    config_class: ClassVar[type]
+    model_types: ClassVar[tuple[str, ...]] = ()                    # the config.json model_types it opens
+    description: ClassVar[str] = ""                                # what it runs, for a sentence: "BERT encoders"
+    language_model: ClassVar[bool] = False                         # gives logits, so a next-token loss
+    causal: ClassVar[bool] = False                                  # a decoder masks later keys whatever it is asked
+    input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
+    layers: nn.ModuleList
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.kept = [kept_heads(config.pruned_heads, i, self.n_heads) for i in range(self.n_layers)]
+
+    n_layers: int
+    n_heads: int
+    max_positions: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.layers[0].attn.head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layers[0].attn.embed_dim
+
+    @property
+    def pruned(self) -> bool:
+        return bool(self.config.pruned_heads)
+
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, *, causal: bool = False, need_weights: bool = True,
+                head_mask: torch.Tensor | None = None, head_fill: torch.Tensor | None = None) -> StackOutput:
+        """Run a batch.
+
+        Args:
+            input_ids: ``(B, L)`` token ids.
+            attention_mask: ``(B, L)``, 1 for real tokens, 0 for padding (transformers' convention).
+            token_type_ids: ``(B, L)`` segment ids, for a stack that reads them (``input_names``).
+            causal: no token sees a later one (a decoder never does, whatever this says).
+            need_weights: return every layer's weights; without them attention takes PyTorch's fused path.
+            head_mask: ``(layers, heads)``, 1 keeps a head, 0 switches it off.
+            head_fill: ``(layers, heads, Dh)``: the output of a head switched off, instead of zero.
+
+        Both name every head of the unpruned model; a pruned head's entries are not read.
+        Padded positions carry no meaning: their hidden state is zero and their query rows are
+        not those of a model run without padding.
+        """
+        x, padding, packing = self.embed_tokens(input_ids, attention_mask, token_type_ids)
+        x, attentions = self.run_layers(x, padding, packing, causal=causal, need_weights=need_weights,
+                                        head_mask=head_mask, head_fill=head_fill)
+        h = self.finish(x if packing is None else packing.unpack(x))
+        return StackOutput(h, attentions if need_weights else None, self.logits(h))
+
+    def embed_tokens(self, input_ids, attention_mask=None, token_type_ids=None):
+        """The input to the first block: ``(x, padding, packing)``, ``x`` packed to real tokens when there is padding."""
+        x = self.embed(input_ids, token_type_ids)                              # (B, L, E)
+        if attention_mask is None or bool(attention_mask.all()):
+            return x, None, None
+        packing = Packing(attention_mask)
+        return packing.pack(x), attention_mask == 0, packing                   # (N, E)
+
+    def run_layers(self, x, padding=None, packing=None, *, start: int = 0, stop: int | None = None,
+                   causal: bool = False, need_weights: bool = True, head_mask=None, head_fill=None):
+        """Blocks ``start`` to ``stop`` (exclusive) on ``x`` as ``embed_tokens`` gives it, or as an earlier
+        call left it; ``head_mask`` and ``head_fill`` cover every layer. Returns ``x`` and the weights."""
+        H, attentions = self.n_heads, []
+        for i in range(start, self.n_layers if stop is None else stop):
+            mask = None if head_mask is None else select_heads(head_mask[i], self.kept[i], H)
+            fill = None if head_fill is None else select_heads(head_fill[i], self.kept[i], H)
+            x, weights = self.layers[i](x, key_padding_mask=padding, packing=packing, causal=causal or self.causal,
+                                        need_weights=need_weights, head_mask=mask, head_fill=fill)
+            if need_weights:
+                attentions.append(place_heads(weights, self.kept[i], H))
+        return x, tuple(attentions)
+
+    def pruned_copy(self, heads, head_fill: torch.Tensor | None = None) -> "Stack":
+        """A new stack without ``heads`` (``(layer, head)`` pairs of the unpruned numbering), this one untouched.
+
+        Each removed head takes its rows of the q, k and v projections and its columns of the output
+        projection with it, as transformers 4's ``prune_heads`` did. With ``head_fill``
+        (``(layers, heads, Dh)``), a removed head's constant output is folded into the output
+        projection's bias, so the copy equals this stack with those heads mean-ablated.
+        """
+        config = replace(self.config, pruned_heads=with_pruned(self.config.pruned_heads, heads))
+        copy = type(self)(config).to(next(self.parameters()).device)
+        state = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        for i, block in enumerate(self.layers):
+            old, new = self.kept[i], copy.kept[i]
+            if old != new:
+                fill = None if head_fill is None else head_fill[i, old]
+                smaller = block.attn.pruned([old.index(h) for h in new], fill)
+                state.update({f"layers.{i}.attn.{k}": v for k, v in smaller.state_dict().items()})
+        copy.load_state_dict(state)
+        return copy.train(self.training)
+
+    def to_file(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The state dict under the names its files use."""
+        return state
+
+    @classmethod
+    def from_file(cls, weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+        """A file's weights under this stack's names."""
+        return weights
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        """``config.json`` and ``model.safetensors``, pruned heads recorded; ``from_pretrained`` opens the folder again."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n", encoding="utf-8")
+        state = {k: v.detach().to("cpu").contiguous() for k, v in self.to_file(self.state_dict()).items()}
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def untrained(cls, config, seed: int = 0) -> "Stack":
+        """Randomly initialised, reproducibly for ``seed``."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, device: str | torch.device = "cpu") -> "Stack":
+        """Load ``config.json`` and ``model.safetensors`` from ``folder``."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        try:
+            config = cls.config_class.from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as err:
+            if isinstance(err, HeadLensError):
+                raise
+            raise HeadLensError(f"The model's config.json in {folder} could not be read: {err}") from err
+        try:
+            weights = load_file(str(folder / "model.safetensors"), device=str(device))
+        except (OSError, SafetensorError) as err:
+            raise HeadLensError(f"The weights in {folder / 'model.safetensors'} could not be read: {err}") from err
+        with torch.device("meta"):
+            model = cls(config)
+        try:
+            model.load_state_dict(cls.from_file(weights, config), assign=True)
+        except RuntimeError as err:
+            pruned = " or the heads its config.json says were pruned" if config.pruned_heads else ""
+            raise HeadLensError(f"The weights in {folder} do not fit the sizes in its config.json{pruned}: "
+                                f"{str(err).splitlines()[-1].strip()}") from err
+        return model.eval()
+
+
+def initialised(model: nn.Module, std: float, seed: int) -> nn.Module:
+    """``model`` with LayerNorms at 1 and 0, biases at 0 and every other weight drawn from normal(0, ``std``),
+    reproducibly for ``seed``: how BERT and GPT-2 start before training."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            owner = model.get_submodule(name.rsplit(".", 1)[0])
+            if isinstance(owner, nn.LayerNorm):
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std, generator=gen)
+    return model
+
+
+# --- pruned heads: configs hold them as ((layer, (head, ...)), ...); config.json as {"layer": [head, ...]} ---
+
+def kept_heads(pruned_heads: tuple, layer: int, n_heads: int) -> list[int]:
+    """The original indices of the heads ``layer`` still has, in order."""
+    gone = dict(pruned_heads).get(layer, ())
+    return [h for h in range(n_heads) if h not in gone]
+
+
+def with_pruned(pruned_heads: tuple, heads) -> tuple:
+    """``pruned_heads`` with ``heads`` (``(layer, head)`` pairs) added, sorted, as configs hold them."""
+    gone = {layer: set(hs) for layer, hs in pruned_heads}
+    for layer, head in heads:
+        gone.setdefault(layer, set()).add(head)
+    return tuple(sorted((layer, tuple(sorted(hs))) for layer, hs in gone.items() if hs))
+
+
+def pruned_heads_json(pruned_heads: tuple) -> dict:
+    return {str(layer): list(heads) for layer, heads in pruned_heads}
+
+
+def read_pruned_heads(given, n_layers: int, n_heads: int) -> tuple:
+    """``{"layer": [head, ...]}`` from a config.json, checked against the model's sizes, as a sorted tuple."""
+    if not isinstance(given, dict):
+        raise HeadLensError("The config.json's pruned_heads must map each layer to a list of heads.")
+    out = {}
+    for layer, heads in given.items():
+        try:
+            layer = int(layer)
+            heads = tuple(sorted({int(h) for h in heads}))
+        except (TypeError, ValueError) as err:
+            raise HeadLensError(f"The config.json's pruned_heads has a layer or head that is not a number: {err}") from err
+        if not 0 <= layer < n_layers or any(not 0 <= h < n_heads for h in heads):
+            raise HeadLensError(f"The config.json prunes heads {list(heads)} of layer {layer}; the model has "
+                                f"{n_layers} layers of {n_heads} heads.")
+        if heads:
+            out[layer] = heads
+    return tuple(sorted(out.items()))
+
+
+def select_heads(per_head: torch.Tensor, kept: list[int], n_heads: int) -> torch.Tensor:
+    """The entries of ``per_head`` (one per head of the unpruned layer) for the heads ``kept``."""
+    if len(kept) == n_heads:
+        return per_head
+    return per_head[torch.tensor(kept, dtype=torch.long, device=per_head.device)]
+
+
+def place_heads(weights: torch.Tensor, kept: list[int], n_heads: int) -> torch.Tensor:
+    """``(B, kept, Lq, Lk)`` weights placed among zeros for the pruned heads: ``(B, n_heads, Lq, Lk)``."""
+    if len(kept) == n_heads:
+        return weights
+    B, _, Lq, Lk = weights.shape
+    index = torch.tensor(kept, dtype=torch.long, device=weights.device)
+    return weights.new_zeros(B, n_heads, Lq, Lk).index_copy_(1, index, weights)
