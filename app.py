@@ -22,6 +22,8 @@ PAGES = [
 ]
 
 page = st.navigation(PAGES)
+if "_open_page" in st.session_state:  # asked for by a page (ui.state.open_page)
+    st.switch_page(st.session_state.pop("_open_page"))
 st.sidebar.title("HeadLens")
 sidebar()
 page.run()

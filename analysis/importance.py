@@ -41,11 +41,20 @@ def _needs_scratch(model: AttentionModel, what: str) -> None:
                             "load the model with backend='scratch'.")
 
 
-def _mask_without(model: AttentionModel, heads) -> np.ndarray:
-    mask = np.ones((model.n_layers, model.n_heads), dtype=np.float32)
+def head_mask(model: AttentionModel, heads) -> np.ndarray | None:
+    """``(layers, heads)`` float32, 0 for each ``(layer, head)`` in ``heads`` and 1 elsewhere; None for no heads."""
+    heads = list(heads)
+    if not heads:
+        return None
+    return ~heads_marked(model.n_layers, model.n_heads, heads) * np.float32(1)
+
+
+def heads_marked(n_layers: int, n_heads: int, heads) -> np.ndarray:
+    """bool ``(layers, heads)``, True for each ``(layer, head)`` in ``heads``."""
+    marked = np.zeros((n_layers, n_heads), dtype=bool)
     for layer, head in heads:
-        mask[layer, head] = 0
-    return mask
+        marked[layer, head] = True
+    return marked
 
 
 def _present(model: AttentionModel) -> np.ndarray:
@@ -116,7 +125,7 @@ def ablate(model: AttentionModel, sentences: Sequence[str], heads, *, ablation: 
     if not pairs:
         raise HeadLensError("Pick at least one head to switch off.")
     means = _means(model, sentences, ablation, head_means)
-    mask = _mask_without(model, pairs)
+    mask = head_mask(model, pairs)
     full_emb, off_emb = model.embed(sentences), model.embed(sentences, head_mask=mask, head_means=means)
     change = attention_change(model.attend(list(sentences)),
                               model.attend(list(sentences), head_mask=mask, head_means=means))
@@ -153,7 +162,7 @@ def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: 
         means = _means(model, sentences, ablation, head_means)
         if heads:
             ref = model.embed(sentences, batch_size=batch_size) if reference is None else reference
-            masks = [_mask_without(model, [pair]) for pair in heads]
+            masks = [head_mask(model, [pair]) for pair in heads]
             variants = model.embed_variants(sentences, masks, head_means=means, batch_size=batch_size,
                                             progress=progress)
             for (layer, head), emb in zip(heads, variants):
@@ -272,7 +281,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     ``ablation="mean"`` a pruned head's mean output over the sentences is folded into its layer's
     output bias. Returns one row per step: ``order``, ``seed``, ``n_pruned``, ``fraction``,
     ``fidelity``, ``agreement``, ``forward_s`` (seconds to embed the sentences) and ``heads``
-    (the pruned heads, as "layer.head" names).
+    (the pruned heads, ``(layer, head)`` pairs).
     """
     _needs_scratch(model, "Pruning")
     if order not in ORDERS:
@@ -333,7 +342,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
         rows.append({"order": order, "seed": seed if order == "random" else None, "n_pruned": count,
                      "fraction": count / total_heads, "fidelity": float(cosines(full, emb).mean()),
                      "agreement": neighbour_agreement(full, emb), "forward_s": seconds,
-                     "heads": [f"{l}.{h}" for l, h in sorted(pruned)]})
+                     "heads": sorted(pruned)})
     return pd.DataFrame(rows)
 
 
@@ -352,3 +361,29 @@ def curve_summary(curves: pd.DataFrame) -> pd.DataFrame:
             .agg(fraction=("fraction", "first"), fidelity=("fidelity", "mean"), agreement=("agreement", "mean"),
                  forward_s=("forward_s", "mean"), runs=("fidelity", "size"))
             .reset_index())
+
+
+def point_comparison(summary: pd.DataFrame, n_pruned: int) -> pd.DataFrame:
+    """``curve_summary`` at ``n_pruned`` heads, one row per order: ``order``, ``fidelity``, ``agreement``,
+    ``forward_s`` and ``speed`` (forward time over that order's unpruned forward time)."""
+    here = summary[summary["n_pruned"] == n_pruned].set_index("order")
+    full = summary[summary["n_pruned"] == 0].set_index("order")["forward_s"].reindex(here.index)
+    return here[["fidelity", "agreement", "forward_s"]].assign(speed=here["forward_s"] / full).reset_index()
+
+
+def importance_by_role(importance: pd.DataFrame, labels) -> pd.DataFrame:
+    """Mean and largest importance of the heads of each role, most important first: ``role``, ``mean``,
+    ``max``, ``heads``."""
+    return (importance.assign(role=np.asarray(labels)).groupby("role")["importance"]
+            .agg(["mean", "max", "size"]).rename(columns={"size": "heads"}).sort_values("mean", ascending=False)
+            .reset_index())
+
+
+def most_important_with_a_later_layer(importance: pd.DataFrame) -> tuple[int, int]:
+    """The most important head that has a layer after it (so that switching it off can change a later
+    layer); in a one-layer model, the most important head."""
+    last = int(importance["layer"].max())
+    earlier = importance[importance["layer"] < last] if last > 0 else importance
+    top = earlier.sort_values("importance", ascending=False).iloc[0]
+    return int(top["layer"]), int(top["head"])
+

@@ -21,24 +21,7 @@ Measures (every one a mean over the queries of every sentence; special tokens ne
   The measures above are on raw attention, [CLS] and [SEP] included: a head's use of them is a
   finding too.
 
-Labels, first match wins (``THRESHOLDS``). Clark et al. call a head positional above 0.5 and
-special or punctuation-focused above 0.6; those bars are kept. Their "broad" bar of 3.8 nats
-assumes 128-token inputs, where uniform attention has 4.85 nats; on sentences of 10 to 30 tokens
-even uniform attention stays below 3.4, so the bar here is on ``entropy_norm`` (0.8). A
-syntactic role needs an accuracy of 0.5 and 0.15 over the fixed-offset baseline.
-
-A focus label needs the lower end of the lift's 95% interval at 1.5 or more, over at least 5
-sentences with a word of the class: with 95% confidence the head gives those words half as much
-again as uniform attention would. The bar comes from the distribution over heads: on the built-in
-corpus (335 sentences) with all-MiniLM-L6-v2, the lower bounds of the 288 (head, focus) pairs
-have a median of 1.02 (most heads treat a class as uniform attention does), a 90th percentile of
-1.49 and a 95th of 1.68; 1.5 keeps the top decile, 23 of 72 heads, and every focus's strongest
-head (lower bounds 1.89 to 2.55) clears it with room. Fewer than 5 sentences make an interval
-that rests on one or two examples. Focus labels come after the positional ones (a head that
-looks at the previous token gives a lift to whatever class precedes) and before syntax, special
-tokens and the rest: a head that parks 80% of its weight on [CLS] and spends the rest on the
-sentence's objects is an object head, and its ``cls`` column says the rest. A head's other foci
-that clear the bar are listed in ``secondary``.
+Each head's role in words comes from these measures: ``analysis.labels``.
 """
 from __future__ import annotations
 
@@ -52,7 +35,8 @@ import pandas as pd
 
 from models.result import Attention
 
-from .foci import FINAL_MARKS, FOCI, FOCUS_NAMES, LiftBootstrap, focus_shares, text_key, token_classes, word_classes
+from .foci import FINAL_MARKS, FOCI, LiftBootstrap, focus_shares, text_key, token_classes, word_classes
+from .labels import label_heads, secondary_foci
 from .views import row_entropy, token_label
 
 POS_GROUPS = {"noun": ("NOUN", "PROPN"), "verb": ("VERB", "AUX"), "modifier": ("ADJ", "ADV")}
@@ -60,9 +44,6 @@ RELATIONS = ("nsubj", "nsubjpass", "dobj", "obj", "iobj", "det", "amod", "advmod
              "auxpass", "compound", "conj", "cc", "mark", "nummod", "acomp", "attr", "ccomp", "xcomp", "relcl",
              "neg", "prt")
 MIN_RELATION_EXAMPLES = 30  # fewer examples make a rare relation look learnt by chance
-THRESHOLDS = {"positional": 0.5, "special": 0.6, "punct": 0.6, "broad": 0.8, "focus_lift_lo": 1.5,
-              "focus_sentences": 5, "syntax_acc": 0.5, "syntax_margin": 0.15}
-FOCUS_LABELS = {f: f"{name} focus" for f, name in FOCUS_NAMES.items()}
 TOKEN_MEASURES = ("prev_token", "next_token", "self", "distance", "cls", "sep", "punct", "entropy", "entropy_norm")
 
 
@@ -267,57 +248,6 @@ def _relations(totals: _Totals, shape) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return best_rel, best_acc, best_base
 
 
-def _cleared_foci(r) -> list[str]:
-    """The foci whose lift clears the bar with enough sentences behind it, strongest lower bound first."""
-    t = THRESHOLDS
-    cleared = [f for f in FOCI if r[f"{f}_n"] >= t["focus_sentences"] and r[f"{f}_lift_lo"] >= t["focus_lift_lo"]]
-    return sorted(cleared, key=lambda f: -r[f"{f}_lift_lo"])
-
-
-def label_heads(df: pd.DataFrame) -> pd.Series:
-    """A role in words for each row of a profile; see THRESHOLDS and the module's docstring."""
-    t = THRESHOLDS
-
-    def one(r) -> str:
-        if r.prev_token > t["positional"]:
-            return "previous token"
-        if r.next_token > t["positional"]:
-            return "next token"
-        if r.self > t["positional"]:
-            return "self"
-        foci = _cleared_foci(r)
-        if foci:
-            return FOCUS_LABELS[foci[0]]
-        if r.dep_relation and r.dep_acc >= t["syntax_acc"] and r.dep_acc - r.dep_base >= t["syntax_margin"]:
-            return f"syntax: {r.dep_relation}"
-        if r.sep > t["special"]:
-            return "[SEP] / no-op"
-        if r.cls > t["special"]:
-            return "[CLS]"
-        if max(r.punct, r.final_mark) > t["punct"]:
-            return "punctuation"
-        if r.entropy_norm > t["broad"]:
-            return "broad"
-        return "mixed"
-
-    return df.apply(one, axis=1)
-
-
-def secondary_foci(df: pd.DataFrame) -> pd.Series:
-    """The foci a head clears besides its label's, strongest first, comma-separated ("" for none)."""
-    def one(r) -> str:
-        return ", ".join(FOCUS_NAMES[f] for f in _cleared_foci(r) if FOCUS_LABELS[f] != r.label)
-
-    return df.apply(one, axis=1)
-
-
-def strongest_head(df: pd.DataFrame, focus: str) -> int | None:
-    """The row of the head with the highest lower bound of ``focus``'s lift, labelled or not; None
-    when no sentence had a word of that class."""
-    ranked = df[df[f"{focus}_n"] > 0].sort_values([f"{focus}_lift_lo", f"{focus}_lift"], ascending=False)
-    return None if ranked.empty else int(ranked.index[0])
-
-
 PROFILE_COLUMNS = ("layer", "head", *TOKEN_MEASURES, "final_mark", *POS_GROUPS, *(f"{g}_base" for g in POS_GROUPS),
                    "dep_relation", "dep_acc", "dep_base",
                    *(f"{f}{suffix}" for f in FOCI for suffix in ("", "_base", "_lift", "_lift_lo", "_lift_hi", "_n")),
@@ -431,54 +361,3 @@ def profile_heads(model, sentences: Sequence[str], *, attentions: Sequence[Atten
     if attentions is None:
         attentions = model.attend(list(sentences), batch_size=batch_size, progress=progress)
     return measure_heads(attentions, nlp).frame()
-
-
-# The measure that ranks a head's sentences on the page, by the start of its label
-LABEL_MEASURE = {"previous token": "prev_token", "next token": "next_token", "self": "self", "[SEP]": "sep",
-                 "[CLS]": "cls", "punctuation": "final_mark", "broad": "entropy_norm",
-                 **{label: f"{f}_lift" for f, label in FOCUS_LABELS.items()}}
-
-
-RANKING_MEASURES = frozenset({*LABEL_MEASURE.values(), "entropy_norm"})
-
-
-def label_measure(label: str) -> tuple[str, bool]:
-    """The column that ranks a label's heads and sentences, and whether higher is stronger.
-
-    Syntax and mixed heads are ranked by how focused they are: lowest normalised entropy first.
-    """
-    for prefix, name in LABEL_MEASURE.items():
-        if label.startswith(prefix):
-            return name, True
-    return "entropy_norm", False
-
-
-SIMILARITY_CHUNK_BYTES = 64 * 2**20  # the largest temporary array of head_similarity
-SIMILARITY_ROW_KEYS = 4096  # query rows x keys used per sentence: every row up to 64 tokens
-
-
-def head_similarity(attentions: Sequence[Attention], max_sentences: int = 100) -> np.ndarray:
-    """``(layers * heads, layers * heads)`` Jensen-Shannon divergence (nats) between heads' patterns,
-    averaged over query rows of up to ``max_sentences`` sentences. 0 means identical patterns.
-
-    JS(a, b) = H((a + b) / 2) - (H(a) + H(b)) / 2, computed a few query rows at a time so that
-    memory stays within ``SIMILARITY_CHUNK_BYTES`` whatever the sentence length. A sentence
-    longer than 64 tokens contributes evenly spaced query rows, ``SIMILARITY_ROW_KEYS // tokens``
-    of them, so that one long text costs no more than a short one (work grows as rows x keys).
-    """
-    total, rows = None, 0
-    for att in list(attentions)[:max_sentences]:
-        L, H, n, _ = att.weights.shape
-        keep = np.unique(np.linspace(0, n - 1, max(1, min(n, SIMILARITY_ROW_KEYS // n))).round().astype(int))
-        P = att.weights.reshape(L * H, n, n)[:, keep].astype(np.float64).transpose(1, 0, 2)  # (rows, LH, n)
-        own = row_entropy(P)  # (rows, LH)
-        step = max(1, SIMILARITY_CHUNK_BYTES // (8 * (L * H) ** 2 * n))
-        js = np.zeros((L * H, L * H))
-        for i in range(0, len(keep), step):
-            p = P[i:i + step]
-            mixed = row_entropy((p[:, :, None, :] + p[:, None, :, :]) / 2)  # (rows, LH, LH)
-            h = own[i:i + step]
-            js += (mixed - (h[:, :, None] + h[:, None, :]) / 2).sum(0)  # summed over query rows
-        total = js if total is None else total + js
-        rows += len(keep)
-    return np.maximum(total / max(rows, 1), 0.0)

@@ -4,8 +4,10 @@ import streamlit as st
 from app_pages.ui.caches import attention, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
-from app_pages.ui.settings import model_names, settings
+from app_pages.ui.models import model_names, ref_for
+from app_pages.ui.settings import settings
 from app_pages.ui.state import bound, choose
+from models import head_label
 from viz import head_heatmap
 
 s = settings()
@@ -13,8 +15,8 @@ st.title("Compare")
 n = bound(st.segmented_control, "picks", 2, init="default", options=[1, 2, 3, 4], cast=int, label="Picks",
           required=True)
 MODELS = model_names()
-choices = [m for m in MODELS if m != "custom" or s.custom]
-first = s.choice if s.choice in choices else "minilm"
+choices = [m for m in MODELS if m != "custom" or s.model.folder]
+first = s.model.choice if s.model.choice in choices else "minilm"
 defaults = [(first, 0), (first, 1), ("untrained", 0), ("scratch" if first != "scratch" else "minilm", 0)]
 if first in ("trained", "trained_start"):  # how training changed one head: step 0 beside the last step
     defaults[:2] = [("trained_start", 0), ("trained", 0)]
@@ -23,8 +25,9 @@ picks = []
 for i, col in enumerate(st.columns(n)):
     with col:
         st.markdown(f"**Pick {i + 1}**")
-        model = choose("Model", choices, f"p{i + 1}_model", default=defaults[i][0], cast=str, format_func=MODELS.get)
-        att = attention(s, pick_sentence(s, key=f"p{i + 1}_sentence"), choice=model, key=f"p{i + 1}_component")
+        model = ref_for(choose("Model", choices, f"p{i + 1}_model", default=defaults[i][0], cast=str,
+                               format_func=MODELS.get), s.model.device)
+        att = attention(s, pick_sentence(s, key=f"p{i + 1}_sentence"), model, key=f"p{i + 1}_component")
         v = view(s, att)
         layer = pick_layer(att.n_layers, key=f"p{i + 1}_layer")
         head = choose("Head", list(range(att.n_heads)), f"p{i + 1}_head", default=defaults[i][1])
@@ -39,7 +42,7 @@ for row in range(0, n, 2):
         with col:
             fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=460,
                                title_chars=34,
-                               title=f"{i + 1}: {MODELS[model].split(' · ')[0]} · L{layer} H{head}")
+                               title=f"{i + 1}: {model.title} · {head_label(layer, head)}")
             chart(fig, f"compare-{i + 1}")
             with st.expander("Downloads"):
                 exports(f"compare-{i + 1}", fig, att, v, layer, head, sig=f"{att.text}|{model}|{layer}|{head}|{s}")
@@ -48,7 +51,7 @@ full = pick_full_resolution([p[2] for p in picks], list(range(1, n + 1)), "full_
 if full is not None:
     model, att, v, layer, head = picks[full - 1]
     chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=760, max_cells=None,
-                       title=f"Pick {full}: {MODELS[model].split(' · ')[0]} · L{layer} H{head}, every weight"),
+                       title=f"Pick {full}: {model.title} · {head_label(layer, head)}, every weight"),
           "compare-full")
 
 if n == 1:

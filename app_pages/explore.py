@@ -7,6 +7,7 @@ from app_pages.ui.caches import attention, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_full_resolution, pick_head, pick_heads, pick_layer, pick_sentence, title_for
 from app_pages.ui.settings import settings
+from models import head_label
 from viz import head_grid, head_heatmap
 
 s = settings()
@@ -25,7 +26,7 @@ full = pick_full_resolution([v], heads, "full", "Head at full resolution", "head
 if full is not None:
     exact = head_heatmap(v.head(layer, full), v.query_labels, v.key_labels, max_cells=None, height=760,
                          zmax=float(v.weights[layer][heads].max()) if s.shared_scale else None,
-                         title=title_for(att, f"Layer {layer}, head {full}, every weight"))
+                         title=title_for(att, f"{head_label(layer, full)}, every weight"))
     chart(exact, "explore-full")
 
 stats = head_stats(v, special_share(att), layers=slice(layer, layer + 1))

@@ -10,7 +10,8 @@ from app_pages.ui.exports import chart
 from app_pages.ui.pickers import pick_sentence
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile
 from app_pages.ui.settings import settings
-from app_pages.ui.state import choose
+from app_pages.ui.state import choose, head_from_url, head_to_url
+from models import head_label
 from viz import text_shading
 
 LINE_CHARS = 46  # characters a line of shaded text holds in the right-hand column at a 1024 px window
@@ -45,12 +46,10 @@ for f in FOCI:
                 "Profile more sentences, or the built-in corpus.")
         continue
     ranked = frame.sort_values([f"{f}_lift_lo", f"{f}_lift"], ascending=False)
-    options = [f"{r.layer}.{r.head}" for r in ranked.itertuples()]
+    options = list(zip(ranked["layer"].tolist(), ranked["head"].tolist()))
     left, right = st.columns([2, 5])
-    pick = choose("Head", options, f"focus_{f}", cast=str, container=left,
-                  format_func=lambda p: f"layer {p.replace('.', ', head ')}"
-                  + (" (strongest)" if p == options[0] else ""))
-    layer, head = map(int, pick.split("."))
+    layer, head = choose("Head", options, f"focus_{f}", cast=head_from_url, to_url=head_to_url, container=left,
+                         format_func=lambda h, strongest=options[0]: head_label(*h) + (" (strongest)" if h == strongest else ""))
     r = frame.iloc[layer * n_heads + head]
     verdict = (f"labelled {r.label}" if r.label == f"{name} focus"
                else f"also clears the bar (labelled {r.label})" if name in r.secondary.split(", ")
@@ -64,13 +63,13 @@ for f in FOCI:
     marked = [i for i, (a, b) in enumerate(v.key_spans) if members[f][a:b].any()]
     with right:
         chart(text_shading(v.key_labels, shown, highlight=marked, line_chars=LINE_CHARS,
-                           title=f"{name.capitalize()} · layer {layer}, head {head}"), f"foci-{f}")
+                           title=f"{name.capitalize()} · {head_label(layer, head)}"), f"foci-{f}")
         if not marked:
             st.caption(f"This sentence has no {name} word; the shading shows where the head looks instead.")
         else:
             st.caption(f"In bold: the sentence's {name} words. They get {shown[marked].sum():.2f} of this head's "
                        f"content attention; uniform attention would give {members[f][~att.special].mean():.2f}.")
-    rows[f"{f} L{layer}H{head}"] = shown
+    rows[f"{f} {head_label(layer, head)}"] = shown
 
 table = pd.DataFrame({"token": v.key_labels, **rows})
 st.download_button("Shading · CSV", lambda: table.to_csv(index=False), "headlens-foci.csv", "text/csv",

@@ -6,14 +6,13 @@ from app_pages.ui.caches import attention, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_sentence, title_for
 from app_pages.ui.settings import settings
-from app_pages.ui.state import remember
+from app_pages.ui.state import open_page
 from viz import overview
 
 
 def open_in_explore(layer: int, head: int) -> None:
-    remember("layer", layer)
-    remember("head", head)
-    st.switch_page("app_pages/explore.py")
+    open_page("app_pages/explore.py", layer=layer, head=head)
+    st.rerun()
 
 
 s = settings()

@@ -1,18 +1,18 @@
 """Head roles: what each head does, measured over many sentences, with the numbers behind each label."""
-import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view
+from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view, similar_heads
+from analysis.labels import strongest
 from app_pages.ui.caches import attention
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.messages import plain
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile, profile_file
-from app_pages.ui.settings import DEFAULT_TEXT, settings
-from app_pages.ui.state import choose
+from app_pages.ui.settings import settings
+from app_pages.ui.state import choose, head_from_url, head_to_url
+from models import head_label
+from models.corpus import DEFAULT_TEXT
 from viz import head_heatmap, role_grid, text_shading
-
-SEED = DEFAULT_TEXT  # the coffee-or-tea sentence, first of the examples
 
 
 s = settings()
@@ -65,46 +65,43 @@ st.caption(f"Ranked by {measure} ({'highest' if higher else 'lowest'} first).")
 extra = [f"{measure}_lo", f"{measure}_hi"] if measure.endswith("_lift") else []
 st.dataframe(members[["layer", "head", measure, *extra, "secondary", "dep_relation", "dep_acc"]].style.format(precision=2),
              hide_index=True, key="roles-members")
-picks = [f"{r.layer}.{r.head}" for r in members.itertuples()]
-pick = choose("Head", picks, "role_head", cast=str, format_func=lambda p: f"layer {p.replace('.', ', head ')}")
-layer, head = map(int, pick.split("."))
+picks = list(zip(members["layer"].tolist(), members["head"].tolist()))
+layer, head = choose("Head", picks, "role_head", cast=head_from_url, to_url=head_to_url,
+                     format_func=lambda h: head_label(*h))
+name = head_label(layer, head)
 
 
-def strongest_sentences() -> None:
+def show_strongest_sentences() -> None:
     values = profiled.per_sentence[measure][:, layer, head]
-    order = np.argsort(np.where(np.isnan(values), -np.inf if higher else np.inf, values))
-    order = order[::-1] if higher else order
-    st.markdown(f"**Where layer {layer}, head {head} is strongest**")
-    for tab, i in zip(st.tabs([f"{measure} {values[i]:.2f}" for i in order[:3]]), order[:3]):
+    order = strongest(values, higher)[:3]
+    st.markdown(f"**Where {name} is strongest**")
+    for tab, i in zip(st.tabs([f"{measure} {values[i]:.2f}" for i in order]), order):
         with tab:
             st.caption(plain(profiled.attentions[i].text))  # a typed or uploaded sentence: shown literally
             v = make_view(profiled.attentions[i], hide_special=s.hide_special, merge_words=s.merge_words)
             fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=460,
-                               title=f"Layer {layer}, head {head} · {measure} {values[i]:.2f}")
+                               title=f"{name} · {measure} {values[i]:.2f}")
             chart(fig, f"roles-example-{i}")
 
 
-def similar_heads() -> None:
-    st.subheader(f"Heads that behave like layer {layer}, head {head}")
-    similarity = profiled.per_sentence["similarity"]
-    n_heads = int(frame["head"].max()) + 1
-    nearest = [i for i in np.argsort(similarity[layer * n_heads + head]) if i != layer * n_heads + head][:6]
-    st.dataframe(pd.DataFrame({
-        "layer": [i // n_heads for i in nearest], "head": [i % n_heads for i in nearest],
-        "label": [frame["label"].iloc[i] for i in nearest],
-        "Jensen-Shannon divergence (nats)": [similarity[layer * n_heads + head, i] for i in nearest],
-    }).style.format(precision=3), hide_index=True, key="roles-similar")
+def show_similar_heads() -> None:
+    st.subheader(f"Heads that behave like {name}")
+    near = similar_heads(profiled.per_sentence["similarity"], layer, head, n_heads=int(frame["head"].max()) + 1)
+    near = near.merge(frame[["layer", "head", "label"]], on=["layer", "head"], how="left")
+    st.dataframe(near[["layer", "head", "label", "divergence"]]
+                 .rename(columns={"divergence": "Jensen-Shannon divergence (nats)"}).style.format(precision=3),
+                 hide_index=True, key="roles-similar")
     st.caption("0 means the same pattern on every sentence; ln 2 = 0.69 means the two never look at the same "
                "tokens. Averaged over the query rows of the first 100 sentences.")
 
 
 if profiled.attentions is not None:
-    strongest_sentences()
-seed = attention(s, SEED)
+    show_strongest_sentences()
+seed = attention(s, DEFAULT_TEXT)  # the coffee-or-tea sentence
 sv = make_view(seed, hide_special=s.hide_special, merge_words=s.merge_words)
 received = sv.head(layer, head).mean(axis=0)
 chart(text_shading(sv.key_labels, received,
-                     title=f"What layer {layer}, head {head} looks at, on average over the queries"), "roles-seed")
+                     title=f"What {name} looks at, on average over the queries"), "roles-seed")
 st.dataframe(pd.DataFrame({"token": sv.key_labels, "attention received": received}).style.format(precision=3),
              hide_index=True, key="roles-seed-table")
 
@@ -112,4 +109,4 @@ if profiled.attentions is None:
     st.info("A saved profile holds each head's measures, not its sentences: profile sentences here to see where "
             "a head is strongest and which heads behave alike.")
 else:
-    similar_heads()
+    show_similar_heads()

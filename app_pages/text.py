@@ -5,6 +5,7 @@ from app_pages.ui.caches import attention, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_head, pick_layer, pick_query, pick_sentence, title_for
 from app_pages.ui.settings import settings
+from models import head_label
 from viz import text_shading
 
 s = settings()
@@ -20,6 +21,6 @@ values = w.mean(axis=0) if query is None else w[query]
 source = "every token (mean)" if query is None else f"“{v.query_labels[query]}”"
 same_side = att.keys is None
 fig = text_shading(v.key_labels, values, highlight=query if same_side else None,
-                   title=title_for(att, f"Attention from {source} · layer {layer}, head {head}"))
+                   title=title_for(att, f"Attention from {source} · {head_label(layer, head)}"))
 chart(fig, "text-shading")
 exports("text", fig, att, v, layer, head, sig=f"{att.text}|{layer}|{head}|{query}|{s}")

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from analysis import agreement, flow, rollout
 from bench.bench_browser import sentence
 from bench.common import best_time, machine
 from models import load_model
+from models.corpus import CORPUS
 
-CORPUS = Path(__file__).resolve().parent.parent / "assets" / "corpus.txt"
 PAPER = {"raw attention": 0.29, "rollout": 0.71, "flow": 0.70}  # their Table 1, on their own model
 
 
@@ -31,7 +30,7 @@ def main() -> None:
     for n in (16, 32, 64):
         att = model.attend(sentence(model.tokenizer, n, seed=n))
         print(f"{n:>6} {1000 * best_time(lambda: rollout(att)):>10.2f} {best_time(lambda: flow(att)):>8.2f}")
-    corpus = [line.strip() for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    corpus = list(CORPUS)
     start = time.perf_counter()
     scores = agreement(model, corpus[: args.sentences])
     print(f"\nSpearman correlation with token ablation, {scores['sentences']} sentences "

@@ -21,12 +21,12 @@ from pathlib import Path
 import psutil
 
 from bench.common import machine
+from models.corpus import CORPUS
 
-CORPUS = Path(__file__).resolve().parent.parent / "assets" / "corpus.txt"
 
 
 def write_corpus(path: Path, n: int) -> None:
-    base = [line.strip() for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    base = list(CORPUS)
     with open(path, "w", encoding="utf-8") as out:
         for i in range(n):
             copy, s = divmod(i, len(base))

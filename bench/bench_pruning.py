@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from analysis.importance import curve_summary, pruning_curve
-from app_pages.ui.profiles import CORPUS
+from models.corpus import CORPUS
 from bench.bench_encoder import long_text, sentences
 from bench.common import machine, ratio
 from models import load_model

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -18,8 +17,8 @@ from analysis import roles
 from analysis.roles import load_spacy, measure_heads
 from bench.common import machine
 from models import load_model
+from models.corpus import CORPUS
 
-CORPUS = Path(__file__).resolve().parent.parent / "assets" / "corpus.txt"
 
 
 class _NoBootstrap:
@@ -39,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sentences", type=int, default=1000)
     args = parser.parse_args()
-    corpus = [line.strip() for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    corpus = list(CORPUS)
     sentences = (corpus * (args.sentences // len(corpus) + 1))[: args.sentences]
     start = time.perf_counter()
     model = load_model()

@@ -1,9 +1,21 @@
-"""The result format every view reads: tokens and per-layer, per-head attention weights."""
+"""The result format every view reads: tokens and per-layer, per-head attention weights.
+
+A head is named one way everywhere: ``(layer, head)`` in code, ``layer`` and ``head`` columns in
+frames, and ``head_label(layer, head)`` wherever a person reads it.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+Head = tuple[int, int]  # (layer, head), both counted from 0
+
+
+def head_label(layer: int, head: int) -> str:
+    """How a head is written for a person: ``L3 H11``."""
+    return f"L{int(layer)} H{int(head)}"
 
 
 @dataclass(frozen=True, eq=False)

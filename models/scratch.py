@@ -28,19 +28,12 @@ class ScratchModel(AttentionModel):
         super().__init__(tokenizer, name, device, stack.n_layers, stack.n_heads, stack.max_positions,
                          causal=stack.causal)
         self.stack = stack
+        self.head_dim, self.hidden_size = stack.head_dim, stack.hidden_size
 
     @property
     def encoder(self) -> Stack:
         """The stack, by the name a BERT model's reader looks for."""
         return self.stack
-
-    @property
-    def head_dim(self) -> int:
-        return self.stack.head_dim
-
-    @property
-    def hidden_size(self) -> int:
-        return self.stack.hidden_size
 
     @property
     def pruned_heads(self) -> np.ndarray:

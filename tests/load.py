@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from app_pages.ui.profiles import CORPUS
+from models.corpus import CORPUS
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, PLOT
 
 # page name, its path, and whether its chart title shows the sentence

@@ -100,7 +100,7 @@ def test_causal_mask_and_heads_off_on_the_scratch_engine(app):
 
     app.selectbox(key="model").set_value("scratch").run()
     app.toggle(key="causal").set_value(True).run()
-    app.multiselect(key="heads_off").set_value(["0.3"]).run()
+    app.multiselect(key="heads_off").set_value([(0, 3)]).run()
     assert not app.exception
     ref = load_model(backend="scratch").attend(COFFEE, causal=True, head_mask=np.where(np.arange(72) == 3, 0, 1).reshape(6, 12))
     _, zs = grid(app)
@@ -174,7 +174,7 @@ def test_long_text_is_cut_with_a_note_drawn_in_blocks_and_one_click_from_every_w
     assert app.get("segmented_control")[0].label == "Head at full resolution"
     app.get("segmented_control")[0].set_value(7).run()
     full = figures(app)[1]
-    assert full["layout"]["title"]["text"].startswith("Layer 0, head 7, every weight")
+    assert full["layout"]["title"]["text"].startswith("L0 H7, every weight")
     np.testing.assert_allclose(decode(heatmaps(full)[0]["z"]), ref.weights[0, 7], atol=TOL)
     assert app.query_params["full"] == "7"
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from analysis import FOCI, profile_heads
-from app_pages.ui.profiles import CORPUS
+from models.corpus import CORPUS
 from tests.conftest import decode, downloads, figures, shown
 
 PAGE = "app_pages/foci.py"
@@ -40,7 +40,7 @@ def test_each_focus_is_shaded_by_its_strongest_head(new_app, corpus_profile, hf_
         best = corpus_profile.sort_values(f"{f}_lift_lo", ascending=False).iloc[0]
         layer, head = int(best["layer"]), int(best["head"])
         name = f.replace("_", " ").capitalize()
-        assert fig["layout"]["title"]["text"] == f"{name} · layer {layer}, head {head}"
+        assert fig["layout"]["title"]["text"] == f"{name} · L{layer} H{head}"
         text, z = shading(fig)
         np.testing.assert_allclose(z, content_received(att.weights[layer, head], att.special), atol=1e-6)
         assert [t.removeprefix("<b>").removesuffix("</b>") for t in text] == att.tokens[1:-1]
@@ -54,16 +54,16 @@ def test_each_focus_is_shaded_by_its_strongest_head(new_app, corpus_profile, hf_
         assert md.startswith(f"Lift **{best[f'{f}_lift']:.2f}**, 95% interval {best[f'{f}_lift_lo']:.2f} to "
                              f"{best[f'{f}_lift_hi']:.2f}, over {int(best[f'{f}_n'])} sentences")
     table = pd.read_csv(io.BytesIO(downloads(at)["Shading · CSV"]))
-    assert table.columns[:2].tolist() == ["token", "sentence_type L3H11"]  # the strongest head of the corpus
+    assert table.columns[:2].tolist() == ["token", "sentence_type L3 H11"]  # the strongest head of the corpus
     assert table["token"].tolist() == att.tokens[1:-1]
     np.testing.assert_allclose(table.iloc[:, 2], shading(charts[1])[1], atol=1e-6)
 
 
 def test_another_head_for_a_focus(new_app, hf_model):
     at = new_app({"focus_object": "0.2"}, page=PAGE)
-    assert at.selectbox(key="focus_object").value == "0.2"
+    assert at.selectbox(key="focus_object").value == (0, 2)
     fig = figures(at)[1]
-    assert fig["layout"]["title"]["text"] == "Object · layer 0, head 2"
+    assert fig["layout"]["title"]["text"] == "Object · L0 H2"
     att = hf_model.attend(SEED)
     np.testing.assert_allclose(shading(fig)[1], content_received(att.weights[0, 2], att.special), atol=1e-6)
     assert any("below the bar; labelled previous token" in m.value for m in at.markdown)
@@ -74,7 +74,7 @@ def test_merged_words_sum_their_pieces(new_app, hf_model):
     at = new_app({"text": text, "merge_words": "true"}, page=PAGE)
     att = hf_model.attend(text)
     fig = figures(at)[3]  # sentiment: "good" is in VADER's lexicon
-    layer, head = map(int, at.selectbox(key="focus_sentiment").value.split("."))
+    layer, head = at.selectbox(key="focus_sentiment").value
     per_token = content_received(att.weights[layer, head], att.special)
     cells, z = shading(fig)
     assert [c.removeprefix("<b>").removesuffix("</b>") for c in cells] == ["Tokenization", "is", "unbelievably",
@@ -94,7 +94,7 @@ def test_foci_of_the_sidebar_sentences_leave_out_a_missing_class(new_app, hf_mod
     assert any("sentence type 2, object 2, relation 2, sentiment 0" in c.value for c in at.caption)
     want = profile_heads(hf_model, text.splitlines())
     best = want.sort_values("object_lift_lo", ascending=False).iloc[0]
-    assert figures(at)[1]["layout"]["title"]["text"] == f"Object · layer {best['layer']}, head {best['head']}"
+    assert figures(at)[1]["layout"]["title"]["text"] == f"Object · L{best['layer']} H{best['head']}"
 
 
 def test_a_sentence_without_a_class_word_says_so(new_app):

@@ -29,7 +29,7 @@ def off(*heads):
 
 def removed(at) -> list[tuple[int, int]]:
     caption = next(shown(c.value) for c in at.caption if c.value.startswith("Removed:"))
-    return [(int(l), int(h)) for l, h in re.findall(r"L(\d+)H(\d+)", caption)]
+    return [(int(l), int(h)) for l, h in re.findall(r"L(\d+) H(\d+)", caption)]
 
 
 def test_grid_is_each_heads_importance_and_the_curve_point_is_the_pruned_model(new_app, scratch_model, means):
@@ -84,7 +84,7 @@ def test_prune_to_another_point_and_zero_ablation(new_app, scratch_model):
 
 def test_switching_heads_off_shows_what_changes_later(new_app, scratch_model, means):
     at = new_app(LINK, page="app_pages/pruning.py")
-    at.multiselect(key="ablate").set_value(["3.4"]).run()
+    at.multiselect(key="ablate").set_value([(3, 4)]).run()
     change = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("Change in each head"))
     values = decode(heatmaps(change)[0]["z"])
     assert np.isnan(values[3, 4]) and not values[:3].any()

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from analysis import profile_heads
-from app_pages.ui.profiles import CORPUS
+from models.corpus import CORPUS
 from tests.conftest import decode, downloads, figures, shown
 
 
@@ -37,7 +37,7 @@ def test_grid_and_table_are_the_profile(new_app, corpus_profile):
 def test_a_role_lists_its_heads_best_first_with_examples(new_app, corpus_profile, hf_model):
     at = new_app({"role": "previous token"}, page="app_pages/roles.py")
     heads = corpus_profile[corpus_profile["label"] == "previous token"].sort_values("prev_token", ascending=False)
-    first = f"layer {heads.iloc[0]['layer']}, head {heads.iloc[0]['head']}"
+    first = f"L{heads.iloc[0]['layer']} H{heads.iloc[0]['head']}"
     assert at.selectbox(key="role_head").options[0] == first
     layer, head = int(heads.iloc[0]["layer"]), int(heads.iloc[0]["head"])
     examples = figures(at)[1:4]
@@ -45,7 +45,7 @@ def test_a_role_lists_its_heads_best_first_with_examples(new_app, corpus_profile
     for tab, fig in zip(at.tabs, examples):  # the three sentences where this head is most previous-token-like
         sentence = shown(tab.caption[0].value)
         assert sentence in CORPUS and tab.label.startswith("prev_token ")
-        assert fig["layout"]["title"]["text"] == f"Layer {layer}, head {head} · {tab.label}"
+        assert fig["layout"]["title"]["text"] == f"L{layer} H{head} · {tab.label}"
         np.testing.assert_allclose(decode(fig["data"][0]["z"]), hf_model.attend(sentence).weights[layer, head],
                                    atol=1e-6)
     seed = figures(at)[4]
@@ -90,7 +90,7 @@ def test_similar_heads_are_ranked_by_divergence(new_app, hf_model):
     text = "The cat sat on the mat.\nDid the dog bark at the mailman?"
     at = new_app({"corpus": "sidebar", "text": text, "role": "previous token", "role_head": "0.2"},
                  page="app_pages/roles.py")
-    assert at.selectbox(key="role_head").value == "0.2"
+    assert at.selectbox(key="role_head").value == (0, 2)
     table = at.dataframe[-1].value
     S = head_similarity(hf_model.attend(text.splitlines()))
     row = S[layer_head := 0 * 12 + 2]
@@ -105,7 +105,7 @@ def test_a_focus_role_ranks_heads_and_sentences_by_lift(new_app, corpus_profile,
     at = new_app({"role": "object focus"}, page="app_pages/roles.py")
     heads = corpus_profile[corpus_profile["label"] == "object focus"].sort_values("object_lift", ascending=False)
     layer, head = int(heads.iloc[0]["layer"]), int(heads.iloc[0]["head"])
-    assert at.selectbox(key="role_head").options[0] == f"layer {layer}, head {head}"
+    assert at.selectbox(key="role_head").options[0] == f"L{layer} H{head}"
     members = at.dataframe[1].value
     assert members.columns[2:5].tolist() == ["object_lift", "object_lift_lo", "object_lift_hi"]
     np.testing.assert_allclose(members["object_lift"], heads["object_lift"], atol=1e-9)

@@ -8,7 +8,7 @@ import pytest
 
 from analysis import FOCI, FOCUS_NAMES, strongest_head
 from analysis import profile as cli
-from app_pages.ui.profiles import CORPUS
+from models.corpus import CORPUS
 from tests.conftest import downloads, figures, shown
 
 LINES = CORPUS[:12]
@@ -66,7 +66,7 @@ def test_foci_shows_a_saved_profile(new_app, saved):
     titles = [f["layout"]["title"]["text"] for f in figures(at)]
     for f in FOCI:
         row = frame.iloc[strongest_head(frame, f)]
-        assert f"{FOCUS_NAMES[f].capitalize()} · layer {row['layer']}, head {row['head']}" in titles
+        assert f"{FOCUS_NAMES[f].capitalize()} · L{row['layer']} H{row['head']}" in titles
 
 
 def test_a_profile_computed_in_the_app_saves_and_opens_again(new_app, hf_model):
@@ -105,5 +105,5 @@ def test_files_that_are_not_profiles_get_a_sentence(new_app, saved, tmp_path):
 
 def test_a_profile_made_with_heads_off_says_so(new_app, saved):
     at = open_saved(new_app, "app_pages/roles.py", rewritten(saved[0], heads_off=[[2, 3]], causal=False))
-    assert "heads switched off: L2H3" in at.warning[0].value
+    assert "heads switched off: L2 H3" in at.warning[0].value
     assert figures(at)[0]["layout"]["title"]["text"] == "Roles over 12 sentences"

@@ -32,7 +32,7 @@ def test_two_sessions_never_see_each_others_state(new_app, hf_model, scratch_mod
             np.testing.assert_allclose(z, want_b.weights[0, h], atol=1e-6)
         assert tick_text(figures(b)[0]) == want_b.key_labels
     # each session's settings and link are its own
-    assert a.session_state["heads_off"] == ["0.1", "0.5"] and a.session_state["causal"] is True
+    assert a.session_state["heads_off"] == [(0, 1), (0, 5)] and a.session_state["causal"] is True
     assert "heads_off" not in b.session_state and b.session_state["hide_special"] is True
     assert dict(a.query_params) == {"model": "scratch", "heads_off": ["0.1", "0.5"], "causal": "true", "layer": "2",
                                     "text": A_TEXT + " Again."}
@@ -77,10 +77,11 @@ def test_sessions_asking_for_the_same_profile_compute_it_once(new_app, monkeypat
 
 def test_results_are_shared_read_only_and_kept_within_their_budget(new_app, hf_model):
     from app_pages.ui.caches import SharedCache, attention_cache
+    from app_pages.ui.models import ModelRef
 
     a = new_app({"text": "A shared sentence."})
     b = new_app({"text": "A shared sentence."})
-    key = ("minilm", "", "auto", "A shared sentence.", False, ())
+    key = (ModelRef("minilm"), "A shared sentence.", False, ())
     att = attention_cache().get(key)
     assert att is not None and not att.weights.flags.writeable  # one object for both sessions, never written
     with pytest.raises(ValueError):

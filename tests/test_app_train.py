@@ -69,7 +69,7 @@ def test_the_page_updates_live_while_it_trains_and_stops_on_stop(new_app):
         assert at.button(key="train_start").disabled and not at.button(key="train_stop").disabled
         at.button(key="train_stop").click().run()
         assert not at.exception, at.exception
-        job = at.session_state["train_job"]
+        job = wait(at, lambda j: not j.running)  # Stop returns at once; the thread ends after its step
         assert job.state == "stopped" and job.run.stopped and job.run.steps_done < 20_000
         assert shown(at.success[0].value).startswith(f"Stopped after {job.run.steps_done:,} steps")
         assert not at.button(key="train_start").disabled

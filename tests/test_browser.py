@@ -6,10 +6,10 @@ import pytest
 
 from tests.browser import PLOT, commit_text, every_kth, plot_title, shot, wait_title, x_ticks
 
-PAGES = [("Explore", "", "Layer 0 · Which do you like better"), ("Foci", "foci", "Sentence type · layer 3, head 11"),
+PAGES = [("Explore", "", "Layer 0 · Which do you like better"), ("Foci", "foci", "Sentence type · L3 H11"),
          ("Compare", "compare", "1: all-MiniLM-L6-v2 · L0 H0"),
          ("Overview", "overview", "All 6 layers × 12 heads · Which"), ("Tokens", "tokens", "Layer 0 · Which"),
-         ("Text", "text", "Attention from “which” · layer 0, head 0"),
+         ("Text", "text", "Attention from “which” · L0 H0"),
          ("Head roles", "roles", "Roles over 335 sentences")]
 
 
@@ -44,7 +44,7 @@ def test_link_reproduces_a_view_and_state_survives_page_switches(page, server):
     page.wait_for_selector(PLOT, timeout=60_000)
     wait_title(page, "Layer 2")
     page.get_by_role("link", name="Text", exact=True).click()
-    wait_title(page, "from “coffee” · layer 2")
+    wait_title(page, "from “coffee” · L2 H")
     page.wait_for_url("**/text?*layer=2*")
     assert "query=7" in page.url
 

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from analysis.roles import align_to_words, load_spacy, profile_heads, head_similarity
+from analysis.roles import align_to_words, load_spacy, profile_heads
+from analysis.similarity import head_similarity
 from models.result import Attention
 
 SENTENCES = [

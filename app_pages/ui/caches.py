@@ -1,87 +1,22 @@
-"""Models and attention results, cached for every session; models are only ever read.
+"""Results cached for every session: attention, and what pages compute once and share.
 
-Results are cached by everything that determines them: model, device, text, causal mask and
-the heads switched off.
+Results are cached by everything that determines them: model, text, causal mask and the heads
+switched off. Cached values are only ever read.
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
-from pathlib import Path
 
-import numpy as np
 import streamlit as st
 
-from analysis import View, make_view
-from models import Attention, AttentionModel, HeadLensError, load_model
+from analysis import View, head_mask, make_view
+from models import Attention, AttentionModel, HeadLensError
 
 from .messages import stop_with
-from .settings import SCRATCH, TRAINED, Settings, custom_for
+from .models import ModelRef, model_for
+from .settings import Settings
 from .state import choose
-from .training import trained_model
-
-
-def check_custom_folder(name: str) -> None:
-    """Where ``HEADLENS_MODELS_DIR`` is set (a server for a class), custom model folders must lie under it.
-
-    Model ids still come from the server's Hugging Face cache; any other folder is refused
-    without saying whether it exists.
-    """
-    root = os.environ.get("HEADLENS_MODELS_DIR")
-    path = Path(name).expanduser()
-    if not root or not (path.is_absolute() or path.exists() or name.startswith((".", "~"))):
-        return
-    if not path.resolve().is_relative_to(Path(root).expanduser().resolve()):
-        raise HeadLensError(f"This server loads model folders from {root} only; give a folder there, "
-                            "or a model id from its Hugging Face cache.")
-
-
-def cached_model(choice: str, custom: str, device: str) -> AttentionModel:
-    """The model behind a sidebar choice: one instance per (model, device) for every session, only
-    ever read; this session's own for a trained decoder (``custom`` is then the run's id)."""
-    if choice in TRAINED:
-        return trained_model(choice, custom)
-    return shared_model(choice, custom, device)
-
-
-@st.cache_resource(max_entries=4, show_spinner=False)
-def shared_model(choice: str, custom: str, device: str) -> AttentionModel:
-    if choice == "custom":
-        if not custom.strip():
-            raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
-        return load_model(custom.strip(), device=device)
-    return load_model(backend="transformers" if choice == "minilm" else "scratch", device=device,
-                      untrained=choice == "untrained")
-
-
-def model_for(choice: str, custom: str, device: str, container=st) -> AttentionModel:
-    """The cached model, with a spinner while it loads and its error as a sentence."""
-    slot = container.empty()  # keeps the elements after it in place, spinner or not
-    try:
-        if choice == "custom":
-            check_custom_folder(custom.strip())  # before the cache, which may hold it from before
-        with slot, st.spinner("Loading the model…"):
-            model = cached_model(choice, custom, device)
-    except HeadLensError as err:
-        stop_with(err)
-    slot.empty()
-    return model
-
-
-def head_mask(model: AttentionModel, heads_off: tuple[str, ...]) -> np.ndarray | None:
-    """``(layers, heads)`` 0/1 from "layer.head" names; None when every head is on."""
-    if not heads_off:
-        return None
-    mask = np.ones((model.n_layers, model.n_heads), dtype=np.float32)
-    for layer, head in heads_named(heads_off):
-        mask[layer, head] = 0
-    return mask
-
-
-def heads_named(names) -> list[tuple[int, int]]:
-    """``(layer, head)`` pairs from the sidebar's "layer.head" names."""
-    return [tuple(map(int, name.split("."))) for name in names]
 
 
 class SharedCache:
@@ -172,29 +107,25 @@ def attention_cache() -> SharedCache:
     return SharedCache(max_entries=64, max_bytes=2**30, size=_nbytes)
 
 
-def cached_attention(choice: str, custom: str, device: str, text: str, causal: bool,
-                     heads_off: tuple[str, ...]) -> Attention:
+def cached_attention(model: AttentionModel, ref: ModelRef, text: str, causal: bool, heads_off: tuple) -> Attention:
     """The attention of ``text``, computed once for every session (the last 64 within 1 GiB)."""
     def compute() -> Attention:
-        model = cached_model(choice, custom, device)
         return _frozen(model.attend(text, head_mask=head_mask(model, heads_off), causal=causal))
 
-    return attention_cache().get_or_compute((choice, custom, device, text, causal, heads_off), compute)
+    return attention_cache().get_or_compute((ref, text, causal, heads_off), compute)
 
 
-def attention(s: Settings, text: str, choice: str | None = None, key: str = "component", container=st) -> Attention:
-    """The attention of ``text``; for an encoder-decoder model, the part picked under ``key``."""
-    choice = choice or s.choice
-    custom = s.custom if choice == s.choice else custom_for(choice)
-    scratch = choice in SCRATCH
-    model_for(choice, custom, s.device)
+def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "component", container=st) -> Attention:
+    """The attention of ``text`` on the sidebar's model or ``ref``; for an encoder-decoder model, the
+    part picked under ``key``."""
+    ref = ref or s.model
+    model = model_for(ref)
     # One slot, present on every run, holds the spinner and then the truncation note: elements
     # below it keep their place, so the chart updates in place instead of being drawn anew.
     slot = container.empty()
     try:
         with slot, st.spinner("Computing attention…"):
-            att = cached_attention(choice, custom, s.device, text, s.causal and scratch,
-                                   s.heads_off if scratch else ())
+            att = cached_attention(model, ref, text, s.causal and ref.scratch, s.heads_off if ref.scratch else ())
     except HeadLensError as err:
         stop_with(err)
     if att.truncated:

@@ -5,8 +5,6 @@ import re
 
 import streamlit as st
 
-from models.corpus import clean_lines  # one rule for what counts as a sentence, in the app and the CLI
-
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=%^@/,;?\"'])")
 _AUTOLINK = re.compile(r"(?i)(https?|ftp|www|mailto|xmpp)(?=\\[:.])|(?=\\@)")
 
@@ -28,7 +26,3 @@ def stop_with(err: Exception) -> None:
 
 def short(text: str, n: int = 60) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def sentences_of(text: str) -> list[str]:
-    return clean_lines(text.splitlines())

@@ -1,7 +1,6 @@
 """Head-role profiles over many sentences: computed once for every session, with a progress bar."""
 from __future__ import annotations
 
-import hashlib
 import io
 from dataclasses import dataclass
 
@@ -9,16 +8,16 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis import RANKING_MEASURES, head_similarity, measure_heads
+from analysis import RANKING_MEASURES, head_mask, head_similarity, measure_heads
 from analysis.profile import corpus_hash, metadata, read_profile, write_profile
-from models import AttentionModel, HeadLensError
+from models import AttentionModel, HeadLensError, head_label
+from models.corpus import CORPUS, sentences_of
 
-from .caches import SharedCache, computed_once, head_mask, heads_named, model_for
-from .messages import plain, sentences_of, stop_with
-from .settings import ASSETS, Settings
+from .caches import SharedCache, computed_once
+from .messages import plain, stop_with
+from .models import model_for
+from .settings import Settings
 from .state import bound
-
-CORPUS = sentences_of((ASSETS / "corpus.txt").read_text(encoding="utf-8"))
 PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
 CONTENT_ATTENTION = ("Content attention is a head's attention with the special tokens ([CLS], [SEP]) dropped and "
                      "each row rescaled to 1: attention to them works as a no-op (Clark et al. 2019) and hides what "
@@ -46,7 +45,7 @@ def page_profile(s: Settings) -> PageProfile:
                    label="Sentences to profile", format_func=SOURCES.get, required=True)
     if source == "saved":
         return saved_profile(s)
-    sentences = CORPUS if source == "corpus" else s.sentences if source == "sidebar" else uploaded_sentences()
+    sentences = list(CORPUS) if source == "corpus" else s.sentences if source == "sidebar" else uploaded_sentences()
     frame, per_sentence, attentions = profile(s, sentences)
     return PageProfile(frame, len(attentions), per_sentence, attentions)
 
@@ -58,21 +57,21 @@ def saved_profile(s: Settings) -> PageProfile:
                           "`python -m analysis.profile CORPUS.txt --out profile.parquet`.")
     try:
         frame, meta = read_profile(io.BytesIO(data))
-    except ValueError as err:
+    except HeadLensError as err:
         stop_with(err)
-    model = model_for(s.choice, s.custom, s.device)
+    model = model_for(s.model)
     if meta.get("model") != model.name:
-        stop_with(ValueError(f"That profile is of the model {meta.get('model')}, not the sidebar's {model.name}. "
+        stop_with(HeadLensError(f"That profile is of the model {meta.get('model')}, not the sidebar's {model.name}. "
                              "Choose its model in the sidebar, or open a profile of this one."))
     if (meta["layers"], meta["heads"]) != (model.n_layers, model.n_heads):
-        stop_with(ValueError(f"That profile has {meta['layers']} layers of {meta['heads']} heads; "
+        stop_with(HeadLensError(f"That profile has {meta['layers']} layers of {meta['heads']} heads; "
                              f"{model.name} has {model.n_layers} of {model.n_heads}."))
     st.caption(plain(f"Opened {name}: {meta.get('sentences', 0):,} sentences profiled by HeadLens "
                      f"{meta.get('headlens', '?')} ({meta.get('engine', '?')} engine), corpus SHA-256 "
                      f"{str(meta.get('corpus_sha256', '?'))[:12]}…"))
     saved = ({tuple(h) for h in meta["heads_off"]}, meta["causal"])
-    if saved != (set(heads_named(s.heads_off)), s.causal):
-        off = ", ".join(f"L{l}H{h}" for l, h in sorted(saved[0])) or "none"
+    if saved != (set(s.heads_off), s.causal):
+        off = ", ".join(head_label(*h) for h in sorted(saved[0])) or "none"
         st.warning(f"This profile was made with heads switched off: {off}; causal mask: "
                    f"{'on' if saved[1] else 'off'}. The sidebar's settings differ and do not change it.")
     return PageProfile(frame, int(meta.get("sentences", 0)))
@@ -80,10 +79,10 @@ def saved_profile(s: Settings) -> PageProfile:
 
 def profile_file(s: Settings, p: PageProfile) -> bytes:
     """``p`` as a Parquet profile that this page (and pandas) can open again."""
-    model = model_for(s.choice, s.custom, s.device)
+    model = model_for(s.model)
     _, sha256 = corpus_hash(a.text for a in p.attentions)
     meta = metadata(model=model.name, backend=model.backend, engine="app", sentences=p.n_sentences, sha256=sha256,
-                    layers=model.n_layers, heads=model.n_heads, heads_off=sorted(heads_named(s.heads_off)), causal=s.causal)
+                    layers=model.n_layers, heads=model.n_heads, heads_off=sorted(s.heads_off), causal=s.causal)
     out = io.BytesIO()
     write_profile(p.frame, meta, out)
     return out.getvalue()
@@ -97,21 +96,21 @@ def uploaded(label: str, kind: str, prompt: str) -> tuple[str, bytes]:
         st.stop()
     data = file.getvalue()
     if len(data) > UPLOAD_LIMIT:
-        stop_with(ValueError(f"That file has {len(data):,} bytes; the limit is {UPLOAD_LIMIT:,}."))
+        stop_with(HeadLensError(f"That file has {len(data):,} bytes; the limit is {UPLOAD_LIMIT:,}."))
     return file.name, data
 
 
 def uploaded_sentences() -> list[str]:
     _, data = uploaded("A .txt file, one sentence per line", "txt", "Upload a text file to profile its sentences.")
     if b"\x00" in data:
-        stop_with(ValueError("That file is binary, not text; upload a .txt with one sentence per line."))
+        stop_with(HeadLensError("That file is binary, not text; upload a .txt with one sentence per line."))
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        stop_with(ValueError("That file is not UTF-8 text; save it as UTF-8 and upload it again."))
+        stop_with(HeadLensError("That file is not UTF-8 text; save it as UTF-8 and upload it again."))
     lines = sentences_of(text)
     if not lines:
-        stop_with(ValueError("That file has no sentences in it."))
+        stop_with(HeadLensError("That file has no sentences in it."))
     return lines[:UPLOAD_SENTENCES]
 
 
@@ -131,10 +130,9 @@ def profile(s: Settings, sentences: list[str]):
     Returns the per-head frame, per-sentence measures (``(sentences, layers, heads)`` each, and
     ``"similarity"``: the heads' Jensen-Shannon divergences), and the attentions.
     """
-    key = (s.choice, s.custom, s.device, s.causal, s.heads_off,
-           hashlib.sha256("\n".join(sentences).encode("utf-8", "surrogatepass")).hexdigest())
+    key = (s.model, s.causal, s.heads_off, corpus_hash(sentences)[1])
     frame, per_sentence, attentions = computed_once(
-        profile_cache(), key, lambda: _compute_profile(model_for(s.choice, s.custom, s.device), s, sentences),
+        profile_cache(), key, lambda: _compute_profile(model_for(s.model), s, sentences),
         "Another session is profiling the same sentences; its result will be shown here…")
     return frame.copy(), per_sentence, attentions
 

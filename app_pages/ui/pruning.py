@@ -1,7 +1,6 @@
 """Head importance and pruning curves: computed once for every session, with a progress bar."""
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 
@@ -9,17 +8,47 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis.importance import (attention_proxies, curve_work, head_importance, proxy_correlations, prune_counts,
+from analysis.importance import (ABLATIONS, NEIGHBOURS, attention_proxies, curve_work, head_importance, proxy_correlations, prune_counts,
                                  pruning_curve)
-from models import AttentionModel
+from analysis.profile import corpus_hash
+from models import AttentionModel, Head, head_label
+from models.corpus import CORPUS
 
-from .caches import SharedCache, cached_model, computed_once, model_for
+from .caches import SharedCache, computed_once
 from .exports import model_zip
-from .profiles import CORPUS, uploaded_sentences
-from .settings import MODELS, TRAINED, Settings
+from .models import TRAINED, ModelRef, cached_model, model_for
+from .profiles import uploaded_sentences
+from .settings import Settings
 from .state import bound
 from .training import trained_job
 
+ABOUT = {
+    "page": "A head's importance is what removing it alone does to the model's output: one minus the cosine of each "
+            "sentence's embedding (the mean of the last layer over its tokens, as all-MiniLM-L6-v2 is trained to give) "
+            "to the full model's, averaged over the sentences. The curves prune 10% of the heads at a time, as Michel "
+            "et al. (2019) do: by importance, recomputed on the pruned model at each step; at random; and by "
+            "attention alone.",
+    "engine": "This page runs the from-scratch engine with the same weights: it can remove heads, which "
+              "transformers no longer does, and gives the same numbers.",
+    "ablation": " ".join(f"{v}." for v in ABLATIONS.values()) + " Mean ablation disturbs the later layers less; a "
+                "model pruned that way keeps the means in its output bias.",
+    "grid": "Darker heads matter more. The heads marked ✕ (grey) are those the curve by importance has removed at the "
+            "chosen point; it re-measures the remaining heads after each step, so a head pale here can stay when its "
+            "neighbours go. Hover a cell for its value and rank.",
+    "curves": f"Fidelity: mean cosine of each sentence's embedding to the full model's. Neighbour agreement: the "
+              f"overlap of each sentence's {NEIGHBOURS} nearest neighbours (by embedding) with the full model's. "
+              "Forward time: seconds to embed the sentences, measured once per step while the curves ran, so it is "
+              "noisy; `python -m bench.bench_pruning` measures it properly.",
+    "zip": "safetensors, a config.json recording the pruned heads, and the tokenizer. Unzip it and open the folder "
+           "with models.load_model(folder, backend='scratch').",
+    "proxies": "Spearman's rank correlation over the heads between importance and what attention alone shows: how "
+               "spread out a head's attention is, how much of it goes to [CLS] and [SEP], and its role on Head roles "
+               "(each head scored by the mean importance of the other heads with its role). The curve \"by attention "
+               "alone\" removes the heads with the most weight on [CLS] and [SEP] first.",
+    "change": "Each head's change is half the summed absolute difference of its weights, per query row, averaged over "
+              "rows and sentences: 0 unchanged, 1 looking somewhere else entirely. Layers before the first head "
+              "switched off cannot change.",
+}
 SAMPLE = 100  # sentences of the built-in corpus the page measures by default: about a minute on 2 CPU cores
 MAX_SENTENCES = 400  # more would take many minutes: every step re-measures every remaining head
 SEEDS = (0, 1, 2)
@@ -37,15 +66,15 @@ def corpus_sample() -> list[str]:
 def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
     """The sentences the user picks to measure heads on, and the source's key. A trained decoder is
     measured on its training's held-out sequences, which are written in its own tokens."""
-    if s.choice in TRAINED:
+    if s.model.choice in TRAINED:
         job = trained_job()
-        if job is not None and job.id == s.custom:
+        if job is not None and job.id == s.model.run:
             st.caption(f"Measured on the training's {len(job.run.held_out)} held-out sequences (a half, then the "
                        "same half again), written in the model's own tokens.")
             return "held_out", list(job.run.held_out)
     source = bound(st.segmented_control, "prune_on", "sample", init="default", options=list(SOURCES), cast=str,
                    label="Sentences to measure on", format_func=SOURCES.get, required=True)
-    sentences = (corpus_sample() if source == "sample" else CORPUS if source == "corpus"
+    sentences = (corpus_sample() if source == "sample" else list(CORPUS) if source == "corpus"
                  else s.sentences if source == "sidebar" else uploaded_sentences())
     if len(sentences) > MAX_SENTENCES:
         st.warning(f"Measuring on the first {MAX_SENTENCES} of {len(sentences)} sentences: each step of the "
@@ -58,13 +87,13 @@ def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
     return source, sentences
 
 
-def engine_choice(s: Settings) -> str:
+def engine_model(s: Settings) -> ModelRef:
     """The sidebar's model on the from-scratch engine, which alone can switch heads off and prune."""
-    if s.choice not in ENGINE:
+    if s.model.choice not in ENGINE:
         st.info(f"Pruning runs on the from-scratch engine, which holds BERT encoders. The sidebar's model is "
-                f"{MODELS[s.choice].split(' · ')[0].lower()}; choose all-MiniLM-L6-v2 or the untrained encoder there.")
+                f"{s.model.title.lower()}; choose all-MiniLM-L6-v2 or the untrained encoder there.")
         st.stop()
-    return ENGINE[s.choice]
+    return ModelRef(ENGINE[s.model.choice], run=s.model.run, device=s.model.device)
 
 
 @dataclass
@@ -80,14 +109,8 @@ def pruning_cache() -> SharedCache:
     return SharedCache(max_entries=12)
 
 
-def engine_custom(choice: str, s: Settings) -> str:
-    """What names the model beyond its choice on this page: a trained run's id, else nothing."""
-    return s.custom if choice in TRAINED else ""
-
-
-def _key(kind: str, choice: str, s: Settings, ablation: str, sentences: list[str]) -> tuple:
-    digest = hashlib.sha256("\n".join(sentences).encode("utf-8", "surrogatepass")).hexdigest()
-    return kind, choice, engine_custom(choice, s), s.device, ablation, digest
+def _key(kind: str, ref: ModelRef, ablation: str, sentences: list[str]) -> tuple:
+    return kind, ref, ablation, corpus_hash(sentences)[1]
 
 
 class Bar:
@@ -111,10 +134,10 @@ class Bar:
         self.bar.empty()
 
 
-def importance(choice: str, s: Settings, ablation: str, sentences: list[str]) -> Importance:
+def importance(ref: ModelRef, ablation: str, sentences: list[str]) -> Importance:
     """Every head's ablation importance on ``sentences``, with a progress bar while it runs."""
     def compute() -> Importance:
-        model = cached_model(choice, engine_custom(choice, s), s.device)
+        model = cached_model(ref)
         bar = Bar(f"Switching each of {model.n_layers * model.n_heads} heads off in turn, on {len(sentences)} sentences")
         means = model.head_means(sentences) if ablation == "mean" else None
         full = model.embed(sentences)
@@ -125,16 +148,16 @@ def importance(choice: str, s: Settings, ablation: str, sentences: list[str]) ->
                 array.flags.writeable = False
         return Importance(frame, means, full)
 
-    model_for(choice, engine_custom(choice, s), s.device)
-    return computed_once(pruning_cache(), _key("importance", choice, s, ablation, sentences), compute,
-                 "Another session is measuring the same heads; its result will be shown here…")
+    model_for(ref)
+    return computed_once(pruning_cache(), _key("importance", ref, ablation, sentences), compute,
+                         "Another session is measuring the same heads; its result will be shown here…")
 
 
-def curves(choice: str, s: Settings, ablation: str, sentences: list[str], imp: Importance) -> pd.DataFrame:
+def curves(ref: ModelRef, ablation: str, sentences: list[str], imp: Importance) -> pd.DataFrame:
     """The pruning curves by importance, at random (``SEEDS``) and by attention alone."""
     def compute() -> pd.DataFrame:
-        model = cached_model(choice, engine_custom(choice, s), s.device)
-        proxies = proxy_table(choice, s, sentences)
+        model = cached_model(ref)
+        proxies = proxy_table(ref, sentences)
         counts = prune_counts(model.n_layers * model.n_heads)
         n = len(sentences)
         runs = [("importance", 0), *(("random", seed) for seed in SEEDS), ("proxy", 0)]
@@ -149,21 +172,20 @@ def curves(choice: str, s: Settings, ablation: str, sentences: list[str], imp: I
         bar.empty()
         return pd.concat(frames, ignore_index=True)
 
-    return computed_once(pruning_cache(), _key("curves", choice, s, ablation, sentences), compute,
-                 "Another session is computing the same curves; they will be shown here…").copy()
+    return computed_once(pruning_cache(), _key("curves", ref, ablation, sentences), compute,
+                         "Another session is computing the same curves; they will be shown here…").copy()
 
 
-def has_curves(choice: str, s: Settings, ablation: str, sentences: list[str]) -> bool:
-    return pruning_cache().get(_key("curves", choice, s, ablation, sentences)) is not None
+def has_curves(ref: ModelRef, ablation: str, sentences: list[str]) -> bool:
+    return pruning_cache().get(_key("curves", ref, ablation, sentences)) is not None
 
 
-def proxy_table(choice: str, s: Settings, sentences: list[str]) -> pd.DataFrame:
+def proxy_table(ref: ModelRef, sentences: list[str]) -> pd.DataFrame:
     """Attention-only measures of each head on ``sentences`` (entropy, weight on special tokens)."""
     def compute() -> pd.DataFrame:
-        model = cached_model(choice, engine_custom(choice, s), s.device)
-        return attention_proxies(model.attend(sentences))
+        return attention_proxies(cached_model(ref).attend(sentences))
 
-    return computed_once(pruning_cache(), _key("proxies", choice, s, "", sentences), compute,
+    return computed_once(pruning_cache(), _key("proxies", ref, "", sentences), compute,
                          "Measuring attention…").copy()
 
 
@@ -174,7 +196,13 @@ def correlations(imp: Importance, proxies: pd.DataFrame, labels: list[str] | Non
     return proxy_correlations(imp.frame, table)
 
 
-def pruned_zip(model: AttentionModel, heads: list[tuple[int, int]], means: np.ndarray | None) -> bytes:
+def pruned_zip(model: AttentionModel, heads: list[Head], means: np.ndarray | None) -> bytes:
     """The pruned model as a ZIP of its folder (safetensors, config.json, tokenizer)."""
     return model_zip(model.pruned(heads, head_means=means), "headlens-pruned")
+
+
+def curves_csv(frame: pd.DataFrame) -> str:
+    """The pruning curves as CSV, each step's pruned heads named as the page names them."""
+    return frame.assign(heads=frame["heads"].map(lambda heads: ", ".join(head_label(*h) for h in heads))).to_csv(
+        index=False)
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 import streamlit as st
 import torch
 
-from .caches import model_for
-from .settings import DEFAULT_TEXT, EXAMPLES, MAX_CHARS, SCRATCH, custom_for, model_names
-from .state import bound, flag, remember
+from models import head_label
+from models.corpus import DEFAULT_TEXT, EXAMPLES
+
+from .models import SCRATCH, model_for, model_names, ref_for
+from .settings import MAX_CHARS
+from .state import bound, flag, head_from_url, head_to_url, remember
 
 
 def _load_example() -> None:
@@ -41,10 +44,11 @@ def sidebar() -> None:
     scratch = choice in SCRATCH
     bound(sb.toggle, "causal", False, cast=flag, label="Causal mask", disabled=not scratch,
           help="Each token sees only earlier ones; the from-scratch engine only.")
-    model = model_for(choice, custom_for(choice), device, container=sb)
+    model = model_for(ref_for(choice, device), container=sb)
     if scratch:
-        names = [f"{l}.{h}" for l in range(model.n_layers) for h in range(model.n_heads)]
-        bound(sb.multiselect, "heads_off", [], init="default", options=names, multi=True, label="Switch heads off",
-              placeholder="layer.head",
+        heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
+        bound(sb.multiselect, "heads_off", [], init="default", options=heads, multi=True, cast=head_from_url,
+              to_url=head_to_url, format_func=lambda h: head_label(*h), label="Switch heads off",
+              placeholder="L0 H0",
               help="Head masking, from-scratch engine only; later layers then see the model without those heads.")
     sb.caption(f"Running on **{model.device}** · {model.n_layers} layers × {model.n_heads} heads")

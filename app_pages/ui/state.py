@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from models import Head
+
 
 def remember(key: str, value) -> None:
     """Keep a view choice for the session, so a page opened later starts from it."""
@@ -24,25 +26,45 @@ def flag(text: str) -> bool:
     raise ValueError(text)
 
 
+def head_from_url(text: str) -> Head:
+    """A head as the URL writes it, "3.11", as ``(3, 11)``."""
+    layer, head = text.split(".")
+    return int(layer), int(head)
+
+
+def head_to_url(head: Head) -> str:
+    return f"{head[0]}.{head[1]}"
+
+
+def open_page(page: str, **values) -> None:
+    """Ask for ``page``, its widgets starting from ``values``; ``app.py`` switches to it when the next run
+    starts. It works from a button's callback, where ``st.switch_page`` cannot be called, and before
+    the widgets are drawn, so that the sidebar's widgets start again from ``values`` too."""
+    for key, value in values.items():
+        st.session_state.pop(key, None)
+        remember(key, value)
+    st.session_state["_open_page"] = page
+
+
 def _from_url(key: str, cast, multi: bool):
     if key not in st.query_params:
         raise KeyError(key)
     return [cast(x) for x in st.query_params.get_all(key)] if multi else cast(st.query_params[key])
 
 
-def _to_url(key: str, value, default, multi: bool) -> None:
+def _to_url(key: str, value, default, multi: bool, to_url=str) -> None:
     if value == default or value is None:
         if key in st.query_params:
             del st.query_params[key]
         return
-    text = [str(v) for v in value] if multi else ("true" if value is True else "false" if value is False else str(value))
+    text = [to_url(v) for v in value] if multi else ("true" if value is True else "false" if value is False else to_url(value))
     current = st.query_params.get_all(key) if multi else st.query_params.get(key)
     if current != text:
         st.query_params[key] = text
 
 
 def bound(draw, key: str, default, *, init: str = "value", options: list | None = None, multi: bool = False,
-          cast=str, valid=None, **kwargs):
+          cast=str, to_url=str, valid=None, **kwargs):
     """Draw a widget (``st.selectbox``, ``container.toggle``…) whose value lives in the session and the URL.
 
     Args:
@@ -51,7 +73,7 @@ def bound(draw, key: str, default, *, init: str = "value", options: list | None 
         default: the value when neither this session nor the URL gives one; left out of the URL.
         options: the allowed values; a kept or linked value outside them is ignored.
         multi: the value is a list (multiselect).
-        cast: turns one URL string into a value (``int``, ``flag``…).
+        cast: turns one URL string into a value (``int``, ``flag``, ``head_from_url``…); ``to_url`` back.
     """
     if valid is None:
         valid = (lambda v: True) if options is None else (
@@ -75,7 +97,7 @@ def bound(draw, key: str, default, *, init: str = "value", options: list | None 
     kwargs[init] = options.index(initial) if init == "index" else initial
     value = draw(key=key, **kwargs)
     remember(key, value)
-    _to_url(key, value, default, multi)
+    _to_url(key, value, default, multi, to_url)
     return value
 
 

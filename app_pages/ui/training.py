@@ -11,12 +11,25 @@ import uuid
 
 import streamlit as st
 
-from models import HeadLensError
+from models import HeadLensError, head_label
 from models.training import TrainConfig, TrainRun, train
+from viz import head_grid
+
+from .exports import chart
 
 MAX_RUNNING = 2        # trainings at once on this server; more wait for a slot
 MAX_SECONDS = 600      # each training's time budget
 GONE_AFTER = 15.0      # seconds a session may be disconnected before its training stops
+
+TASK_NAMES = {"induction": "Induction: random tokens with a repeated segment",
+              "text": "Text: the next word of the built-in corpus, or of your text"}
+DEFAULTS = {"induction": dict(vocab=64, attention_only=True), "text": dict(vocab=1024, attention_only=False)}
+ABOUT = {"curves": "Previous-token score: a head's mean weight on the token just before each query. Induction score: "
+                   "on the held-out repeats, the mean weight from each token of the second half on the token after "
+                   "its earlier occurrence. Layer 0's heads are dashed.",
+         "probe": "The first held-out sequence: a half, then the same half again. An induction head draws a diagonal "
+                  "one below the main one's reflection in the second half; a previous-token head, the line just under "
+                  "the main diagonal."}
 
 
 @st.cache_resource
@@ -56,6 +69,11 @@ class Job:
     @property
     def running(self) -> bool:
         return self.state in ("waiting", "training")
+
+    @property
+    def stopping(self) -> bool:
+        """Asked to stop and not stopped yet: the thread ends at the end of its current step."""
+        return self.running and self.stop_requested.is_set()
 
     @property
     def finished(self) -> bool:
@@ -139,3 +157,36 @@ def trained_model(choice: str, job_id: str):
     if job is None or job.id != job_id:
         raise HeadLensError("No trained model in this session: train one on the Train page first.")
     return job.model(at_start=choice == "trained_start")
+
+
+def summary(job: Job) -> str:
+    """A finished training in a sentence: its steps and speed, its loss, and its strongest induction head."""
+    run = job.run
+    reached = run.step_reaching(0.4)
+    last = run.history[run.history.step == run.history.step.max()]
+    best = last.loc[last.induction.idxmax()]
+    said = (f"{'Stopped after' if run.stopped else 'Trained'} {run.steps_done:,} steps in {run.seconds:.0f} s "
+            f"({run.steps_per_second():.0f} steps/s on {run.device}); last loss {last.loss.iloc[0]:.3f}. ")
+    said += (f"An induction score of 0.4 was first reached at step {reached:,}; " if reached is not None
+             else "No head reached an induction score of 0.4; ")
+    strongest = head_label(best["layer"], best["head"])
+    return said + f"the strongest induction head now is {strongest} ({best['induction']:.2f})."
+
+
+def snapshot_grids(run: TrainRun) -> None:
+    """Every head's weights on the probe at a kept snapshot, with a slider that follows the training."""
+    ss, kept = st.session_state, run.snapshots  # the list is replaced whole by the training thread, never in place
+    steps = [s for s, _ in kept]
+    if len(steps) > 1:
+        if ss.get("train_snapshot") not in steps or ss.get("train_snapshot") == ss.get("_train_latest"):
+            ss["train_snapshot"] = steps[-1]  # follow the training until the slider is moved back
+        ss["_train_latest"] = steps[-1]
+        step = st.select_slider("Snapshot at step", steps, key="train_snapshot",
+                                help="Replay the kept snapshots; at the right end it follows the training.")
+    else:
+        step = steps[0]
+    weights = dict(kept)[step]
+    heads = list(range(weights.shape[1]))
+    for layer in range(weights.shape[0]):
+        chart(head_grid(weights[layer], run.probe, run.probe, heads, cols=min(4, len(heads)), cell_px=240,
+                        title=f"Layer {layer} on the probe sequence · step {step:,}"), f"train-grid-{layer}")

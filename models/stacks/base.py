@@ -5,8 +5,8 @@ base holds what they share: the config and the heads each layer still has, the l
 blocks, the forward pass, pruning, and reading and writing safetensors. A subclass gives its
 modules and a few small pieces:
 
-- ``config_class``, a frozen dataclass with ``pruned_heads``, ``from_dict`` and ``to_dict``;
-- ``n_layers``, ``n_heads`` and ``max_positions``, read from its config's own names;
+- ``config_class``, a frozen dataclass with ``pruned_heads``, ``from_dict``, ``to_dict`` and the sizes
+  ``n_layers``, ``n_heads`` and ``max_positions`` (properties where its own names differ);
 - ``embed(input_ids, token_type_ids)``: the input of the first block, ``(B, L, E)``;
 - ``finish(x)``: the last hidden state from the last block's output; ``logits(h)`` for a language model;
 - ``to_file(state)`` and ``from_file(weights, config)`` when its file names differ from its own;
@@ -16,7 +16,7 @@ modules and a few small pieces:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -31,6 +31,29 @@ class StackOutput:
     last_hidden_state: torch.Tensor          # (B, L, E)
     attentions: tuple | None                 # per layer (B, heads, L, L), pruned heads all zero; None unless asked
     logits: torch.Tensor | None = None       # (B, L, vocab), for a language model
+
+
+class StackConfig:
+    """What a stack's config (a frozen dataclass with ``pruned_heads``) shares: its config.json."""
+
+    model_type: ClassVar[str]
+    header: ClassVar[dict] = {}                                     # written after model_type, before the fields
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
+        return {"model_type": self.model_type, **self.header, **d}
+
+    @classmethod
+    def from_fields(cls, d: dict):
+        """The config from a config.json's keys that name its fields (others are ignored), pruned heads checked."""
+        names = {f.name for f in fields(cls)} - {"pruned_heads"}
+        try:
+            config = cls(**{k: v for k, v in d.items() if k in names and v is not None})
+        except TypeError as err:
+            raise HeadLensError(f"The model's config.json could not be read: {err}") from err
+        return replace(config, pruned_heads=read_pruned_heads(d.get("pruned_heads") or {}, config.n_layers,
+                                                              config.n_heads))
 
 
 class Packing:
@@ -68,9 +91,17 @@ class Stack(nn.Module):
         self.config = config
         self.kept = [kept_heads(config.pruned_heads, i, self.n_heads) for i in range(self.n_layers)]
 
-    n_layers: int
-    n_heads: int
-    max_positions: int
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.config.n_heads
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_positions
 
     @property
     def head_dim(self) -> int:

@@ -7,7 +7,7 @@ BERT checkpoint (safetensors) and reproduces ``transformers.BertModel`` number f
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention
-from .base import Packing, Stack, initialised, pruned_heads_json, read_pruned_heads
+from .base import Packing, Stack, StackConfig, initialised
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -26,7 +26,11 @@ ACTIVATIONS = {
 
 
 @dataclass(frozen=True)
-class EncoderConfig:
+class EncoderConfig(StackConfig):
+    """A transformers BERT ``config.json``'s sizes, with the pruned heads where transformers 4 kept them."""
+
+    model_type = "bert"
+    header = {"architectures": ["BertModel"]}
     vocab_size: int = 30522
     hidden_size: int = 384
     num_hidden_layers: int = 6
@@ -43,11 +47,18 @@ class EncoderConfig:
     # heads removed by pruning, as ((layer, (head, ...)), ...); config.json writes {"layer": [head, ...]}
     pruned_heads: tuple = ()
 
-    def to_dict(self) -> dict:
-        """As a transformers BERT ``config.json``, with the pruned heads where transformers 4 kept them."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
-        return {"model_type": "bert", "architectures": ["BertModel"], **d}
+    @property
+    def n_layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_position_embeddings
+
 
     @classmethod
     def from_dict(cls, d: dict) -> "EncoderConfig":
@@ -62,10 +73,7 @@ class EncoderConfig:
                                 "choose the transformers engine for this model.")
         if d.get("hidden_act", "gelu") not in ACTIVATIONS:
             raise HeadLensError(f"The from-scratch engine has no activation '{d['hidden_act']}'.")
-        names = {f.name for f in fields(cls)} - {"pruned_heads"}
-        config = cls(**{k: v for k, v in d.items() if k in names and v is not None})
-        return replace(config, pruned_heads=read_pruned_heads(d.get("pruned_heads") or {}, config.num_hidden_layers,
-                                                              config.num_attention_heads))
+        return cls.from_fields(d)
 
 
 class Embeddings(nn.Module):
@@ -130,18 +138,6 @@ class BertEncoder(Stack):
         super().__init__(config)
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Block(config, len(kept)) for kept in self.kept)
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.config.num_attention_heads
-
-    @property
-    def max_positions(self) -> int:
-        return self.config.max_position_embeddings
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         return self.embeddings(input_ids, token_type_ids)                      # (B, L, E)

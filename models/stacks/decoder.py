@@ -8,7 +8,7 @@ causal mask, weights copied by ``DecoderBlock.from_torch``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,19 +16,22 @@ from torch import nn
 
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention
-from .base import Packing, Stack, initialised, pruned_heads_json, read_pruned_heads
+from .base import Packing, Stack, StackConfig, initialised
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
 @dataclass(frozen=True)
-class DecoderConfig:
+class DecoderConfig(StackConfig):
+    model_type = "headlens_decoder"
+
     vocab_size: int = 64
+    max_len: int = 64                 # positions with a learned embedding: the longest text it reads
+    # the blocks
     n_layers: int = 2
     n_heads: int = 2
     d_model: int = 64
-    max_len: int = 64
-    attention_only: bool = True
+    attention_only: bool = True       # no feed-forward block
     d_mlp: int = 256
     activation: str = "relu"
     layer_norm_eps: float = 1e-5
@@ -36,23 +39,17 @@ class DecoderConfig:
     # heads removed by pruning, as ((layer, (head, ...)), ...)
     pruned_heads: tuple = ()
 
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
-        return {"model_type": "headlens_decoder", **d}
-
     @classmethod
     def from_dict(cls, d: dict) -> "DecoderConfig":
-        names = {f.name for f in fields(cls)} - {"pruned_heads"}
-        try:
-            config = cls(**{k: v for k, v in d.items() if k in names})
-        except TypeError as err:
-            raise HeadLensError(f"The decoder's config.json could not be read: {err}") from err
+        config = cls.from_fields(d)
         if config.d_model % config.n_heads or config.activation not in ACTIVATIONS:
             raise HeadLensError("The decoder's config.json has a width that its heads do not divide, "
                                 "or an activation HeadLens does not have.")
-        return replace(config, pruned_heads=read_pruned_heads(d.get("pruned_heads") or {}, config.n_layers,
-                                                              config.n_heads))
+        return config
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_len
 
 
 class DecoderBlock(nn.Module):
@@ -124,18 +121,6 @@ class Decoder(Stack):
         self.layers = nn.ModuleList(DecoderBlock(config, len(kept)) for kept in self.kept)
         self.ln_final = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.unembed = nn.Linear(config.d_model, config.vocab_size, bias=False)
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.config.n_heads
-
-    @property
-    def max_positions(self) -> int:
-        return self.config.max_len
 
     @classmethod
     def untrained(cls, config: DecoderConfig, seed: int = 0) -> "Decoder":

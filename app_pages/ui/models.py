@@ -1,0 +1,106 @@
+"""Which model a page shows, and the model itself: one instance per model and device for every
+session, only ever read; a model trained in this session is this session's own."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from models import AttentionModel, HeadLensError, load_model
+
+from .messages import stop_with
+from .training import trained_job, trained_model
+
+MODELS = {
+    "minilm": "all-MiniLM-L6-v2 · transformers",
+    "scratch": "all-MiniLM-L6-v2 · from-scratch engine",
+    "untrained": "Untrained encoder · from scratch, seed 0",
+    "custom": "Custom model (id or folder) · transformers",
+}
+TRAINED = {
+    "trained": "Your trained decoder · this session",
+    "trained_start": "Your trained decoder at step 0 · this session",
+}
+SCRATCH = {"scratch", "untrained", *TRAINED}  # the choices that run our engine: head masks and causal apply
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model as the sidebar names it: what a cache key needs to find it again."""
+
+    choice: str                # a key of MODELS or TRAINED
+    folder: str = ""           # "custom": the model id or folder typed in the sidebar
+    run: str = ""              # "trained", "trained_start": the id of this session's training
+    device: str = "auto"
+
+    @property
+    def scratch(self) -> bool:
+        return self.choice in SCRATCH
+
+    @property
+    def title(self) -> str:
+        """The model's name without its engine: "all-MiniLM-L6-v2"."""
+        return {**MODELS, **TRAINED}[self.choice].split(" · ")[0]
+
+
+def model_names() -> dict[str, str]:
+    """The sidebar's models: the bundled ones, and this session's trained decoder once there is one."""
+    return {**MODELS, **TRAINED} if trained_job() is not None else dict(MODELS)
+
+
+def ref_for(choice: str, device: str) -> ModelRef:
+    """``choice`` with what this session gives it: the custom folder, or the trained run's id."""
+    if choice in TRAINED:
+        job = st.session_state.get("trained_job")
+        return ModelRef(choice, run=job.id if job is not None else "", device=device)
+    if choice == "custom":
+        return ModelRef(choice, folder=(st.session_state.get("custom_model") or "").strip(), device=device)
+    return ModelRef(choice, device=device)
+
+
+def check_custom_folder(name: str) -> None:
+    """Where ``HEADLENS_MODELS_DIR`` is set (a server for a class), custom model folders must lie under it.
+
+    Model ids still come from the server's Hugging Face cache; any other folder is refused
+    without saying whether it exists.
+    """
+    root = os.environ.get("HEADLENS_MODELS_DIR")
+    path = Path(name).expanduser()
+    if not root or not (path.is_absolute() or path.exists() or name.startswith((".", "~"))):
+        return
+    if not path.resolve().is_relative_to(Path(root).expanduser().resolve()):
+        raise HeadLensError(f"This server loads model folders from {root} only; give a folder there, "
+                            "or a model id from its Hugging Face cache.")
+
+
+def cached_model(ref: ModelRef) -> AttentionModel:
+    """The model behind ``ref``: shared by every session, or this session's trained decoder."""
+    if ref.choice in TRAINED:
+        return trained_model(ref.choice, ref.run)
+    return shared_model(ref.choice, ref.folder, ref.device)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def shared_model(choice: str, folder: str, device: str) -> AttentionModel:
+    if choice == "custom":
+        if not folder:
+            raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
+        return load_model(folder, device=device)
+    return load_model(backend="transformers" if choice == "minilm" else "scratch", device=device,
+                      untrained=choice == "untrained")
+
+
+def model_for(ref: ModelRef, container=st) -> AttentionModel:
+    """The cached model, with a spinner while it loads and its error as a sentence."""
+    slot = container.empty()  # keeps the elements after it in place, spinner or not
+    try:
+        if ref.choice == "custom":
+            check_custom_folder(ref.folder)  # before the cache, which may hold it from before
+        with slot, st.spinner("Loading the model…"):
+            model = cached_model(ref)
+    except HeadLensError as err:
+        stop_with(err)
+    slot.empty()
+    return model
