@@ -6,9 +6,7 @@ position (``"3: the"``), so repeated words stay apart, and the tick text shows t
 """
 from __future__ import annotations
 
-import base64
 import html
-import io
 import math
 import textwrap
 from collections.abc import Collection
@@ -62,7 +60,7 @@ def wrapped_title(text: str, chars: int = TITLE_CHARS) -> dict:
     return dict(text="<br>".join(html.escape(line, quote=False) for line in lines), font=dict(size=TITLE_SIZE))
 
 
-def _top(title: dict, room: int = 30) -> int:
+def top_margin(title: dict, room: int = 30) -> int:
     """The top margin for a ``wrapped_title``: its lines and ``room`` below them."""
     return 22 * title["text"].count("<br>") + 30 + room
 
@@ -149,7 +147,7 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
     # every subplot's ticks and laying out again costs more than drawing the heatmaps.
     left, bottom = _margins(query_labels, key_labels)
     head = wrapped_title(title)
-    top = _top(head, room=40)
+    top = top_margin(head, room=40)
     height = rows * cell_px + top + bottom
     specs = [[{} if r * cols + c < len(heads) else None for c in range(cols)] for r in range(rows)]
     fig = make_subplots(rows=rows, cols=cols, specs=specs, subplot_titles=[f"Head {h}" for h in heads],
@@ -206,84 +204,7 @@ def head_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[
     fig.update_xaxes(**_axis(key_labels, k_starts, k_cats), tickangle=-60, automargin=False)
     fig.update_yaxes(**_axis(query_labels, q_starts, q_cats), autorange="reversed", automargin=False)
     head = wrapped_title(title, title_chars)
-    fig.update_layout(title=head, height=height, margin=dict(t=_top(head, room=10), l=left, r=10, b=bottom))
-    return fig
-
-
-def _lut(colorscale: str = COLORSCALE) -> np.ndarray:
-    """256 RGB colours sampled along a plotly colour scale."""
-    samples = pc.sample_colorscale(colorscale, np.linspace(0, 1, 256), colortype="tuple")
-    return (np.array(samples) * 255).round().astype(np.uint8)
-
-
-def _thumbnail(w: np.ndarray, size: int) -> np.ndarray:
-    """A square map of ``size`` pixels or fewer: max-pooled when larger, repeated when smaller."""
-    n_q, n_k = w.shape
-    if max(n_q, n_k) > size:
-        edges_q = np.unique(np.linspace(0, n_q, size + 1).astype(int))[:-1]
-        edges_k = np.unique(np.linspace(0, n_k, size + 1).astype(int))[:-1]
-        return np.maximum.reduceat(np.maximum.reduceat(w, edges_q, axis=0), edges_k, axis=1)
-    f = max(1, size // max(n_q, n_k))
-    return np.repeat(np.repeat(w, f, axis=0), f, axis=1)
-
-
-def overview_png(weights: np.ndarray, *, shared_scale: bool = True, thumb: int = 96, gap: int = 6) -> tuple[bytes, int]:
-    """All heads of all layers as one PNG: layers on rows, heads on columns.
-
-    Returns the PNG bytes and the pitch in pixels from one thumbnail to the next.
-    """
-    from PIL import Image
-
-    layers, heads = weights.shape[:2]
-    tiles = [[_thumbnail(weights[l, h], thumb) for h in range(heads)] for l in range(layers)]
-    t_h, t_w = tiles[0][0].shape
-    pitch = max(t_h, t_w) + gap
-    canvas = np.full((layers * pitch - gap, heads * pitch - gap, 3), 255, dtype=np.uint8)
-    lut = _lut()
-    top = float(weights.max()) or 1.0
-    for l in range(layers):
-        for h in range(heads):
-            tile = tiles[l][h]
-            scale = top if shared_scale else (float(tile.max()) or 1.0)
-            idx = np.clip(tile / scale * 255, 0, 255).astype(np.uint8)
-            canvas[l * pitch:l * pitch + t_h, h * pitch:h * pitch + t_w] = lut[idx]
-    buf = io.BytesIO()
-    Image.fromarray(canvas).save(buf, format="PNG", compress_level=6)
-    return buf.getvalue(), pitch
-
-
-def overview(weights: np.ndarray, stats: dict[str, np.ndarray], *, shared_scale: bool = True, title: str = "",
-             thumb: int = 96) -> go.Figure:
-    """Every layer x head as image thumbnails, one PNG rather than hundreds of SVG heatmaps.
-
-    An invisible square marker over each thumbnail names its head and statistics on hover, and a
-    click on it is reported as a point selection whose index is ``layer * heads + head``.
-    """
-    layers, heads = weights.shape[:2]
-    png, pitch = overview_png(weights, shared_scale=shared_scale, thumb=thumb)
-    width, height = heads * pitch, layers * pitch
-    uri = "data:image/png;base64," + base64.b64encode(png).decode()
-    fig = go.Figure(go.Image(source=uri, x0=0, y0=0, dx=1, dy=1, hoverinfo="skip"))
-    centres_x = [h * pitch + (pitch - 1) / 2 for h in range(heads)]
-    centres_y = [l * pitch + (pitch - 1) / 2 for l in range(layers)]
-    # One invisible square marker over each thumbnail names it on hover and can be clicked.
-    layer_of, head_of = np.divmod(np.arange(layers * heads), heads)
-    custom = np.stack([layer_of, head_of, stats["entropy"].ravel(), stats["max_weight"].ravel(),
-                       stats["to_special"].ravel()], axis=-1)
-    fig.add_trace(go.Scatter(
-        x=[centres_x[h] for h in head_of], y=[centres_y[l] for l in layer_of], mode="markers", name="heads",
-        marker=dict(symbol="square", size=max(12, int(pitch * 0.6)), color="rgba(0,0,0,0)"), customdata=custom,
-        showlegend=False, hovertemplate=("layer %{customdata[0]}, head %{customdata[1]}<br>entropy "
-                                         "%{customdata[2]:.2f} nats<br>max %{customdata[3]:.2f}<br>to special "
-                                         "%{customdata[4]:.2f}<br>click to open in Explore<extra></extra>")))
-    fig.update_xaxes(tickmode="array", tickvals=centres_x, ticktext=[f"H{h}" for h in range(heads)],
-                     showgrid=False, range=[-0.5, width - 0.5], side="top")
-    fig.update_yaxes(tickmode="array", tickvals=centres_y, ticktext=[f"L{l}" for l in range(layers)],
-                     showgrid=False, range=[height - 0.5, -0.5], scaleanchor="x")
-    # the image keeps its aspect ratio; size the figure to it for a page about 1100 px wide
-    head = wrapped_title(title)
-    fig.update_layout(title=head, height=min(1000, int(1100 * height / width) + 130),
-                      margin=dict(t=_top(head, room=40), l=40, r=10, b=10))
+    fig.update_layout(title=head, height=height, margin=dict(t=top_margin(head, room=10), l=left, r=10, b=bottom))
     return fig
 
 
@@ -337,7 +258,7 @@ def token_lines(weights: np.ndarray, query_labels: list[str], key_labels: list[s
     fig.update_yaxes(visible=False, range=[-max(n_q, n_k) + 0.5, 0.5])
     head = wrapped_title(title)
     fig.update_layout(title=head, height=max(360, 22 * max(n_q, n_k) + 170),
-                      margin=dict(t=_top(head), l=10, r=10, b=70), legend=dict(orientation="h", y=-0.02, yanchor="top"),
+                      margin=dict(t=top_margin(head), l=10, r=10, b=70), legend=dict(orientation="h", y=-0.02, yanchor="top"),
                       plot_bgcolor="white")
     return fig
 
@@ -377,46 +298,6 @@ def text_shading(labels: list[str], values: np.ndarray, *, title: str = "",
     fig.update_xaxes(visible=False, range=[0, line_chars])
     fig.update_yaxes(visible=False, range=[len(lines) - 0.5, -0.5])
     head = wrapped_title(title)
-    fig.update_layout(title=head, height=52 * len(lines) + 110, margin=dict(t=_top(head), l=10, r=10, b=10),
-                      plot_bgcolor="white")
-    return fig
-
-
-ROLE_COLORS = {
-    "previous token": "#1f77b4", "next token": "#17becf", "self": "#aec7e8", "[SEP] / no-op": "#c7c7c7",
-    "[CLS]": "#7f7f7f", "punctuation": "#e377c2", "sentence type focus": "#d62728", "object focus": "#2ca02c",
-    "relation focus": "#ff7f0e", "sentiment focus": "#9467bd", "broad": "#f7dc6f", "mixed": "#ffffff",
-}
-
-
-def cell_text(role: str) -> str:
-    """A role as a grid cell shows it: without "focus", on two lines from its first space."""
-    return safe(role.removesuffix(" focus")).replace(" ", "<br>", 1)
-SYNTAX_COLOR = "#8c564b"
-
-
-def role_grid(layers: np.ndarray, heads: np.ndarray, labels: list[str], hover: list[str], *,
-              title: str = "") -> go.Figure:
-    """Layer x head cells coloured by role, each cell naming its role; ``hover`` gives its numbers."""
-    n_layers, n_heads = int(layers.max()) + 1, int(heads.max()) + 1
-    names = sorted(set(labels), key=lambda r: (r.startswith("syntax"), r))
-    colors = [ROLE_COLORS.get(r, SYNTAX_COLOR) for r in names]
-    index = {r: i for i, r in enumerate(names)}
-    z = np.zeros((n_layers, n_heads))
-    text = [["" for _ in range(n_heads)] for _ in range(n_layers)]
-    tips = [["" for _ in range(n_heads)] for _ in range(n_layers)]
-    for l, h, r, tip in zip(layers, heads, labels, hover):
-        z[l, h], text[l][h], tips[l][h] = index[r], cell_text(r), tip
-    k = len(names)
-    scale = [[(i + edge) / k, c] for i, c in enumerate(colors) for edge in (0, 1)]
-    fig = go.Figure(go.Heatmap(
-        z=z, zmin=-0.5, zmax=k - 0.5, colorscale=scale if k > 1 else [[0, colors[0]], [1, colors[0]]],
-        text=text, texttemplate="%{text}", textfont=dict(size=9), customdata=tips, showscale=False, xgap=2, ygap=2,
-        hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>"))
-    fig.update_xaxes(tickmode="array", tickvals=list(range(n_heads)), ticktext=[f"H{h}" for h in range(n_heads)],
-                     side="top", showgrid=False)
-    fig.update_yaxes(tickmode="array", tickvals=list(range(n_layers)), ticktext=[f"L{l}" for l in range(n_layers)],
-                     autorange="reversed", showgrid=False)
-    fig.update_layout(title=wrapped_title(title), height=70 * n_layers + 120, margin=dict(t=90, l=40, r=10, b=10),
+    fig.update_layout(title=head, height=52 * len(lines) + 110, margin=dict(t=top_margin(head), l=10, r=10, b=10),
                       plot_bgcolor="white")
     return fig
