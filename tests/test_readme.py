@@ -24,3 +24,12 @@ def test_ci_runs_the_readme_test_command():
     assert tests in ci_lines
     for name in re.findall(r"-r (\S+)", tests):
         assert (ROOT / name).is_file()
+
+
+def test_every_local_link_and_picture_of_the_docs_exists():
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" not in target:
+                assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which is not there"
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", (ROOT / "README.md").read_text())
+    assert pictures and all((ROOT / p).stat().st_size > 10_000 for p in pictures)
