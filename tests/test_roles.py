@@ -149,11 +149,11 @@ def test_head_similarity(nlp):
 
 def test_head_similarity_of_long_sentences_is_computed_in_small_steps(monkeypatch, hf_model):
     """A 512-token sentence once needed 11 GB here; in steps the divergences are the same numbers."""
-    from analysis import roles
+    from analysis import similarity
 
     atts = hf_model.attend(["The cat sat on the mat because it was warm.", "Did the dog bark?"])
     full = head_similarity(atts)
-    monkeypatch.setattr(roles, "SIMILARITY_CHUNK_BYTES", 1)  # one query row at a time
+    monkeypatch.setattr(similarity, "SIMILARITY_CHUNK_BYTES", 1)  # one query row at a time
     np.testing.assert_allclose(head_similarity(atts), full, atol=1e-12)
     # against the definition, for heads 5 and 40: JS of each query row, averaged over all rows
     def js_rows(att, i, j):
@@ -167,10 +167,10 @@ def test_head_similarity_of_long_sentences_is_computed_in_small_steps(monkeypatc
 
 
 def test_head_similarity_samples_the_rows_of_long_sentences(monkeypatch, hf_model):
-    from analysis import roles
+    from analysis import similarity
 
     att = hf_model.attend("The cat sat on the mat because it was warm.")  # 13 tokens
-    monkeypatch.setattr(roles, "SIMILARITY_ROW_KEYS", 13 * 4)  # so 4 evenly spaced query rows of 13
+    monkeypatch.setattr(similarity, "SIMILARITY_ROW_KEYS", 13 * 4)  # so 4 evenly spaced query rows of 13
     S = head_similarity([att])
     w = att.weights.reshape(72, 13, 13).astype(np.float64)[:, [0, 4, 8, 12]]
     m = (w[3] + w[60]) / 2
