@@ -28,7 +28,9 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, head_dim: int | None = None, bias: bool = True,
-                 dropout: float = 0.0, kdim: int | None = None, vdim: int | None = None):
+                 dropout: float = 0.0, kdim: int | None = None, vdim: int | None = None,
+                 num_kv_heads: int | None = None, kv_heads: list[int] | None = None, out_bias: bool | None = None,
+                 rotary: "Rotary | None" = None):
         super().__init__()
         if head_dim is None:
             if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
@@ -38,22 +40,38 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"embed_dim ({embed_dim}) and head_dim ({head_dim}) must be positive, "
                              f"num_heads ({num_heads}) at least 0")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, head_dim
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if kv_heads is None and self.num_kv_heads != num_heads:
+            if not self.num_kv_heads or num_heads % self.num_kv_heads:
+                raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+            kv_heads = [h // (num_heads // self.num_kv_heads) for h in range(num_heads)]
+        if kv_heads is not None and (len(kv_heads) != num_heads or any(not 0 <= g < self.num_kv_heads for g in kv_heads)):
+            raise ValueError(f"kv_heads must name one of the {self.num_kv_heads} key/value heads for each of the "
+                             f"{num_heads} query heads")
+        self.kv_heads = kv_heads  # the key/value head of each query head; None: each has its own
         self.inner_dim = num_heads * head_dim                              # H * Dh: E unless heads were pruned
+        self.kv_dim = self.num_kv_heads * head_dim                         # Hkv * Dh: fewer with grouped queries
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
         self.dropout = dropout
+        self.rotary = rotary
         self.fused = self.kdim == embed_dim and self.vdim == embed_dim
-        inner = self.inner_dim
+        inner, kv = self.inner_dim, self.kv_dim
         if self.fused:
-            self.in_proj_weight = nn.Parameter(torch.empty(3 * inner, embed_dim))
+            self.in_proj_weight = nn.Parameter(torch.empty(inner + 2 * kv, embed_dim))
         else:
             self.q_proj_weight = nn.Parameter(torch.empty(inner, embed_dim))
-            self.k_proj_weight = nn.Parameter(torch.empty(inner, self.kdim))
-            self.v_proj_weight = nn.Parameter(torch.empty(inner, self.vdim))
-        self.in_proj_bias = nn.Parameter(torch.zeros(3 * inner)) if bias else None
+            self.k_proj_weight = nn.Parameter(torch.empty(kv, self.kdim))
+            self.v_proj_weight = nn.Parameter(torch.empty(kv, self.vdim))
+        self.in_proj_bias = nn.Parameter(torch.zeros(inner + 2 * kv)) if bias else None
         with warnings.catch_warnings():  # a layer with every head pruned has an empty projection, on purpose
             warnings.filterwarnings("ignore", "Initializing zero-element tensors", UserWarning)
-            self.out_proj = nn.Linear(inner, embed_dim, bias=bias)
+            self.out_proj = nn.Linear(inner, embed_dim, bias=bias if out_bias is None else out_bias)
         self.reset_parameters()
+
+    @property
+    def sizes(self) -> list[int]:
+        """The rows of the fused projection that are q, k and v: ``[H * Dh, Hkv * Dh, Hkv * Dh]``."""
+        return [self.inner_dim, self.kv_dim, self.kv_dim]
 
     def reset_parameters(self) -> None:
         for name, p in self.named_parameters(recurse=False):
@@ -61,6 +79,7 @@ class MultiHeadAttention(nn.Module):
                 nn.init.xavier_uniform_(p)
         if self.in_proj_bias is not None:
             nn.init.zeros_(self.in_proj_bias)
+        if self.out_proj.bias is not None:
             nn.init.zeros_(self.out_proj.bias)
 
     @classmethod
@@ -87,44 +106,56 @@ class MultiHeadAttention(nn.Module):
     def pruned(self, keep: list[int], head_fill: torch.Tensor | None = None) -> "MultiHeadAttention":
         """A new module with only the heads ``keep`` (indices into this one's heads, in order); this one untouched.
 
-        The other heads take their rows of the q, k and v projections and their columns of the
-        output projection with them, as transformers 4's ``prune_heads`` did. With ``head_fill``
-        (``(H, Dh)``, this module's heads), a removed head's constant output is folded into the
-        output bias: the new module equals this one with those heads mean-ablated.
+        The other heads take their rows of the q projection and their columns of the output
+        projection with them, as transformers 4's ``prune_heads`` did; a key/value head goes with
+        its rows of k and v once no kept query head reads it. With ``head_fill`` (``(H, Dh)``, this
+        module's heads), a removed head's constant output is folded into the output bias: the new
+        module equals this one with those heads mean-ablated.
         """
         H, Dh, E = self.num_heads, self.head_dim, self.embed_dim
+        dropped = [h for h in range(H) if h not in keep]
+        if head_fill is not None and dropped and self.out_proj.bias is None:
+            raise ValueError("Mean ablation folds a removed head's output into the output bias, which this "
+                             "attention does not have; prune with zero ablation instead.")
+        groups = list(range(H)) if self.kv_heads is None else self.kv_heads
+        kv_keep = sorted({groups[h] for h in keep})
         ref = self.out_proj.weight
         copy = type(self)(E, len(keep), head_dim=Dh, bias=self.in_proj_bias is not None, dropout=self.dropout,
-                          kdim=self.kdim, vdim=self.vdim).to(device=ref.device, dtype=ref.dtype)
-        rows = (torch.tensor(keep, dtype=torch.long).view(-1, 1) * Dh + torch.arange(Dh)).reshape(-1).to(ref.device)
-        dropped = [h for h in range(H) if h not in keep]
+                          kdim=self.kdim, vdim=self.vdim, num_kv_heads=len(kv_keep),
+                          kv_heads=None if self.kv_heads is None else [kv_keep.index(groups[h]) for h in keep],
+                          out_bias=self.out_proj.bias is not None, rotary=self.rotary)
+        copy.to(device=ref.device, dtype=ref.dtype)
+
+        def rows(heads: list[int]) -> torch.Tensor:
+            return (torch.tensor(heads, dtype=torch.long).view(-1, 1) * Dh + torch.arange(Dh)).reshape(-1).to(ref.device)
+
+        q_rows, kv_rows = rows(keep), rows(kv_keep)
         with torch.no_grad():
             if self.fused:
-                w = self.in_proj_weight.view(3, self.inner_dim, E)
-                copy.in_proj_weight.copy_(w[:, rows].reshape(3 * len(rows), E))
+                wq, wk, wv = self.in_proj_weight.split(self.sizes)
+                copy.in_proj_weight.copy_(torch.cat([wq[q_rows], wk[kv_rows], wv[kv_rows]]))
             else:
-                for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
-                    getattr(copy, name).copy_(getattr(self, name)[rows])
+                for name, picked in (("q_proj_weight", q_rows), ("k_proj_weight", kv_rows), ("v_proj_weight", kv_rows)):
+                    getattr(copy, name).copy_(getattr(self, name)[picked])
             if self.in_proj_bias is not None:
-                copy.in_proj_bias.copy_(self.in_proj_bias.view(3, self.inner_dim)[:, rows].reshape(-1))
-            copy.out_proj.weight.copy_(ref[:, rows])
+                bq, bk, bv = self.in_proj_bias.split(self.sizes)
+                copy.in_proj_bias.copy_(torch.cat([bq[q_rows], bk[kv_rows], bv[kv_rows]]))
+            copy.out_proj.weight.copy_(ref[:, q_rows])
             if self.out_proj.bias is not None:
                 bias = self.out_proj.bias.clone()
                 if head_fill is not None and dropped:
-                    cols = (torch.tensor(dropped).view(-1, 1) * Dh + torch.arange(Dh)).reshape(-1).to(ref.device)
-                    bias += ref[:, cols] @ head_fill[dropped].to(ref).reshape(-1)
+                    bias += ref[:, rows(dropped)] @ head_fill[dropped].to(ref).reshape(-1)
                 copy.out_proj.bias.copy_(bias)
         return copy.train(self.training)
 
     def project(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
-        """q, k, v projections, each ``(B, L, E)``; one matrix product for self-attention."""
-        E = self.inner_dim
+        """q ``(B, Lq, H * Dh)``, k and v ``(B, Lk, Hkv * Dh)``; one matrix product for self-attention."""
         b = self.in_proj_bias
-        bq, bk, bv = (None, None, None) if b is None else b.view(3, E).unbind()
+        bq, bk, bv = (None, None, None) if b is None else b.split(self.sizes)
         if self.fused:
             if query is key and key is value:
-                return F.linear(query, self.in_proj_weight, b).unflatten(-1, (3, E)).unbind(-2)
-            wq, wk, wv = self.in_proj_weight.view(3, E, self.embed_dim).unbind()
+                return F.linear(query, self.in_proj_weight, b).split(self.sizes, dim=-1)
+            wq, wk, wv = self.in_proj_weight.split(self.sizes)
         else:
             wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
         return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
@@ -162,10 +193,15 @@ class MultiHeadAttention(nn.Module):
         B, Lq, _ = query.shape
         Lk, H, Dh = key.shape[1], self.num_heads, self.head_dim
 
-        q, k, v = self.project(query, key, value)                         # (B, L, E) each
+        q, k, v = self.project(query, key, value)                         # (B, L, H * Dh), (B, L, Hkv * Dh) x 2
         q = q.view(B, Lq, H, Dh).transpose(1, 2)                           # (B, H, Lq, Dh)
-        k = k.view(B, Lk, H, Dh).transpose(1, 2)                           # (B, H, Lk, Dh)
-        v = v.view(B, Lk, H, Dh).transpose(1, 2)                           # (B, H, Lk, Dh)
+        k = k.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
+        v = v.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        if self.kv_heads is not None:                                      # each query head reads its group's k, v
+            index = torch.tensor(self.kv_heads, dtype=torch.long, device=k.device)
+            k, v = k.index_select(1, index), v.index_select(1, index)      # (B, H, Lk, Dh)
 
         blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens, causal, query)
         dropout = self.dropout if self.training else 0.0
@@ -190,6 +226,27 @@ class MultiHeadAttention(nn.Module):
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)                                  # (B, Lq, Lk)
         return self.out_proj(out), weights
+
+
+class Rotary(nn.Module):
+    """Rotary position embeddings as transformers' Llama applies them: the two halves of each head's
+    vector rotated together, position ``p`` by ``p * base ** (-2i / Dh)`` (``rotate_half``)."""
+
+    def __init__(self, head_dim: int, base: float = 10000.0):
+        super().__init__()
+        self.head_dim, self.base = head_dim, base  # no buffer: a model built on the meta device needs none filled
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``(B, heads, L, Dh)`` at positions 0 .. L - 1, rotated."""
+        Dh = self.head_dim
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, Dh, 2, dtype=torch.int64).float() / Dh))  # (Dh / 2,)
+        positions = torch.arange(x.shape[-2], dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq).to(x.device)             # (L, Dh / 2)
+        angles = torch.cat((freqs, freqs), dim=-1)                         # (L, Dh)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)       # rotate_half
+        return x * cos + rotated * sin
 
 
 def attention_masks(B: int, H: int, Lq: int, Lk: int, key_padding_mask=None, attn_mask=None, valid_lens=None,

@@ -214,7 +214,8 @@ def open_scratch(folder: Path, config: dict, display: str, device: torch.device,
     model_type = config.get("model_type")
     cls = for_model_type(model_type)
     if cls is None:
-        runs = " and ".join(c.description for c in architectures())
+        names = [c.description for c in architectures()]
+        runs = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
         raise HeadLensError(f"The from-scratch engine implements {runs}; this model is '{model_type}'. "
                             "Choose the transformers engine for it.")
     stack_config = cls.config_class.from_dict(config)

@@ -11,6 +11,7 @@ from models import HeadLensError, head_label, load_model
 from models.stacks import architectures, for_model_type
 from models.stacks.bert import BertEncoder
 from models.stacks.decoder import Decoder
+from models.stacks.llama import Llama
 
 
 class Sizes:
@@ -80,9 +81,9 @@ def test_strongest_puts_nan_last_either_way():
 def test_the_engine_finds_its_architectures_by_model_type(tmp_path):
     assert for_model_type("bert") is BertEncoder and for_model_type("headlens_decoder") is Decoder
     assert for_model_type("gpt2") is None
-    assert {BertEncoder, Decoder} <= set(architectures())
+    assert {BertEncoder, Decoder, Llama} <= set(architectures()) and for_model_type("qwen2") is Llama
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2}')
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(HeadLensError, match="implements BERT encoders and the decoders HeadLens trains; "
-                                            "this model is 'gpt2'"):
+    with pytest.raises(HeadLensError, match=r"implements BERT encoders, the decoders HeadLens trains and Llama-family "
+                                            r"decoders \(Llama, Mistral, Qwen2\); this model is 'gpt2'"):
         load_model(tmp_path, backend="scratch")

@@ -1,0 +1,130 @@
+"""Our Llama-family decoder against transformers' eager Llama, Qwen2 and Mistral, on tiny random configs
+built here (HF's tiny-config style): every attention weight, the logits, saving, and pruning query
+heads with their key/value groups."""
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+from models import HeadLensError, load_model
+from models.mha import MultiHeadAttention
+from tests.conftest import _bpe_vocab
+
+TEXTS = ["Which do you like better, coffee or tea?", "The cat sat on the mat because it was warm.", "Hi"]
+SMALL = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=64, initializer_range=0.5, bos_token_id=0, eos_token_id=2, pad_token_id=1)
+FAMILIES = {
+    "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, dict(rope_theta=500.0, attention_bias=True)),
+    "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, dict(rope_theta=10000.0, tie_word_embeddings=True)),
+    "mistral": (tf.MistralConfig, tf.MistralForCausalLM, dict(rope_theta=10000.0, sliding_window=5)),
+}
+
+
+def build(family: str, folder):
+    """(family, folder, transformers' model, tokenizer) of a tiny random decoder saved with a byte-level
+    BPE tokenizer."""
+    config_class, model_class, extra = FAMILIES[family]
+    vocab, merges = _bpe_vocab()
+    torch.manual_seed(0)
+    hf = model_class(config_class(vocab_size=len(vocab), **SMALL, **extra)).eval()
+    hf.save_pretrained(folder)
+    tok = tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                               pad_token="<pad>")
+    tok.save_pretrained(folder)
+    return family, folder, model_class.from_pretrained(folder, attn_implementation="eager").eval(), tok
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def tiny_decoder(request, tmp_path_factory):
+    return build(request.param, tmp_path_factory.mktemp(f"tiny-{request.param}"))
+
+
+def reference(hf, tok, text):
+    ids = tok(text, return_tensors="pt")
+    with torch.inference_mode():
+        out = hf(**ids, output_attentions=True)
+    return torch.stack(out.attentions, dim=1)[0].numpy(), out.logits[0].numpy()
+
+
+def test_every_weight_and_logit_equals_transformers(tiny_decoder):
+    family, folder, hf, tok = tiny_decoder
+    ours = load_model(folder, backend="scratch")
+    theirs = load_model(folder)  # the transformers engine on the same folder
+    assert ours.causal and ours.n_heads == 4
+    for res, via_hf in zip(ours.attend(TEXTS), theirs.attend(TEXTS)):
+        weights, logits = reference(hf, tok, res.text)
+        assert res.tokens == tok.convert_ids_to_tokens(tok(res.text)["input_ids"])
+        np.testing.assert_allclose(res.weights, weights, atol=1e-4)
+        np.testing.assert_allclose(via_hf.weights, weights, atol=1e-4)
+        assert not np.triu(res.weights, 1).any()
+        ids = tok(res.text, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            got = ours.stack(ids).logits[0].numpy()
+        np.testing.assert_allclose(got, logits, atol=1e-3)
+    assert weights.max() > 0.5  # sharp enough heads for the comparison to mean something
+
+
+def test_the_sliding_window_hides_keys_further_back(tmp_path):
+    _, folder, hf, tok = build("mistral", tmp_path)
+    res = load_model(folder, backend="scratch").attend(TEXTS[1])
+    n = len(res.tokens)
+    far = np.tril(np.ones((n, n), dtype=bool), -5)  # key at least 5 behind the query
+    assert n > 5 and not res.weights[..., far].any()
+
+
+def test_a_decoder_saves_and_opens_again_with_transformers_names(tiny_decoder, tmp_path):
+    family, folder, hf, tok = tiny_decoder
+    ours = load_model(folder, backend="scratch")
+    ours.save(tmp_path / "again")
+    again = load_model(tmp_path / "again")  # transformers reads what we wrote
+    np.testing.assert_allclose(again.attend(TEXTS[0]).weights, reference(hf, tok, TEXTS[0])[0], atol=1e-4)
+
+
+def test_pruning_query_heads_drops_a_key_value_head_with_its_whole_group(tiny_decoder):
+    family, folder, hf, tok = tiny_decoder
+    model = load_model(folder, backend="scratch")
+    heads = [(0, 0), (0, 1), (1, 2)]          # layer 0 loses group 0 whole; layer 1 keeps both groups
+    pruned = model.pruned(heads)
+    attn0, attn1 = pruned.stack.layers[0].attn, pruned.stack.layers[1].attn
+    assert (attn0.num_heads, attn0.num_kv_heads, attn0.kv_heads) == (2, 1, [0, 0])
+    assert (attn1.num_heads, attn1.num_kv_heads, attn1.kv_heads) == (3, 2, [0, 0, 1])  # heads 0, 1, 3
+    mask = np.ones((2, 4), dtype=np.float32)
+    for layer, head in heads:
+        mask[layer, head] = 0
+    for a, b in zip(pruned.attend(TEXTS), model.attend(TEXTS, head_mask=mask)):
+        np.testing.assert_allclose(a.weights, b.weights, atol=1e-5)
+
+
+def test_grouped_query_attention_equals_repeating_the_key_value_heads():
+    torch.manual_seed(0)
+    gqa = MultiHeadAttention(24, 6, num_kv_heads=2, bias=True).eval()
+    full = MultiHeadAttention(24, 6, bias=True).eval()
+    wq, wk, wv = gqa.in_proj_weight.split(gqa.sizes)
+    bq, bk, bv = gqa.in_proj_bias.split(gqa.sizes)
+    with torch.no_grad():  # each key/value head copied to the three query heads of its group
+        full.in_proj_weight.copy_(torch.cat([wq, wk.view(2, 4, 24).repeat_interleave(3, 0).reshape(24, 24),
+                                             wv.view(2, 4, 24).repeat_interleave(3, 0).reshape(24, 24)]))
+        full.in_proj_bias.copy_(torch.cat([bq, bk.view(2, 4).repeat_interleave(3, 0).reshape(-1),
+                                           bv.view(2, 4).repeat_interleave(3, 0).reshape(-1)]))
+        full.out_proj.load_state_dict(gqa.out_proj.state_dict())
+    x = torch.randn(2, 7, 24)
+    with torch.inference_mode():
+        a, wa = gqa(x, causal=True, average_attn_weights=False)
+        b, wb = full(x, causal=True, average_attn_weights=False)
+        fused, _ = gqa(x, causal=True, need_weights=False)
+    torch.testing.assert_close(wa, wb)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(fused, a, atol=1e-5, rtol=0)
+
+
+def test_configs_the_engine_cannot_run_get_a_sentence(tmp_path):
+    import json
+
+    for change, message in [({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "scales them"),
+                            ({"hidden_act": "gelu"}, "SiLU"), ({"num_key_value_heads": 3}, "evenly")]:
+        config = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 1,
+                  "intermediate_size": 8, "vocab_size": 10, **change}
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        (tmp_path / "model.safetensors").write_bytes(b"")
+        with pytest.raises(HeadLensError, match=message):
+            load_model(tmp_path, backend="scratch")
