@@ -173,13 +173,15 @@ class ScratchModel(AttentionModel):
         inputs = self._inputs(enc)
         causal = causal or self.causal
         with torch.inference_mode():
-            out = self.stack(**self._stack_inputs(inputs), causal=causal, head_mask=head_mask, head_fill=head_fill)
+            out = self.stack(**self._stack_inputs(inputs), causal=causal, need_logits=False, head_mask=head_mask,
+                             head_fill=head_fill)
         pruned = self.pruned_heads if self.stack.pruned else None
         return self._results(texts, enc, lengths, originals, torch.stack(out.attentions, dim=1), causal=causal,
                              pruned=pruned)
 
     def _hidden(self, inputs, head_mask=None, head_fill=None):
-        return self.stack(**self._stack_inputs(inputs), head_mask=head_mask, head_fill=head_fill).last_hidden_state
+        return self.stack(**self._stack_inputs(inputs), need_logits=False, head_mask=head_mask,
+                          head_fill=head_fill).last_hidden_state
 
     def _stack_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The tokenizer's outputs that the stack reads (a decoder reads no token types)."""

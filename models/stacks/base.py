@@ -126,7 +126,8 @@ class Stack(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, *, causal: bool = False, need_weights: bool = True,
-                head_mask: torch.Tensor | None = None, head_fill: torch.Tensor | None = None) -> StackOutput:
+                need_logits: bool = True, head_mask: torch.Tensor | None = None,
+                head_fill: torch.Tensor | None = None) -> StackOutput:
         """Run a batch.
 
         Args:
@@ -135,6 +136,7 @@ class Stack(nn.Module):
             token_type_ids: ``(B, L)`` segment ids, for a stack that reads them (``input_names``).
             causal: no token sees a later one (a decoder never does, whatever this says).
             need_weights: return every layer's weights; without them attention takes PyTorch's fused path.
+            need_logits: a language model's logits (the unembedding is the largest product at 49,152 tokens).
             head_mask: ``(layers, heads)``, 1 keeps a head, 0 switches it off.
             head_fill: ``(layers, heads, Dh)``: the output of a head switched off, instead of zero.
 
@@ -146,7 +148,7 @@ class Stack(nn.Module):
         x, attentions = self.run_layers(x, padding, packing, causal=causal, need_weights=need_weights,
                                         head_mask=head_mask, head_fill=head_fill)
         h = self.finish(x if packing is None else packing.unpack(x))
-        return StackOutput(h, attentions if need_weights else None, self.logits(h))
+        return StackOutput(h, attentions if need_weights else None, self.logits(h) if need_logits else None)
 
     def embed_tokens(self, input_ids, attention_mask=None, token_type_ids=None):
         """The input to the first block: ``(x, padding, packing)``, ``x`` packed to real tokens when there is padding."""
