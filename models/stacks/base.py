@@ -56,6 +56,22 @@ class StackConfig:
                                                               config.n_heads))
 
 
+class TransformersSizes:
+    """The sizes ``Stack`` reads, for a config that keeps transformers' names for them."""
+
+    @property
+    def n_layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_position_embeddings
+
+
 class Packing:
     """Where the real tokens of a padded ``(B, L)`` batch sit, to run token-wise layers on them alone.
 

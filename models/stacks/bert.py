@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention
-from .base import Packing, Stack, StackConfig, initialised
+from .base import Packing, Stack, StackConfig, TransformersSizes, initialised
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -26,7 +26,7 @@ ACTIVATIONS = {
 
 
 @dataclass(frozen=True)
-class EncoderConfig(StackConfig):
+class EncoderConfig(TransformersSizes, StackConfig):
     """A transformers BERT ``config.json``'s sizes, with the pruned heads where transformers 4 kept them."""
 
     model_type = "bert"
@@ -46,18 +46,6 @@ class EncoderConfig(StackConfig):
     pad_token_id: int = 0
     # heads removed by pruning, as ((layer, (head, ...)), ...); config.json writes {"layer": [head, ...]}
     pruned_heads: tuple = ()
-
-    @property
-    def n_layers(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.num_attention_heads
-
-    @property
-    def max_positions(self) -> int:
-        return self.max_position_embeddings
 
 
     @classmethod

@@ -18,11 +18,11 @@ from torch import nn
 
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention, Rotary
-from .base import Packing, Stack, StackConfig
+from .base import Packing, Stack, StackConfig, TransformersSizes
 
 
 @dataclass(frozen=True)
-class LlamaConfig(StackConfig):
+class LlamaConfig(TransformersSizes, StackConfig):
     """A transformers Llama, Mistral or Qwen2 ``config.json``'s sizes, under its own names."""
 
     model_type: str = "llama"                 # "llama", "mistral" or "qwen2": written back as it came
@@ -43,18 +43,6 @@ class LlamaConfig(StackConfig):
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pruned_heads: tuple = ()
-
-    @property
-    def n_layers(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.num_attention_heads
-
-    @property
-    def max_positions(self) -> int:
-        return self.max_position_embeddings
 
     @property
     def kv_heads(self) -> int:
