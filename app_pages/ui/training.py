@@ -1,4 +1,5 @@
-"""Trainings in background threads: one per session, at most ``MAX_RUNNING`` at once on the server.
+"""Trainings in background threads: one per session, at most ``MAX_RUNNING`` at once on the server;
+and what the Train page shows of a run (its words, its summary, its snapshots).
 
 The thread only trains and writes to its ``Job``; the page reads the job on each run of its
 fragment. Nothing here is called from the thread but the training and the checks it makes.
