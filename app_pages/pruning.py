@@ -26,7 +26,8 @@ ref = engine_model(s)
 model = model_for(ref)
 notes = [ABOUT["engine"]] if s.model.choice == "minilm" else []
 if s.heads_off or s.causal:
-    notes.append("The sidebar's switched-off heads and causal mask do not apply here; this page switches heads off itself.")
+    notes.append("The sidebar's switched-off heads and causal mask do not apply here; this page switches heads off "
+                 "itself.")
 if notes:
     st.caption(" ".join(notes))
 source, sentences = pruning_sentences(s)
@@ -84,7 +85,8 @@ left.download_button("Pruned model · ZIP", lambda: pruned_zip(model, pruned, im
                      disabled=not pruned, help=ABOUT["zip"])
 mid.download_button("Importance · CSV", lambda: imp.frame.to_csv(index=False), "headlens-importance.csv", "text/csv",
                     key="prune-importance-csv", on_click="ignore")
-right.download_button("Curves · CSV", lambda: curves_csv(frame), "headlens-pruning-curves.csv", "text/csv", key="prune-curves-csv", on_click="ignore")
+right.download_button("Curves · CSV", lambda: curves_csv(frame), "headlens-pruning-curves.csv", "text/csv",
+                      key="prune-curves-csv", on_click="ignore")
 exports("pruning", fig, None, sig=f"{at}|{ablation}|{source}")
 
 st.subheader("Importance against attention alone")

@@ -34,7 +34,8 @@ d_model = bound(c.select_slider, "train_width", 64, options=[16, 32, 64, 128, 25
 steps = bound(e.number_input, "train_steps", 2000, cast=int, valid=lambda v: 100 <= v <= LIMITS["steps"], label="Steps",
               min_value=100, max_value=LIMITS["steps"], step=100, **locked)
 a, b, c, e = st.columns(4)
-seq_len = bound(a.select_slider, "train_seq", 32, options=[16, 32, 64, 128], cast=int, label="Sequence length", **locked)
+seq_len = bound(a.select_slider, "train_seq", 32, options=[16, 32, 64, 128], cast=int, label="Sequence length",
+                **locked)
 vocab = bound(b.select_slider, f"train_vocab_{task}", d["vocab"], options=[16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
               cast=int, label="Vocabulary", **locked,
               help="Token kinds t0 … for induction; for text, the most frequent words (the rest read [UNK]).")
@@ -90,8 +91,8 @@ def live() -> None:
     if run is None:
         return
     c = job.config
-    chart(training_curves(run.history, title=f"{c.task} · {c.n_layers} layers × {c.n_heads} heads · d_model {c.d_model}"),
-          "train-curves")
+    title = f"{c.task} · {c.n_layers} layers × {c.n_heads} heads · d_model {c.d_model}"
+    chart(training_curves(run.history, title=title), "train-curves")
     st.caption(ABOUT["curves"])
     st.subheader("Every head on the probe sequence")
     st.caption(ABOUT["probe"])

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis.importance import (ABLATIONS, NEIGHBOURS, attention_proxies, curve_work, head_importance, proxy_correlations, prune_counts,
-                                 pruning_curve)
+from analysis.importance import (ABLATIONS, NEIGHBOURS, attention_proxies, curve_work, head_importance,
+                                 proxy_correlations, prune_counts, pruning_curve)
 from analysis.profile import corpus_hash
 from models import AttentionModel, Head, head_label
 from models.corpus import CORPUS

@@ -57,7 +57,8 @@ def _to_url(key: str, value, default, multi: bool, to_url=str) -> None:
         if key in st.query_params:
             del st.query_params[key]
         return
-    text = [to_url(v) for v in value] if multi else ("true" if value is True else "false" if value is False else to_url(value))
+    one = {True: "true", False: "false"}.get(value) if isinstance(value, bool) else None
+    text = [to_url(v) for v in value] if multi else one or to_url(value)
     current = st.query_params.get_all(key) if multi else st.query_params.get(key)
     if current != text:
         st.query_params[key] = text
