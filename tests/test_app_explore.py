@@ -190,7 +190,7 @@ def test_exports_hold_the_attention(app, hf_model):
     data = json.loads(files["Attention · JSON"])
     assert data["tokens"] == ref.tokens and data["model"] == "sentence-transformers/all-MiniLM-L6-v2"
     np.testing.assert_allclose(np.array(data["weights"]), ref.weights, atol=1e-6)
-    rows = files["Head 0.4 · CSV"].decode().splitlines()
+    rows = files["L0 H4 · CSV"].decode().splitlines()
     assert rows[0].split(",")[1:4] == ["[CLS]", "which", "do"]
     first = [float(x) for x in rows[1].split(",")[1:]]
     np.testing.assert_allclose(first, ref.weights[0, 4, 0], rtol=1e-5)

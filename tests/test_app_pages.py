@@ -172,7 +172,7 @@ def test_text_mean_over_queries_and_exports(new_app, hf_model):
     ref = hf_model.attend(COFFEE)
     z = np.concatenate([decode(t["z"]).ravel() for t in heatmaps(figures(at)[0])])
     np.testing.assert_allclose(z, ref.weights[0, 2].mean(axis=0), atol=TOL)
-    csv_rows = downloads(at)["Head 0.2 · CSV"].decode().splitlines()
+    csv_rows = downloads(at)["L0 H2 · CSV"].decode().splitlines()
     assert len(csv_rows) == len(ref.tokens) + 1
 
 

@@ -10,7 +10,7 @@ import streamlit as st
 
 from analysis import View
 from analysis.export import attention_json, attention_npz, head_csv
-from models import Attention
+from models import Attention, head_label
 from viz.export import figure_html, figure_image
 
 from .messages import plain
@@ -50,7 +50,7 @@ def exports(key: str, fig, att: Attention | None, v: View | None = None, layer: 
         cols[2].download_button("Attention · JSON", lambda: attention_json(att), f"{stem}.json", "application/json",
                                 key=f"{key}-json", on_click="ignore")
     if v is not None and layer is not None and head is not None:
-        cols[3].download_button(f"Head {layer}.{head} · CSV", lambda: head_csv(v, layer, head),
+        cols[3].download_button(f"{head_label(layer, head)} · CSV", lambda: head_csv(v, layer, head),
                                 f"{stem}-L{layer}H{head}.csv", "text/csv", key=f"{key}-csv", on_click="ignore")
     stored = st.session_state.get(f"{key}-images")
     images = stored[1] if stored and stored[0] == sig else None
