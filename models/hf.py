@@ -12,6 +12,7 @@ import torch
 
 from .base import AttentionModel
 from .errors import HeadLensError
+from .files import load_tokenizer
 from .limits import check_parameter_count
 from .result import Attention
 
@@ -25,8 +26,6 @@ OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "d
 def open_transformers(folder: Path, config: dict, display: str, device: torch.device, *, untrained: bool = False,
                       seed: int = 0, allow_pickle: bool = False) -> "TransformersModel":
     """The model in ``folder`` (its config.json already checked), as transformers builds it."""
-    from .files import load_tokenizer
-
     if untrained:
         raise HeadLensError("An untrained model is built by the scratch backend; pass backend='scratch'.")
     if str(config.get("model_type", "")).startswith("headlens_"):

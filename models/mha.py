@@ -198,7 +198,7 @@ class MultiHeadAttention(nn.Module):
         k = k.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
         v = v.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
         if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
+            q, k = self.rotary(q, k)
         if self.kv_heads is not None:                                      # each query head reads its group's k, v
             index = torch.tensor(self.kv_heads, dtype=torch.long, device=k.device)
             k, v = k.index_select(1, index), v.index_select(1, index)      # (B, H, Lk, Dh)
@@ -230,23 +230,35 @@ class MultiHeadAttention(nn.Module):
 
 class Rotary(nn.Module):
     """Rotary position embeddings as transformers' Llama applies them: the two halves of each head's
-    vector rotated together, position ``p`` by ``p * base ** (-2i / Dh)`` (``rotate_half``)."""
+    vector rotated together, position ``p`` by ``p * base ** (-2i / Dh)`` (``rotate_half``).
+
+    One module serves every layer of a model; the angles of the last length asked for are kept, so
+    they are computed once per forward pass, not twice in each layer.
+    """
 
     def __init__(self, head_dim: int, base: float = 10000.0):
         super().__init__()
         self.head_dim, self.base = head_dim, base  # no buffer: a model built on the meta device needs none filled
+        self._angles = (None, None, None)          # (key, cos, sin), replaced whole: sessions share the module
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` ``(B, heads, L, Dh)`` at positions 0 .. L - 1, rotated."""
-        Dh = self.head_dim
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, Dh, 2, dtype=torch.int64).float() / Dh))  # (Dh / 2,)
-        positions = torch.arange(x.shape[-2], dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq).to(x.device)             # (L, Dh / 2)
-        angles = torch.cat((freqs, freqs), dim=-1)                         # (L, Dh)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)       # rotate_half
-        return x * cos + rotated * sin
+    def angles(self, L: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of every position's angles, ``(L, Dh)`` each, on ``like``'s device and dtype."""
+        key = (L, like.device, like.dtype)
+        cached, cos, sin = self._angles
+        if cached != key:
+            Dh = self.head_dim
+            inv_freq = 1.0 / (self.base ** (torch.arange(0, Dh, 2, dtype=torch.int64).float() / Dh))  # (Dh / 2,)
+            freqs = torch.outer(torch.arange(L, dtype=torch.float32), inv_freq)                     # (L, Dh / 2)
+            angles = torch.cat((freqs, freqs), dim=-1).to(like.device)                              # (L, Dh)
+            cos, sin = angles.cos().to(like.dtype), angles.sin().to(like.dtype)
+            self._angles = (key, cos, sin)
+        return cos, sin
+
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each ``x`` ``(B, heads, L, Dh)`` at positions 0 .. L - 1, rotated."""
+        cos, sin = self.angles(xs[0].shape[-2], xs[0])
+        half = xs[0].shape[-1] // 2
+        return tuple(x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin for x in xs)  # rotate_half
 
 
 def attention_masks(B: int, H: int, Lq: int, Lk: int, key_padding_mask=None, attn_mask=None, valid_lens=None,

@@ -15,8 +15,9 @@ import torch
 
 from .base import AttentionModel, Progress, mean_pooled
 from .errors import HeadLensError
+from .files import load_tokenizer
 from .limits import check_parameter_count
-from .stacks import Stack
+from .stacks import Stack, architectures, for_model_type
 
 
 class ScratchModel(AttentionModel):
@@ -210,9 +211,6 @@ class DecoderModel(ScratchModel):
 def open_scratch(folder: Path, config: dict, display: str, device: torch.device, *, untrained: bool = False,
                  seed: int = 0) -> ScratchModel:
     """The model in ``folder`` (its config.json already checked) on the architecture its model_type names."""
-    from .files import load_tokenizer
-    from .stacks import architectures, for_model_type
-
     model_type = config.get("model_type")
     cls = for_model_type(model_type)
     if cls is None:
