@@ -23,6 +23,8 @@ from scipy.sparse.csgraph import maximum_flow
 
 from models.errors import HeadLensError
 
+from .views import set_aside
+
 FLOW_MAX_TOKENS = 64  # flow solves n² max-flow problems on a graph of layers x n² edges
 FLOW_SCALE = 1_000_000  # scipy's solver takes whole-number capacities: weights in millionths
 
@@ -117,9 +119,9 @@ def agreement(model, sentences: Sequence[str], *, residual: float = 0.5) -> dict
     scores: dict[str, list[float]] = {"raw attention": [], "rollout": [], "flow": []}
     for text in sentences:
         att = model.attend(text)
-        # Content tokens only: blanking [CLS] or [SEP] moves little, while attention parks on them
-        # as a no-op (Clark et al., 2019), which would rank them first.
-        content = np.flatnonzero(~np.asarray(att.special, dtype=bool))
+        # Content tokens only: blanking [CLS], [SEP] or a decoder's sink moves little, while attention
+        # parks on them as a no-op (Clark et al., 2019), which would rank them first.
+        content = np.flatnonzero(~set_aside(att))
         if len(content) < 3:
             continue
         truth = token_ablation(model, text)

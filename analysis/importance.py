@@ -7,6 +7,11 @@ output: one minus the cosine of each sentence's embedding to the reference, aver
 sentences. Models with a loss also have Michel et al.'s (2019) gradient importance,
 |dL/d(mask of h)|, averaged over the data and L2-normalised per layer.
 
+A language model (SmolLM2) is measured by what it is for, ``measure="loss"``: a head's ablation
+importance is the rise of the next-token loss with it alone switched off, and a pruned model is
+measured by its loss and by top-1 agreement (the share of next-token predictions equal to the full
+model's).
+
 Pruning curves follow Michel et al.: 10% of the heads go per step, the least important first,
 importance recomputed on the pruned model after each step; against random order and an order
 read from attention alone. At each step the pruned model is measured on the same sentences:
@@ -25,13 +30,14 @@ import torch
 
 from models import Attention, AttentionModel, HeadLensError
 
-from .views import row_entropy
+from .views import row_entropy, set_aside
 
 ABLATIONS = {"zero": "Zero: the head's output is removed (as pruning does)",
              "mean": "Mean: the head outputs its mean over the sentences"}
 ORDERS = {"importance": "by importance, recomputed each step", "random": "at random (mean of 3 seeds)",
           "proxy": "by attention alone (most weight on [CLS]/[SEP] first)"}
 NEIGHBOURS = 5  # nearest neighbours compared for neighbour agreement
+MEASURES = {"embedding": "the sentence embedding (mean of the last layer)", "loss": "the next-token loss"}
 Progress = Callable[[int, int], None]
 
 
@@ -141,17 +147,19 @@ def ablate(model: AttentionModel, sentences: Sequence[str], heads, *, ablation: 
 
 
 def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: str = "ablation",
-                    ablation: str = "zero", head_means=None, reference: np.ndarray | None = None,
+                    ablation: str = "zero", head_means=None, reference=None, measure: str = "embedding",
                     batch_size: int = 32, progress: Progress | None = None) -> pd.DataFrame:
     """How much each head matters, one row per ``(layer, head)``: ``layer``, ``head``, ``importance``,
     ``pruned`` (a head the model no longer has; its importance is NaN).
 
     ``method="ablation"``: one minus the cosine of each sentence's embedding with that head alone
-    switched off to ``reference`` (default: the model's own embeddings), averaged over sentences.
-    ``method="gradient"`` (a model with a loss): |dL/d(mask of h)| per batch of sentences,
+    switched off to ``reference`` (default: the model's own embeddings), averaged over sentences;
+    with ``measure="loss"``, the next-token loss with that head alone off minus ``reference``
+    (default: the full model's loss). ``method="gradient"`` (a model with a loss): |dL/d(mask of h)| per batch of sentences,
     averaged over the batches and L2-normalised within each layer, as Michel et al. (2019) do.
     """
     _needs_scratch(model, "Head importance")
+    _check_measure(model, measure)
     sentences = list(sentences)
     if not sentences:
         raise HeadLensError("Head importance needs sentences to measure the heads on.")
@@ -160,9 +168,14 @@ def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: 
     values = np.full((model.n_layers, model.n_heads), np.nan)
     if method == "ablation":
         means = _means(model, sentences, ablation, head_means)
-        if heads:
+        masks = [head_mask(model, [pair]) for pair in heads]
+        if heads and measure == "loss":
+            full = model.predictions(sentences, batch_size=batch_size)[0] if reference is None else reference
+            losses = model.loss_variants(sentences, masks, head_means=means, batch_size=batch_size, progress=progress)
+            for (layer, head), loss in zip(heads, losses):
+                values[layer, head] = float(loss - full)
+        elif heads:
             ref = model.embed(sentences, batch_size=batch_size) if reference is None else reference
-            masks = [head_mask(model, [pair]) for pair in heads]
             variants = model.embed_variants(sentences, masks, head_means=means, batch_size=batch_size,
                                             progress=progress)
             for (layer, head), emb in zip(heads, variants):
@@ -174,6 +187,13 @@ def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: 
     layer, head = np.divmod(np.arange(model.n_layers * model.n_heads), model.n_heads)
     return pd.DataFrame({"layer": layer, "head": head, "importance": values.reshape(-1),
                          "pruned": ~present.reshape(-1)})
+
+
+def _check_measure(model: AttentionModel, measure: str) -> None:
+    if measure not in MEASURES:
+        raise HeadLensError(f"Unknown measure '{measure}': choose 'embedding' or 'loss'.")
+    if measure == "loss" and not hasattr(model, "loss_variants"):
+        raise HeadLensError(f"{model.name} is not a language model: it has no next-token loss; use measure='embedding'.")
 
 
 def _gradient_importance(model, sentences, batch_size, progress) -> np.ndarray:
@@ -197,13 +217,14 @@ def _gradient_importance(model, sentences, batch_size, progress) -> np.ndarray:
 def attention_proxies(attentions: Sequence[Attention]) -> pd.DataFrame:
     """What attention alone says of each head, one row per ``(layer, head)``: ``entropy_norm``
     (mean row entropy over its maximum, 1 for uniform) and ``special`` (mean weight on special
-    tokens, which works as a no-op, Clark et al. 2019). Special tokens never query."""
+    tokens, and on a decoder's sink, which works as a no-op, Clark et al. 2019). They never query."""
     entropy = special = 0.0
     for att in attentions:
-        w = att.weights[:, :, ~att.special] if (~att.special).any() else att.weights
+        aside = set_aside(att)
+        w = att.weights[:, :, ~aside] if (~aside).any() else att.weights
         n_keys = w.shape[-1]
         entropy = entropy + row_entropy(w).mean(axis=-1) / max(np.log(n_keys), 1e-9)
-        special = special + w[..., att.special].sum(axis=-1).mean(axis=-1)
+        special = special + w[..., aside].sum(axis=-1).mean(axis=-1)
     L, H = attentions[0].n_layers, attentions[0].n_heads
     layer, head = np.divmod(np.arange(L * H), H)
     return pd.DataFrame({"layer": layer, "head": head,
@@ -272,18 +293,22 @@ class CurvePoint:
 
 def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str = "importance",
                   step: float = 0.1, seed: int = 0, ablation: str = "zero", head_means=None,
-                  proxies: pd.DataFrame | None = None, progress: Progress | None = None) -> pd.DataFrame:
+                  proxies: pd.DataFrame | None = None, measure: str = "embedding",
+                  progress: Progress | None = None) -> pd.DataFrame:
     """Prune ``step`` of the heads at a time in ``order`` and measure each pruned model on ``sentences``.
 
-    ``order``: "importance" (ablation importance against the full model's embeddings, recomputed on
-    the pruned model before each step), "random" (a permutation drawn with ``seed``) or "proxy"
-    (``proxy_order`` of ``proxies``, computed from the sentences when not given). With
+    ``order``: "importance" (recomputed on the pruned model before each step: ablation importance
+    against the full model's embeddings; for ``measure="loss"``, gradient importance, one backward
+    pass where ablation would take one pass per head), "random" (a permutation drawn with ``seed``)
+    or "proxy" (``proxy_order`` of ``proxies``, computed from the sentences when not given). With
     ``ablation="mean"`` a pruned head's mean output over the sentences is folded into its layer's
-    output bias. Returns one row per step: ``order``, ``seed``, ``n_pruned``, ``fraction``,
-    ``fidelity``, ``agreement``, ``forward_s`` (seconds to embed the sentences) and ``heads``
-    (the pruned heads, ``(layer, head)`` pairs).
+    output bias. Returns one row per step: ``order``, ``seed``, ``n_pruned``, ``fraction``, the
+    measures (``fidelity`` and neighbour ``agreement``; for ``measure="loss"``, ``loss`` and top-1
+    ``agreement``), ``forward_s`` (seconds to run the sentences) and ``heads`` (the pruned heads,
+    ``(layer, head)`` pairs).
     """
     _needs_scratch(model, "Pruning")
+    _check_measure(model, measure)
     if order not in ORDERS:
         raise HeadLensError(f"Unknown pruning order '{order}': choose one of {', '.join(ORDERS)}.")
     sentences = list(sentences)
@@ -294,7 +319,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     means = _means(model, sentences, ablation, head_means)
     total_heads = model.n_layers * model.n_heads
     counts = prune_counts(total_heads, step)
-    work = curve_work(model, len(sentences), counts, order)
+    work = curve_work(model, len(sentences), counts, order, measure)
     done = 0
 
     def tick(n: int) -> None:
@@ -303,14 +328,17 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
         if progress is not None:
             progress(min(done, work), work)
 
+    def run(m: AttentionModel):
+        return m.predictions(sentences) if measure == "loss" else m.embed(sentences)
+
     if order == "random":
         rng = np.random.default_rng(seed)
         fixed = [(int(i) // model.n_heads, int(i) % model.n_heads) for i in rng.permutation(total_heads)]
     elif order == "proxy":
         fixed = proxy_order(proxies if proxies is not None else attention_proxies(model.attend(sentences)))
-    full = model.embed(sentences)
+    full = run(model)
     start = time.perf_counter()  # timed on a second run, as every pruned model is timed after the first has run
-    model.embed(sentences)
+    run(model)
     full_s = time.perf_counter() - start
     tick(len(sentences))
     pruned: list[tuple[int, int]] = []
@@ -321,9 +349,9 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
             need = count - len(pruned)
             if order == "importance" and count < total_heads:
                 before = done
-                imp = head_importance(current, sentences, ablation="mean" if means is not None else "zero",
-                                      head_means=means, reference=full,
-                                      progress=lambda d, t: tick(before + d - done))
+                imp = head_importance(current, sentences, method="gradient" if measure == "loss" else "ablation",
+                                      ablation="mean" if means is not None else "zero", head_means=means,
+                                      reference=full, progress=lambda d, t: tick(before + d - done))
                 ranked = imp[~imp["pruned"]].sort_values("importance", kind="stable")
                 chosen = [(int(r.layer), int(r.head)) for r in ranked.head(need).itertuples()]
             elif order == "importance":
@@ -333,42 +361,47 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
             pruned += chosen
             current = model.pruned(pruned, head_means=means)
         if count == 0:
-            emb, seconds = full, full_s
+            out, seconds = full, full_s
         else:
             start = time.perf_counter()
-            emb = current.embed(sentences)
+            out = run(current)
             seconds = time.perf_counter() - start
             tick(len(sentences))
+        measured = ({"loss": out[0], "agreement": float(np.mean(out[1] == full[1]))} if measure == "loss" else
+                    {"fidelity": float(cosines(full, out).mean()), "agreement": neighbour_agreement(full, out)})
         rows.append({"order": order, "seed": seed if order == "random" else None, "n_pruned": count,
-                     "fraction": count / total_heads, "fidelity": float(cosines(full, emb).mean()),
-                     "agreement": neighbour_agreement(full, emb), "forward_s": seconds,
-                     "heads": sorted(pruned)})
+                     "fraction": count / total_heads, **measured, "forward_s": seconds, "heads": sorted(pruned)})
     return pd.DataFrame(rows)
 
 
-def curve_work(model: AttentionModel, n_sentences: int, counts: list[int], order: str) -> int:
-    """Units of work of ``pruning_curve`` (sentences embedded, once per variant), for a progress bar."""
+def curve_work(model: AttentionModel, n_sentences: int, counts: list[int], order: str,
+               measure: str = "embedding") -> int:
+    """Units of work of ``pruning_curve`` (sentences run, once per variant), for a progress bar."""
     evals = (len(counts) + 1) * n_sentences  # the full model runs twice, once to be timed
     if order != "importance":
         return evals
+    if measure == "loss":  # gradient importance: one pass over the sentences per step
+        return evals + (len(counts) - 2) * n_sentences
     total = model.n_layers * model.n_heads
     return evals + sum(total - c for c in counts[:-2]) * n_sentences  # the last step takes what is left
 
 
 def curve_summary(curves: pd.DataFrame) -> pd.DataFrame:
     """``pruning_curve`` rows as one row per order and step, random order averaged over its seeds (``runs``)."""
+    measures = {c: (c, "mean") for c in ("fidelity", "loss", "agreement") if c in curves}
     return (curves.groupby(["order", "n_pruned"], sort=False)
-            .agg(fraction=("fraction", "first"), fidelity=("fidelity", "mean"), agreement=("agreement", "mean"),
-                 forward_s=("forward_s", "mean"), runs=("fidelity", "size"))
+            .agg(fraction=("fraction", "first"), **measures, forward_s=("forward_s", "mean"),
+                 runs=("fraction", "size"))
             .reset_index())
 
 
 def point_comparison(summary: pd.DataFrame, n_pruned: int) -> pd.DataFrame:
-    """``curve_summary`` at ``n_pruned`` heads, one row per order: ``order``, ``fidelity``, ``agreement``,
-    ``forward_s`` and ``speed`` (forward time over that order's unpruned forward time)."""
+    """``curve_summary`` at ``n_pruned`` heads, one row per order: ``order``, the measures (``fidelity`` or
+    ``loss``, ``agreement``), ``forward_s`` and ``speed`` (forward time over that order's unpruned forward time)."""
     here = summary[summary["n_pruned"] == n_pruned].set_index("order")
     full = summary[summary["n_pruned"] == 0].set_index("order")["forward_s"].reindex(here.index)
-    return here[["fidelity", "agreement", "forward_s"]].assign(speed=here["forward_s"] / full).reset_index()
+    columns = [c for c in ("fidelity", "loss", "agreement") if c in here] + ["forward_s"]
+    return here[columns].assign(speed=here["forward_s"] / full).reset_index()
 
 
 def importance_by_role(importance: pd.DataFrame, labels) -> pd.DataFrame:

@@ -36,8 +36,11 @@ def _cleared_foci(r) -> list[str]:
     return sorted(cleared, key=lambda f: -r[f"{f}_lift_lo"])
 
 
-def label_heads(df: pd.DataFrame) -> pd.Series:
-    """A role in words for each row of a profile; see THRESHOLDS and the module's docstring."""
+def label_heads(df: pd.DataFrame, causal: bool = False) -> pd.Series:
+    """A role in words for each row of a profile; see THRESHOLDS and the module's docstring.
+
+    ``causal``: a decoder's profile, where the first token is an attention sink rather than [CLS] and
+    no query but the last sees the last token."""
     t = THRESHOLDS
 
     def one(r) -> str:
@@ -52,10 +55,10 @@ def label_heads(df: pd.DataFrame) -> pd.Series:
             return FOCUS_LABELS[foci[0]]
         if r.dep_relation and r.dep_acc >= t["syntax_acc"] and r.dep_acc - r.dep_base >= t["syntax_margin"]:
             return f"syntax: {r.dep_relation}"
-        if r.sep > t["special"]:
+        if r.sep > t["special"] and not causal:
             return "[SEP] / no-op"
         if r.cls > t["special"]:
-            return "[CLS]"
+            return "first token (sink)" if causal else "[CLS]"
         if max(r.punct, r.final_mark) > t["punct"]:
             return "punctuation"
         if r.entropy_norm > t["broad"]:
@@ -82,7 +85,7 @@ def strongest_head(df: pd.DataFrame, focus: str) -> int | None:
 
 # The measure that ranks a head's sentences on the page, by the start of its label
 LABEL_MEASURE = {"previous token": "prev_token", "next token": "next_token", "self": "self", "[SEP]": "sep",
-                 "[CLS]": "cls", "punctuation": "final_mark", "broad": "entropy_norm",
+                 "[CLS]": "cls", "first token": "cls", "punctuation": "final_mark", "broad": "entropy_norm",
                  **{label: f"{f}_lift" for f, label in FOCUS_LABELS.items()}}
 
 

@@ -1,10 +1,11 @@
 """What each head attends to, measured over many sentences, and a role in words for each head.
 
-Measures (every one a mean over the queries of every sentence; special tokens never query):
+Measures (every one a mean over the queries of every sentence; special tokens and a decoder's first
+token when it is a sink, ``views.set_aside``, never query):
 
 - token level, on the model's own tokens: ``prev_token``, ``next_token``, ``self`` (weight on the
   key one before, one after, the same position), ``distance`` (mean |query - key| in tokens),
-  ``cls`` (weight on the first token: [CLS] or <s>), ``sep`` (on the last: [SEP] or </s>),
+  ``cls`` (weight on the first token: [CLS], <s>, or a decoder's sink), ``sep`` (on the last: [SEP] or </s>),
   ``punct`` (on punctuation), ``final_mark`` (on the sentence-final "?", "!" or "."; over the
   sentences that end with one), ``entropy`` (nats, as Clark et al. 2019) and ``entropy_norm``
   (entropy over the log of the number of keys, 1 for uniform attention).
@@ -37,7 +38,7 @@ from models.result import Attention
 
 from .foci import FINAL_MARKS, FOCI, LiftBootstrap, focus_shares, text_key, token_classes, word_classes
 from .labels import label_heads, secondary_foci
-from .views import row_entropy, token_label
+from .views import row_entropy, set_aside, token_label
 
 POS_GROUPS = {"noun": ("NOUN", "PROPN"), "verb": ("VERB", "AUX"), "modifier": ("ADJ", "ADV")}
 RELATIONS = ("nsubj", "nsubjpass", "dobj", "obj", "iobj", "det", "amod", "advmod", "poss", "prep", "pobj", "aux",
@@ -124,6 +125,7 @@ class _Totals:
         self.relation_counts = Counter()
         self.offsets = defaultdict(Counter)  # (rel, direction) -> offset -> count
         self.bootstraps = {f: LiftBootstrap(shape) for f in FOCI}
+        self.causal = False  # a decoder's attention: the first token is a sink, not [CLS]
 
     def add(self, name: str, total: np.ndarray, count: int) -> None:
         self.sums[name] += total
@@ -156,12 +158,13 @@ class _Totals:
             self.offsets[key].update(offsets)
         for f, boot in other.bootstraps.items():
             self.bootstraps[f].merge(boot)
+        self.causal = self.causal or getattr(other, "causal", False)
 
 
 def _token_measures(att: Attention, totals: _Totals) -> None:
     w = att.weights.astype(np.float64)  # (L, H, n, n)
     n = w.shape[-1]
-    queries = np.flatnonzero(~att.special)
+    queries = np.flatnonzero(~set_aside(att))  # special tokens and a decoder's sink never query
     if queries.size == 0:
         return
     rows = w[:, :, queries, :]  # (L, H, q, n)
@@ -225,7 +228,7 @@ def _word_measures(att: Attention, doc, totals: _Totals, token_words: list[int |
 def _focus_measures(att: Attention, members: dict[str, np.ndarray], totals: _Totals) -> None:
     """The four foci on content attention (``analysis.foci``): one value per sentence that has the class."""
     key = text_key(att.text)
-    for f, (share, base) in focus_shares(att.weights, att.special, members).items():
+    for f, (share, base) in focus_shares(att.weights, set_aside(att), members).items():
         totals.add(f, share, 1)
         totals.add(f"{f}_base", np.full(share.shape, base), 1)
         totals.keep(f"{f}_lift", share / base)
@@ -278,7 +281,7 @@ class HeadMeasures:
                             f"{f}_lift": lift, f"{f}_lift_lo": low.ravel(), f"{f}_lift_hi": high.ravel(),
                             f"{f}_n": np.full(L * H, t.counts[f])})
         df = pd.DataFrame(columns)
-        df["label"] = label_heads(df)
+        df["label"] = label_heads(df, causal=getattr(t, "causal", False))
         df["secondary"] = secondary_foci(df)
         return df
 
@@ -313,6 +316,7 @@ class HeadProfiler:
             docs = list(self._nlp.pipe([a.text for a in attentions], batch_size=256))
         for att, doc in zip(attentions, docs):
             self.totals.sentence = self.n_sentences
+            self.totals.causal = self.totals.causal or bool(att.causal)
             token_words = align_to_words(att, doc)
             _token_measures(att, self.totals)
             _word_measures(att, doc, self.totals, token_words)

@@ -41,7 +41,7 @@ for row in range(0, n, 2):
         model, att, v, layer, head = picks[i]
         with col:
             fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=460,
-                               title_chars=34,
+                               title_chars=34, visible=v.visible(),
                                title=f"{i + 1}: {model.title} · {head_label(layer, head)}")
             chart(fig, f"compare-{i + 1}")
             with st.expander("Downloads"):
@@ -51,6 +51,7 @@ full = pick_full_resolution([p[2] for p in picks], list(range(1, n + 1)), "full_
 if full is not None:
     model, att, v, layer, head = picks[full - 1]
     chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=760, max_cells=None,
+                       visible=v.visible(),
                        title=f"Pick {full}: {model.title} · {head_label(layer, head)}, every weight"),
           "compare-full")
 
@@ -67,6 +68,6 @@ elif va.query_labels != vb.query_labels or va.key_labels != vb.key_labels:
     st.info(f"Picks {ia} and {ib} have different tokens, so their weights cannot be subtracted cell by cell.")
 else:
     diff = head_heatmap(va.head(la, ha) - vb.head(lb, hb), va.query_labels, va.key_labels, diverging=True,
-                        title=f"Pick {ia} − pick {ib}")
+                        title=f"Pick {ia} − pick {ib}", visible=va.visible() if va.causal and vb.causal else None)
     chart(diff, "compare-diff")
     exports("compare-diff", diff, att_a, sig=f"{ia}|{ib}|{s}|{[p[1].text for p in picks]}")

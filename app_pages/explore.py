@@ -3,7 +3,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis import head_stats, special_share
-from app_pages.ui.caches import attention, view
+from app_pages.ui.caches import attention, causal_note, special_words, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_full_resolution, pick_head, pick_heads, pick_layer, pick_sentence, title_for
 from app_pages.ui.settings import settings
@@ -20,11 +20,13 @@ focus = pick_head(att.n_heads, container=top[2], label="Focus head")
 heads = pick_heads(att.n_heads)
 
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
-                title=title_for(att, f"Layer {layer}"))
+                title=title_for(att, f"Layer {layer}"), visible=v.visible())
 chart(fig, "explore-grid")
+causal_note(v)
 full = pick_full_resolution([v], heads, "full", "Head at full resolution", "head", lambda h: f"H{h}")
 if full is not None:
     exact = head_heatmap(v.head(layer, full), v.query_labels, v.key_labels, max_cells=None, height=760,
+                         visible=v.visible(),
                          zmax=float(v.weights[layer][heads].max()) if s.shared_scale else None,
                          title=title_for(att, f"{head_label(layer, full)}, every weight"))
     chart(exact, "explore-full")
@@ -34,11 +36,11 @@ table = pd.DataFrame({
     "head": range(att.n_heads),
     "entropy (nats)": stats["entropy"][0],
     "largest weight": stats["max_weight"][0],
-    "to special tokens": stats["to_special"][0],
+    special_words(att): stats["to_special"][0],
 })
 st.subheader(f"Heads of layer {layer}")
-st.caption("Entropy and largest weight are of the rows as shown; attention to special tokens is the mean share "
-           "each query gives [CLS], [SEP] and the like, before hiding them.")
+st.caption(f"Entropy and largest weight are of the rows as shown; “{special_words(att)}” is the mean share each "
+           f"query gives {special_words(att, long=True)}, before hiding them.")
 st.dataframe(table.style.format(precision=3).highlight_between(subset=["head"], left=focus, right=focus),
              hide_index=True, key="explore-stats")
 exports("explore", fig, att, v, layer, focus, sig=f"{att.text}|{layer}|{heads}|{s}")

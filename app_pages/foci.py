@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis import FOCI, FOCUS_NAMES, focus_tokens, make_view, received
+from analysis.views import set_aside
 from app_pages.ui.caches import attention
 from app_pages.ui.exports import chart
 from app_pages.ui.pickers import pick_sentence
@@ -29,7 +30,8 @@ st.caption(f"Foci found over {profiled.n_sentences:,} sentences. Sentences with 
            + ", ".join(f"{FOCUS_NAMES[f]} {counts[f]}" for f in FOCI) + "; the others are left out of that class.")
 
 att = attention(s, sentence)
-if att.special.all():
+aside = set_aside(att)  # special tokens, and a decoder's sink
+if aside.all():
     st.info("This text has no token besides the model's special tokens, so it has no content attention to show. "
             "Pick or type a sentence with words in it.")
     st.stop()
@@ -58,8 +60,9 @@ for f in FOCI:
     left.markdown(f"Lift **{r[f'{f}_lift']:.2f}**, 95% interval {r[f'{f}_lift_lo']:.2f} to "
                   f"{r[f'{f}_lift_hi']:.2f}, over {counts[f]} sentences: {verdict}.")
     left.caption(f"Share of its content attention on {name} words {r[f]:.2f}, uniform {r[f'{f}_base']:.2f}; "
-                 f"to [CLS] {r.cls:.2f} and [SEP] {r.sep:.2f} of its raw attention.")
-    values = received(att.weights[layer, head], att.special)
+                 + (f"to the first token (a sink) {r.cls:.2f} of its raw attention." if att.causal else
+                    f"to [CLS] {r.cls:.2f} and [SEP] {r.sep:.2f} of its raw attention."))
+    values = received(att.weights[layer, head], aside)
     shown = np.array([values[a:b].sum() for a, b in v.key_spans])
     marked = [i for i, (a, b) in enumerate(v.key_spans) if members[f][a:b].any()]
     with right:
@@ -69,7 +72,7 @@ for f in FOCI:
             st.caption(f"This sentence has no {name} word; the shading shows where the head looks instead.")
         else:
             st.caption(f"In bold: the sentence's {name} words. They get {shown[marked].sum():.2f} of this head's "
-                       f"content attention; uniform attention would give {members[f][~att.special].mean():.2f}.")
+                       f"content attention; uniform attention would give {members[f][~aside].mean():.2f}.")
     rows[f"{f} {head_label(layer, head)}"] = shown
 
 table = pd.DataFrame({"token": v.key_labels, **rows})

@@ -3,7 +3,7 @@ import numpy as np
 import streamlit as st
 
 from analysis import FLOW_MAX_TOKENS, flow, rollout
-from app_pages.ui.caches import attention, view
+from app_pages.ui.caches import attention, causal_note, view
 from app_pages.ui.exports import chart
 from app_pages.ui.messages import stop_with
 from app_pages.ui.pickers import pick_query, pick_sentence, title_for
@@ -43,11 +43,12 @@ rolled = rollout(v, residual=residual)
 raw = v.weights[layer].mean(axis=0)
 left, right = st.columns(2)
 with left:
-    chart(head_heatmap(raw, v.query_labels, v.key_labels, title_chars=34,
+    chart(head_heatmap(raw, v.query_labels, v.key_labels, title_chars=34, visible=v.visible(),
                        title=f"Layer {layer} attention, mean of heads"), "layers-raw")
 with right:
-    chart(head_heatmap(rolled[layer], v.query_labels, v.key_labels, title_chars=34,
+    chart(head_heatmap(rolled[layer], v.query_labels, v.key_labels, title_chars=34, visible=v.visible(),
                        title=f"Rollout through layer {layer}"), "layers-rollout")
+causal_note(v)
 
 token = f"“{v.query_labels[query]}”"
 rows = [(f"Raw attention from {token} · layer {layer}", raw[query], "layers-raw-text"),
@@ -65,7 +66,7 @@ else:
         stop_with(err)
     left, _ = st.columns(2)
     with left:
-        chart(head_heatmap(flowed, v.query_labels, v.key_labels, title_chars=34,
+        chart(head_heatmap(flowed, v.query_labels, v.key_labels, title_chars=34, visible=v.visible(),
                            title="Flow from the last layer"), "layers-flow")
     rows.append((f"Flow to {token} from the last layer", flowed[query], "layers-flow-text"))
 

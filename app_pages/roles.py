@@ -79,7 +79,7 @@ def show_strongest_sentences() -> None:
         with tab:
             st.caption(plain(profiled.attentions[i].text))  # a typed or uploaded sentence: shown literally
             v = make_view(profiled.attentions[i], hide_special=s.hide_special, merge_words=s.merge_words)
-            fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=460,
+            fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=460, visible=v.visible(),
                                title=f"{name} · {measure} {values[i]:.2f}")
             chart(fig, f"roles-example-{i}")
 

@@ -243,7 +243,7 @@ class Rotary(nn.Module):
 
     def angles(self, L: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every position's angles, ``(L, Dh)`` each, on ``like``'s device and dtype."""
-        key = (L, like.device, like.dtype)
+        key = (L, like.device, like.dtype, torch.is_inference_mode_enabled())  # inference tensors never reach autograd
         cached, cos, sin = self._angles
         if cached != key:
             Dh = self.head_dim

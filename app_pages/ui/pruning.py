@@ -16,7 +16,7 @@ from models.corpus import CORPUS
 
 from .caches import SharedCache, computed_once
 from .exports import model_zip
-from .models import TRAINED, ModelRef, cached_model, model_for
+from .models import LLM, TRAINED, ModelRef, cached_model, model_for
 from .profiles import uploaded_sentences
 from .settings import Settings
 from .state import bound
@@ -28,6 +28,12 @@ ABOUT = {
             "to the full model's, averaged over the sentences. The curves prune 10% of the heads at a time, as Michel "
             "et al. (2019) do: by importance, recomputed on the pruned model at each step; at random; and by "
             "attention alone.",
+    "llm": "SmolLM2 is measured by what it does, predicting the next token: a head's importance is the rise of the "
+           "next-token loss (nats per token) when it alone is switched off, or by gradient, |dL/d(mask of the head)| "
+           "as Michel et al. (2019) define it, one backward pass for all 270 heads. The curve by importance "
+           "re-measures by gradient after each step. A pruned model is measured by its loss and by top-1 agreement: "
+           "the share of next-token predictions equal to the full model's. Pruning removes query heads; a key/value "
+           "head goes only with the last of the three query heads that share it.",
     "engine": "This page runs the from-scratch engine with the same weights: it can remove heads, which "
               "transformers no longer does, and gives the same numbers.",
     "ablation": " ".join(f"{v}." for v in ABLATIONS.values()) + " Mean ablation disturbs the later layers less; a "
@@ -39,6 +45,9 @@ ABOUT = {
               f"overlap of each sentence's {NEIGHBOURS} nearest neighbours (by embedding) with the full model's. "
               "Forward time: seconds to embed the sentences, measured once per step while the curves ran, so it is "
               "noisy; `python -m bench.bench_pruning` measures it properly.",
+    "llm_curves": "Next-token loss: the mean cross-entropy of each next token of the sentences, in nats. Top-1 "
+                  "agreement: the share of next-token predictions equal to the full model's. Forward time: seconds "
+                  "to run the sentences, measured once per step while the curves ran, so it is noisy.",
     "zip": "safetensors, a config.json recording the pruned heads, and the tokenizer. Unzip it and open the folder "
            "with models.load_model(folder, backend='scratch').",
     "proxies": "Spearman's rank correlation over the heads between importance and what attention alone shows: how "
@@ -55,12 +64,26 @@ SEEDS = (0, 1, 2)
 SOURCES = {"sample": f"{SAMPLE} sentences of the built-in corpus", "corpus": f"The whole built-in corpus ({len(CORPUS)})",
            "sidebar": "The sidebar's sentences", "upload": "An uploaded .txt"}
 ENGINE = {"minilm": "scratch", "scratch": "scratch", "untrained": "untrained",  # the sidebar's model on our engine
-          **{t: t for t in TRAINED}}
+          "smollm2": "smollm2_scratch", "smollm2_scratch": "smollm2_scratch", **{t: t for t in TRAINED}}
+LLM_SAMPLE = 24  # sentences SmolLM2 is measured on by default: 270 heads, each switched off in turn, take a minute
+METHODS = {"ablation": "Switching it off", "gradient": "Gradient"}
+# per measure: (column, name, help) of the two numbers a pruned model is judged by; the first is better lower for a loss
+MEASURES = {
+    "embedding": (("fidelity", "Fidelity", "Mean cosine to the full model's embeddings."),
+                  ("agreement", "Neighbour agreement", f"Overlap of each sentence's {NEIGHBOURS} nearest neighbours.")),
+    "loss": (("loss", "Next-token loss", "Mean cross-entropy of each next token, in nats; lower is better."),
+             ("agreement", "Top-1 agreement", "Share of next-token predictions equal to the full model's.")),
+}
 
 
-def corpus_sample() -> list[str]:
-    """``SAMPLE`` sentences spread evenly over the built-in corpus, the same every time."""
-    return [CORPUS[i] for i in np.linspace(0, len(CORPUS) - 1, SAMPLE).round().astype(int)]
+def corpus_sample(n: int = SAMPLE) -> list[str]:
+    """``n`` sentences spread evenly over the built-in corpus, the same every time."""
+    return [CORPUS[i] for i in np.linspace(0, len(CORPUS) - 1, n).round().astype(int)]
+
+
+def measure_of(ref: ModelRef) -> str:
+    """What a pruned model is judged by: SmolLM2 by its next-token loss, the others by their embeddings."""
+    return "loss" if ref.choice in LLM else "embedding"
 
 
 def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
@@ -72,9 +95,11 @@ def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
             st.caption(f"Measured on the training's {len(job.run.held_out)} held-out sequences (a half, then the "
                        "same half again), written in the model's own tokens.")
             return "held_out", list(job.run.held_out)
-    source = bound(st.segmented_control, "prune_on", "sample", init="default", options=list(SOURCES), cast=str,
-                   label="Sentences to measure on", format_func=SOURCES.get, required=True)
-    sentences = (corpus_sample() if source == "sample" else list(CORPUS) if source == "corpus"
+    llm = s.model.choice in LLM
+    sources = {**SOURCES, "sample": f"{LLM_SAMPLE} sentences of the built-in corpus"} if llm else SOURCES
+    source = bound(st.segmented_control, "prune_on", "sample", init="default", options=list(sources), cast=str,
+                   label="Sentences to measure on", format_func=sources.get, required=True)
+    sentences = (corpus_sample(LLM_SAMPLE if llm else SAMPLE) if source == "sample" else list(CORPUS) if source == "corpus"
                  else s.sentences if source == "sidebar" else uploaded_sentences())
     if len(sentences) > MAX_SENTENCES:
         st.warning(f"Measuring on the first {MAX_SENTENCES} of {len(sentences)} sentences: each step of the "
@@ -90,8 +115,9 @@ def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
 def engine_model(s: Settings) -> ModelRef:
     """The sidebar's model on the from-scratch engine, which alone can switch heads off and prune."""
     if s.model.choice not in ENGINE:
-        st.info(f"Pruning runs on the from-scratch engine, which holds BERT encoders. The sidebar's model is "
-                f"{s.model.title.lower()}; choose all-MiniLM-L6-v2 or the untrained encoder there.")
+        st.info(f"Pruning runs on the from-scratch engine, which holds BERT encoders and Llama decoders. The "
+                f"sidebar's model is {s.model.title.lower()}; choose all-MiniLM-L6-v2, SmolLM2 or the untrained "
+                "encoder there.")
         st.stop()
     return ModelRef(ENGINE[s.model.choice], run=s.model.run, device=s.model.device)
 
@@ -100,7 +126,7 @@ def engine_model(s: Settings) -> ModelRef:
 class Importance:
     frame: pd.DataFrame          # head_importance
     means: np.ndarray | None     # each head's mean output, for mean ablation
-    full: np.ndarray             # the full model's embeddings of the sentences
+    full: np.ndarray | float     # the full model's embeddings of the sentences, or its next-token loss
 
 
 @st.cache_resource
@@ -134,22 +160,26 @@ class Bar:
         self.bar.empty()
 
 
-def importance(ref: ModelRef, ablation: str, sentences: list[str]) -> Importance:
-    """Every head's ablation importance on ``sentences``, with a progress bar while it runs."""
+def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> Importance:
+    """Every head's importance on ``sentences`` (by ablation or gradient), with a progress bar while it runs."""
+    measure = measure_of(ref)
+
     def compute() -> Importance:
         model = cached_model(ref)
-        bar = Bar(f"Switching each of {model.n_layers * model.n_heads} heads off in turn, on {len(sentences)} sentences")
+        bar = Bar(f"Switching each of {model.n_layers * model.n_heads} heads off in turn, on {len(sentences)} sentences"
+                  if method == "ablation" else f"Differentiating the loss on {len(sentences)} sentences")
         means = model.head_means(sentences) if ablation == "mean" else None
-        full = model.embed(sentences)
-        frame = head_importance(model, sentences, ablation=ablation, head_means=means, reference=full, progress=bar)
+        full = model.predictions(sentences)[0] if measure == "loss" else model.embed(sentences)
+        frame = head_importance(model, sentences, method=method, ablation=ablation, head_means=means,
+                                reference=full, measure=measure, progress=bar)
         bar.empty()
         for array in (full, means):
-            if array is not None:
+            if isinstance(array, np.ndarray):
                 array.flags.writeable = False
         return Importance(frame, means, full)
 
     model_for(ref)
-    return computed_once(pruning_cache(), _key("importance", ref, ablation, sentences), compute,
+    return computed_once(pruning_cache(), _key(f"importance-{method}", ref, ablation, sentences), compute,
                          "Another session is measuring the same heads; its result will be shown here…")
 
 
@@ -161,13 +191,13 @@ def curves(ref: ModelRef, ablation: str, sentences: list[str], imp: Importance) 
         counts = prune_counts(model.n_layers * model.n_heads)
         n = len(sentences)
         runs = [("importance", 0), *(("random", seed) for seed in SEEDS), ("proxy", 0)]
-        works = [curve_work(model, n, counts, order) for order, _ in runs]
+        works = [curve_work(model, n, counts, order, measure_of(ref)) for order, _ in runs]
         bar = Bar(f"Pruning 10% of the heads at a time, {len(runs)} ways, on {n} sentences")
         frames = []
         for i, (order, seed) in enumerate(runs):
             base = sum(works[:i])
             frames.append(pruning_curve(model, sentences, order=order, seed=seed, ablation=ablation,
-                                        head_means=imp.means, proxies=proxies,
+                                        head_means=imp.means, proxies=proxies, measure=measure_of(ref),
                                         progress=lambda done, _, base=base: bar(base + done, sum(works))))
         bar.empty()
         return pd.concat(frames, ignore_index=True)

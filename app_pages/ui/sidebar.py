@@ -7,7 +7,7 @@ import torch
 from models import head_label
 from models.corpus import DEFAULT_TEXT, EXAMPLES
 
-from .models import SCRATCH, model_for, model_names, ref_for
+from .models import LLM, SCRATCH, model_for, model_names, ref_for
 from .settings import MAX_CHARS
 from .state import bound, flag, head_from_url, head_to_url, remember
 
@@ -36,14 +36,17 @@ def sidebar() -> None:
     bound(sb.text_area, "text", DEFAULT_TEXT, valid=lambda t: len(t) <= MAX_CHARS, label="Sentences, one per line",
           height=140, max_chars=MAX_CHARS, help="Press Ctrl+Enter to apply.")
     sb.subheader("View options")
-    bound(sb.toggle, "hide_special", False, cast=flag, label="Hide special tokens",
-          help="Drop [CLS], [SEP], <s>… and renormalise each row.")
+    decoder = choice in LLM
+    bound(sb.toggle, "hide_special", False, cast=flag, label="Hide the first token (sink)" if decoder else
+          "Hide special tokens", help="Drop [CLS], [SEP], <s>… and, in a decoder, the first token when most "
+          "attention parks on it (a sink); renormalise each row.")
     bound(sb.toggle, "merge_words", False, cast=flag, label="Merge subwords into words",
           help="Sum over a word's pieces as keys, average over them as queries (Clark et al., 2019).")
     bound(sb.toggle, "shared_scale", True, cast=flag, label="One colour scale for all heads")
     scratch = choice in SCRATCH
-    bound(sb.toggle, "causal", False, cast=flag, label="Causal mask", disabled=not scratch,
-          help="Each token sees only earlier ones; the from-scratch engine only.")
+    bound(sb.toggle, "causal", False, cast=flag, label="Causal mask", disabled=not scratch or decoder,
+          help="SmolLM2 is a decoder: each token always sees only itself and earlier ones." if decoder else
+          "Each token sees only earlier ones; the from-scratch engine only.")
     model = model_for(ref_for(choice, device), container=sb)
     if scratch:
         heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]

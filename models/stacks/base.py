@@ -197,7 +197,8 @@ class Stack(nn.Module):
         projection's bias, so the copy equals this stack with those heads mean-ablated.
         """
         config = replace(self.config, pruned_heads=with_pruned(self.config.pruned_heads, heads))
-        copy = type(self)(config).to(next(self.parameters()).device)
+        with torch.device("meta"):  # built empty and given the weights below: initialising SmolLM2 took a second
+            copy = type(self)(config)
         state = {k: v.detach().clone() for k, v in self.state_dict().items()}
         for i, block in enumerate(self.layers):
             old, new = self.kept[i], copy.kept[i]
@@ -205,7 +206,7 @@ class Stack(nn.Module):
                 fill = None if head_fill is None else head_fill[i, old]
                 smaller = block.attn.pruned([old.index(h) for h in new], fill)
                 state.update({f"layers.{i}.attn.{k}": v for k, v in smaller.state_dict().items()})
-        copy.load_state_dict(state)
+        copy.load_state_dict(state, assign=True)
         return copy.train(self.training)
 
     def to_file(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
