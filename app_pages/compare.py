@@ -1,7 +1,7 @@
 """Compare: one to four (model, sentence, layer, head) picks side by side on one colour scale."""
 import streamlit as st
 
-from app_pages.ui.caches import attention, view
+from app_pages.ui.caches import attention, causal_note, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
 from app_pages.ui.models import model_names, ref_for
@@ -46,6 +46,7 @@ for row in range(0, n, 2):
             chart(fig, f"compare-{i + 1}")
             with st.expander("Downloads"):
                 exports(f"compare-{i + 1}", fig, att, v, layer, head, sig=f"{att.text}|{model}|{layer}|{head}|{s}")
+causal_note(next((p[2] for p in picks if p[2].causal), picks[0][2]))  # a grey triangle in any pick
 full = pick_full_resolution([p[2] for p in picks], list(range(1, n + 1)), "full_pick", "Pick at full resolution",
                             "pick", lambda i: f"Pick {i}")
 if full is not None:

@@ -2,7 +2,7 @@
 import streamlit as st
 
 from analysis import head_stats, special_share
-from app_pages.ui.caches import attention, view
+from app_pages.ui.caches import attention, causal_note, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_sentence, title_for
 from app_pages.ui.settings import settings
@@ -20,11 +20,12 @@ st.title("Overview")
 att = attention(s, pick_sentence(s))
 v = view(s, att)
 stats = head_stats(v, special_share(att))
-fig = overview(v.weights, stats, shared_scale=s.shared_scale,
+fig = overview(v.weights, stats, shared_scale=s.shared_scale, visible=v.visible(),
                title=title_for(att, f"All {att.n_layers} layers × {att.n_heads} heads"))
 event = chart(fig, "overview", on_select="rerun", selection_mode="points")
 st.caption("Rows are layers, columns heads; each square is one head's queries (down) by keys (across). "
            "Hover a square for its numbers; click it to open that head in Explore.")
+causal_note(v)
 # the markers trace lists heads layer by layer, so a clicked point's index names its head
 clicked = [p["point_index"] for p in (event.selection.points if event else []) if "point_index" in p]
 if clicked and 0 <= clicked[0] < att.n_layers * att.n_heads:

@@ -45,6 +45,12 @@ def scratch_model():
     return load_model(backend="scratch")
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """The bundled SmolLM2-135M-Instruct on the from-scratch engine (equal to transformers: test_smollm2.py)."""
+    return load_model("HuggingFaceTB/SmolLM2-135M-Instruct", backend="scratch")
+
+
 def _bpe_vocab():
     from tokenizers import ByteLevelBPETokenizer
 

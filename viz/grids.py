@@ -8,7 +8,9 @@ import numpy as np
 import plotly.colors as pc
 import plotly.graph_objects as go
 
-from .figures import COLORSCALE, safe, top_margin, wrapped_title
+from .figures import COLORSCALE, HIDDEN_COLOR, safe, top_margin, wrapped_title
+
+HIDDEN_RGB = pc.hex_to_rgb(HIDDEN_COLOR)
 
 
 def _lut(colorscale: str = COLORSCALE) -> np.ndarray:
@@ -28,8 +30,10 @@ def _thumbnail(w: np.ndarray, size: int) -> np.ndarray:
     return np.repeat(np.repeat(w, f, axis=0), f, axis=1)
 
 
-def overview_png(weights: np.ndarray, *, shared_scale: bool = True, thumb: int = 96, gap: int = 6) -> tuple[bytes, int]:
-    """All heads of all layers as one PNG: layers on rows, heads on columns.
+def overview_png(weights: np.ndarray, *, shared_scale: bool = True, thumb: int = 96, gap: int = 6,
+                 visible: np.ndarray | None = None) -> tuple[bytes, int]:
+    """All heads of all layers as one PNG: layers on rows, heads on columns; pixels that no causal
+    query could see (``visible``, ``View.visible``) grey.
 
     Returns the PNG bytes and the pitch in pixels from one thumbnail to the next.
     """
@@ -42,26 +46,30 @@ def overview_png(weights: np.ndarray, *, shared_scale: bool = True, thumb: int =
     canvas = np.full((layers * pitch - gap, heads * pitch - gap, 3), 255, dtype=np.uint8)
     lut = _lut()
     top = float(weights.max()) or 1.0
+    hidden = None if visible is None else _thumbnail(np.asarray(visible, dtype=np.float32), thumb) == 0
     for l in range(layers):
         for h in range(heads):
             tile = tiles[l][h]
             scale = top if shared_scale else (float(tile.max()) or 1.0)
             idx = np.clip(tile / scale * 255, 0, 255).astype(np.uint8)
-            canvas[l * pitch:l * pitch + t_h, h * pitch:h * pitch + t_w] = lut[idx]
+            pixels = lut[idx]
+            if hidden is not None:
+                pixels[hidden] = HIDDEN_RGB
+            canvas[l * pitch:l * pitch + t_h, h * pitch:h * pitch + t_w] = pixels
     buf = io.BytesIO()
     Image.fromarray(canvas).save(buf, format="PNG", compress_level=6)
     return buf.getvalue(), pitch
 
 
 def overview(weights: np.ndarray, stats: dict[str, np.ndarray], *, shared_scale: bool = True, title: str = "",
-             thumb: int = 96) -> go.Figure:
+             thumb: int = 96, visible: np.ndarray | None = None) -> go.Figure:
     """Every layer x head as image thumbnails, one PNG rather than hundreds of SVG heatmaps.
 
     An invisible square marker over each thumbnail names its head and statistics on hover, and a
     click on it is reported as a point selection whose index is ``layer * heads + head``.
     """
     layers, heads = weights.shape[:2]
-    png, pitch = overview_png(weights, shared_scale=shared_scale, thumb=thumb)
+    png, pitch = overview_png(weights, shared_scale=shared_scale, thumb=thumb, visible=visible)
     width, height = heads * pitch, layers * pitch
     uri = "data:image/png;base64," + base64.b64encode(png).decode()
     fig = go.Figure(go.Image(source=uri, x0=0, y0=0, dx=1, dy=1, hoverinfo="skip"))

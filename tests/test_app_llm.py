@@ -1,0 +1,105 @@
+"""Every page with the bundled SmolLM2, a decoder LLM, in AppTest: a decoder's words (no [CLS] or [SEP]),
+the causal upper triangle drawn as not visible, the first token (a sink) left out of content
+attention, rollout with causal rows, and Pruning by next-token loss; on both engines."""
+import numpy as np
+import pytest
+
+from analysis import head_importance, rollout
+from analysis.foci import received
+from tests.conftest import ROOT, decode, figures, heatmaps
+from viz.figures import HIDDEN_COLOR
+
+TEXT = "Which do you like better, coffee or tea?"
+SENTENCES = [TEXT, "The cat sat on the mat because it was warm.", "Seven kites drifted over the harbour."]
+PAGES = sorted(f"app_pages/{p.name}" for p in (ROOT / "app_pages").glob("*.py") if p.name != "__init__.py")
+
+
+def llm(new_app, page=None, engine="smollm2_scratch", **params):
+    return new_app({"model": engine, "text": TEXT, "corpus": "sidebar", "prune_on": "sidebar", **params}, page=page)
+
+
+def texts(at) -> str:
+    parts = [e.value for kind in ("caption", "markdown", "info", "warning", "subheader", "title") for e in at.get(kind)]
+    return " ".join(str(p) for p in parts)
+
+
+@pytest.mark.parametrize("engine", ["smollm2", "smollm2_scratch"])
+def test_every_page_opens_with_the_llm_and_speaks_of_a_decoder(new_app, engine):
+    at = llm(new_app, engine=engine)
+    for page in PAGES:
+        at.switch_page(page).run()
+        assert not at.exception and not at.error, (page, at.exception, [e.value for e in at.error])
+        assert "30 layers × 9 heads" in texts(at)
+        if page.endswith(("explore.py", "foci.py", "roles.py", "layers.py", "overview.py", "compare.py")):
+            assert "[CLS]" not in texts(at).replace("([CLS], [SEP])", ""), page  # the general rule may name them
+
+
+def test_explore_draws_the_upper_triangle_as_not_visible_and_the_rest_as_the_weights(new_app, smollm2):
+    at = llm(new_app, layer="20")
+    grid = figures(at)[0]
+    att = smollm2.attend(TEXT)
+    n = len(att.tokens)
+    upper = np.triu(np.ones((n, n), bool), 1)
+    for h, trace in enumerate(heatmaps(grid)):
+        z = decode(trace["z"]).astype(float)
+        assert np.isnan(z[upper]).all() and not np.isnan(z[~upper]).any()
+        np.testing.assert_allclose(z[~upper], att.weights[20, h][~upper], atol=1e-5)
+    assert grid["layout"]["plot_bgcolor"] == HIDDEN_COLOR
+    assert any("not visible" in c.value for c in at.caption)
+    table = at.dataframe[0].value
+    assert "to the first token (sink)" in table.columns
+    np.testing.assert_allclose(table["to the first token (sink)"], att.weights[20, :, :, 0].mean(-1), atol=1e-5)
+
+
+def test_hiding_the_sink_drops_the_first_token_and_renormalises(new_app, smollm2):
+    at = llm(new_app, layer="20", hide_special="true")
+    att = smollm2.attend(TEXT)
+    z = decode(heatmaps(figures(at)[0])[0]["z"]).astype(float)
+    rows = att.weights[20, 0, 1:, 1:]
+    want = rows / rows.sum(-1, keepdims=True)
+    assert z.shape == want.shape
+    lower = ~np.triu(np.ones(want.shape, bool), 1)
+    np.testing.assert_allclose(z[lower], want[lower], atol=1e-5)
+    assert at.sidebar.toggle[0].label == "Hide the first token (sink)"
+
+
+def test_foci_shade_content_attention_without_the_sink(new_app, smollm2):
+    at = llm(new_app, page="app_pages/foci.py")
+    att = smollm2.attend(TEXT)
+    shading = figures(at)[0]
+    layer, head = at.selectbox(key="focus_sentence_type").value
+    values = received(att.weights[layer, head], np.arange(len(att.tokens)) == 0)
+    shown = np.concatenate([decode(t["z"]).ravel() for t in shading["data"]])
+    np.testing.assert_allclose(shown, values[1:], atol=1e-5)
+    assert any("to the first token (a sink)" in c.value for c in at.caption)
+
+
+def test_head_roles_name_the_sink_not_cls(new_app):
+    at = llm(new_app, page="app_pages/roles.py")
+    labels = set(at.dataframe[0].value["label"])
+    assert "first token (sink)" in labels and not labels & {"[CLS]", "[SEP] / no-op"}
+
+
+def test_rollout_rows_are_causal(new_app, smollm2):
+    at = llm(new_app, page="app_pages/layers.py", layer="29")
+    att = smollm2.attend(TEXT)
+    rolled = decode(heatmaps(figures(at)[1])[0]["z"]).astype(float)
+    n = len(att.tokens)
+    upper = np.triu(np.ones((n, n), bool), 1)
+    assert np.isnan(rolled[upper]).all()
+    want = rollout(att)[29]
+    np.testing.assert_allclose(rolled[~upper], want[~upper], atol=1e-5)
+    assert not np.triu(want, 1).any() and np.allclose(want.sum(-1), 1, atol=1e-5)
+
+
+def test_pruning_measures_heads_by_the_gradient_of_the_next_token_loss(new_app, smollm2):
+    at = llm(new_app, page="app_pages/pruning.py", text="\n".join(SENTENCES))
+    grid, curves = figures(at)[:2]
+    assert grid["layout"]["title"]["text"].startswith("Importance · 3 sentences · gradient of the loss")
+    want = head_importance(smollm2, SENTENCES, method="gradient", measure="loss")["importance"].to_numpy()
+    np.testing.assert_allclose(decode(heatmaps(grid)[0]["z"]).ravel(), want, atol=1e-4)
+    titles = [a["text"] for a in curves["layout"]["annotations"]]
+    assert titles[:2] == ["Next-token loss", "Top-1 agreement"]
+    line = next(t for t in curves["data"] if t["name"] == "by importance" and t["xaxis"] == "x")
+    assert decode(line["y"])[0] == pytest.approx(smollm2.predictions(SENTENCES)[0], rel=1e-5)
+    assert [m.label for m in at.metric] == ["Next-token loss", "Top-1 agreement", "Forward time"]
