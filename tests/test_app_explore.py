@@ -1,7 +1,6 @@
 """The Explore page and the shared sidebar, in AppTest: figure data against the model's attention."""
 import io
 import json
-import math
 
 import numpy as np
 import pytest

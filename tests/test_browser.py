@@ -2,7 +2,6 @@
 import io
 
 import numpy as np
-import pytest
 
 from tests.browser import PLOT, commit_text, every_kth, plot_title, shot, wait_title, x_ticks
 

@@ -143,6 +143,8 @@ def _hidden_background(fig: go.Figure, hidden: np.ndarray | None) -> None:
     """Grey where a causal query cannot see (the pages say so in a caption, ``HIDDEN_NOTE``)."""
     if hidden is not None and hidden.any():
         fig.update_layout(plot_bgcolor=HIDDEN_COLOR)
+        fig.update_xaxes(showgrid=False)  # the grid would cross the grey at every cell's centre
+        fig.update_yaxes(showgrid=False)
 
 
 def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str], heads: list[int], *,

@@ -89,9 +89,10 @@ def overview(weights: np.ndarray, stats: dict[str, np.ndarray], *, shared_scale:
                      showgrid=False, range=[-0.5, width - 0.5], side="top")
     fig.update_yaxes(tickmode="array", tickvals=centres_y, ticktext=[f"L{l}" for l in range(layers)],
                      showgrid=False, range=[height - 0.5, -0.5], scaleanchor="x")
-    # the image keeps its aspect ratio; size the figure to it for a page about 1100 px wide
+    # the image keeps its aspect ratio; size the figure to it for a page about 1100 px wide, and let
+    # a deep model (SmolLM2's 30 layers) run longer than a screen rather than shrink its squares
     head = wrapped_title(title)
-    fig.update_layout(title=head, height=min(1000, int(1100 * height / width) + 130),
+    fig.update_layout(title=head, height=min(max(1000, 56 * layers + 130), int(1100 * height / width) + 130),
                       margin=dict(t=top_margin(head, room=40), l=40, r=10, b=10))
     return fig
 

@@ -8,7 +8,7 @@ import streamlit as st
 from models import Head
 from models.corpus import sentences_of
 
-from .models import ModelRef, ref_for
+from .models import LLM, ModelRef, ref_for
 
 MAX_CHARS = 20_000
 MAX_SENTENCES = 24
@@ -42,5 +42,5 @@ def settings() -> Settings:
         sentences = sentences[:MAX_SENTENCES]
     model = ref_for(ss.get("model", "minilm"), ss.get("device", "auto"))
     return Settings(model, sentences, bool(ss.get("hide_special")), bool(ss.get("merge_words")),
-                    bool(ss.get("shared_scale", True)), model.scratch and bool(ss.get("causal")),
+                    bool(ss.get("shared_scale", True)), model.scratch and model.choice not in LLM and bool(ss.get("causal")),
                     tuple(ss.get("heads_off") or ()) if model.scratch else ())

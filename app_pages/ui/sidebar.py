@@ -44,9 +44,12 @@ def sidebar() -> None:
           help="Sum over a word's pieces as keys, average over them as queries (Clark et al., 2019).")
     bound(sb.toggle, "shared_scale", True, cast=flag, label="One colour scale for all heads")
     scratch = choice in SCRATCH
-    bound(sb.toggle, "causal", False, cast=flag, label="Causal mask", disabled=not scratch or decoder,
-          help="SmolLM2 is a decoder: each token always sees only itself and earlier ones." if decoder else
-          "Each token sees only earlier ones; the from-scratch engine only.")
+    if decoder:  # always causal: shown on, and left alone
+        sb.toggle("Causal mask", True, disabled=True, key="causal_decoder",
+                  help="SmolLM2 is a decoder: each token always sees only itself and earlier ones.")
+    else:
+        bound(sb.toggle, "causal", False, cast=flag, label="Causal mask", disabled=not scratch,
+              help="Each token sees only earlier ones; the from-scratch engine only.")
     model = model_for(ref_for(choice, device), container=sb)
     if scratch:
         heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]

@@ -1,0 +1,81 @@
+"""SmolLM2 in Chromium: on every page that draws attention, each label inside its chart and no titles
+overlapping; on Explore, the cells a causal query cannot see painted grey and the cells it can see
+painted by their weight, read back from the screenshot's pixels."""
+import io
+from urllib.parse import urlencode
+
+import numpy as np
+import pytest
+
+from tests.browser import PLOT, shot
+from tests.test_browser_layout import GEOMETRY
+from viz.figures import HIDDEN_COLOR
+
+TEXT = "Which do you like better, coffee or tea?"
+PAGES = ["", "overview", "compare", "tokens", "text", "layers", "foci", "roles"]
+
+# The first heatmap's cell centres in page pixels, from plotly's own axes: rows are queries (top down)
+CELLS = """() => {
+  const gd = document.querySelector('.js-plotly-plot');
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+  const nx = xa._categories.length, ny = ya._categories.length;
+  const cx = i => box.left + xa._offset + (i + 0.5) * xa._length / nx;
+  const cy = j => box.top + ya._offset + (j + 0.5) * ya._length / ny;
+  return {n: nx, m: ny, xs: [...Array(nx).keys()].map(cx), ys: [...Array(ny).keys()].map(cy)};
+}"""
+
+
+def rgb(hex_colour: str) -> np.ndarray:
+    return np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
+
+
+@pytest.mark.parametrize("width", [1024, 1600])
+def test_llm_pages_are_readable(width, browser, server):
+    context = browser.new_context(viewport={"width": width, "height": 1200})
+    page = context.new_page()
+    try:
+        for path in PAGES:
+            page.goto(f"{server}/{path}?" + urlencode({"model": "smollm2_scratch", "text": TEXT, "corpus": "sidebar"}))
+            page.wait_for_selector(PLOT, timeout=180_000)
+            page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
+                                   timeout=120_000)
+            r = page.evaluate(GEOMETRY)
+            where = f"{path or 'explore'} · {width} px"
+            assert r["labels"] > 0 and r["titles"] > 0, where
+            assert not r["outside"], f"{where}: drawn outside the chart: {r['outside'][:5]}"
+            assert not r["overlaps"], f"{where}: titles overlap: {r['overlaps'][:3]}"
+            assert not page.locator("[data-testid='stException']").count(), where
+            assert "30 layers × 9 heads" in page.inner_text("[data-testid='stSidebar']"), where
+            shot(page, f"llm-{width}-{path or 'explore'}")
+    finally:
+        context.close()
+
+
+def test_the_causal_triangle_is_grey_and_the_rest_is_weight(browser, server):
+    from PIL import Image
+
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/?" + urlencode({"model": "smollm2_scratch", "text": TEXT, "layer": "20"}))
+        page.wait_for_selector(PLOT, timeout=180_000)
+        page.wait_for_selector(".js-plotly-plot .heatmaplayer image", state="attached", timeout=60_000)
+        cells = page.evaluate(CELLS)
+        n = cells["n"]
+        assert n == cells["m"] == 10
+        pixels = np.asarray(Image.open(io.BytesIO(page.screenshot())).convert("RGB")).astype(int)
+        scale = pixels.shape[1] / 1400
+
+        def colour(q: int, k: int) -> np.ndarray:
+            return pixels[int(cells["ys"][q] * scale), int(cells["xs"][k] * scale)]
+
+        shot(page, "llm-causal-triangle")
+        grey = rgb(HIDDEN_COLOR)
+        hidden = [(q, k) for q in range(n) for k in range(q + 1, n)]
+        seen = [(q, k) for q in range(n) for k in range(q + 1)]
+        assert all(np.abs(colour(q, k) - grey).max() <= 3 for q, k in hidden)
+        # a visible cell is drawn from the Blues scale: white to blue, never this grey
+        assert all(np.abs(colour(q, k) - grey).max() > 3 for q, k in seen)
+        assert (colour(9, 0)[2] > colour(9, 0)[0])  # the sink: the strongest weight of the last row, blue
+    finally:
+        context.close()
