@@ -114,3 +114,46 @@ def commit_text(page, text: str) -> None:
     box.press("Control+a")
     box.fill(text)
     box.press("Control+Enter")
+
+
+# Labels: tick labels of every axis (subplots too), token labels of the head view and of the shaded
+# text; titles: figure
+# and subplot titles. Boxes are the drawn text's, in page pixels.
+GEOMETRY = """() => {
+  const out = {labels: 0, titles: 0, outside: [], overlaps: []};
+  const titles = [];
+  const inside = (r, box) => r.left >= box.left - 1 && r.right <= box.right + 1 && r.top >= box.top - 1
+                             && r.bottom <= box.bottom + 1;
+  for (const plot of document.querySelectorAll('.js-plotly-plot')) {
+    const box = plot.getBoundingClientRect();
+    if (!box.width) continue;  // a chart in a tab not shown
+    for (const t of plot.querySelectorAll('.xaxislayer-above text, .yaxislayer-above text, .textpoint text, .heatmaplayer text')) {
+      const r = t.getBoundingClientRect();
+      if (!t.textContent.trim() || !r.width) continue;
+      out.labels++;
+      if (!inside(r, box)) out.outside.push(t.textContent);
+    }
+    for (const t of plot.querySelectorAll('.g-gtitle text, .annotation-text')) {
+      const r = t.getBoundingClientRect();
+      if (!r.width) continue;
+      out.titles++;
+      if (!inside(r, box)) out.outside.push('title: ' + t.textContent);
+      titles.push([t.textContent, r]);
+    }
+  }
+  for (let i = 0; i < titles.length; i++) for (let j = i + 1; j < titles.length; j++) {
+    const [a, p] = titles[i], [b, q] = titles[j];
+    if (p.left < q.right && q.left < p.right && p.top < q.bottom && q.top < p.bottom) out.overlaps.push(a + ' / ' + b);
+  }
+  return out;
+}"""
+
+
+def assert_readable(page, where: str) -> dict:
+    """Every label of the page's charts inside its chart, no two titles overlapping, no exception shown."""
+    r = page.evaluate(GEOMETRY)
+    assert r["labels"] > 0 and r["titles"] > 0, where
+    assert not r["outside"], f"{where}: drawn outside the chart: {r['outside'][:5]}"
+    assert not r["overlaps"], f"{where}: titles overlap: {r['overlaps'][:3]}"
+    assert not page.locator("[data-testid='stException']").count(), where
+    return r

@@ -5,7 +5,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.browser import PLOT, shot
+from tests.browser import PLOT, assert_readable, shot
 
 LONG_WORD = "Pneumonoultramicroscopicsilico"  # 30 characters: one label once pieces are merged into words
 LONG = (f"The {LONG_WORD} samples were sealed in glass before the long winter, and every technician in the "
@@ -14,39 +14,6 @@ LONG = (f"The {LONG_WORD} samples were sealed in glass before the long winter, a
 TEXTS = {"3 tokens": ("Hi", {}), "80 tokens, a 30-character word": (LONG, {"merge_words": "true"})}
 VIEWS = [("", {}), ("explore", {}), ("overview", {}), ("tokens", {}), ("text", {}), ("roles", {}), ("layers", {}), ("foci", {})] + [
     ("compare", {"picks": str(n)}) for n in (1, 2, 3, 4)]
-
-# Labels: tick labels of every axis (subplots too), token labels of the head view and of the shaded
-# text; titles: figure
-# and subplot titles. Boxes are the drawn text's, in page pixels.
-GEOMETRY = """() => {
-  const out = {labels: 0, titles: 0, outside: [], overlaps: []};
-  const titles = [];
-  const inside = (r, box) => r.left >= box.left - 1 && r.right <= box.right + 1 && r.top >= box.top - 1
-                             && r.bottom <= box.bottom + 1;
-  for (const plot of document.querySelectorAll('.js-plotly-plot')) {
-    const box = plot.getBoundingClientRect();
-    if (!box.width) continue;  // a chart in a tab not shown
-    for (const t of plot.querySelectorAll('.xaxislayer-above text, .yaxislayer-above text, .textpoint text, .heatmaplayer text')) {
-      const r = t.getBoundingClientRect();
-      if (!t.textContent.trim() || !r.width) continue;
-      out.labels++;
-      if (!inside(r, box)) out.outside.push(t.textContent);
-    }
-    for (const t of plot.querySelectorAll('.g-gtitle text, .annotation-text')) {
-      const r = t.getBoundingClientRect();
-      if (!r.width) continue;
-      out.titles++;
-      if (!inside(r, box)) out.outside.push('title: ' + t.textContent);
-      titles.push([t.textContent, r]);
-    }
-  }
-  for (let i = 0; i < titles.length; i++) for (let j = i + 1; j < titles.length; j++) {
-    const [a, p] = titles[i], [b, q] = titles[j];
-    if (p.left < q.right && q.left < p.right && p.top < q.bottom && q.top < p.bottom) out.overlaps.push(a + ' / ' + b);
-  }
-  return out;
-}"""
-
 
 @pytest.mark.parametrize("width", [1024, 1920])
 def test_every_label_inside_its_chart_and_no_titles_overlap(width, browser, server):
@@ -63,12 +30,7 @@ def test_every_label_inside_its_chart_and_no_titles_overlap(width, browser, serv
                 page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n",
                                        arg=n_charts, timeout=60_000)
                 page.wait_for_timeout(1500)  # every chart of the page drawn
-                r = page.evaluate(GEOMETRY)
-                where = f"{path or 'home'} {params} · {name} · {width} px"
-                assert r["labels"] > 0 and r["titles"] > 0, where
-                assert not r["outside"], f"{where}: drawn outside the chart: {r['outside'][:5]}"
-                assert not r["overlaps"], f"{where}: titles overlap: {r['overlaps'][:3]}"
-                assert not page.locator("[data-testid='stException']").count(), where
+                r = assert_readable(page, f"{path or 'home'} {params} · {name} · {width} px")
                 checked.append(r["labels"])
                 if name != "3 tokens":
                     shot(page, f"layout-{width}-{path or 'home'}{params.get('picks', '')}")

@@ -7,8 +7,7 @@ from urllib.parse import urlencode
 import numpy as np
 import pytest
 
-from tests.browser import PLOT, shot
-from tests.test_browser_layout import GEOMETRY
+from tests.browser import PLOT, assert_readable, shot
 from viz.figures import HIDDEN_COLOR
 
 TEXT = "Which do you like better, coffee or tea?"
@@ -39,12 +38,8 @@ def test_llm_pages_are_readable(width, browser, server):
             page.wait_for_selector(PLOT, timeout=180_000)
             page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
                                    timeout=120_000)
-            r = page.evaluate(GEOMETRY)
             where = f"{path or 'explore'} · {width} px"
-            assert r["labels"] > 0 and r["titles"] > 0, where
-            assert not r["outside"], f"{where}: drawn outside the chart: {r['outside'][:5]}"
-            assert not r["overlaps"], f"{where}: titles overlap: {r['overlaps'][:3]}"
-            assert not page.locator("[data-testid='stException']").count(), where
+            assert_readable(page, where)
             assert "30 layers × 9 heads" in page.inner_text("[data-testid='stSidebar']"), where
             shot(page, f"llm-{width}-{path or 'explore'}")
     finally:

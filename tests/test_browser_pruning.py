@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from models import load_model
-from tests.browser import shot
+from tests.browser import GEOMETRY, shot
 from tests.test_app_pruning import SENTENCES
-from tests.test_browser_layout import GEOMETRY
 
 LINK = {"prune_on": "sidebar", "text": "\n".join(SENTENCES)}
 

@@ -1,8 +1,7 @@
 """The Train page in Chromium: it updates live while it trains, stops, and every label is readable."""
 import re
 
-from tests.browser import shot
-from tests.test_browser_layout import GEOMETRY
+from tests.browser import GEOMETRY, shot
 
 
 def progress_step(page) -> int:
