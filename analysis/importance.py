@@ -8,9 +8,10 @@ sentences. Models with a loss also have Michel et al.'s (2019) gradient importan
 |dL/d(mask of h)|, averaged over the data and L2-normalised per layer.
 
 A language model (SmolLM2) is measured by what it is for, ``measure="loss"``: a head's ablation
-importance is the rise of the next-token loss with it alone switched off, and a pruned model is
-measured by its loss and by top-1 agreement (the share of next-token predictions equal to the full
-model's).
+importance is the rise of the next-token loss with it alone switched off, its gradient importance
+|dL/d(mask of h)| without the per-layer normalisation (on SmolLM2 the normalised ranking prunes
+worse than random order: ``bench.bench_smollm2_pruning``), and a pruned model is measured by its
+loss and by top-1 agreement (the share of next-token predictions equal to the full model's).
 
 Pruning curves follow Michel et al.: 10% of the heads go per step, the least important first,
 importance recomputed on the pruned model after each step; against random order and an order
@@ -156,7 +157,8 @@ def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: 
     switched off to ``reference`` (default: the model's own embeddings), averaged over sentences;
     with ``measure="loss"``, the next-token loss with that head alone off minus ``reference``
     (default: the full model's loss). ``method="gradient"`` (a model with a loss): |dL/d(mask of h)| per batch of sentences,
-    averaged over the batches and L2-normalised within each layer, as Michel et al. (2019) do.
+    averaged over the batches and L2-normalised within each layer, as Michel et al. (2019) do; with
+    ``measure="loss"``, not normalised (nats per unit of the head's gate).
     """
     _needs_scratch(model, "Head importance")
     _check_measure(model, measure)
@@ -181,7 +183,8 @@ def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: 
             for (layer, head), emb in zip(heads, variants):
                 values[layer, head] = float(np.mean(1.0 - cosines(emb, ref)))
     elif method == "gradient":
-        values[present] = _gradient_importance(model, sentences, batch_size, progress)[present]
+        values[present] = _gradient_importance(model, sentences, batch_size, progress,
+                                               per_layer=measure != "loss")[present]
     else:
         raise HeadLensError(f"Unknown importance method '{method}': choose 'ablation' or 'gradient'.")
     layer, head = np.divmod(np.arange(model.n_layers * model.n_heads), model.n_heads)
@@ -196,7 +199,7 @@ def _check_measure(model: AttentionModel, measure: str) -> None:
         raise HeadLensError(f"{model.name} is not a language model: it has no next-token loss; use measure='embedding'.")
 
 
-def _gradient_importance(model, sentences, batch_size, progress) -> np.ndarray:
+def _gradient_importance(model, sentences, batch_size, progress, per_layer: bool = True) -> np.ndarray:
     if getattr(model, "loss", None) is None:
         raise HeadLensError(f"{model.name} has no loss to differentiate (it was not trained in HeadLens); "
                             "use method='ablation'.")
@@ -210,6 +213,8 @@ def _gradient_importance(model, sentences, batch_size, progress) -> np.ndarray:
         if progress is not None:
             progress(min(start + batch_size, len(sentences)), len(sentences))
     importance = (total / len(starts)).detach().cpu().numpy().astype(np.float64)
+    if not per_layer:
+        return importance
     norms = np.linalg.norm(importance, axis=1, keepdims=True)
     return np.divide(importance, norms, out=np.zeros_like(importance), where=norms > 0)
 
@@ -351,7 +356,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
                 before = done
                 imp = head_importance(current, sentences, method="gradient" if measure == "loss" else "ablation",
                                       ablation="mean" if means is not None else "zero", head_means=means,
-                                      reference=full, progress=lambda d, t: tick(before + d - done))
+                                      reference=full, measure=measure, progress=lambda d, t: tick(before + d - done))
                 ranked = imp[~imp["pruned"]].sort_values("importance", kind="stable")
                 chosen = [(int(r.layer), int(r.head)) for r in ranked.head(need).itertuples()]
             elif order == "importance":

@@ -70,33 +70,29 @@ def test_ablation_importance_is_the_rise_of_transformers_loss_with_the_head_remo
 
 
 def test_gradient_importance_is_the_gradient_of_the_loss_by_each_heads_gate(tiny):
+    """|dL/d(gate)| itself, not normalised per layer as for an embedding's importance; the reference gates
+    each head of transformers' model by scaling its slice of o_proj's input, and differentiates its loss."""
     ours, hf, tok = tiny
     imp = head_importance(ours, TEXTS, method="gradient", measure="loss", batch_size=len(TEXTS))
-    # the derivative by a head's gate, by central differences on transformers' loss with o_proj scaled
-    dh, eps = hf.config.hidden_size // hf.config.num_attention_heads, 1e-3
-    raw = np.zeros((2, 4))
-    for layer in range(2):
-        for head in range(4):
-            weight = hf.model.layers[layer].self_attn.o_proj.weight
-            keep = weight.detach().clone()
-            losses = []
-            for scale in (1 + eps, 1 - eps):
-                with torch.no_grad():
-                    weight[:, head * dh:(head + 1) * dh] = keep[:, head * dh:(head + 1) * dh] * scale
-                losses.append(_padded_batch_loss(hf, tok, TEXTS))
-            with torch.no_grad():
-                weight.copy_(keep)
-            raw[layer, head] = abs(losses[0] - losses[1]) / (2 * eps)
-    want = raw / np.linalg.norm(raw, axis=1, keepdims=True)
-    np.testing.assert_allclose(imp["importance"].to_numpy().reshape(2, 4), want, atol=2e-3)
+    heads, dh = hf.config.num_attention_heads, hf.config.hidden_size // hf.config.num_attention_heads
+    gate = torch.ones(hf.config.num_hidden_layers, heads, requires_grad=True)
 
+    def gated(layer):
+        def hook(module, args):
+            x = args[0]
+            return (x * gate[layer].repeat_interleave(dh),)
+        return hook
 
-def _padded_batch_loss(hf, tok, texts) -> float:
-    """transformers' loss of ``texts`` as one padded batch, every real next token counted once (as ours)."""
-    enc = tok(texts, return_tensors="pt", padding=True)
-    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
-    with torch.inference_mode():
-        return float(hf(**enc, labels=labels).loss.double())
+    handles = [block.self_attn.o_proj.register_forward_pre_hook(gated(i)) for i, block in enumerate(hf.model.layers)]
+    try:
+        enc = tok(TEXTS, return_tensors="pt", padding=True)
+        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+        (grad,) = torch.autograd.grad(hf(**enc, labels=labels).loss, gate)
+    finally:
+        for handle in handles:
+            handle.remove()
+    np.testing.assert_allclose(imp["importance"].to_numpy().reshape(grad.shape), grad.abs().numpy(), rtol=1e-4,
+                               atol=1e-6)
 
 
 def test_curves_measure_each_pruned_model_as_transformers_with_those_heads_removed(tiny):
