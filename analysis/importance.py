@@ -110,6 +110,7 @@ class Ablation:
     attention_change: np.ndarray  # (layers, heads): mean total-variation distance of each head's rows; NaN for an ablated head
     loss: float | None = None     # the model's loss with the heads off, where it has one
     full_loss: float | None = None
+    sentence_losses: np.ndarray | None = None  # (sentences, 2): each one's next-token loss, full and heads off
 
 
 def attention_change(full: Sequence[Attention], ablated: Sequence[Attention]) -> np.ndarray:
@@ -138,13 +139,16 @@ def ablate(model: AttentionModel, sentences: Sequence[str], heads, *, ablation: 
                               model.attend(list(sentences), head_mask=mask, head_means=means))
     for layer, head in pairs:
         change[layer, head] = np.nan
-    loss = full_loss = None
+    loss = full_loss = per_sentence = None
     if getattr(model, "loss", None) is not None:
         with torch.inference_mode():
             full_loss = float(model.loss(list(sentences)))
             loss = float(model.loss(list(sentences), head_mask=torch.as_tensor(mask, device=model.device),
                                     head_means=means))
-    return Ablation(pairs, ablation, cosines(full_emb, off_emb), change, loss, full_loss)
+    if hasattr(model, "loss_variants"):  # a language model: each sentence's next-token loss, full and heads off
+        full_mask = np.ones_like(mask)
+        per_sentence = np.array([model.loss_variants([s], [full_mask, mask], head_means=means) for s in sentences])
+    return Ablation(pairs, ablation, cosines(full_emb, off_emb), change, loss, full_loss, per_sentence)
 
 
 def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: str = "ablation",

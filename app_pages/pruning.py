@@ -129,7 +129,10 @@ change = head_values_grid(effect.attention_change, marked=np.isnan(effect.attent
                           value_name="change")
 chart(change, "prune-ablate-grid")
 st.caption(ABOUT["change"])
-st.dataframe(pd.DataFrame({"sentence": s.sentences, "cosine to the full model": effect.cosine.round(4)}),
-             hide_index=True, key="prune-ablate-cosines")
+per_sentence = {"cosine to the full model": effect.cosine.round(4)}
+if effect.sentence_losses is not None:
+    per_sentence = {"loss, every head": effect.sentence_losses[:, 0].round(4),
+                    "loss, these heads off": effect.sentence_losses[:, 1].round(4), **per_sentence}
+st.dataframe(pd.DataFrame({"sentence": s.sentences, **per_sentence}), hide_index=True, key="prune-ablate-cosines")
 if effect.loss is not None:
     st.caption(f"Loss {effect.loss:.4f} with these heads off; {effect.full_loss:.4f} with every head.")

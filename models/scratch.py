@@ -241,7 +241,7 @@ class DecoderModel(ScratchModel):
             total, count, _ = self.next_token_sums(h, inputs["input_ids"], inputs["attention_mask"])
             sums[k] += float(total)
             counts[k] += count
-        return sums / np.maximum(counts, 1)
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)  # a one-token text predicts nothing
 
     def predictions(self, texts: Sequence[str], *, batch_size: int = 32) -> tuple[float, np.ndarray]:
         """``(mean next-token loss, top-1 prediction at every predicted token)`` over ``texts``, in a fixed order."""

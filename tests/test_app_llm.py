@@ -3,8 +3,9 @@ the causal upper triangle drawn as not visible, the first token (a sink) left ou
 attention, rollout with causal rows, and Pruning by next-token loss; on both engines."""
 import numpy as np
 import pytest
+import torch
 
-from analysis import head_importance, rollout
+from analysis import flow, head_importance, rollout
 from analysis.foci import received
 from tests.conftest import ROOT, decode, figures, heatmaps
 from viz.figures import HIDDEN_COLOR
@@ -90,6 +91,10 @@ def test_rollout_rows_are_causal(new_app, smollm2):
     want = rollout(att)[29]
     np.testing.assert_allclose(rolled[~upper], want[~upper], atol=1e-5)
     assert not np.triu(want, 1).any() and np.allclose(want.sum(-1), 1, atol=1e-5)
+    flowed = decode(heatmaps(figures(at)[2])[0]["z"]).astype(float)  # flow from the last layer
+    want = flow(att)
+    assert np.isnan(flowed[upper]).all() and not np.triu(want, 1).any()
+    np.testing.assert_allclose(flowed[~upper], want[~upper], atol=1e-5)
 
 
 def test_pruning_measures_heads_by_the_gradient_of_the_next_token_loss(new_app, smollm2):
@@ -103,3 +108,14 @@ def test_pruning_measures_heads_by_the_gradient_of_the_next_token_loss(new_app, 
     line = next(t for t in curves["data"] if t["name"] == "by importance" and t["xaxis"] == "x")
     assert decode(line["y"])[0] == pytest.approx(smollm2.predictions(SENTENCES)[0], rel=1e-5)
     assert [m.label for m in at.metric] == ["Next-token loss", "Top-1 agreement", "Forward time"]
+    # the heads switched off together: each sentence's loss with and without them
+    off = at.multiselect(key="ablate").value
+    table = next(d.value for d in at.dataframe if "loss, these heads off" in d.value.columns)
+    mask = torch.ones(30, 9)
+    for layer, head in off:
+        mask[layer, head] = 0
+    with torch.inference_mode():
+        for i, text in enumerate(SENTENCES):
+            assert table["loss, every head"][i] == pytest.approx(float(smollm2.loss([text])), abs=1e-4)
+            assert table["loss, these heads off"][i] == pytest.approx(float(smollm2.loss([text], head_mask=mask)),
+                                                                     abs=1e-4)
