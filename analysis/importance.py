@@ -160,7 +160,8 @@ def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: 
     ``method="ablation"``: one minus the cosine of each sentence's embedding with that head alone
     switched off to ``reference`` (default: the model's own embeddings), averaged over sentences;
     with ``measure="loss"``, the next-token loss with that head alone off minus ``reference``
-    (default: the full model's loss). ``method="gradient"`` (a model with a loss): |dL/d(mask of h)| per batch of sentences,
+    (default: the full model's loss). ``method="gradient"`` (a model with a loss): |dL/d(mask of h)| per batch of
+    sentences,
     averaged over the batches and L2-normalised within each layer, as Michel et al. (2019) do; with
     ``measure="loss"``, not normalised (nats per unit of the head's gate).
     """
@@ -200,7 +201,8 @@ def _check_measure(model: AttentionModel, measure: str) -> None:
     if measure not in MEASURES:
         raise HeadLensError(f"Unknown measure '{measure}': choose 'embedding' or 'loss'.")
     if measure == "loss" and not hasattr(model, "loss_variants"):
-        raise HeadLensError(f"{model.name} is not a language model: it has no next-token loss; use measure='embedding'.")
+        raise HeadLensError(f"{model.name} is not a language model: it has no next-token loss; "
+                            "use measure='embedding'.")
 
 
 def _gradient_importance(model, sentences, batch_size, progress, per_layer: bool = True) -> np.ndarray:

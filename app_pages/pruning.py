@@ -6,14 +6,15 @@ import pandas as pd
 import streamlit as st
 
 from analysis import ablate, heads_marked
-from analysis.importance import (ABLATIONS, NEIGHBOURS, ORDERS, curve_summary, importance_by_role,
-                                 most_important_with_a_later_layer, point_comparison, prune_counts)
+from analysis.importance import (ABLATIONS, NEIGHBOURS, curve_summary, importance_by_role,
+                                 most_important_with_a_later_layer, prune_counts)
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.messages import stop_with
 from app_pages.ui.models import model_for
 from app_pages.ui.profiles import profile
 from app_pages.ui.pruning import (ABOUT, MEASURES, METHODS, correlations, curves, curves_csv, engine_model,
-                                  has_curves, importance, measure_of, pruned_zip, proxy_table, pruning_sentences)
+                                  has_curves, importance, measure_of, pruned_zip, proxy_table, pruning_sentences,
+                                  show_point)
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound, head_from_url, head_to_url
 from models import HeadLensError, head_label
@@ -76,17 +77,7 @@ fig = pruning_curves(summary, at=at / total, measures=MEASURES["loss"] if measur
                      title=f"Pruning curves · {len(sentences)} sentences · {ablation} ablation")
 chart(fig, "prune-curves")
 st.caption(ABOUT["curves"] if measure == "embedding" else ABOUT["llm_curves"])
-point = point_comparison(summary, at).set_index("order")
-by_imp, rand = point.loc["importance"], point.loc["random"]
-columns = st.columns(3)
-for col, (column, name, about), digits in zip(columns, MEASURES[measure], (3, 2)):
-    col.metric(name, f"{by_imp[column]:.{digits}f}", f"{by_imp[column] - rand[column]:+.{digits}f} vs random",
-               help=about, delta_color="inverse" if column == "loss" else "normal")
-columns[2].metric("Forward time", f"{by_imp.speed:.2f} × full",
-                  help=f"{by_imp.forward_s:.2f} s against {by_imp.forward_s / by_imp.speed:.2f} s for the full model.")
-st.dataframe(pd.DataFrame({"pruned": [ORDERS[o] for o in point.index],
-                           **{name.lower(): point[column].round(4) for column, name, _ in MEASURES[measure]},
-                           "forward time / full": point["speed"].round(2)}), hide_index=True, key="prune-point")
+show_point(summary, at, measure)
 
 st.markdown("**The pruned model**")
 if pruned:

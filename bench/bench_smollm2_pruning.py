@@ -37,7 +37,8 @@ def main() -> None:
     for method in ("ablation", "gradient"):
         start = time.perf_counter()
         imp[method] = head_importance(model, sentences, method=method, measure="loss")["importance"].to_numpy()
-        print(f"importance by {method}: {time.perf_counter() - start:.1f} s for 270 heads on {len(sentences)} sentences")
+        print(f"importance by {method}: {time.perf_counter() - start:.1f} s for 270 heads on "
+              f"{len(sentences)} sentences")
     a, g = imp["ablation"].reshape(30, 9), imp["gradient"].reshape(30, 9)
     within = np.nanmean([spearmanr(a[l], g[l]).statistic for l in range(30)])
     print(f"Spearman, ablation vs gradient: {spearmanr(a.ravel(), g.ravel()).statistic:.2f} over all heads, "
@@ -54,7 +55,8 @@ def main() -> None:
     print(f"full model: loss {full['loss']:.3f}")
     rows = summary[summary["n_pruned"].isin(list(POINTS))]
     for row in rows.itertuples():
-        print(f"{POINTS[row.n_pruned]:>4} pruned, {row.order:<10}: loss {row.loss:.3f}, top-1 agreement {row.agreement:.3f}")
+        print(f"{POINTS[row.n_pruned]:>4} pruned, {row.order:<10}: loss {row.loss:.3f}, "
+              f"top-1 agreement {row.agreement:.3f}")
 
 
 if __name__ == "__main__":

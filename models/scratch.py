@@ -213,7 +213,8 @@ class DecoderModel(ScratchModel):
                              return_tensors="pt")
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
         fill = None if head_means is None else self._head_fill(head_means, head_mask)
-        h = self.stack(ids, mask, need_weights=False, need_logits=False, head_mask=head_mask, head_fill=fill).last_hidden_state
+        h = self.stack(ids, mask, need_weights=False, need_logits=False, head_mask=head_mask,
+                       head_fill=fill).last_hidden_state
         total, count, _ = self.next_token_sums(h, ids, mask)
         return total / max(count, 1)
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis.importance import (ABLATIONS, NEIGHBOURS, attention_proxies, curve_work, head_importance,
-                                 proxy_correlations, prune_counts, pruning_curve)
+from analysis.importance import (ABLATIONS, NEIGHBOURS, ORDERS, attention_proxies, curve_work, head_importance,
+                                 point_comparison, proxy_correlations, prune_counts, pruning_curve)
 from analysis.profile import corpus_hash
 from models import AttentionModel, Head, head_label
 from models.corpus import CORPUS
@@ -99,7 +99,8 @@ def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
     sources = {**SOURCES, "sample": f"{LLM_SAMPLE} sentences of the built-in corpus"} if llm else SOURCES
     source = bound(st.segmented_control, "prune_on", "sample", init="default", options=list(sources), cast=str,
                    label="Sentences to measure on", format_func=sources.get, required=True)
-    sentences = (corpus_sample(LLM_SAMPLE if llm else SAMPLE) if source == "sample" else list(CORPUS) if source == "corpus"
+    sample = LLM_SAMPLE if llm else SAMPLE
+    sentences = (corpus_sample(sample) if source == "sample" else list(CORPUS) if source == "corpus"
                  else s.sentences if source == "sidebar" else uploaded_sentences())
     if len(sentences) > MAX_SENTENCES:
         st.warning(f"Measuring on the first {MAX_SENTENCES} of {len(sentences)} sentences: each step of the "
@@ -236,3 +237,19 @@ def curves_csv(frame: pd.DataFrame) -> str:
     return frame.assign(heads=frame["heads"].map(lambda heads: ", ".join(head_label(*h) for h in heads))).to_csv(
         index=False)
 
+
+
+def show_point(summary: pd.DataFrame, at: int, measure: str) -> None:
+    """The pruned model at ``at`` heads, by importance against random order: metrics, and every order in a table."""
+    point = point_comparison(summary, at).set_index("order")
+    by_imp, rand = point.loc["importance"], point.loc["random"]
+    columns = st.columns(3)
+    for col, (column, name, about), digits in zip(columns, MEASURES[measure], (3, 2)):
+        col.metric(name, f"{by_imp[column]:.{digits}f}", f"{by_imp[column] - rand[column]:+.{digits}f} vs random",
+                   help=about, delta_color="inverse" if column == "loss" else "normal")
+    columns[2].metric("Forward time", f"{by_imp.speed:.2f} × full",
+                      help=f"{by_imp.forward_s:.2f} s against {by_imp.forward_s / by_imp.speed:.2f} s for the full "
+                           "model.")
+    st.dataframe(pd.DataFrame({"pruned": [ORDERS[o] for o in point.index],
+                               **{name.lower(): point[column].round(4) for column, name, _ in MEASURES[measure]},
+                               "forward time / full": point["speed"].round(2)}), hide_index=True, key="prune-point")

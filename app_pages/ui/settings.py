@@ -42,5 +42,6 @@ def settings() -> Settings:
         sentences = sentences[:MAX_SENTENCES]
     model = ref_for(ss.get("model", "minilm"), ss.get("device", "auto"))
     return Settings(model, sentences, bool(ss.get("hide_special")), bool(ss.get("merge_words")),
-                    bool(ss.get("shared_scale", True)), model.scratch and model.choice not in LLM and bool(ss.get("causal")),
+                    bool(ss.get("shared_scale", True)),
+                    model.scratch and model.choice not in LLM and bool(ss.get("causal")),  # a decoder is causal anyway
                     tuple(ss.get("heads_off") or ()) if model.scratch else ())
