@@ -169,3 +169,17 @@ def head_detector(model: AttentionModel, *, seed: int = 0, sentences: Sequence[s
         mean, lo, hi = interval(np.asarray(scores[name], dtype=np.float64), seed=seed)
         columns.update({name: mean.ravel(), f"{name}_lo": lo.ravel(), f"{name}_hi": hi.ravel()})
     return pd.DataFrame(columns)
+
+
+# A head takes the first of these whose 95% interval lies wholly above its bar (the lower end clears it).
+DETECTOR_LABELS = {"induction": ("induction", 0.4), "duplicate_token": ("duplicate token", 0.4),
+                   "previous_token": ("previous token", 0.4), "sink": ("sink", 0.5)}
+
+
+def detector_labels(df: pd.DataFrame) -> list[str]:
+    """A label for each row of ``head_detector``: induction, duplicate token, previous token, sink, or other."""
+    out = []
+    for r in df.itertuples():
+        out.append(next((label for name, (label, bar) in DETECTOR_LABELS.items() if getattr(r, f"{name}_lo") >= bar),
+                        "other"))
+    return out

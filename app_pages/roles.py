@@ -5,8 +5,10 @@ import streamlit as st
 from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view, similar_heads
 from analysis.labels import strongest
 from app_pages.ui.caches import attention
+from app_pages.ui.detector import show_decoder_heads
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.messages import plain
+from app_pages.ui.models import LLM
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile, profile_file
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, head_from_url, head_to_url
@@ -110,3 +112,5 @@ if profiled.attentions is None:
             "a head is strongest and which heads behave alike.")
 else:
     show_similar_heads()
+if s.model.choice in LLM:
+    show_decoder_heads(s.model)

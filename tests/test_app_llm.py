@@ -119,3 +119,21 @@ def test_pruning_measures_heads_by_the_gradient_of_the_next_token_loss(new_app, 
             assert table["loss, every head"][i] == pytest.approx(float(smollm2.loss([text])), abs=1e-4)
             assert table["loss, these heads off"][i] == pytest.approx(float(smollm2.loss([text], head_mask=mask)),
                                                                      abs=1e-4)
+
+
+def test_head_roles_detect_the_induction_heads_and_show_one_on_a_repeated_sequence(new_app, smollm2):
+    from analysis.detector import repeated_sequences
+
+    at = llm(new_app, page="app_pages/roles.py")
+    table = next(d.value for d in at.dataframe if "induction_lo" in d.value.columns)
+    top = table.sort_values("induction", ascending=False).iloc[0]
+    assert (top["layer"], top["head"], top["label"]) == (18, 6, "induction") and top["induction_lo"] > 0.85
+    assert (table["label"] == "sink").sum() > 100
+    grid = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("Decoder heads"))
+    assert "induction" in str(heatmaps(grid)[0]["text"])
+    example = next(f for f in figures(at) if "repeated twice" in f["layout"]["title"]["text"])
+    assert example["layout"]["title"]["text"].startswith("L18 H6")
+    att = smollm2.attend(repeated_sequences(smollm2.tokenizer, 1, 30)[0])
+    z = decode(heatmaps(example)[0]["z"]).astype(float)
+    lower = ~np.triu(np.ones(z.shape, bool), 1)
+    np.testing.assert_allclose(z[lower], att.weights[18, 6][lower], atol=1e-5)

@@ -102,6 +102,8 @@ ROLE_COLORS = {
     "[CLS]": "#7f7f7f", "first token (sink)": "#7f7f7f", "punctuation": "#e377c2", "sentence type focus": "#d62728",
     "object focus": "#2ca02c",
     "relation focus": "#ff7f0e", "sentiment focus": "#9467bd", "broad": "#f7dc6f", "mixed": "#ffffff",
+    # the decoder head detector's labels
+    "induction": "#d62728", "duplicate token": "#2ca02c", "sink": "#7f7f7f", "other": "#ffffff",
 }
 
 

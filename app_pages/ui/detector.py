@@ -1,0 +1,73 @@
+"""Head roles for a decoder: the head detector's scores as a grid, and a chosen head on a repeated sequence."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from analysis import DETECTORS, make_view
+from analysis.detector import DETECTOR_LABELS, detector_labels, head_detector, repeated_sequences
+from models import head_label
+from viz import head_heatmap, role_grid
+
+from .caches import SharedCache, cached_attention, computed_once
+from .exports import chart
+from .models import ModelRef, cached_model
+from .pruning import Bar, corpus_sample
+from .state import choose, head_from_url, head_to_url
+
+SENTENCES = 100  # natural sentences for previous-token and sink scores: spread over the built-in corpus
+SEQUENCES, LENGTH = 32, 30  # repeated random sequences, and the tokens of each copy
+ABOUT = (f"On {SEQUENCES} sequences of {LENGTH} random words repeated twice (Olsson et al. 2022): induction is the "
+         "weight a token of the second copy gives the token after its earlier occurrence, duplicate token the weight "
+         f"on that occurrence itself; on {SENTENCES} sentences of the built-in corpus, previous token is the weight "
+         "on the token just before, sink the weight of the queries after the first on the first token. Each is a "
+         "mean with its 95% bootstrap interval; a head is labelled by the first score whose interval lies wholly "
+         "above its bar (" + ", ".join(f"{label} {bar}" for label, bar in DETECTOR_LABELS.values()) + "), else other.")
+NAMES = {"previous_token": "previous token", "duplicate_token": "duplicate token", "induction": "induction",
+         "sink": "sink"}
+
+
+@st.cache_resource
+def detector_cache() -> SharedCache:
+    return SharedCache(max_entries=8)
+
+
+def detected(ref: ModelRef) -> pd.DataFrame:
+    """``head_detector`` on the model behind ``ref``, once for every session, with a progress bar."""
+    def compute() -> pd.DataFrame:
+        bar = Bar(f"Running {SEQUENCES} repeated sequences")
+        df = head_detector(cached_model(ref), sentences=corpus_sample(SENTENCES), n_sequences=SEQUENCES, length=LENGTH,
+                           progress=bar)
+        bar.empty()
+        return df.assign(label=detector_labels(df))
+
+    return computed_once(detector_cache(), ("detector", ref), compute,
+                         "Another session is detecting the same heads; its result will be shown here…").copy()
+
+
+def show_decoder_heads(ref: ModelRef) -> None:
+    """The section of Head roles that a decoder gets: the detector's grid, its table, and a head on a repeated sequence."""
+    st.subheader("Decoder heads: induction, duplicate token, previous token, sink")
+    df = detected(ref)
+    tips = ["<br>".join(f"{NAMES[n]}: {r[n]:.2f} ({r[f'{n}_lo']:.2f}–{r[f'{n}_hi']:.2f})" for n in DETECTORS)
+            for _, r in df.iterrows()]
+    chart(role_grid(df["layer"].to_numpy(), df["head"].to_numpy(), df["label"].tolist(), tips,
+                    title="Decoder heads · repeated random sequences and the built-in corpus"), "roles-detector")
+    st.caption(ABOUT)
+    columns = ["layer", "head", "label", *(c for n in DETECTORS for c in (n, f"{n}_lo", f"{n}_hi"))]
+    st.dataframe(df[columns].style.format(precision=2), hide_index=True, key="roles-detector-table")
+    st.download_button("Decoder heads · CSV", lambda: df[columns].to_csv(index=False), "headlens-decoder-heads.csv",
+                       "text/csv", key="roles-detector-csv", on_click="ignore")
+    ranked = df.sort_values("induction", ascending=False)
+    picks = list(zip(ranked["layer"].tolist(), ranked["head"].tolist()))
+    induction = dict(zip(picks, ranked["induction"].tolist()))
+    layer, head = choose("Head on a repeated sequence", picks, "detector_head", cast=head_from_url, to_url=head_to_url,
+                         format_func=lambda h: f"{head_label(*h)} · induction {induction[h]:.2f}")
+    model = cached_model(ref)
+    text = repeated_sequences(model.tokenizer, 1, LENGTH)[0]
+    v = make_view(cached_attention(model, ref, text, False, ()))
+    chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=760, max_cells=None,
+                       visible=v.visible(), title=f"{head_label(layer, head)} on a sequence repeated twice"),
+          "roles-detector-example")
+    st.caption("An induction head lights a diagonal offset by one below the main one in the lower-left square: each "
+               "token of the second copy looks at the token that followed it the first time.")
