@@ -160,6 +160,19 @@ class MultiHeadAttention(nn.Module):
             wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
         return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
 
+    def value_norms(self, value: torch.Tensor) -> torch.Tensor:
+        """``(B, H, Lk)``: the length of what each head would move from each key, ``||W_O^h (W_V^h x_j + b_V^h)||``
+        (Kobayashi et al. 2020), for ``value`` ``(B, Lk, vdim)`` as ``forward`` receives it. A head's output
+        at query i is the sum over keys j of its weight times this vector, so weight x length is how much
+        of key j reaches the query through the head."""
+        B, Lk, _ = value.shape
+        H, Dh = self.num_heads, self.head_dim
+        v = self.project(value, value, value)[2].view(B, Lk, self.num_kv_heads, Dh)   # (B, Lk, Hkv, Dh)
+        if self.kv_heads is not None:
+            v = v.index_select(2, torch.tensor(self.kv_heads, dtype=torch.long, device=v.device))
+        w_out = self.out_proj.weight.view(-1, H, Dh)                       # (E, H, Dh)
+        return torch.einsum("blhd,ehd->bhle", v, w_out).norm(dim=-1)       # (B, H, Lk)
+
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
                 attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True, *,

@@ -154,6 +154,30 @@ class ScratchModel(AttentionModel):
                     if progress is not None:
                         progress(done, total)
 
+    def value_norms(self, text: str) -> np.ndarray:
+        """``(layers, heads, n, n)`` float32 for one text: each weight times the length of what its key sends
+        through its head, ``||α_ij W_O^h (W_V^h x_j + b_V^h)||`` (Kobayashi et al. 2020): attention to a key
+        that sends almost nothing (a sink, [SEP]) counts for little. Pruned heads are zero."""
+        lengths: dict[int, torch.Tensor] = {}
+
+        def keep(layer):
+            def hook(module, args):
+                with torch.inference_mode():
+                    lengths[layer] = module.value_norms(args[0])[0]              # (kept heads, n)
+            return hook
+
+        handles = [block.attn.register_forward_pre_hook(keep(i)) for i, block in enumerate(self.stack.layers)]
+        try:
+            att = self.attend(text)
+        finally:
+            for handle in handles:
+                handle.remove()
+        out = np.zeros_like(att.weights)
+        for layer, norms in lengths.items():
+            kept = self.stack.kept[layer]
+            out[layer, kept] = att.weights[layer, kept] * norms.to("cpu", torch.float32).numpy()[:, None, :]
+        return out
+
     def _head_mask(self, head_mask):
         if head_mask is None:
             return None
