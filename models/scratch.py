@@ -154,10 +154,11 @@ class ScratchModel(AttentionModel):
                     if progress is not None:
                         progress(done, total)
 
-    def value_norms(self, text: str) -> np.ndarray:
+    def value_norms(self, text: str, **attend) -> np.ndarray:
         """``(layers, heads, n, n)`` float32 for one text: each weight times the length of what its key sends
         through its head, ``||α_ij W_O^h (W_V^h x_j + b_V^h)||`` (Kobayashi et al. 2020): attention to a key
-        that sends almost nothing (a sink, [SEP]) counts for little. Pruned heads are zero."""
+        that sends almost nothing (a sink, [SEP]) counts for little. Pruned heads are zero. ``attend``:
+        ``attend``'s options (``head_mask``, ``causal``…)."""
         lengths: dict[int, torch.Tensor] = {}
 
         def keep(layer):
@@ -168,7 +169,7 @@ class ScratchModel(AttentionModel):
 
         handles = [block.attn.register_forward_pre_hook(keep(i)) for i, block in enumerate(self.stack.layers)]
         try:
-            att = self.attend(text)
+            att = self.attend(text, **attend)
         finally:
             for handle in handles:
                 handle.remove()

@@ -5,18 +5,19 @@ switched off. Cached values are only ever read.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 
 import streamlit as st
 
-from analysis import View, head_mask, make_view
+from analysis import View, head_mask, make_view, renormalise_rows
 from analysis.views import first_token_sink, token_label
 from models import Attention, AttentionModel, HeadLensError
 from viz.figures import HIDDEN_NOTE
 
 from .messages import stop_with
-from .models import ModelRef, model_for
+from .models import ModelRef, cached_model, model_for, scratch_twin
 from .settings import Settings
 from .state import choose
 
@@ -109,12 +110,19 @@ def attention_cache() -> SharedCache:
     return SharedCache(max_entries=64, max_bytes=2**30, size=_nbytes)
 
 
-def cached_attention(model: AttentionModel, ref: ModelRef, text: str, causal: bool, heads_off: tuple) -> Attention:
-    """The attention of ``text``, computed once for every session (the last 64 within 1 GiB)."""
+def cached_attention(model: AttentionModel, ref: ModelRef, text: str, causal: bool, heads_off: tuple,
+                     moved: bool = False) -> Attention:
+    """The attention of ``text``, computed once for every session (the last 64 within 1 GiB). ``moved``:
+    each weight scaled by what its key sends (``value_norms``, on the from-scratch twin), rows renormalised."""
     def compute() -> Attention:
-        return _frozen(model.attend(text, head_mask=head_mask(model, heads_off), causal=causal))
+        mask = head_mask(model, heads_off)
+        att = model.attend(text, head_mask=mask, causal=causal)
+        if moved:
+            norms = cached_model(scratch_twin(ref)).value_norms(text, head_mask=mask, causal=causal)
+            att = dataclasses.replace(att, weights=renormalise_rows(norms))
+        return _frozen(att)
 
-    return attention_cache().get_or_compute((ref, text, causal, heads_off), compute)
+    return attention_cache().get_or_compute((ref, text, causal, heads_off, moved), compute)
 
 
 def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "component", container=st) -> Attention:
@@ -127,12 +135,16 @@ def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "c
     slot = container.empty()
     try:
         with slot, st.spinner("Computing attention…"):
-            att = cached_attention(model, ref, text, s.causal and ref.scratch, s.heads_off if ref.scratch else ())
+            att = cached_attention(model, ref, text, s.causal and ref.scratch, s.heads_off if ref.scratch else (),
+                                   s.moved and scratch_twin(ref) is not None)
     except HeadLensError as err:
         stop_with(err)
     if att.truncated:
         slot.warning(f"This text has {att.n_tokens_original} tokens; the model reads at most "
                      f"{len(att.tokens)}, so it was cut there.")
+    elif s.moved and scratch_twin(ref) is not None:
+        slot.caption("Each weight is scaled by the length of what its key sends through the head "
+                     "(Kobayashi et al. 2020), and each row by its total: the share of what reaches the query.")
     else:
         slot.empty()
     if att.decoder is None:

@@ -49,6 +49,15 @@ class ModelRef:
         return {**MODELS, **TRAINED}[self.choice].split(" · ")[0]
 
 
+def scratch_twin(ref: ModelRef) -> ModelRef | None:
+    """The model behind ``ref`` on the from-scratch engine (the same weights), which alone gives value norms;
+    None for a custom model."""
+    if ref.scratch:
+        return ref
+    twin = {"minilm": "scratch", "smollm2": "smollm2_scratch"}.get(ref.choice)
+    return None if twin is None else ModelRef(twin, device=ref.device)
+
+
 def model_names() -> dict[str, str]:
     """The sidebar's models: the bundled ones, and this session's trained decoder once there is one."""
     return {**MODELS, **TRAINED} if trained_job() is not None else dict(MODELS)

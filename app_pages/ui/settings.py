@@ -8,7 +8,7 @@ import streamlit as st
 from models import Head
 from models.corpus import sentences_of
 
-from .models import LLM, ModelRef, ref_for
+from .models import LLM, ModelRef, ref_for, scratch_twin
 
 MAX_CHARS = 20_000
 MAX_SENTENCES = 24
@@ -23,6 +23,7 @@ class Settings:
     shared_scale: bool
     causal: bool                 # our engine only
     heads_off: tuple[Head, ...]  # our engine only
+    moved: bool = False          # weights scaled by what each key sends (value_norms), rows renormalised
 
 
 def settings() -> Settings:
@@ -44,4 +45,5 @@ def settings() -> Settings:
     return Settings(model, sentences, bool(ss.get("hide_special")), bool(ss.get("merge_words")),
                     bool(ss.get("shared_scale", True)),
                     model.scratch and model.choice not in LLM and bool(ss.get("causal")),  # a decoder is causal anyway
-                    tuple(ss.get("heads_off") or ()) if model.scratch else ())
+                    tuple(ss.get("heads_off") or ()) if model.scratch else (),
+                    bool(ss.get("moved")) and scratch_twin(model) is not None)
