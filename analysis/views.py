@@ -103,6 +103,14 @@ def _span_label(att: Attention, start: int, end: int) -> str:
     return "".join(token_label(t).removeprefix("##") for t in att.tokens[start:end])
 
 
+GENERATED_MARK = "▸"  # before the label of a generated token, in every view
+
+
+def _marked(att: Attention, start: int, end: int) -> str:
+    label = _span_label(att, start, end)
+    return GENERATED_MARK + label if att.generated_from is not None and att.generated[start] else label
+
+
 def merge_weights(weights: np.ndarray, query_spans, key_spans) -> np.ndarray:
     """Sum over the pieces of each key word, mean over the pieces of each query word."""
     k_starts = np.array([s for s, _ in key_spans])
@@ -129,8 +137,8 @@ def make_view(att: Attention, *, hide_special: bool = False, merge_words: bool =
     else:
         q_spans = [(i, i + 1) for i in range(len(att.tokens))]
         k_spans = [(i, i + 1) for i in range(len(keys.tokens))]
-    q_labels = [_span_label(att, s, e) for s, e in q_spans]
-    k_labels = [_span_label(keys, s, e) for s, e in k_spans]
+    q_labels = [_marked(att, s, e) for s, e in q_spans]
+    k_labels = [_marked(keys, s, e) for s, e in k_spans]
     aside, keys_aside = set_aside(att), set_aside(keys)
     q_special = np.array([bool(aside[s]) for s, _ in q_spans], dtype=bool)
     k_special = np.array([bool(keys_aside[s]) for s, _ in k_spans], dtype=bool)

@@ -41,6 +41,8 @@ class Attention:
             cross-attention to the encoder; this object then holds the encoder's self-attention.
         pruned: bool ``(layers, heads)``, True for a head the model no longer has (its weights
             are all zero); None for a model without pruned heads.
+        generated_from: where in ``text`` a generated continuation starts (characters); None for
+            a text that is all prompt.
     """
 
     tokens: list[str]
@@ -60,6 +62,15 @@ class Attention:
     decoder: "Attention | None" = field(default=None, repr=False)
     cross: "Attention | None" = field(default=None, repr=False)
     pruned: np.ndarray | None = field(default=None, repr=False)
+    generated_from: int | None = None
+
+    @property
+    def generated(self) -> np.ndarray:
+        """bool ``(n_tokens,)``: the tokens of the generated continuation."""
+        if self.generated_from is None:
+            return np.zeros(len(self.tokens), dtype=bool)
+        return np.array([start >= self.generated_from and not special
+                         for (start, _), special in zip(self.offsets, self.special)], dtype=bool)
 
     @property
     def n_layers(self) -> int:

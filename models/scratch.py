@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -256,6 +256,44 @@ class DecoderModel(ScratchModel):
             top.append(logits.argmax(dim=-1))
         top = torch.cat(top) if top else targets.new_zeros(0)
         return total, len(targets), top
+
+    def generate_ids(self, ids: Sequence[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
+                     seed: int = 0) -> Iterator[int]:
+        """The next token ids after ``ids``, one at a time: the most likely (``temperature`` 0, greedy) or drawn
+        from the softmax at ``temperature``, reproducibly for ``seed``; it stops at the end-of-text token."""
+        if not 1 <= max_new_tokens <= self.max_tokens:
+            raise HeadLensError(f"Generate between 1 and {self.max_tokens} tokens.")
+        if temperature < 0:
+            raise HeadLensError("The temperature must be 0 (greedy) or more.")
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        for _ in range(min(max_new_tokens, self.max_tokens - ids.shape[1])):
+            with torch.inference_mode():
+                h = self.stack(ids, need_weights=False, need_logits=False).last_hidden_state[:, -1]
+                logits = self.stack.logits(h)[0].float().cpu()
+            if temperature == 0:
+                token = int(logits.argmax())
+            else:
+                token = int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=gen))
+            yield token
+            if token == self.tokenizer.eos_token_id:
+                return
+            ids = torch.cat([ids, torch.tensor([[token]], device=self.device)], dim=1)
+
+    def generate(self, text: str, **options) -> Iterator[str]:
+        """The continuation of ``text`` as it is written, piece by piece (``generate_ids``' options); the
+        pieces joined are the continuation's text, end-of-text token left out."""
+        self.token_counts([text])
+        prompt = self._tokenize(text)["input_ids"]
+        new, shown = [], ""
+        for token in self.generate_ids(prompt, **options):
+            if token == self.tokenizer.eos_token_id:
+                return
+            new.append(token)
+            now = self.tokenizer.decode(new)
+            if not now.endswith("\ufffd"):  # a character split across tokens waits for its last byte
+                yield now[len(shown):]
+                shown = now
 
     def loss_variants(self, texts: Sequence[str], head_masks, *, head_means=None, batch_size: int = 32,
                       progress: Progress | None = None) -> np.ndarray:

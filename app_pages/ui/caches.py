@@ -16,6 +16,7 @@ from analysis.views import first_token_sink, token_label
 from models import Attention, AttentionModel, HeadLensError
 from viz.figures import HIDDEN_NOTE
 
+from .generation import generated_from
 from .messages import stop_with
 from .models import ModelRef, cached_model, model_for, scratch_twin
 from .settings import Settings
@@ -139,6 +140,9 @@ def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "c
                                    s.moved and scratch_twin(ref) is not None)
     except HeadLensError as err:
         stop_with(err)
+    start = generated_from(text)
+    if start is not None:
+        att = dataclasses.replace(att, generated_from=start)  # the shared weights, its generated tokens marked
     if att.truncated:
         slot.warning(f"This text has {att.n_tokens_original} tokens; the model reads at most "
                      f"{len(att.tokens)}, so it was cut there.")

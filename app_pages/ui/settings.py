@@ -8,6 +8,7 @@ import streamlit as st
 from models import Head
 from models.corpus import sentences_of
 
+from .generation import with_continuations
 from .models import LLM, ModelRef, ref_for, scratch_twin
 
 MAX_CHARS = 20_000
@@ -42,7 +43,7 @@ def settings() -> Settings:
         st.warning(f"Showing the first {MAX_SENTENCES} of {len(sentences)} lines.")
         sentences = sentences[:MAX_SENTENCES]
     model = ref_for(ss.get("model", "minilm"), ss.get("device", "auto"))
-    return Settings(model, sentences, bool(ss.get("hide_special")), bool(ss.get("merge_words")),
+    return Settings(model, with_continuations(sentences), bool(ss.get("hide_special")), bool(ss.get("merge_words")),
                     bool(ss.get("shared_scale", True)),
                     model.scratch and model.choice not in LLM and bool(ss.get("causal")),  # a decoder is causal anyway
                     tuple(ss.get("heads_off") or ()) if model.scratch else (),
