@@ -62,6 +62,8 @@ def token_label(token: str) -> str:
     for mark in _SPACE_MARKS:
         if token.startswith(mark) and len(token) > 1:
             return token[len(mark):]
+        if token == mark:
+            return "␣"  # a space on its own
     return token.replace("Ċ", "\\n")
 
 

@@ -166,6 +166,11 @@ class AttentionModel:
                                  return_tensors="pt")
             yield chunk, self._inputs(enc)
 
+    def value_norms(self, text: str, **attend) -> np.ndarray:
+        """``(layers, heads, n, n)``: each weight times the length of what its key sends (from-scratch engine)."""
+        raise HeadLensError("Value norms read each head's value and output projections inside our own attention; "
+                            "load the model with backend='scratch' (the same weights give the same attention).")
+
     def _head_mask(self, head_mask):
         if head_mask is None:
             return None

@@ -2,6 +2,7 @@
 overlapping; on Explore, the cells a causal query cannot see painted grey and the cells it can see
 painted by their weight, read back from the screenshot's pixels."""
 import io
+from contextlib import contextmanager
 from urllib.parse import urlencode
 
 import numpy as np
@@ -22,6 +23,18 @@ CELLS = """() => {
   const cy = j => box.top + ya._offset + (j + 0.5) * ya._length / ny;
   return {n: nx, m: ny, xs: [...Array(nx).keys()].map(cx), ys: [...Array(ny).keys()].map(cy)};
 }"""
+
+
+@contextmanager
+def opened(browser, server, path: str, params: dict, width: int = 1280, height: int = 1100):
+    """A new browser session on ``path`` with SmolLM2 and ``params`` in the link."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/{path}?" + urlencode({"model": "smollm2_scratch", **params}))
+        yield page
+    finally:
+        context.close()
 
 
 def rgb(hex_colour: str) -> np.ndarray:
@@ -49,10 +62,7 @@ def test_llm_pages_are_readable(width, browser, server):
 def test_the_causal_triangle_is_grey_and_the_rest_is_weight(browser, server):
     from PIL import Image
 
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    page = context.new_page()
-    try:
-        page.goto(f"{server}/?" + urlencode({"model": "smollm2_scratch", "text": TEXT, "layer": "20"}))
+    with opened(browser, server, "", {"text": TEXT, "layer": "20"}, width=1400) as page:
         page.wait_for_selector(PLOT, timeout=180_000)
         page.wait_for_selector(".js-plotly-plot .heatmaplayer image", state="attached", timeout=60_000)
         cells = page.evaluate(CELLS)
@@ -72,5 +82,26 @@ def test_the_causal_triangle_is_grey_and_the_rest_is_weight(browser, server):
         # a visible cell is drawn from the Blues scale: white to blue, never this grey
         assert all(np.abs(colour(q, k) - grey).max() > 3 for q, k in seen)
         assert (colour(9, 0)[2] > colour(9, 0)[0])  # the sink: the strongest weight of the last row, blue
-    finally:
-        context.close()
+
+
+def test_generate_streams_a_continuation_and_every_label_stays_readable(browser, server):
+    with opened(browser, server, "generate", {"text": "The capital of France is"}) as page:
+        page.get_by_role("button", name="Continue").click(timeout=180_000)
+        page.wait_for_selector(PLOT, timeout=180_000)  # the shading of what the first generated token looked at
+        code = page.locator("[data-testid='stCode']").first.inner_text()
+        assert code.strip().startswith("Paris")
+        assert_readable(page, "generate")
+        shot(page, "llm-generate")
+        page.get_by_role("link", name="Explore", exact=True).click()
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot .ytick text')]"
+                               ".some(t => t.textContent.startsWith('▸'))", timeout=120_000)
+        assert_readable(page, "explore with a continuation")
+        shot(page, "llm-generate-explore")
+
+
+def test_head_roles_show_the_decoder_heads_readably(browser, server):
+    with opened(browser, server, "roles", {"corpus": "sidebar"}) as page:
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                               ".some(t => t.textContent.includes('repeated twice'))", timeout=300_000)
+        assert_readable(page, "roles with the decoder heads")
+        shot(page, "llm-roles-detector")

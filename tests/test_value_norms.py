@@ -64,3 +64,10 @@ def test_a_pruned_heads_norms_are_zero(scratch_model):
     assert not norms[0, 3].any() and not norms[2, 7].any()
     full = scratch_model.value_norms(TEXT)
     np.testing.assert_allclose(norms[0, 4], full[0, 4], atol=1e-5)  # layer 0 sees the same input
+
+
+def test_the_transformers_engine_says_where_value_norms_are(hf_model):
+    from models import HeadLensError
+
+    with pytest.raises(HeadLensError, match="backend='scratch'"):
+        hf_model.value_norms(TEXT)

@@ -42,7 +42,7 @@ def test_merging_pieces_sums_keys_and_averages_queries():
 
 
 def test_token_labels_drop_space_marks():
-    assert [token_label(t) for t in ["Ġthe", "▁cat", "##s", "Ġ", "Ċ"]] == ["the", "cat", "##s", "Ġ", "\\n"]
+    assert [token_label(t) for t in ["Ġthe", "▁cat", "##s", "Ġ", "Ċ"]] == ["the", "cat", "##s", "␣", "\\n"]  # a lone space shown
 
 
 def test_entropy_of_uniform_and_one_hot_heads():
