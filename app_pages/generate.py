@@ -3,7 +3,7 @@ import streamlit as st
 
 from app_pages.ui.caches import attention, view
 from app_pages.ui.exports import chart
-from app_pages.ui.generation import continuations
+from app_pages.ui.generation import continuations, generated_from
 from app_pages.ui.messages import stop_with
 from app_pages.ui.models import cached_model, model_for, scratch_twin
 from app_pages.ui.pickers import pick_layer, pick_sentence, title_for
@@ -24,7 +24,8 @@ st.caption("The model continues the sentence one token at a time, as it is writt
            "to see what it looked at. It runs on the from-scratch engine with the sidebar model's weights.")
 kept = continuations()
 text = pick_sentence(s)
-prompt = next((p for p, more in kept.items() if more and text == p + more), text)
+start = generated_from(text)  # a sentence already continued: continue its prompt again
+prompt = text if start is None else text[:start]
 a, b, c = st.columns([2, 2, 1], vertical_alignment="bottom")
 n = a.slider("Tokens to generate", 1, 64, 32, key="gen_tokens")
 temperature = b.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, key="gen_temperature",
