@@ -171,6 +171,11 @@ class AttentionModel:
         raise HeadLensError("Value norms read each head's value and output projections inside our own attention; "
                             "load the model with backend='scratch' (the same weights give the same attention).")
 
+    def queries_keys(self, texts, layers, **options):
+        """Each head's queries and keys as its softmax sees them (from-scratch engine)."""
+        raise HeadLensError("Queries and keys are read inside our own attention; load the model with "
+                            "backend='scratch' (the same weights give the same attention).")
+
     def _head_mask(self, head_mask):
         if head_mask is None:
             return None

@@ -160,6 +160,29 @@ class MultiHeadAttention(nn.Module):
             wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
         return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
 
+    def heads_qkv(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+        """Each head's queries, keys and values as its scores read them, ``(B, H, L, Dh)`` each: after the
+        rotary rotation, and with each query head given its group's key and value; q not yet scaled."""
+        B, Lq, _ = query.shape
+        Lk, H, Dh = key.shape[1], self.num_heads, self.head_dim
+        q, k, v = self.project(query, key, value)                         # (B, L, H * Dh), (B, L, Hkv * Dh) x 2
+        q = q.view(B, Lq, H, Dh).transpose(1, 2)                           # (B, H, Lq, Dh)
+        k = k.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
+        v = v.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k)
+        if self.kv_heads is not None:                                      # each query head reads its group's k, v
+            index = torch.tensor(self.kv_heads, dtype=torch.long, device=k.device)
+            k, v = k.index_select(1, index), v.index_select(1, index)      # (B, H, Lk, Dh)
+        return q, k, v
+
+    def queries_keys(self, query: torch.Tensor, key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's queries and keys exactly as the softmax sees them, ``(B, H, L, Dh)`` each: the
+        queries scaled by ``1 / sqrt(Dh)``, so that a score is ``q · k`` plus the masks."""
+        key = query if key is None else key
+        q, k, _ = self.heads_qkv(query, key, key)
+        return q * (self.head_dim ** -0.5), k
+
     def value_norms(self, value: torch.Tensor) -> torch.Tensor:
         """``(B, H, Lk)``: the length of what each head would move from each key, ``||W_O^h (W_V^h x_j + b_V^h)||``
         (Kobayashi et al. 2020), for ``value`` ``(B, Lk, vdim)`` as ``forward`` receives it. A head's output
@@ -206,15 +229,7 @@ class MultiHeadAttention(nn.Module):
         B, Lq, _ = query.shape
         Lk, H, Dh = key.shape[1], self.num_heads, self.head_dim
 
-        q, k, v = self.project(query, key, value)                         # (B, L, H * Dh), (B, L, Hkv * Dh) x 2
-        q = q.view(B, Lq, H, Dh).transpose(1, 2)                           # (B, H, Lq, Dh)
-        k = k.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
-        v = v.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
-        if self.rotary is not None:
-            q, k = self.rotary(q, k)
-        if self.kv_heads is not None:                                      # each query head reads its group's k, v
-            index = torch.tensor(self.kv_heads, dtype=torch.long, device=k.device)
-            k, v = k.index_select(1, index), v.index_select(1, index)      # (B, H, Lk, Dh)
+        q, k, v = self.heads_qkv(query, key, value)                        # (B, H, L, Dh) each
 
         blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens, causal, query)
         dropout = self.dropout if self.training else 0.0

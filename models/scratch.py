@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from .base import AttentionModel, Progress, mean_pooled
 from .errors import HeadLensError
 from .files import load_tokenizer
-from .limits import check_parameter_count
+from .limits import batches, check_parameter_count
+from .result import Attention
 from .stacks import Stack, architectures, for_model_type
 
 
@@ -177,6 +178,50 @@ class ScratchModel(AttentionModel):
         for layer, norms in lengths.items():
             kept = self.stack.kept[layer]
             out[layer, kept] = att.weights[layer, kept] * norms.to("cpu", torch.float32).numpy()[:, None, :]
+        return out
+
+    def queries_keys(self, texts: Sequence[str], layers: Sequence[int], *, batch_size: int = 32,
+                     progress: Progress | None = None) -> list[tuple[Attention, np.ndarray, np.ndarray]]:
+        """For each text, ``(attention, queries, keys)``: its attention as ``attend`` gives it, and the queries
+        and keys of ``layers`` exactly as each head's softmax sees them, float32 ``(len(layers), heads, n, Dh)``
+        each: queries scaled by ``1 / sqrt(Dh)``, both after the rotary rotation, a grouped-query head given
+        its group's keys. Row ``i`` of a head's weights is the softmax of ``queries[i] @ keys.T`` over the keys
+        query ``i`` may see. Pruned heads are zero."""
+        items = [texts] if isinstance(texts, str) else list(texts)
+        wanted = [int(layer) for layer in layers]
+        if not items:
+            raise HeadLensError("There is no text to read queries and keys from.")
+        if not wanted or any(not 0 <= layer < self.n_layers for layer in wanted):
+            raise HeadLensError(f"Name layers from 0 to {self.n_layers - 1}; {list(layers)} asks for others.")
+        H, Dh = self.n_heads, self.head_dim
+        caught: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def keep(layer):
+            def hook(module, args):
+                caught[layer] = tuple(t.to("cpu", torch.float32) for t in module.queries_keys(args[0]))
+            return hook
+
+        handles = [self.stack.layers[layer].attn.register_forward_pre_hook(keep(layer)) for layer in set(wanted)]
+        out: list[tuple[Attention, np.ndarray, np.ndarray] | None] = [None] * len(items)
+        try:
+            done = 0
+            for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
+                atts = self._attend_batch([items[i] for i in chunk], None, None, False)
+                for b, (i, att) in enumerate(zip(chunk, atts)):
+                    n = len(att.tokens)
+                    q = np.zeros((len(wanted), H, n, Dh), dtype=np.float32)
+                    k = np.zeros_like(q)
+                    for j, layer in enumerate(wanted):
+                        kept = self.stack.kept[layer]
+                        q[j, kept] = caught[layer][0][b, :, :n].numpy()
+                        k[j, kept] = caught[layer][1][b, :, :n].numpy()
+                    out[i] = (att, q, k)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, len(items))
+        finally:
+            for handle in handles:
+                handle.remove()
         return out
 
     def _head_mask(self, head_mask):
