@@ -4,6 +4,7 @@ from .flow import FLOW_MAX_TOKENS, agreement, flow, raw_attention, rollout, toke
 from .foci import FOCI, FOCUS_NAMES, content_attention, focus_shares, received, sentiment_lexicon, word_classes
 from .importance import ablate, head_importance, head_mask, heads_marked, neighbour_agreement, pruning_curve
 from .labels import RANKING_MEASURES, THRESHOLDS, label_heads, label_measure, strongest_head
+from .qk import QK, qk_embedding, qk_heads, qk_vectors
 from .roles import PROFILE_COLUMNS, HeadMeasures, HeadProfiler, focus_tokens, measure_heads, profile_heads
 from .similarity import head_similarity, similar_heads
 from .views import View, head_stats, make_view, merge_weights, renormalise_rows, special_share, token_label, word_spans
@@ -12,6 +13,7 @@ __all__ = ["DETECTORS", "head_detector", "FLOW_MAX_TOKENS", "agreement", "flow",
            "FOCI", "FOCUS_NAMES", "content_attention", "focus_shares", "received", "sentiment_lexicon", "word_classes",
            "ablate", "head_importance", "head_mask", "heads_marked", "neighbour_agreement", "pruning_curve",
            "RANKING_MEASURES", "THRESHOLDS", "label_heads", "label_measure", "strongest_head",
+           "QK", "qk_embedding", "qk_heads", "qk_vectors",
            "PROFILE_COLUMNS", "HeadMeasures", "HeadProfiler", "focus_tokens", "measure_heads", "profile_heads",
            "head_similarity", "similar_heads",
            "View", "head_stats", "make_view", "merge_weights", "renormalise_rows", "special_share", "token_label",
