@@ -70,21 +70,29 @@ def overview(weights: np.ndarray, stats: dict[str, np.ndarray], *, shared_scale:
     """
     layers, heads = weights.shape[:2]
     png, pitch = overview_png(weights, shared_scale=shared_scale, thumb=thumb, visible=visible)
+    layer_of, head_of = np.divmod(np.arange(layers * heads), heads)
+    custom = np.stack([layer_of, head_of, stats["entropy"].ravel(), stats["max_weight"].ravel(),
+                       stats["to_special"].ravel()], axis=-1)
+    return tile_figure(png, pitch, layers, heads, custom, (
+        "layer %{customdata[0]}, head %{customdata[1]}<br>entropy %{customdata[2]:.2f} nats<br>max "
+        "%{customdata[3]:.2f}<br>to special %{customdata[4]:.2f}<br>click to open in Explore<extra></extra>"), title)
+
+
+def tile_figure(png: bytes, pitch: int, layers: int, heads: int, custom: np.ndarray, hovertemplate: str,
+                title: str = "") -> go.Figure:
+    """A PNG of ``layers`` x ``heads`` tiles, ``pitch`` pixels apart, as a figure: an invisible square marker
+    over each tile shows ``hovertemplate`` with its row of ``custom`` (``layer * heads + head``), and a click
+    on it is reported as a point selection with that index."""
     width, height = heads * pitch, layers * pitch
     uri = "data:image/png;base64," + base64.b64encode(png).decode()
     fig = go.Figure(go.Image(source=uri, x0=0, y0=0, dx=1, dy=1, hoverinfo="skip"))
     centres_x = [h * pitch + (pitch - 1) / 2 for h in range(heads)]
     centres_y = [l * pitch + (pitch - 1) / 2 for l in range(layers)]
-    # One invisible square marker over each thumbnail names it on hover and can be clicked.
     layer_of, head_of = np.divmod(np.arange(layers * heads), heads)
-    custom = np.stack([layer_of, head_of, stats["entropy"].ravel(), stats["max_weight"].ravel(),
-                       stats["to_special"].ravel()], axis=-1)
     fig.add_trace(go.Scatter(
         x=[centres_x[h] for h in head_of], y=[centres_y[l] for l in layer_of], mode="markers", name="heads",
         marker=dict(symbol="square", size=max(12, int(pitch * 0.6)), color="rgba(0,0,0,0)"), customdata=custom,
-        showlegend=False, hovertemplate=("layer %{customdata[0]}, head %{customdata[1]}<br>entropy "
-                                         "%{customdata[2]:.2f} nats<br>max %{customdata[3]:.2f}<br>to special "
-                                         "%{customdata[4]:.2f}<br>click to open in Explore<extra></extra>")))
+        showlegend=False, hovertemplate=hovertemplate))
     fig.update_xaxes(tickmode="array", tickvals=centres_x, ticktext=[f"H{h}" for h in range(heads)],
                      showgrid=False, range=[-0.5, width - 0.5], side="top")
     fig.update_yaxes(tickmode="array", tickvals=centres_y, ticktext=[f"L{l}" for l in range(layers)],
