@@ -1,0 +1,110 @@
+"""Queries & keys: each head's queries and keys over a corpus in one picture (AttentionViz), every head at
+once, one head as a scatter, and a clicked token's sentence as a heatmap."""
+import numpy as np
+import streamlit as st
+
+from app_pages.ui.caches import cached_attention
+from app_pages.ui.exports import chart
+from app_pages.ui.messages import plain, short
+from app_pages.ui.models import model_for, scratch_twin
+from app_pages.ui.qk import METHODS, fresh_click, pick_corpus, pictures, within_tokens
+from app_pages.ui.settings import settings
+from app_pages.ui.state import choose, remember
+from models import head_label
+from viz import head_heatmap
+from viz.qk import COLOR_BY, TRUST, qk_overview, qk_scatter
+
+ABOUT = (
+    "Each head scores a query against a key by their dot product, then takes a softmax over the sentence's keys. "
+    "Here every token of the corpus appears twice, as a query (circle) and as a key (cross), in one plane "
+    "(Yeh et al. 2023, AttentionViz). Keys are moved so that their centre meets the queries' and both are scaled "
+    "to the same mean length, which leaves every softmax unchanged; each key gets one more coordinate so that a "
+    "query's nearest key is its highest-scoring one; and the plane is the one that keeps, as far as a plane can, "
+    "each query nearest the key it attends to most. **Faithfulness** is the share of queries for which that holds "
+    "in the picture, among their own sentence's keys; **chance** is the share a key drawn at random would get.")
+
+
+def pick(key: str, value: int) -> None:
+    """Set a picker of this page from a click, before it is drawn."""
+    st.session_state.pop(key, None)
+    remember(key, value)
+
+
+s = settings()
+st.title("Queries & keys")
+ref = scratch_twin(s.model)
+if ref is None:
+    st.info("Queries and keys are read inside HeadLens's own attention. Choose a model the from-scratch engine "
+            "runs (all-MiniLM-L6-v2, SmolLM2-135M-Instruct, the untrained encoder or your trained decoder).")
+    st.stop()
+model = model_for(ref)
+with st.expander("What this picture shows", expanded=False):
+    st.markdown(ABOUT)
+a, b = st.columns([3, 2], vertical_alignment="bottom")
+with a:
+    sentences = pick_corpus(s)
+method = choose("Projection", list(METHODS), "qk_method", container=b, cast=str, format_func=METHODS.get)
+sentences = within_tokens(model, sentences)
+if s.heads_off or s.causal:
+    st.caption("Drawn from the model as it is: the heads switched off and the causal mask in the sidebar do not "
+               "apply on this page.")
+frames = pictures(ref, sentences, method)
+faithful = np.array([f.attrs["faithfulness"] for f in frames.values()])
+st.markdown(f"#### Every head over {len(sentences):,} sentences")
+grid = qk_overview(frames, model.n_layers, model.n_heads,
+                   title=f"{model.n_layers} layers × {model.n_heads} heads · {ref.title} · queries blue, keys orange")
+event = chart(grid, "qk_grid", on_select="rerun", selection_mode="points")
+st.caption(f"Rows are layers, columns heads. Median faithfulness {np.median(faithful):.2f} (chance "
+           f"{next(iter(frames.values())).attrs['chance']:.2f}); on a pink ground, the {int((faithful < TRUST).sum())} "
+           f"heads whose picture puts fewer than half of the queries nearest their most-attended key: nearness "
+           "there does not show attention. Click a head to draw it below.")
+point = fresh_click(event, "qk_grid")
+if point is not None and "point_index" in point and 0 <= point["point_index"] < model.n_layers * model.n_heads:
+    layer, head = divmod(int(point["point_index"]), model.n_heads)
+    pick("qk_layer", layer)
+    pick("qk_head", head)
+
+c1, c2, c3 = st.columns([1, 1, 2], vertical_alignment="bottom")
+layer = choose("Layer", list(range(model.n_layers)), "qk_layer", container=c1)
+head = choose("Head", list(range(model.n_heads)), "qk_head", container=c2)
+color_by = choose("Colour by", list(COLOR_BY), "qk_color", container=c3, cast=str, format_func=COLOR_BY.get)
+frame = frames[(layer, head)]
+n = len(frame) // 2
+
+left, right = st.columns([3, 2])
+with right:  # drawn first: the scatter rings the token picked here
+    i = choose("Sentence", list(range(len(sentences))), "qk_sentence",
+               format_func=lambda i: f"{i + 1}. {short(sentences[i])}")
+    rows = np.flatnonzero(frame["sentence"].to_numpy()[:n] == i)           # the sentence's query rows
+    labels = frame["token"].iloc[rows].tolist()
+    q = choose("Query", list(range(len(rows))), "qk_query", format_func=lambda p: f"{p}: {labels[p]}")
+    weights = cached_attention(model, ref, sentences[i], False, ()).weights[layer, head]
+    fig = head_heatmap(weights, labels, labels, title=f"{head_label(layer, head)} · {short(sentences[i], 50)}",
+                       height=420, visible=np.tri(len(rows), dtype=bool) if frame.attrs["causal"] else None)
+    fig.add_shape(type="rect", xref="paper", x0=0, x1=1, yref="y", y0=q - 0.5, y1=q + 0.5,
+                  line=dict(color="#d62728", width=2))
+    chart(fig, "qk_heatmap")
+    top = int(weights[q].argmax())
+    near = bool(frame["near"].iloc[rows[q]])
+    st.caption(plain(f"Query {q} “{labels[q]}” gives most weight ({weights[q, top]:.2f}) to key {top} "
+                     f"“{labels[top]}”; in the picture it lies {'nearest that key' if near else 'nearer another key'}."))
+
+with left:
+    scatter = qk_scatter(frame, sentences, color_by=color_by, marked=int(rows[q]),
+                         title=f"{head_label(layer, head)} · faithfulness {frame.attrs['faithfulness']:.2f} "
+                               f"(chance {frame.attrs['chance']:.2f})")
+    clicked = fresh_click(chart(scatter, "qk_scatter", on_select="rerun", selection_mode="points"), "qk_scatter")
+    if frame.attrs["faithfulness"] < TRUST:
+        st.warning(f"On this head the picture misleads more often than not: only "
+                   f"{frame.attrs['faithfulness']:.0%} of queries lie nearest the key they attend to most. Read "
+                   "its attention from the heatmap, not from nearness here.")
+    st.caption("Hover a point for its token and sentence; click one to draw its sentence on the right, its row "
+               "framed in red. Drag to pan, scroll to zoom; click a legend entry to hide it.")
+    st.download_button("Points · CSV", lambda: frame.to_csv(index=False).encode(),
+                       f"headlens-qk-L{layer}H{head}.csv", "text/csv", on_click="ignore")
+if clicked is not None and clicked.get("customdata"):
+    row = int(clicked["customdata"][0])
+    if 0 <= row < len(frame):
+        pick("qk_sentence", int(frame["sentence"].iloc[row]))
+        pick("qk_query", int(frame["position"].iloc[row]))
+        st.rerun()

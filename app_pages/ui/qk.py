@@ -1,0 +1,87 @@
+"""Queries & keys: every head's picture over a corpus, computed once per model and corpus for every session."""
+from __future__ import annotations
+
+import streamlit as st
+
+from analysis.profile import corpus_hash
+from analysis.qk import qk_embedding, qk_heads
+from models import AttentionModel, HeadLensError
+from models.corpus import CORPUS
+
+from .caches import SharedCache, computed_once
+from .messages import stop_with
+from .models import ModelRef, model_for
+from .profiles import uploaded_sentences
+from .settings import Settings
+from .state import bound
+
+QK_TOKENS = 12_000  # the most tokens of a corpus one page's pictures cover; more are left out with a note
+SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",
+           "upload": "An uploaded .txt"}
+METHODS = {"fitted": "Fitted plane (faithful)", "pca": "PCA (AttentionViz's plain version)"}
+
+
+def pick_corpus(s: Settings) -> list[str]:
+    source = bound(st.segmented_control, "qk_corpus", "corpus", init="default", options=list(SOURCES), cast=str,
+                   label="Sentences", format_func=SOURCES.get, required=True)
+    return list(CORPUS) if source == "corpus" else list(s.sentences) if source == "sidebar" else uploaded_sentences()
+
+
+def within_tokens(model: AttentionModel, sentences: list[str]) -> list[str]:
+    """The first sentences within ``QK_TOKENS`` tokens, with a note when some are left out."""
+    total, keep = 0, 0
+    for n in model.token_counts(sentences):
+        if total + n > QK_TOKENS and keep:
+            break
+        total, keep = total + n, keep + 1
+    if keep < len(sentences):
+        st.warning(f"Drawing the first {keep:,} of {len(sentences):,} sentences: their {total:,} tokens are as "
+                   f"many as one picture holds ({QK_TOKENS:,}).")
+    return sentences[:keep]
+
+
+def _frames_bytes(value) -> int:
+    return sum(int(f.memory_usage(index=False).sum()) for f in value.values())
+
+
+@st.cache_resource
+def qk_cache() -> SharedCache:
+    """Every head's picture, ``{(layer, head): frame}``, per model, corpus and projection, for every session:
+    the last 4 within 512 MiB. Frames are only ever read."""
+    return SharedCache(max_entries=4, max_bytes=512 * 2**20, size=_frames_bytes)
+
+
+def pictures(ref: ModelRef, sentences: list[str], method: str) -> dict:
+    """``qk_embedding`` of every head of ``ref``'s model over ``sentences``, with a progress bar the first time."""
+    key = (ref, corpus_hash(sentences)[1], method)
+    return computed_once(qk_cache(), key, lambda: _compute(model_for(ref), sentences, method),
+                         "Another session is drawing the same sentences; its pictures will be shown here…")
+
+
+def _compute(model: AttentionModel, sentences: list[str], method: str) -> dict:
+    bar = st.progress(0.0, text=f"Reading the queries and keys of {len(sentences):,} sentences…")
+    try:
+        heads = qk_heads(model, sentences, progress=lambda done, total: bar.progress(
+            0.3 * done / total, text=f"Reading queries and keys… {done:,} of {total:,} sentence passes"))
+        frames = {}
+        for i, (pair, qk) in enumerate(heads.items(), start=1):
+            frames[pair] = qk_embedding(qk, method=method)
+            bar.progress(0.3 + 0.7 * i / len(heads), text=f"Drawing head {i} of {len(heads)}…")
+    except HeadLensError as err:
+        bar.empty()
+        stop_with(err)
+    bar.empty()
+    return frames
+
+
+def fresh_click(event, key: str):
+    """The first point of a chart's selection when it differs from the one handled last; else None.
+
+    A chart keeps its selection across reruns, so a click is acted on once; widgets changed since
+    then keep their values."""
+    points = list(event.selection.points) if event else []
+    seen = st.session_state.get(f"_{key}_handled")
+    point = points[0] if points else None
+    signature = None if point is None else (point.get("curve_number"), point.get("point_index"))
+    st.session_state[f"_{key}_handled"] = signature
+    return point if signature is not None and signature != seen else None
