@@ -10,7 +10,7 @@ PAGES = sorted(f"app_pages/{p.name}" for p in (ROOT / "app_pages").glob("*.py") 
 
 # Foci and Head roles profile the sidebar's sentence and Pruning measures on it: the tour is about
 # moving between pages, and the built-in corpus is profiled in their own tests.
-LINK = {"corpus": "sidebar", "prune_on": "sidebar"}
+LINK = {"corpus": "sidebar", "prune_on": "sidebar", "qk_corpus": "sidebar"}
 
 
 def tour(pages: list[str]) -> list[str]:
@@ -42,4 +42,4 @@ def test_every_page_opens_after_every_other_page(new_app):
         assert not at.error, (f"{before} -> {page}", [e.value for e in at.error])
         assert at.title and at.title[0].value, f"{before} -> {page}: the page drew nothing"
         seen.add((before, page))
-    assert len(seen) == len(PAGES) * (len(PAGES) - 1) == 110
+    assert len(seen) == len(PAGES) * (len(PAGES) - 1) == 132

@@ -87,6 +87,7 @@ def _hover_rows(frame: pd.DataFrame, sentences: list[str]) -> np.ndarray:
 HOVER = ("<b>%{customdata[3]}</b> · %{meta}<br>sentence %{customdata[1]}, position %{customdata[2]}<br>"
          "%{customdata[4]}<br>%{customdata[5]}<extra></extra>")
 SYMBOLS = {"query": "circle", "key": "x"}
+PLURAL = {"query": "queries", "key": "keys"}
 
 
 def _groups(frame: pd.DataFrame, color_by: str) -> list[tuple[str, np.ndarray, str]]:
@@ -117,7 +118,7 @@ def qk_scatter(frame: pd.DataFrame, sentences: list[str], *, color_by: str = "po
         for kind in ("query", "key"):
             part = kinds == kind
             fig.add_trace(go.Scattergl(
-                x=frame["x"].to_numpy()[part], y=frame["y"].to_numpy()[part], mode="markers", name=f"{kind}s",
+                x=frame["x"].to_numpy()[part], y=frame["y"].to_numpy()[part], mode="markers", name=PLURAL[kind],
                 meta=kind, customdata=rows[part], hovertemplate=HOVER,
                 marker=dict(symbol=SYMBOLS[kind], size=6 if kind == "query" else 7, color=values[part],
                             coloraxis="coloraxis", line=dict(width=1) if kind == "key" else dict(width=0))))
@@ -131,7 +132,7 @@ def qk_scatter(frame: pd.DataFrame, sentences: list[str], *, color_by: str = "po
                     continue
                 fig.add_trace(go.Scattergl(
                     x=frame["x"].to_numpy()[part], y=frame["y"].to_numpy()[part], mode="markers",
-                    name=f"{name} · {kind}s", legendgroup=name, meta=kind, customdata=rows[part],
+                    name=f"{name} · {PLURAL[kind]}", legendgroup=name, meta=kind, customdata=rows[part],
                     hovertemplate=HOVER, marker=dict(symbol=SYMBOLS[kind], size=6 if kind == "query" else 7,
                                                      color=color, line=dict(width=1 if kind == "key" else 0))))
     if marked is not None:

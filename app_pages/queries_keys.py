@@ -52,9 +52,9 @@ frames = pictures(ref, sentences, method)
 faithful = np.array([f.attrs["faithfulness"] for f in frames.values()])
 st.markdown(f"#### Every head over {len(sentences):,} sentences")
 grid = qk_overview(frames, model.n_layers, model.n_heads,
-                   title=f"{model.n_layers} layers × {model.n_heads} heads · {ref.title} · queries blue, keys orange")
+                   title=f"{model.n_layers} layers × {model.n_heads} heads · {ref.title}")
 event = chart(grid, "qk_grid", on_select="rerun", selection_mode="points")
-st.caption(f"Rows are layers, columns heads. Median faithfulness {np.median(faithful):.2f} (chance "
+st.caption(f"Rows are layers, columns heads; queries blue, keys orange. Median faithfulness {np.median(faithful):.2f} (chance "
            f"{next(iter(frames.values())).attrs['chance']:.2f}); on a pink ground, the {int((faithful < TRUST).sum())} "
            f"heads whose picture puts fewer than half of the queries nearest their most-attended key: nearness "
            "there does not show attention. Click a head to draw it below.")
@@ -77,7 +77,9 @@ with right:  # drawn first: the scatter rings the token picked here
                format_func=lambda i: f"{i + 1}. {short(sentences[i])}")
     rows = np.flatnonzero(frame["sentence"].to_numpy()[:n] == i)           # the sentence's query rows
     labels = frame["token"].iloc[rows].tolist()
-    q = choose("Query", list(range(len(rows))), "qk_query", format_func=lambda p: f"{p}: {labels[p]}")
+    words = [p for p, r in enumerate(rows) if frame["word_class"].iloc[r] != "special"]
+    q = choose("Query", list(range(len(rows))), "qk_query", default=words[0] if words else 0,
+               format_func=lambda p: f"{p}: {labels[p]}")
     weights = cached_attention(model, ref, sentences[i], False, ()).weights[layer, head]
     fig = head_heatmap(weights, labels, labels, title=f"{head_label(layer, head)} · {short(sentences[i], 50)}",
                        height=420, visible=np.tri(len(rows), dtype=bool) if frame.attrs["causal"] else None)
