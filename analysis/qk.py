@@ -22,11 +22,11 @@ The 2-D projection (``method``):
   sentence's keys, is the one it attends to most (cross-entropy of that key under a softmax of
   minus the squared 2-D distances). One plane for queries and keys, so position bands and token
   clusters stay what the vectors make them. On the built-in corpus and all-MiniLM-L6-v2, the 72
-  heads average a faithfulness of 0.82 (chance 0.13); see docs/queries-keys.md.
+  heads average a faithfulness of 0.85 (chance 0.09); see docs/queries-keys.md.
 - ``"pca"``: the plain AttentionViz version, the first two principal components of the translated
-  and scaled vectors: 0.15 on average, below chance on heads that park on [CLS].
-- ``"tsne"``: scikit-learn's t-SNE of the translated and scaled vectors: slow (tens of seconds a
-  head) and no more faithful than PCA. UMAP was measured and left out: 0.07 at 8 s a head.
+  and scaled vectors: 0.09 on average, below chance on 47 of the 72 heads.
+- ``"tsne"``: scikit-learn's t-SNE of the translated and scaled vectors: 0.10 to 0.79 on three
+  heads, at 31 to 43 s a head. UMAP was measured and left out: 0.07 at 8 s a head.
 
 ``frame.attrs["faithfulness"]`` is the share of queries whose nearest key in 2-D, among the keys
 of their own sentence they may see, is their most-attended key; ``frame.attrs["chance"]`` is that
