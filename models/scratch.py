@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -99,8 +100,7 @@ class ScratchModel(AttentionModel):
                 sums[layer, kept] += total.to("cpu", torch.float64)
             return add
 
-        handles = [block.attn.out_proj.register_forward_pre_hook(hook(i)) for i, block in enumerate(self.stack.layers)]
-        try:
+        with pre_hooks((block.attn.out_proj, hook(i)) for i, block in enumerate(self.stack.layers)):
             for chunk, inputs in self._padded_batches(items, batch_size, self.max_tokens):
                 real["mask"] = inputs["attention_mask"].unsqueeze(-1).float()
                 count += int(inputs["attention_mask"].sum())
@@ -109,9 +109,6 @@ class ScratchModel(AttentionModel):
                 done += len(chunk)
                 if progress is not None:
                     progress(done, len(items))
-        finally:
-            for handle in handles:
-                handle.remove()
         return (sums / count).to(torch.float32).numpy()
 
     def embed_variants(self, texts: Sequence[str], head_masks, *, head_means=None, batch_size: int = 32,
@@ -168,12 +165,8 @@ class ScratchModel(AttentionModel):
                     lengths[layer] = module.value_norms(args[0])[0]              # (kept heads, n)
             return hook
 
-        handles = [block.attn.register_forward_pre_hook(keep(i)) for i, block in enumerate(self.stack.layers)]
-        try:
+        with pre_hooks((block.attn, keep(i)) for i, block in enumerate(self.stack.layers)):
             att = self.attend(text, **attend)
-        finally:
-            for handle in handles:
-                handle.remove()
         out = np.zeros_like(att.weights)
         for layer, norms in lengths.items():
             kept = self.stack.kept[layer]
@@ -201,10 +194,9 @@ class ScratchModel(AttentionModel):
                 caught[layer] = tuple(t.to("cpu", torch.float32) for t in module.queries_keys(args[0]))
             return hook
 
-        handles = [self.stack.layers[layer].attn.register_forward_pre_hook(keep(layer)) for layer in set(wanted)]
         out: list[tuple[Attention, np.ndarray, np.ndarray] | None] = [None] * len(items)
-        try:
-            done = 0
+        done = 0
+        with pre_hooks((self.stack.layers[layer].attn, keep(layer)) for layer in set(wanted)):
             for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
                 atts = self._attend_batch([items[i] for i in chunk], None, None, False)
                 for b, (i, att) in enumerate(zip(chunk, atts)):
@@ -219,9 +211,6 @@ class ScratchModel(AttentionModel):
                 done += len(chunk)
                 if progress is not None:
                     progress(done, len(items))
-        finally:
-            for handle in handles:
-                handle.remove()
         return out
 
     def _head_mask(self, head_mask):
@@ -388,3 +377,14 @@ def open_scratch(folder: Path, config: dict, display: str, device: torch.device,
         stack = cls.from_pretrained(folder)
     model_class = DecoderModel if stack.language_model else ScratchModel
     return model_class(stack.eval().to(device), tokenizer, display, device)
+
+
+@contextmanager
+def pre_hooks(pairs):
+    """``(module, hook)`` forward pre-hooks, in place for the ``with`` block and removed after it, error or not."""
+    handles = [module.register_forward_pre_hook(hook) for module, hook in pairs]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
