@@ -12,7 +12,7 @@ from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, remember
 from models import head_label
 from viz import head_heatmap
-from viz.qk import COLOR_BY, TRUST, qk_overview, qk_scatter
+from viz.qk import COLOR_BY, qk_overview, qk_scatter
 
 ABOUT = (
     "Each head scores a query against a key by their dot product, then takes a softmax over the sentence's keys. "
@@ -54,10 +54,11 @@ st.markdown(f"#### Every head over {len(sentences):,} sentences")
 grid = qk_overview(frames, model.n_layers, model.n_heads,
                    title=f"{model.n_layers} layers × {model.n_heads} heads · {ref.title}")
 event = chart(grid, "qk_grid", on_select="rerun", selection_mode="points")
-st.caption(f"Rows are layers, columns heads; queries blue, keys orange. Median faithfulness {np.median(faithful):.2f} (chance "
-           f"{next(iter(frames.values())).attrs['chance']:.2f}); on a pink ground, the {int((faithful < TRUST).sum())} "
-           f"heads whose picture puts fewer than half of the queries nearest their most-attended key: nearness "
-           "there does not show attention. Click a head to draw it below.")
+untrusted = sum(bool(f.attrs["misleads"]) for f in frames.values())
+st.caption(f"Rows are layers, columns heads; queries blue, keys orange. Median faithfulness {np.median(faithful):.2f} "
+           f"(chance {next(iter(frames.values())).attrs['chance']:.2f}). On a pink ground, the {untrusted} heads whose "
+           "picture puts fewer than half of their queries, or of their word-to-word queries, nearest the key they "
+           "attend to most: nearness there does not show attention. Click a head to draw it below.")
 point = fresh_click(event, "qk_grid")
 if point is not None and "point_index" in point and 0 <= point["point_index"] < model.n_layers * model.n_heads:
     layer, head = divmod(int(point["point_index"]), model.n_heads)
@@ -96,10 +97,14 @@ with left:
                          title=f"{head_label(layer, head)} · faithfulness {frame.attrs['faithfulness']:.2f} "
                                f"(chance {frame.attrs['chance']:.2f})")
     clicked = fresh_click(chart(scatter, "qk_scatter", on_select="rerun", selection_mode="points"), "qk_scatter")
-    if frame.attrs["faithfulness"] < TRUST:
-        st.warning(f"On this head the picture misleads more often than not: only "
-                   f"{frame.attrs['faithfulness']:.0%} of queries lie nearest the key they attend to most. Read "
-                   "its attention from the heatmap, not from nearness here.")
+    if frame.attrs["misleads"]:
+        st.warning(f"Do not read this head by nearness: {frame.attrs['misleads']}. Read its attention from the "
+                   "heatmap.")
+    a = frame.attrs
+    if a["word_share"] > 0:
+        st.caption(f"Word to word: of the {a['word_share']:.0%} of queries whose most-attended key is a word (not "
+                   f"{'the first token' if a['causal'] else '[CLS] or [SEP]'}, where heads park attention), "
+                   f"{a['word_faithfulness']:.0%} lie nearest that key.")
     st.caption("Hover a point for its token and sentence; click one to draw its sentence on the right, its row "
                "framed in red. Drag to pan, scroll to zoom; click a legend entry to hide it.")
     st.download_button("Points · CSV", lambda: frame.to_csv(index=False).encode(),

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.qk import (QK, _fitted_plane, lifted, most_attended, nearest_keys, normalised, qk_embedding, qk_heads,
-                         qk_vectors)
+from analysis.qk import (QK, _fitted_plane, fit_weights, lifted, most_attended, nearest_keys, normalised, qk_embedding,
+                         qk_heads, qk_vectors, word_queries)
 from bench.common import machine
 from models import load_model
 from models.corpus import CORPUS
@@ -44,7 +44,8 @@ def held_out(qk: QK) -> float:
     n = len(qk.sentences)
     train, test = half(qk, np.arange(0, n, 2)), half(qk, np.arange(1, n, 2))
     q, k = lifted(*normalised(train.queries, train.keys))
-    plane = _fitted_plane(q, k, most_attended(train), train.spans, train.causal, seed=0)
+    target = most_attended(train)
+    plane = _fitted_plane(q, k, target, train.spans, train.causal, 0, fit_weights(word_queries(train, target)))
     q, k = lifted(*normalised(test.queries, test.keys))
     return float((nearest_keys(q @ plane, k @ plane, test.spans, test.causal) == most_attended(test)).mean())
 
@@ -65,11 +66,31 @@ def page_bytes() -> None:
           f"= {sum(sizes) / 1e6:.2f} MB ({titles})")
 
 
+def smollm2() -> None:
+    """Every head of SmolLM2 over the built-in corpus: the time, and how faithful the pictures are."""
+    model = load_model("HuggingFaceTB/SmolLM2-135M-Instruct", backend="scratch")
+    start = time.perf_counter()
+    heads = qk_heads(model, list(CORPUS))
+    read = time.perf_counter() - start
+    frames = [qk_embedding(qk) for qk in heads.values()]
+    total = time.perf_counter() - start
+    faithful = np.array([f.attrs["faithfulness"] for f in frames])
+    words = np.array([f.attrs["word_faithfulness"] for f in frames])
+    share = np.array([f.attrs["word_share"] for f in frames])
+    print(f"SmolLM2, every head: {total:.1f} s ({read:.1f} s reading vectors) for {len(frames)} heads, "
+          f"{len(frames[0]) // 2} tokens; chance {frames[0].attrs['chance']:.3f}")
+    print(f"  faithfulness mean {faithful.mean():.3f} median {np.median(faithful):.3f} min {faithful.min():.3f}; "
+          f"word to word mean {np.nanmean(words):.3f} median {np.nanmedian(words):.3f} over a mean {share.mean():.2f} "
+          f"of the queries (heads with a word share >= 0.1: {np.nanmean(words[share >= 0.1]):.3f}, "
+          f"{int((share >= 0.1).sum())} heads)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tsne", type=int, default=0)
     parser.add_argument("--page", action="store_true")
     parser.add_argument("--page-only", action="store_true")
+    parser.add_argument("--smollm2", action="store_true")
     args = parser.parse_args()
     print(machine())
     if args.page_only:
@@ -103,6 +124,10 @@ def main() -> None:
               f"below chance {int((values < chance).sum())}  below 0.5 {int((values < 0.5).sum())}")
     for layer, head in SINK_HEADS:
         print(f"  L{layer} H{head}: fitted {fitted[layer * 12 + head]:.3f}, PCA {plain[layer * 12 + head]:.3f}")
+    words = np.array([f.attrs["word_faithfulness"] for f in frames.values()])
+    share = np.array([f.attrs["word_share"] for f in frames.values()])
+    print(f"word to word (fitted): mean {np.nanmean(words):.3f} over a mean {share.mean():.2f} of the queries; "
+          f"below 0.5 on {int((words < 0.5).sum())} heads")
     worst = np.argsort(fitted)[:4]
     print("  least faithful (fitted):", ", ".join(f"L{i // 12} H{i % 12} {fitted[i]:.2f}" for i in worst))
 
@@ -112,6 +137,8 @@ def main() -> None:
         print(f"t-SNE L{layer} H{head}: {frame.attrs['faithfulness']:.3f} in {time.perf_counter() - start:.1f} s")
     if args.page:
         page_bytes()
+    if args.smollm2:
+        smollm2()
 
 
 if __name__ == "__main__":

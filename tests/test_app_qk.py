@@ -21,10 +21,12 @@ def test_every_head_is_a_thumbnail_named_with_its_faithfulness(new_app, scratch_
     grid = figures(at)[0]
     assert [t["type"] for t in grid["data"]] == ["image", "scatter"]
     custom = decode(grid["data"][1]["customdata"]).astype(float)
-    assert custom.shape == (72, 4)
+    assert custom.shape == (72, 6)
     for layer, head in [(0, 2), (3, 11), (5, 0)]:
         frame = qk_embedding(qk_vectors(scratch_model, SENTENCES, layer, head))
-        assert custom[layer * 12 + head].tolist() == [layer, head, frame.attrs["faithfulness"], frame.attrs["chance"]]
+        a = frame.attrs
+        np.testing.assert_array_equal(custom[layer * 12 + head], [layer, head, a["faithfulness"], a["chance"],
+                                                                  a["word_faithfulness"], a["word_share"]])
     assert any("Median faithfulness" in c.value for c in at.caption)
 
 

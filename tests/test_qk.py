@@ -4,26 +4,28 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.qk import QK, chance, lifted, most_attended, nearest_keys, normalised, qk_embedding, qk_heads, qk_vectors
+from analysis.qk import (QK, chance, lifted, misleads, most_attended, nearest_keys, normalised, qk_embedding, qk_heads,
+                         qk_vectors)
 from models import HeadLensError, load_model
 from models.corpus import CORPUS
 from models.training import TrainConfig, train
 from tests.test_llama import TEXTS, build
+from viz.qk import UNTRUSTED_COLOR, qk_tile
 
 SENTENCES = ["Which do you like better, coffee or tea?", "The cat sat on the mat because it was warm.",
              "Did the children enjoy the film?", "Hi"]
 
 
-def check_against_attend(model, sentences, atol=1e-5):
-    for layer in range(model.n_layers):
-        for head in range(model.n_heads):
-            qk = qk_vectors(model, sentences, layer, head)
-            assert qk.queries.shape == qk.keys.shape == (len(qk.tokens), model.head_dim)
-            for i, text in enumerate(sentences):
-                att = model.attend(text)
-                rows = qk.tokens[qk.tokens["sentence"] == i]
-                assert rows["position"].tolist() == list(range(len(att.tokens)))
-                np.testing.assert_allclose(qk.weights(i), att.weights[layer, head], atol=atol)
+def check_against_attend(model, sentences, atol=1e-5, heads=None):
+    """Each sentence's softmax of queries times keys equals attend()'s weights, for every head or ``heads``."""
+    atts = [model.attend(text) for text in sentences]
+    for layer, head in heads or [(l, h) for l in range(model.n_layers) for h in range(model.n_heads)]:
+        qk = qk_vectors(model, sentences, layer, head)
+        assert qk.queries.shape == qk.keys.shape == (len(qk.tokens), model.head_dim)
+        for i, att in enumerate(atts):
+            rows = qk.tokens[qk.tokens["sentence"] == i]
+            assert rows["position"].tolist() == list(range(len(att.tokens)))
+            np.testing.assert_allclose(qk.weights(i), att.weights[layer, head], atol=atol)
 
 
 def test_minilm_vectors_give_attends_weights(scratch_model):
@@ -34,6 +36,10 @@ def test_minilm_vectors_give_attends_weights(scratch_model):
     assert qk.tokens["word_class"].tolist() == ["special", "sentence_type", "sentence_type", "object", "relation",
                                                 "sentiment", "other", "object", "other", "object", "sentence_type",
                                                 "special"]
+
+
+def test_smollm2_vectors_give_attends_weights(smollm2):
+    check_against_attend(smollm2, SENTENCES[:2], heads=[(0, 0), (17, 4), (29, 8)])
 
 
 def test_tiny_llama_vectors_are_rotated_and_shared_by_groups(tmp_path):
@@ -120,6 +126,7 @@ def test_a_head_that_attends_to_itself_is_drawn_with_each_query_on_its_key(metho
     if method != "tsne":  # t-SNE keeps neighbours, not distances
         np.testing.assert_allclose(xy[:12], xy[12:], atol=1e-5)
     assert frame["kind"].tolist() == ["query"] * 12 + ["key"] * 12 and frame["near"].iloc[:12].all()
+    assert frame.attrs["word_share"] == frame.attrs["word_faithfulness"] == 1.0
 
 
 def test_the_fitted_plane_draws_sink_heads_that_pca_cannot(scratch_model):
@@ -139,3 +146,16 @@ def test_the_fitted_plane_draws_sink_heads_that_pca_cannot(scratch_model):
 def test_an_unknown_method_gets_a_sentence(scratch_model):
     with pytest.raises(HeadLensError, match="fitted, pca, tsne"):
         qk_embedding(qk_vectors(scratch_model, SENTENCES[:1], 0, 0), method="umap")
+
+
+def test_a_picture_says_when_it_misleads_and_its_thumbnail_is_pink():
+    assert "40% of queries" in misleads(dict(faithfulness=0.4, word_share=0.3, word_faithfulness=0.9))
+    assert misleads(dict(faithfulness=0.9, word_share=0.3, word_faithfulness=0.25)) == (
+        "of the 30% of queries that attend most to a word, only 25% lie nearest it")
+    assert misleads(dict(faithfulness=0.9, word_share=0.05, word_faithfulness=0.0)) == ""  # too few to judge
+    angles = np.linspace(0, 2 * np.pi, 12, endpoint=False)
+    keys = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    frame = qk_embedding(hand_made(keys * 4, keys, [12]))
+    assert frame.attrs["misleads"] == "" and tuple(qk_tile(frame)[0, 0]) == (255, 255, 255)
+    frame.attrs.update(faithfulness=0.3, misleads=misleads({**frame.attrs, "faithfulness": 0.3}))
+    assert tuple(qk_tile(frame)[0, 0]) == tuple(int(UNTRUSTED_COLOR[i:i + 2], 16) for i in (1, 3, 5))

@@ -14,7 +14,6 @@ from .grids import tile_figure
 QUERY_COLOR = "#1f77b4"   # blue: queries
 KEY_COLOR = "#e6550d"     # orange: keys
 UNTRUSTED_COLOR = "#fde0dd"  # the background of a head whose picture does not show its attention
-TRUST = 0.5  # below this faithfulness a head's picture is marked as one that misleads
 CLASS_COLORS = {"special": "#7f7f7f", "sentence_type": "#d62728", "object": "#2ca02c", "relation": "#ff7f0e",
                 "sentiment": "#9467bd", "other": "#bcbd22"}
 CLASS_NAMES = {"special": "special token", "sentence_type": "sentence type", "object": "object",
@@ -32,12 +31,12 @@ def _pixels(x: np.ndarray, y: np.ndarray, lo: np.ndarray, span: float, size: int
 
 def qk_tile(frame: pd.DataFrame, size: int = 96) -> np.ndarray:
     """One head's picture as ``(size, size, 3)`` pixels: keys in orange under queries in blue, each pixel as
-    dark as the points on it; a pink ground when the picture's faithfulness is below ``TRUST``."""
+    dark as the points on it; a pink ground when the picture misleads (``attrs["misleads"]``)."""
     xy = frame[["x", "y"]].to_numpy(np.float64)
     lo, hi = np.percentile(xy, 1, axis=0), np.percentile(xy, 99, axis=0)
     span = float(max(hi - lo)) * 1.1 or 1.0
     lo = (lo + hi) / 2 - span / 2
-    ground = UNTRUSTED_COLOR if frame.attrs.get("faithfulness", 1.0) < TRUST else "#ffffff"
+    ground = UNTRUSTED_COLOR if frame.attrs.get("misleads") else "#ffffff"
     tile = np.ones((size, size, 3)) * np.array(pc.hex_to_rgb(ground)) / 255
     for kind, color in (("key", KEY_COLOR), ("query", QUERY_COLOR)):
         part = frame["kind"].to_numpy() == kind
@@ -67,12 +66,15 @@ def qk_overview(frames: dict[tuple[int, int], pd.DataFrame], layers: int, heads:
     """Every head's queries and keys as thumbnails; hover gives a head's faithfulness, a click is a point
     selection whose index is ``layer * heads + head``."""
     png, pitch = qk_overview_png(frames, layers, heads)
-    custom = np.full((layers * heads, 4), np.nan)
+    custom = np.full((layers * heads, 6), np.nan)
     for (layer, head), frame in frames.items():
-        custom[layer * heads + head] = (layer, head, frame.attrs["faithfulness"], frame.attrs["chance"])
+        a = frame.attrs
+        custom[layer * heads + head] = (layer, head, a["faithfulness"], a["chance"], a["word_faithfulness"],
+                                        a["word_share"])
     return tile_figure(png, pitch, layers, heads, custom, (
         "layer %{customdata[0]}, head %{customdata[1]}<br>faithfulness %{customdata[2]:.2f} "
-        "(chance %{customdata[3]:.2f})<br>click to open its picture<extra></extra>"), title)
+        "(chance %{customdata[3]:.2f})<br>word to word: %{customdata[4]:.2f} of %{customdata[5]:.0%} of queries"
+        "<br>click to open its picture<extra></extra>"), title)
 
 
 def _hover_rows(frame: pd.DataFrame, sentences: list[str]) -> np.ndarray:

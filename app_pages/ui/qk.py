@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis.profile import corpus_hash
-from analysis.qk import qk_embedding, qk_heads
+from analysis.qk import qk_embeddings, qk_heads
 from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS
 
@@ -63,10 +63,8 @@ def _compute(model: AttentionModel, sentences: list[str], method: str) -> dict:
     try:
         heads = qk_heads(model, sentences, progress=lambda done, total: bar.progress(
             0.3 * done / total, text=f"Reading queries and keys… {done:,} of {total:,} sentence passes"))
-        frames = {}
-        for i, (pair, qk) in enumerate(heads.items(), start=1):
-            frames[pair] = qk_embedding(qk, method=method)
-            bar.progress(0.3 + 0.7 * i / len(heads), text=f"Drawing head {i} of {len(heads)}…")
+        frames = qk_embeddings(heads, method=method, progress=lambda done, total: bar.progress(
+            0.3 + 0.7 * done / total, text=f"Drawing head {done} of {total}…"))
     except HeadLensError as err:
         bar.empty()
         stop_with(err)
