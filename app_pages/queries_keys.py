@@ -65,9 +65,12 @@ if point is not None and "point_index" in point and 0 <= point["point_index"] < 
     pick("qk_layer", layer)
     pick("qk_head", head)
 
+# the head shown first: the one drawn most faithfully for the queries that attend most to a word
+best = max(frames, key=lambda pair: (not frames[pair].attrs["misleads"], np.nan_to_num(
+    frames[pair].attrs["word_faithfulness"] * frames[pair].attrs["word_share"], nan=-1.0)))
 c1, c2, c3 = st.columns([1, 1, 2], vertical_alignment="bottom")
-layer = choose("Layer", list(range(model.n_layers)), "qk_layer", container=c1)
-head = choose("Head", list(range(model.n_heads)), "qk_head", container=c2)
+layer = choose("Layer", list(range(model.n_layers)), "qk_layer", default=best[0], container=c1)
+head = choose("Head", list(range(model.n_heads)), "qk_head", default=best[1], container=c2)
 color_by = choose("Colour by", list(COLOR_BY), "qk_color", container=c3, cast=str, format_func=COLOR_BY.get)
 frame = frames[(layer, head)]
 n = len(frame) // 2
@@ -78,7 +81,8 @@ with right:  # drawn first: the scatter rings the token picked here
                format_func=lambda i: f"{i + 1}. {short(sentences[i])}")
     rows = np.flatnonzero(frame["sentence"].to_numpy()[:n] == i)           # the sentence's query rows
     labels = frame["token"].iloc[rows].tolist()
-    words = [p for p, r in enumerate(rows) if frame["word_class"].iloc[r] != "special"]
+    words = [p for p, r in enumerate(rows) if frame["word_class"].iloc[r] != "special"
+             and not (frame.attrs["causal"] and p == 0)]  # a decoder's first token is its sink
     q = choose("Query", list(range(len(rows))), "qk_query", default=words[0] if words else 0,
                format_func=lambda p: f"{p}: {labels[p]}")
     weights = cached_attention(model, ref, sentences[i], False, ()).weights[layer, head]
@@ -101,7 +105,7 @@ with left:
         st.warning(f"Do not read this head by nearness: {frame.attrs['misleads']}. Read its attention from the "
                    "heatmap.")
     a = frame.attrs
-    if a["word_share"] > 0:
+    if a["word_share"] > 0 and not a["misleads"]:
         st.caption(f"Word to word: of the {a['word_share']:.0%} of queries whose most-attended key is a word (not "
                    f"{'the first token' if a['causal'] else '[CLS] or [SEP]'}, where heads park attention), "
                    f"{a['word_faithfulness']:.0%} lie nearest that key.")
