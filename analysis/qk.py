@@ -126,11 +126,23 @@ def qk_heads(model, sentences: Sequence[str], heads: Sequence[tuple[int, int]] |
              progress: Progress | None = None, nlp=None, max_bytes: int = 256 * 2**20) -> dict[tuple[int, int], QK]:
     """``qk_vectors`` of several heads (default: every head), reading each layer's vectors once; layers are
     read in groups whose vectors stay within ``max_bytes``. ``progress(done, total)`` counts sentences read."""
+    found = dict(iter_qk_heads(model, sentences, heads, progress=progress, nlp=nlp, max_bytes=max_bytes))
+    return {pair: found[pair] for pair in _pairs(model, heads)}
+
+
+def _pairs(model, heads) -> list[tuple[int, int]]:
+    return model.heads([(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
+                       if heads is None else heads)
+
+
+def iter_qk_heads(model, sentences: Sequence[str], heads: Sequence[tuple[int, int]] | None = None, *,
+                  progress: Progress | None = None, nlp=None, max_bytes: int = 256 * 2**20):
+    """``qk_heads`` as ``((layer, head), QK)`` pairs, layer by layer, one group of layers read at a time: a
+    caller that keeps less than the vectors (a picture) holds one group's vectors at most."""
     items = list(sentences)
     if not items:
         raise HeadLensError("There are no sentences to read queries and keys from.")
-    pairs = model.heads([(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
-                        if heads is None else heads)
+    pairs = _pairs(model, heads)
     pruned = model.pruned_heads if getattr(getattr(model, "stack", None), "pruned", False) else None
     for layer, head in pairs:
         if pruned is not None and pruned[layer, head]:
@@ -141,7 +153,6 @@ def qk_heads(model, sentences: Sequence[str], heads: Sequence[tuple[int, int]] |
     step = max(1, max_bytes // max(1, per_layer))
     groups = [layers[i:i + step] for i in range(0, len(layers), step)]
     total = len(items) * len(groups)
-    out: dict[tuple[int, int], QK] = {}
     frame = None
     for g, group in enumerate(groups):
         def tick(done, _total, g=g):
@@ -160,13 +171,12 @@ def qk_heads(model, sentences: Sequence[str], heads: Sequence[tuple[int, int]] |
             })
             causal = bool(atts[0].causal)
         for j, layer in enumerate(group):
-            for head in [h for (lay, h) in pairs if lay == layer]:
-                out[(layer, head)] = QK(
+            for head in sorted({h for (lay, h) in pairs if lay == layer}):
+                yield (layer, head), QK(
                     queries=np.concatenate([q[j, head] for _, q, _ in read]),
                     keys=np.concatenate([k[j, head] for _, _, k in read]),
                     tokens=frame, sentences=items, layer=layer, head=head, causal=causal)
         del read
-    return {pair: out[pair] for pair in pairs}
 
 
 def qk_vectors(model, sentences: Sequence[str], layer: int, head: int, *, progress: Progress | None = None,
@@ -362,12 +372,15 @@ def parking_keys(qk: QK) -> np.ndarray:
     return parked | ((qk.tokens["position"] == 0).to_numpy() & qk.causal)
 
 
-def qk_embeddings(heads: dict[tuple[int, int], QK], *, method: str = "fitted",
+def qk_embeddings(heads, *, method: str = "fitted", total: int | None = None,
                   progress: Callable[[int, int], None] | None = None) -> dict[tuple[int, int], pd.DataFrame]:
-    """``qk_embedding`` of each head, in order; ``progress(done, total)`` after each."""
+    """``qk_embedding`` of each head of ``heads`` (a dict, or ``iter_qk_heads``'s pairs, read as they come);
+    ``progress(done, total)`` after each."""
+    items = heads.items() if isinstance(heads, dict) else heads
+    total = len(heads) if isinstance(heads, dict) else total
     out = {}
-    for done, (pair, qk) in enumerate(heads.items(), start=1):
+    for done, (pair, qk) in enumerate(items, start=1):
         out[pair] = qk_embedding(qk, method=method)
         if progress is not None:
-            progress(done, len(heads))
+            progress(done, total or done)
     return out

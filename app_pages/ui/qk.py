@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis.profile import corpus_hash
-from analysis.qk import qk_embeddings, qk_heads
+from analysis.qk import iter_qk_heads, qk_embeddings
 from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS
 
@@ -60,11 +60,19 @@ def pictures(ref: ModelRef, sentences: list[str], method: str) -> dict:
 
 def _compute(model: AttentionModel, sentences: list[str], method: str) -> dict:
     bar = st.progress(0.0, text=f"Reading the queries and keys of {len(sentences):,} sentences…")
+    count = model.n_layers * model.n_heads
+    drawn = [0]
+
+    def reading(done: int, total: int) -> None:
+        bar.progress(drawn[0] / count, text=f"Reading queries and keys… {done:,} of {total:,} sentence passes")
+
+    def drawing(done: int, total: int) -> None:
+        drawn[0] = done
+        bar.progress(done / total, text=f"Drawing head {done} of {total}…")
+
     try:
-        heads = qk_heads(model, sentences, progress=lambda done, total: bar.progress(
-            0.3 * done / total, text=f"Reading queries and keys… {done:,} of {total:,} sentence passes"))
-        frames = qk_embeddings(heads, method=method, progress=lambda done, total: bar.progress(
-            0.3 + 0.7 * done / total, text=f"Drawing head {done} of {total}…"))
+        frames = qk_embeddings(iter_qk_heads(model, sentences, progress=reading), method=method, total=count,
+                               progress=drawing)
     except HeadLensError as err:
         bar.empty()
         stop_with(err)
