@@ -21,7 +21,10 @@ ABOUT = (
     "to the same mean length, which leaves every softmax unchanged; each key gets one more coordinate so that a "
     "query's nearest key is its highest-scoring one; and the plane is the one that keeps, as far as a plane can, "
     "each query nearest the key it attends to most. **Faithfulness** is the share of queries for which that holds "
-    "in the picture, among their own sentence's keys; **chance** is the share a key drawn at random would get.")
+    "in the picture, among their own sentence's keys; **chance** is the share a key drawn at random would get. "
+    "Most queries attend most to a key heads park on ([CLS], [SEP], a decoder's first token), which is easy to "
+    "draw; **word to word** is the same share among the queries that attend most to a word, which count for half "
+    "of the fit. A pink ground marks a head where either share is below one half: do not read it by nearness.")
 
 
 def pick(key: str, value: int) -> None:
