@@ -9,15 +9,18 @@ import plotly.colors as pc
 import plotly.graph_objects as go
 
 from .figures import safe, top_margin, wrapped_title
-from .grids import tile_figure
+from .grids import ROLE_COLORS, tile_figure
 
 QUERY_COLOR = "#1f77b4"   # blue: queries
 KEY_COLOR = "#e6550d"     # orange: keys
 UNTRUSTED_COLOR = "#fde0dd"  # the background of a head whose picture does not show its attention
-CLASS_COLORS = {"special": "#7f7f7f", "sentence_type": "#d62728", "object": "#2ca02c", "relation": "#ff7f0e",
-                "sentiment": "#9467bd", "other": "#bcbd22"}
+FOCI = ("sentence_type", "object", "relation", "sentiment")  # analysis.foci.FOCI, which viz does not import
 CLASS_NAMES = {"special": "special token", "sentence_type": "sentence type", "object": "object",
                "relation": "relation", "sentiment": "sentiment", "other": "other word"}
+# a word class in the colour of its focus on Head roles
+CLASS_COLORS = {"special": ROLE_COLORS["[CLS]"],
+                **{c: ROLE_COLORS[f"{CLASS_NAMES[c]} focus"] for c in FOCI},
+                "other": "#bcbd22"}
 COLOR_BY = {"position": "Position", "word_class": "Word class", "token": "Token", "sentence": "Sentence"}
 TOP_TOKENS = 10  # colouring by token names the most frequent ones; the rest are "other tokens"
 SNIPPET = 60
