@@ -237,9 +237,8 @@ def _visible_pairs(spans, causal: bool, rows: np.ndarray | None = None) -> tuple
 def most_attended(qk: QK) -> np.ndarray:
     """For each query row, the row of the key it gives the most weight."""
     out = np.empty(len(qk.queries), dtype=np.int64)
-    for start, end in qk.spans:
-        scores = _softmax_rows(qk.queries[start:end] @ qk.keys[start:end].T, qk.causal)
-        out[start:end] = scores.argmax(axis=1) + start
+    for s, (start, end) in enumerate(qk.spans):
+        out[start:end] = qk.weights(s).argmax(axis=1) + start
     return out
 
 

@@ -9,7 +9,7 @@ from app_pages.ui.messages import plain, short
 from app_pages.ui.models import model_for, scratch_twin
 from app_pages.ui.qk import METHODS, fresh_click, pick_corpus, pictures, within_tokens
 from app_pages.ui.settings import settings
-from app_pages.ui.state import choose, remember
+from app_pages.ui.state import choose, preset
 from models import head_label
 from viz import head_heatmap
 from viz.qk import COLOR_BY, qk_overview, qk_scatter
@@ -25,12 +25,6 @@ ABOUT = (
     "Most queries attend most to a key heads park on ([CLS], [SEP], a decoder's first token), which is easy to "
     "draw; **word to word** is the same share among the queries that attend most to a word, which count for half "
     "of the fit. A pink ground marks a head where either share is below one half: do not read it by nearness.")
-
-
-def pick(key: str, value: int) -> None:
-    """Set a picker of this page from a click, before it is drawn."""
-    st.session_state.pop(key, None)
-    remember(key, value)
 
 
 s = settings()
@@ -51,10 +45,11 @@ sentences = within_tokens(model, sentences)
 if s.heads_off or s.causal:
     st.caption("Drawn from the model as it is: the heads switched off and the causal mask in the sidebar do not "
                "apply on this page.")
-frames = pictures(ref, sentences, method)
+drawn = pictures(ref, sentences, method)
+frames = drawn.frames
 faithful = np.array([f.attrs["faithfulness"] for f in frames.values()])
 st.markdown(f"#### Every head over {len(sentences):,} sentences")
-grid = qk_overview(frames, model.n_layers, model.n_heads,
+grid = qk_overview(frames, model.n_layers, model.n_heads, png=drawn.png,
                    title=f"{model.n_layers} layers × {model.n_heads} heads · {ref.title}")
 event = chart(grid, "qk_grid", on_select="rerun", selection_mode="points")
 untrusted = sum(bool(f.attrs["misleads"]) for f in frames.values())
@@ -65,8 +60,8 @@ st.caption(f"Rows are layers, columns heads; queries blue, keys orange. Median f
 point = fresh_click(event, "qk_grid")
 if point is not None and "point_index" in point and 0 <= point["point_index"] < model.n_layers * model.n_heads:
     layer, head = divmod(int(point["point_index"]), model.n_heads)
-    pick("qk_layer", layer)
-    pick("qk_head", head)
+    preset("qk_layer", layer)
+    preset("qk_head", head)
 
 # the head shown first: the one drawn most faithfully for the queries that attend most to a word
 best = max(frames, key=lambda pair: (not frames[pair].attrs["misleads"], np.nan_to_num(
@@ -119,6 +114,6 @@ with left:
 if clicked is not None and clicked.get("customdata"):
     row = int(clicked["customdata"][0])
     if 0 <= row < len(frame):
-        pick("qk_sentence", int(frame["sentence"].iloc[row]))
-        pick("qk_query", int(frame["position"].iloc[row]))
+        preset("qk_sentence", int(frame["sentence"].iloc[row]))
+        preset("qk_query", int(frame["position"].iloc[row]))
         st.rerun()

@@ -65,10 +65,11 @@ def qk_overview_png(frames: dict[tuple[int, int], pd.DataFrame], layers: int, he
     return buf.getvalue(), pitch
 
 
-def qk_overview(frames: dict[tuple[int, int], pd.DataFrame], layers: int, heads: int, *, title: str = "") -> go.Figure:
+def qk_overview(frames: dict[tuple[int, int], pd.DataFrame], layers: int, heads: int, *, title: str = "",
+                png: tuple[bytes, int] | None = None) -> go.Figure:
     """Every head's queries and keys as thumbnails; hover gives a head's faithfulness, a click is a point
-    selection whose index is ``layer * heads + head``."""
-    png, pitch = qk_overview_png(frames, layers, heads)
+    selection whose index is ``layer * heads + head``. ``png``: ``qk_overview_png``'s result, when kept."""
+    png, pitch = png or qk_overview_png(frames, layers, heads)
     custom = np.full((layers * heads, 6), np.nan)
     for (layer, head), frame in frames.items():
         a = frame.attrs

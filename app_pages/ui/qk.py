@@ -1,12 +1,15 @@
 """Queries & keys: every head's picture over a corpus, computed once per model and corpus for every session."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import streamlit as st
 
 from analysis.profile import corpus_hash
 from analysis.qk import iter_qk_heads, qk_embeddings
 from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS
+from viz.qk import qk_overview_png
 
 from .caches import SharedCache, computed_once
 from .messages import stop_with
@@ -40,25 +43,34 @@ def within_tokens(model: AttentionModel, sentences: list[str]) -> list[str]:
     return sentences[:keep]
 
 
-def _frames_bytes(value) -> int:
-    return sum(int(f.memory_usage(index=False).sum()) for f in value.values())
+@dataclass(frozen=True)
+class Pictures:
+    """Every head's picture (``{(layer, head): frame}``) and their thumbnails as one PNG with its pitch,
+    drawn once with them rather than on every rerun."""
+
+    frames: dict
+    png: tuple[bytes, int]
+
+
+def _frames_bytes(value: Pictures) -> int:
+    return sum(int(f.memory_usage(index=False).sum()) for f in value.frames.values()) + len(value.png[0])
 
 
 @st.cache_resource
 def qk_cache() -> SharedCache:
-    """Every head's picture, ``{(layer, head): frame}``, per model, corpus and projection, for every session:
-    the last 4 within 512 MiB. Frames are only ever read."""
+    """Every head's ``Pictures`` per model, corpus and projection, for every session: the last 4 within 512 MiB.
+    Frames are only ever read."""
     return SharedCache(max_entries=4, max_bytes=512 * 2**20, size=_frames_bytes)
 
 
-def pictures(ref: ModelRef, sentences: list[str], method: str) -> dict:
+def pictures(ref: ModelRef, sentences: list[str], method: str) -> Pictures:
     """``qk_embedding`` of every head of ``ref``'s model over ``sentences``, with a progress bar the first time."""
     key = (ref, corpus_hash(sentences)[1], method)
     return computed_once(qk_cache(), key, lambda: _compute(model_for(ref), sentences, method),
                          "Another session is drawing the same sentences; its pictures will be shown here…")
 
 
-def _compute(model: AttentionModel, sentences: list[str], method: str) -> dict:
+def _compute(model: AttentionModel, sentences: list[str], method: str) -> Pictures:
     bar = st.progress(0.0, text=f"Reading the queries and keys of {len(sentences):,} sentences…")
     count = model.n_layers * model.n_heads
     drawn = [0]
@@ -77,7 +89,7 @@ def _compute(model: AttentionModel, sentences: list[str], method: str) -> dict:
         bar.empty()
         stop_with(err)
     bar.empty()
-    return frames
+    return Pictures(frames, qk_overview_png(frames, model.n_layers, model.n_heads))
 
 
 def fresh_click(event, key: str):

@@ -41,9 +41,14 @@ def open_page(page: str, **values) -> None:
     starts. It works from a button's callback, where ``st.switch_page`` cannot be called, and before
     the widgets are drawn, so that the sidebar's widgets start again from ``values`` too."""
     for key, value in values.items():
-        st.session_state.pop(key, None)
-        remember(key, value)
+        preset(key, value)
     st.session_state["_open_page"] = page
+
+
+def preset(key: str, value) -> None:
+    """Start the widget ``key`` from ``value`` the next time it is drawn (before it is drawn in this run)."""
+    st.session_state.pop(key, None)
+    remember(key, value)
 
 
 def _from_url(key: str, cast, multi: bool):
