@@ -72,7 +72,10 @@ def first_token_sink(att: Attention) -> bool:
     their weight on it, averaged over every layer and head (a uniform head gives 0.29 over 10 tokens)."""
     if not att.causal or att.keys is not None or len(att.tokens) < 2 or att.special[0]:
         return False
-    return float(att.weights[..., 1:, 0].mean(dtype=np.float64)) >= SINK_SHARE
+    share = getattr(att, "sink_share", None)  # a long prompt measures it on its first queries
+    if share is None:
+        share = float(att.weights[..., 1:, 0].mean(dtype=np.float64))
+    return share >= SINK_SHARE
 
 
 def set_aside(att: Attention) -> np.ndarray:

@@ -14,6 +14,7 @@ import torch
 
 from .errors import HeadLensError
 from .limits import batches, token_limit
+from .long import LONG_TOKENS_CAP
 from .result import Attention
 
 MAX_TOKENS_CAP = 1024  # the most tokens HeadLens shows, whatever the model allows
@@ -40,14 +41,16 @@ class AttentionModel:
         limits = [m for m in (max_positions, tokenizer.model_max_length) if m and m < 1e9]
         self.max_tokens = min([MAX_TOKENS_CAP, token_limit(self.bytes_per_token_pair), *limits])
         self.embed_max_tokens = self.max_tokens  # the sentence-transformers length, where the folder gives one
+        # a long prompt (``attend_long``) keeps no weights, so only the model's own limits and the cap apply
+        self.long_max_tokens = max(self.max_tokens, min([LONG_TOKENS_CAP, *limits]))
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.name!r}, backend={self.backend!r}, device={str(self.device)!r}, "
                 f"layers={self.n_layers}, heads={self.n_heads})")
 
     def attend(self, texts: str | Sequence[str], *, head_mask=None, head_means=None, causal: bool = False,
-               target: str | Sequence[str] | None = None, batch_size: int = 32,
-               progress: Progress | None = None) -> Attention | list[Attention]:
+               target: str | Sequence[str] | None = None, layers: Sequence[int] | None = None,
+               batch_size: int = 32, progress: Progress | None = None) -> Attention | list[Attention]:
         """Attention weights of one text, or of several run as padded batches.
 
         Args:
@@ -57,6 +60,8 @@ class AttentionModel:
                 outputs its mean instead of zero (mean ablation; scratch backend).
             causal: masked self-attention (scratch backend).
             target: for encoder-decoder models, the decoder's text(s); default: the input itself.
+            layers: only these layers' weights, in this order (``Attention.layers`` names them); the
+                from-scratch engine runs no layer above the highest and computes weights for these alone.
             batch_size: texts per forward pass; texts of similar length are batched together.
             progress: called as ``progress(done, total)`` after each batch.
         """
@@ -69,11 +74,13 @@ class AttentionModel:
         if targets is not None:
             lengths = [max(n, m) for n, m in zip(lengths, self.token_counts(targets, "target"))]
         mask, fill = self._head_mask(head_mask), self._head_fill(head_means, head_mask)
+        layers = None if layers is None else self._layers(layers)
         results: list[Attention | None] = [None] * len(items)
         done_count = 0
         for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
             done = self._attend_batch([items[i] for i in chunk],
-                                      None if targets is None else [targets[i] for i in chunk], mask, causal, fill)
+                                      None if targets is None else [targets[i] for i in chunk], mask, causal, fill,
+                                      layers=layers)
             for i, res in zip(chunk, done):
                 results[i] = res
             done_count += len(chunk)
@@ -115,6 +122,30 @@ class AttentionModel:
         if any(not isinstance(t, str) or not t.strip() for t in targets):
             raise HeadLensError("A target text is empty; type the decoder's sentence.")
         return targets
+
+    def is_long(self, text: str) -> bool:
+        """Whether ``text`` has more tokens than ``attend`` keeps (``max_tokens``) and this engine computes
+        long prompts (``attend_long``) further."""
+        if self.long_max_tokens <= self.max_tokens or not isinstance(text, str):
+            return False
+        return len(self._tokenize(text, verbose=False)["input_ids"]) > self.max_tokens
+
+    def _layers(self, layers) -> tuple[int, ...]:
+        try:
+            out = tuple(int(layer) for layer in layers)
+        except (TypeError, ValueError) as err:
+            raise HeadLensError(f"Name layers by number; {layers!r} is not that.") from err
+        if not out or any(not 0 <= layer < self.n_layers for layer in out):
+            raise HeadLensError(f"Name layers from 0 to {self.n_layers - 1}; {list(out)} asks for others.")
+        if self.encoder_decoder:
+            raise HeadLensError("Choosing layers is for encoders and decoder-only models.")
+        return out
+
+    def attend_long(self, text: str, *, head_mask=None, head_means=None, causal: bool = False):
+        """A ``LongAttention``: ``text`` up to ``long_max_tokens`` tokens, each layer's weights computed when
+        asked (from-scratch engine)."""
+        raise HeadLensError("Long prompts are computed inside our own attention; load the model with "
+                            "backend='scratch' (the same weights give the same attention).")
 
     def heads(self, heads) -> list[tuple[int, int]]:
         """``heads`` as ``(layer, head)`` pairs of ints, each checked to exist; a sentence when one does not."""
@@ -206,7 +237,8 @@ class AttentionModel:
                 if k in enc and k in names}
 
     def _results(self, texts, enc, lengths, originals, stacked: torch.Tensor, component="self",
-                 causal=False, keys: list[Attention] | None = None, pruned: np.ndarray | None = None) -> list[Attention]:
+                 causal=False, keys: list[Attention] | None = None, pruned: np.ndarray | None = None,
+                 layers: tuple[int, ...] | None = None) -> list[Attention]:
         """Split a ``(B, layers, H, Lq, Lk)`` tensor into per-text results without padding."""
         weights = stacked.detach().to("cpu", torch.float32).numpy()
         ids = enc["input_ids"]
@@ -223,10 +255,11 @@ class AttentionModel:
                 offsets=[tuple(o) for o in enc["offset_mapping"][i, :n].tolist()],
                 text=text, model_name=self.name, backend=self.backend, device=str(self.device),
                 truncated=originals[i] > n, n_tokens_original=originals[i], component=component,
-                causal=causal, keys=None if keys is None else keys[i], pruned=pruned))
+                causal=causal, keys=None if keys is None else keys[i],
+                pruned=pruned if pruned is None or layers is None else pruned[list(layers)], layers=layers))
         return out
 
-    def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None) -> list[Attention]:
+    def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None, layers=None) -> list[Attention]:
         raise NotImplementedError
 
     def _hidden(self, inputs: dict[str, torch.Tensor], head_mask=None, head_fill=None) -> torch.Tensor:

@@ -74,7 +74,7 @@ class TransformersModel(AttentionModel):
         super().__init__(tokenizer, name, device, n_layers, n_heads, max_positions, causal=decoder_only,
                          parts=3 if self.encoder_decoder else 1)
 
-    def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None):
+    def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None, layers=None):
         if causal:
             raise HeadLensError("A causal mask can be added to the scratch engine only; "
                                 "a transformers model attends as it was trained.")
@@ -84,8 +84,10 @@ class TransformersModel(AttentionModel):
             if targets is not None:
                 raise HeadLensError("A target text is for encoder-decoder models such as T5 or BART.")
             out = self._forward(inputs)
-            return self._results(texts, enc, lengths, originals, self._stack(out.attentions),
-                                 causal=self.causal)
+            attentions = out.attentions if layers is None or out.attentions is None else \
+                [out.attentions[i] for i in layers]  # transformers computes every layer's; these are kept
+            return self._results(texts, enc, lengths, originals, self._stack(attentions),
+                                 causal=self.causal, layers=layers)
         targets = targets or texts
         dec, dec_lengths, dec_originals = self._encode(targets)
         inputs["decoder_input_ids"] = dec["input_ids"].to(self.device)

@@ -43,6 +43,8 @@ class Attention:
             are all zero); None for a model without pruned heads.
         generated_from: where in ``text`` a generated continuation starts (characters); None for
             a text that is all prompt.
+        layers: the model's layers that ``weights`` holds, in its order, when ``attend`` was asked for
+            some (``attend(text, layers=[...])``); None when it holds every layer.
     """
 
     tokens: list[str]
@@ -63,6 +65,7 @@ class Attention:
     cross: "Attention | None" = field(default=None, repr=False)
     pruned: np.ndarray | None = field(default=None, repr=False)
     generated_from: int | None = None
+    layers: tuple[int, ...] | None = None
 
     @property
     def generated(self) -> np.ndarray:

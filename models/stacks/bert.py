@@ -98,6 +98,12 @@ class Block(nn.Module):
         self.act = ACTIVATIONS[c.hidden_act]
         self.dropout = c.hidden_dropout_prob
 
+    window = None  # every key is in view
+
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the attention reads of the block's input ``x``: ``x`` itself (the norm comes after)."""
+        return x
+
     def forward(self, x, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = False,
                 need_weights: bool = True, head_mask=None, head_fill=None):
         """``x`` is ``(B, L, E)``, or ``(N, E)`` real tokens only when ``packing`` is given."""

@@ -69,6 +69,12 @@ class DecoderBlock(nn.Module):
         self.act = ACTIVATIONS[c.activation]
         self.dropout = c.dropout
 
+    window = None  # every earlier key is in view
+
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the attention reads of the block's input ``x``: its LayerNorm."""
+        return self.ln_attn(x)
+
     def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = True,
                 need_weights: bool = False, head_mask=None, head_fill=None):
         """``x`` ``(B, L, d)``, or ``(N, d)`` real tokens only when ``packing`` is given, and the weights

@@ -112,6 +112,10 @@ class LlamaBlock(nn.Module):
         self.down = nn.Linear(c.intermediate_size, E, bias=False)
         self.window = c.sliding_window
 
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the attention reads of the block's input ``x``: its RMSNorm."""
+        return self.ln_attn(x)
+
     def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = True,
                 need_weights: bool = False, head_mask=None, head_fill=None):
         """``x`` ``(B, L, E)``, or ``(N, E)`` real tokens when ``packing`` is given; and the weights or None."""

@@ -1,0 +1,127 @@
+"""Views of a long prompt (``models.long.LongAttention``): pooled heatmaps, zooms and per-head figures,
+each computed from the weights of the layer and heads shown, never from a whole layer held at once.
+
+A view hides what ``views.set_aside`` names when asked (special tokens, a decoder's first-token
+sink) and renormalises each row, as ``make_view`` does; words are not merged (a 4,096-token text
+is drawn in blocks of tokens anyway).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.long import LayerFigures, LongAttention
+
+from .views import _marked, set_aside
+
+CELLS = 128  # cells along a pooled heatmap's axis, as ``viz.figures.MAX_CELLS``
+ZOOM = 128  # tokens along each axis of a zoom: every weight drawn
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One layer's heads as pooled heatmaps draw them.
+
+    Attributes:
+        weights: ``(len(heads), query blocks, key blocks)``, the largest weight of each block.
+        q_starts, k_starts: the first row and column of each block, counted in the view's tokens.
+        hidden: bool ``(query blocks, key blocks)``: no query of the block sees any of its keys
+            (a causal view); None when every query sees every key.
+        figures: per head, from every query row (None for a grid of some rows).
+        rows: the view's query rows drawn, ``(start, stop)``.
+    """
+
+    weights: np.ndarray
+    q_starts: np.ndarray
+    k_starts: np.ndarray
+    hidden: np.ndarray | None
+    figures: LayerFigures | None
+    rows: tuple[int, int]
+
+
+@dataclass(frozen=True, eq=False)
+class LongView:
+    """A long prompt as the sidebar's "hide special tokens" shows it.
+
+    Attributes:
+        attention: the prompt.
+        labels: readable tokens of the view, in order (queries and keys are the same tokens).
+        keep: the prompt's positions the view shows, in order.
+        special: bool per label, the tokens ``set_aside`` names.
+        hide: bool per prompt token, those left out (None: nothing hidden).
+        causal: a query sees only its own and earlier tokens.
+    """
+
+    attention: LongAttention
+    labels: list[str]
+    keep: np.ndarray
+    special: np.ndarray
+    hide: np.ndarray | None
+    causal: bool
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def grid(self, layer: int, heads: list[int], cells: int = CELLS, last: int | None = None) -> Grid:
+        """Heads ``heads`` of ``layer`` pooled into at most ``cells`` blocks a side; ``last``: only the last
+        this many query rows (drawn one row a cell when they fit), else every row, with per-head figures."""
+        m = len(self.labels)
+        rows = (0, m) if not last else (max(0, m - int(last)), m)
+        q_step = max(1, math.ceil((rows[1] - rows[0]) / cells))
+        k_step = max(1, math.ceil(m / cells))
+        pooled, figures = self.attention.scan(layer, heads, q_step, k_step, hide=self.hide,
+                                              rows=None if rows == (0, m) else rows, aside=self.aside)
+        q_starts = np.arange(rows[0], rows[1], q_step)
+        k_starts = np.arange(0, m, k_step)
+        return Grid(pooled, q_starts, k_starts, self.hidden_blocks(q_starts, k_starts, rows[1]), figures, rows)
+
+    @property
+    def aside(self) -> np.ndarray:
+        return set_aside(self.attention)
+
+    def hidden_blocks(self, q_starts: np.ndarray, k_starts: np.ndarray, q_stop: int | None = None) -> np.ndarray | None:
+        """bool per (query block, key block): no query of the block sees a key of it (causal views)."""
+        if not self.causal:
+            return None
+        q_stop = len(self.labels) if q_stop is None else q_stop
+        q_last = np.append(q_starts[1:], q_stop) - 1      # last view row of each block
+        return self.keep[q_last][:, None] < self.keep[k_starts][None, :]
+
+    def exact(self, layer: int, head: int, queries: tuple[int, int], keys: tuple[int, int]) -> np.ndarray:
+        """Every weight of ``head`` for the view's query rows and key columns ``(start, stop)``, as the
+        view shows them (hidden tokens left out, rows renormalised): ``(rows, keys)`` float32."""
+        q0, q1 = queries
+        k0, k1 = keys
+        rows = self.keep[q0:q1]
+        w = self.attention.weights(layer, [head], queries=(int(rows[0]), int(rows[-1]) + 1))[0]
+        w = w[rows - rows[0]]
+        if self.hide is not None:
+            w = w[:, self.keep]
+            total = w.sum(axis=1, keepdims=True)
+            w = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
+        return np.ascontiguousarray(w[:, k0:k1])
+
+    def visible(self, queries: tuple[int, int], keys: tuple[int, int]) -> np.ndarray | None:
+        """bool ``(rows, keys)`` of a zoom: which keys each query could see; None when it saw them all."""
+        if not self.causal:
+            return None
+        return self.keep[keys[0]:keys[1]][None, :] <= self.keep[queries[0]:queries[1]][:, None]
+
+
+def long_view(att: LongAttention, *, hide_special: bool = False) -> LongView:
+    """``att`` as a view shows it: its readable tokens, and with ``hide_special`` without what
+    ``set_aside`` names."""
+    aside = set_aside(att)
+    hide = aside if hide_special and aside.any() else None
+    keep = np.arange(len(att.tokens)) if hide is None else np.flatnonzero(~hide)
+    labels = [_marked(att, i, i + 1) for i in keep]
+    return LongView(att, labels, keep, aside[keep], hide, bool(att.causal))
+
+
+def zoom_window(n: int, start: int, size: int = ZOOM) -> tuple[int, int]:
+    """``(start, stop)`` of a zoom of ``size`` tokens starting near ``start``, kept inside ``n`` tokens."""
+    size = min(size, n)
+    start = min(max(0, int(start)), n - size)
+    return start, start + size

@@ -1,0 +1,236 @@
+"""Long prompts (``models.long.LongAttention``, ``analysis.long``) on tiny random Llama-family decoders and a
+BERT with a long context, 1,024 tokens and more: every weight, pooled block, zoom and per-head figure against
+the full computation (transformers' eager attention and our ``attend``), ``attend(layers=...)``, layers run
+only as high as asked, the cut at the model's context, and the memory a view takes."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+from analysis import head_stats, long_view, make_view, special_share
+from analysis.views import set_aside
+from models import HeadLensError, load_model
+from models.corpus import CORPUS
+from tests.conftest import _bpe_vocab, block_max
+
+LLAMA = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=2048, initializer_range=0.5, bos_token_id=0, eos_token_id=2, pad_token_id=1)
+TEXT = " ".join(CORPUS)
+
+
+def save_llama(folder, config_class=tf.LlamaConfig, model_class=tf.LlamaForCausalLM, **extra):
+    vocab, merges = _bpe_vocab()
+    torch.manual_seed(0)
+    model_class(config_class(vocab_size=len(vocab), **{**LLAMA, **extra})).eval().save_pretrained(folder)
+    tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                         pad_token="<pad>").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module", params=["llama", "mistral"])
+def decoder(request, tmp_path_factory):
+    """(folder, our model, transformers' eager model): a Llama, and a Mistral whose sliding window (300) is
+    shorter than the text."""
+    folder = tmp_path_factory.mktemp(f"long-{request.param}")
+    if request.param == "llama":
+        save_llama(folder)
+        hf = tf.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager")
+    else:
+        save_llama(folder, tf.MistralConfig, tf.MistralForCausalLM, sliding_window=300)
+        hf = tf.MistralForCausalLM.from_pretrained(folder, attn_implementation="eager")
+    return folder, load_model(folder, backend="scratch"), hf.eval()
+
+
+def text_of(model, n_tokens: int) -> str:
+    ids = model.tokenizer(TEXT)["input_ids"]
+    assert len(ids) >= n_tokens
+    return model.tokenizer.decode(ids[:n_tokens])
+
+
+def eager(hf, model, text):
+    ids = model.tokenizer(text, return_tensors="pt")
+    with torch.inference_mode():
+        return torch.stack(hf(**ids, output_attentions=True).attentions, dim=1)[0].numpy()
+
+
+def test_every_layer_equals_transformers_and_attend_at_1024_tokens(decoder):
+    _, model, hf = decoder
+    text = text_of(model, 1024)
+    long = model.attend_long(text)
+    full = model.attend(text)
+    assert len(long.tokens) == len(full.tokens) == 1024 and long.tokens == full.tokens
+    assert long.offsets == full.offsets and long.word_ids == full.word_ids
+    reference = eager(hf, model, text)
+    for layer in range(model.n_layers):
+        exact = long.weights(layer)
+        np.testing.assert_allclose(exact, reference[layer], atol=1e-4)
+        np.testing.assert_allclose(exact, full.weights[layer], atol=1e-4)
+        assert np.allclose(exact.sum(-1), 1, atol=1e-5)
+
+
+def test_pooled_blocks_are_the_max_pooling_of_the_exact_weights(decoder):
+    _, model, hf = decoder
+    text = text_of(model, 1024)
+    long = model.attend_long(text)
+    reference = eager(hf, model, text)
+    for layer in range(model.n_layers):
+        g = long_view(long).grid(layer, [3, 0, 2])
+        assert g.weights.shape == (3, 128, 128) and list(g.q_starts[:2]) == [0, 8]
+        for i, head in enumerate([3, 0, 2]):
+            np.testing.assert_allclose(g.weights[i], block_max(reference[layer, head]), atol=1e-4)
+        # a causal block whose queries all come before its keys is drawn as not seen
+        assert g.hidden[0, 1] and not g.hidden[1, 0] and not g.hidden[5, 5]
+
+
+def test_a_zoom_is_the_exact_slice_and_hiding_the_sink_renormalises_as_make_view_does(decoder):
+    _, model, _ = decoder
+    text = text_of(model, 1024)
+    long, full = model.attend_long(text), model.attend(text)
+    v = long_view(long)
+    np.testing.assert_allclose(v.exact(1, 2, (700, 828), (90, 218)), full.weights[1, 2, 700:828, 90:218], atol=1e-4)
+    hide = np.zeros(len(long.tokens), dtype=bool)
+    hide[[0, 5]] = True  # hidden tokens, as "hide special tokens" leaves a sink and specials out
+    hidden = type(v)(long, [v.labels[i] for i in np.flatnonzero(~hide)], np.flatnonzero(~hide),
+                     v.special[~hide], hide, True)
+    keep = np.flatnonzero(~hide)
+    shown = full.weights[2][:, keep][:, :, keep]
+    shown = shown / shown.sum(-1, keepdims=True)
+    np.testing.assert_allclose(hidden.exact(2, 1, (500, 628), (0, 128)), shown[1, 500:628, :128], atol=1e-4)
+    g = hidden.grid(2, [0, 1, 2, 3])
+    for head in range(4):
+        np.testing.assert_allclose(g.weights[head], block_max(shown[head]), atol=1e-4)
+    rows = -(-len(keep) // 128)
+    last = hidden.grid(2, [1], last=40)
+    assert last.rows == (len(keep) - 40, len(keep)) and last.figures is None
+    np.testing.assert_allclose(last.weights[0], np.maximum.reduceat(shown[1, -40:], np.arange(0, len(keep), rows),
+                                                                    axis=1), atol=1e-4)
+    # per-head figures: as the views compute them from the whole layer
+    entropy = -(np.where(shown > 0, shown * np.log(np.where(shown > 0, shown, 1)), 0)).sum(-1).mean(-1)
+    np.testing.assert_allclose(g.figures.entropy, entropy, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(g.figures.max_weight, shown.max(axis=(1, 2)), atol=1e-4)
+    np.testing.assert_allclose(g.figures.aside, full.weights[2][..., set_aside(full)].sum(-1).mean(-1), atol=1e-4)
+    position = np.arange(len(long.tokens))
+    distance = (full.weights[2] * np.abs(position[:, None] - position[None, :])).sum(-1).mean(-1)
+    np.testing.assert_allclose(g.figures.distance, distance, rtol=1e-4)
+    np.testing.assert_allclose(g.figures.first, full.weights[2][:, 1:, 0].mean(-1), atol=1e-6)
+
+
+def test_figures_of_a_view_equal_head_stats_of_make_view(decoder):
+    _, model, _ = decoder
+    text = text_of(model, 300)
+    long, full = model.attend_long(text), model.attend(text)
+    for hide in (False, True):
+        v = long_view(long, hide_special=hide)
+        stats = head_stats(make_view(full, hide_special=hide), special_share(full), layers=slice(1, 2))
+        f = v.grid(1, [0, 1, 2, 3]).figures
+        np.testing.assert_allclose(f.entropy, stats["entropy"][0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(f.max_weight, stats["max_weight"][0], atol=1e-4)
+        np.testing.assert_allclose(f.aside, stats["to_special"][0], atol=1e-4)
+
+
+def test_a_layer_needs_only_the_layers_below_it(decoder):
+    _, model, _ = decoder
+    long = model.attend_long(text_of(model, 1024))
+    assert long.layers_done == 0
+    long_view(long).grid(0, [0])
+    assert long.layers_done == 1
+    before = long.nbytes
+    long.weights(2, [1], queries=(0, 8))
+    assert long.layers_done == 3 and long.nbytes > before
+
+
+def test_attend_with_layers_equals_the_full_result_on_both_engines(decoder):
+    folder, model, _ = decoder
+    texts = [text_of(model, 200), "Which do you like better, coffee or tea?"]
+    full = model.attend(texts)
+    some = model.attend(texts, layers=[2, 0])
+    hf = load_model(folder, backend="transformers")
+    theirs = hf.attend(texts, layers=[2])
+    for f, s, t in zip(full, some, theirs):
+        assert s.layers == (2, 0) and s.n_layers == 2 and t.layers == (2,) and f.layers is None
+        np.testing.assert_allclose(s.weights, f.weights[[2, 0]], atol=1e-4)
+        np.testing.assert_allclose(t.weights[0], f.weights[2], atol=1e-4)
+    with pytest.raises(HeadLensError, match="from 0 to 2"):
+        model.attend(texts[1], layers=[3])
+
+
+def test_a_prompt_past_the_context_is_cut_and_says_so(tmp_path, monkeypatch):
+    model = load_model(save_llama(tmp_path, max_position_embeddings=1500), backend="scratch")
+    assert model.max_tokens == 1024 and model.long_max_tokens == 1500
+    long = model.attend_long(TEXT)
+    assert len(long.tokens) == 1500 and long.truncated and long.n_tokens_original == len(model.tokenizer(TEXT)["input_ids"])
+    assert model.is_long(TEXT) and not model.is_long("Which do you like better, coffee or tea?")
+    with pytest.raises(HeadLensError, match="empty"):
+        model.attend_long("   ")
+    with pytest.raises(HeadLensError, match="no layer 3"):
+        long.weights(3)
+    monkeypatch.setattr("models.long.MAX_EXACT_BYTES", 16 * 2**20)
+    assert long.weights(0, [1]).shape == (1, 1500, 1500)  # 9 MiB
+    with pytest.raises(HeadLensError, match="34 MiB"):
+        long.weights(0)
+
+
+def test_an_encoder_with_a_long_context_and_the_transformers_engine(tmp_path, minilm_dir):
+    torch.manual_seed(0)
+    wordpiece = tf.AutoTokenizer.from_pretrained(minilm_dir)
+    tf.BertModel(tf.BertConfig(vocab_size=wordpiece.vocab_size, hidden_size=32, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=37, max_position_embeddings=1400)
+                 ).eval().save_pretrained(tmp_path)
+    wordpiece.model_max_length = 1400
+    wordpiece.save_pretrained(tmp_path)
+    model = load_model(tmp_path, backend="scratch")
+    text = " ".join(CORPUS[:170])
+    long, full = model.attend_long(text), model.attend(text)
+    n = len(long.tokens)
+    assert n == 1400 and long.truncated and model.max_tokens == 1024 and len(full.tokens) == 1024
+    assert not long.causal and long.special[0] and long.special[-1]  # [CLS] and the [SEP] after the cut
+    hf = tf.BertModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        ref = hf(**wordpiece(text, return_tensors="pt", truncation=True, max_length=1400), output_attentions=True)
+    np.testing.assert_allclose(long.weights(1, [2], queries=(0, 600))[0], ref.attentions[1][0, 2, :600].numpy(),
+                               atol=1e-4)
+    f = long.figures(1)
+    position = np.arange(n)
+    w = ref.attentions[1][0].numpy()
+    np.testing.assert_allclose(f.distance, (w * np.abs(position[:, None] - position[None, :])).sum(-1).mean(-1),
+                               rtol=1e-4)
+    assert long.sink_share is None
+    with pytest.raises(HeadLensError, match="backend='scratch'"):
+        load_model(tmp_path).attend_long(text)
+
+
+def rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_view_of_4096_tokens_never_holds_a_whole_layer_of_weights(tmp_path):
+    """8 heads x 4,096² float32 is 512 MiB a layer; a pooled view with its figures, and a zoom, stay far below."""
+    model = load_model(save_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=2,
+                                  max_position_embeddings=4096), backend="scratch")
+    text = " ".join([TEXT] * 3)
+    long = model.attend_long(text)
+    assert len(long.tokens) == 4096
+    long.run_to(1)
+    held = long.nbytes
+    assert held <= 2 * 4096 * 32 * 4 + 2 * 8 * 4096 * 4 * 4 + 4096 * 32 * 4  # inputs, one layer's q and k, the stream
+    v = long_view(long, hide_special=True)
+    peak, stop = [rss()], threading.Event()
+
+    def watch():
+        while not stop.wait(0.002):
+            peak.append(rss())
+
+    base = rss()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        g = v.grid(1, list(range(8)))
+        v.exact(1, 3, (3000, 3128), (2900, 3028))
+    finally:
+        stop.set()
+        watcher.join()
+    assert g.weights.shape == (8, 128, 128) and np.isfinite(g.figures.entropy).all()
+    assert max(peak) - base < 200 * 2**20, f"{(max(peak) - base) / 2**20:.0f} MiB for a view"
