@@ -3,7 +3,7 @@ from .detector import DETECTORS, head_detector
 from .flow import FLOW_MAX_TOKENS, agreement, flow, raw_attention, rollout, token_ablation
 from .foci import FOCI, FOCUS_NAMES, content_attention, focus_shares, received, sentiment_lexicon, word_classes
 from .importance import ablate, head_importance, head_mask, heads_marked, neighbour_agreement, pruning_curve
-from .long import Grid, LongView, long_view, zoom_window
+from .long import Grid, LongView, Survey, long_view, reach, survey, zoom_window
 from .labels import RANKING_MEASURES, THRESHOLDS, label_heads, label_measure, strongest_head
 from .qk import QK, qk_embedding, qk_heads, qk_vectors
 from .roles import PROFILE_COLUMNS, HeadMeasures, HeadProfiler, focus_tokens, measure_heads, profile_heads
@@ -13,7 +13,7 @@ from .views import View, head_stats, make_view, merge_weights, renormalise_rows,
 __all__ = ["DETECTORS", "head_detector", "FLOW_MAX_TOKENS", "agreement", "flow", "raw_attention", "rollout", "token_ablation",
            "FOCI", "FOCUS_NAMES", "content_attention", "focus_shares", "received", "sentiment_lexicon", "word_classes",
            "ablate", "head_importance", "head_mask", "heads_marked", "neighbour_agreement", "pruning_curve",
-           "Grid", "LongView", "long_view", "zoom_window",
+           "Grid", "LongView", "Survey", "long_view", "reach", "survey", "zoom_window",
            "RANKING_MEASURES", "THRESHOLDS", "label_heads", "label_measure", "strongest_head",
            "QK", "qk_embedding", "qk_heads", "qk_vectors",
            "PROFILE_COLUMNS", "HeadMeasures", "HeadProfiler", "focus_tokens", "measure_heads", "profile_heads",

@@ -125,3 +125,56 @@ def zoom_window(n: int, start: int, size: int = ZOOM) -> tuple[int, int]:
     size = min(size, n)
     start = min(max(0, int(start)), n - size)
     return start, start + size
+
+
+@dataclass(frozen=True)
+class Survey:
+    """Every head of a long prompt, one layer at a time: thumbnails and per-head figures.
+
+    Attributes:
+        pooled: ``(layers, heads, cells, cells)`` the largest weight of each block.
+        hidden: bool ``(cells, cells)``: blocks no query sees (causal), or None.
+        entropy, max_weight, aside, first, distance: ``(layers, heads)``, as ``LayerFigures`` gives them.
+    """
+
+    pooled: np.ndarray
+    hidden: np.ndarray | None
+    entropy: np.ndarray
+    max_weight: np.ndarray
+    aside: np.ndarray
+    first: np.ndarray
+    distance: np.ndarray
+
+
+def survey(v: LongView, cells: int = 96, progress=None) -> Survey:
+    """Every layer of ``v``'s prompt pooled to ``cells`` blocks a side, with each head's figures: the
+    forward pass and then each layer's weights, one layer at a time. ``progress(done, layers)``."""
+    att = v.attention
+    m = len(v)
+    step = max(1, math.ceil(m / cells))
+    heads = list(range(att.n_heads))
+    pooled, figures = [], []
+    for layer in range(att.n_layers):
+        grid, fig = att.scan(layer, heads, step, step, hide=v.hide, aside=v.aside)
+        pooled.append(grid)
+        figures.append(fig)
+        if progress is not None:
+            progress(layer + 1, att.n_layers)
+    starts = np.arange(0, m, step)
+    stacked = {name: np.stack([getattr(f, name) for f in figures]) for name in
+               ("entropy", "max_weight", "aside", "first", "distance")}
+    return Survey(np.stack(pooled), v.hidden_blocks(starts, starts), **stacked)
+
+
+def reach(att) -> tuple[np.ndarray, np.ndarray]:
+    """For a whole ``Attention``: each head's mean attention distance (tokens, Vig & Belinkov 2019) and
+    the mean weight the queries after the first put on the first token, ``(layers, heads)`` each."""
+    w = att.weights
+    n = w.shape[-1]
+    position = np.arange(n, dtype=np.float32)
+    if att.causal and att.keys is None:  # keys at or before each query: sum_j w_ij (i - j)
+        distance = (position * w.sum(-1) - w @ position).mean(-1)
+    else:
+        distance = (w * np.abs(position[:, None] - position[None, :])).sum(-1).mean(-1)
+    first = w[..., 1:, 0].mean(-1) if w.shape[-2] > 1 else np.zeros(w.shape[:2], dtype=np.float32)
+    return distance.astype(np.float32), first.astype(np.float32)

@@ -5,19 +5,24 @@ import streamlit as st
 from analysis import head_stats, special_share
 from app_pages.ui.caches import attention, causal_note, special_words, view
 from app_pages.ui.exports import chart, exports
+from app_pages.ui.long import explore_long
 from app_pages.ui.pickers import pick_full_resolution, pick_head, pick_heads, pick_layer, pick_sentence, title_for
 from app_pages.ui.settings import settings
 from models import head_label
+from models.long import LongAttention
 from viz import head_grid, head_heatmap
 
 s = settings()
 st.title("Explore")
 top = st.columns([3, 1, 1])
-att = attention(s, pick_sentence(s, container=top[0]))
-v = view(s, att)
+att = attention(s, pick_sentence(s, container=top[0]), long=True)
 layer = pick_layer(att.n_layers, container=top[1])
 focus = pick_head(att.n_heads, container=top[2], label="Focus head")
 heads = pick_heads(att.n_heads)
+if isinstance(att, LongAttention):
+    explore_long(s, att, layer, focus, heads)
+    st.stop()
+v = view(s, att)
 
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
                 title=title_for(att, f"Layer {layer}"), visible=v.visible())

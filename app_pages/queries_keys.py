@@ -7,9 +7,9 @@ from app_pages.ui.caches import cached_attention
 from app_pages.ui.exports import chart
 from app_pages.ui.messages import plain, short
 from app_pages.ui.models import model_for, scratch_twin
-from app_pages.ui.qk import METHODS, fresh_click, pick_corpus, pictures, within_tokens
+from app_pages.ui.qk import METHODS, pick_corpus, pictures, within_tokens
 from app_pages.ui.settings import settings
-from app_pages.ui.state import choose, preset
+from app_pages.ui.state import choose, fresh_click, preset
 from models import head_label
 from viz import head_heatmap
 from viz.qk import COLOR_BY, qk_overview, qk_scatter

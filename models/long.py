@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from .errors import HeadLensError
-from .mha import _softmax_last
 
 LONG_TOKENS_CAP = 4096  # the most tokens a long prompt keeps, whatever the model allows
 BLOCK_BYTES = 48 * 2**20  # the weights of one block of query rows, every head asked, while it is computed

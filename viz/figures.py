@@ -149,7 +149,8 @@ def _hidden_background(fig: go.Figure, hidden: np.ndarray | None) -> None:
 
 def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str], heads: list[int], *,
               shared_scale: bool = True, title: str = "", cols: int = 4, cell_px: int = 260,
-              max_cells: int | None = MAX_CELLS, visible: np.ndarray | None = None) -> go.Figure:
+              max_cells: int | None = MAX_CELLS, visible: np.ndarray | None = None,
+              starts: tuple[np.ndarray, np.ndarray] | None = None, hidden: np.ndarray | None = None) -> go.Figure:
     """One heatmap per head of one layer: queries on rows, keys on columns.
 
     The heads share their axes: token labels run down the first column and under the lowest
@@ -163,6 +164,9 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
             each head from 0 to its own largest weight.
         visible: bool ``(n_queries, n_keys)`` (``View.visible``): cells a causal query cannot see are
             drawn grey, not as zero attention.
+        starts: the weights come pooled already (a long prompt's ``analysis.long.Grid``): ``weights`` is
+            ``(len(heads), query blocks, key blocks)`` in the order of ``heads``, and ``starts`` the first
+            query and key of each block; ``hidden`` (bool per block) replaces ``visible``.
     """
     cols = max(1, min(cols, len(heads)))
     rows = math.ceil(len(heads) / cols)
@@ -175,14 +179,21 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
     specs = [[{} if r * cols + c < len(heads) else None for c in range(cols)] for r in range(rows)]
     fig = make_subplots(rows=rows, cols=cols, specs=specs, subplot_titles=[f"Head {h}" for h in heads],
                         horizontal_spacing=0.02, vertical_spacing=min(0.3 / rows, 34 / height))
-    q_starts, k_starts = blocks(len(query_labels), max_cells), blocks(len(key_labels), max_cells)
+    if starts is None:
+        q_starts, k_starts = blocks(len(query_labels), max_cells), blocks(len(key_labels), max_cells)
+        hidden = hidden_cells(visible, q_starts, k_starts)
+        drawn = [pool(weights[h], q_starts, k_starts) for h in heads]
+        zmax = float(weights[heads].max()) if heads else 1.0
+    else:
+        q_starts, k_starts = starts
+        drawn = list(weights)
+        zmax = float(weights.max()) if len(weights) else 1.0
     q_cats, k_cats = block_categories(query_labels, q_starts), block_categories(key_labels, k_starts)
-    pooled = len(q_cats) < len(query_labels) or len(k_cats) < len(key_labels)
-    zmax = float(weights[heads].max()) if heads else 1.0
-    hidden = hidden_cells(visible, q_starts, k_starts)
+    pooled = bool(np.diff(q_starts, append=len(query_labels)).max(initial=1) > 1
+                  or np.diff(k_starts, append=len(key_labels)).max(initial=1) > 1)
     traces = [_heatmap(w, q_cats, k_cats, f"head {h}", None if shared_scale else float(w.max()) or 1.0,
                        coloraxis="coloraxis" if shared_scale else None, pooled=pooled, hidden=hidden)
-              for h, w in ((h, pool(weights[h], q_starts, k_starts)) for h in heads)]
+              for h, w in zip(heads, drawn)]
     fig.add_traces(traces, rows=[i // cols + 1 for i in range(len(heads))], cols=[i % cols + 1 for i in range(len(heads))])
     x_axis, y_axis = _axis(key_labels, k_starts, k_cats), _axis(query_labels, q_starts, q_cats)
     # One layout update: selecting each subplot's axes in turn costs plotly.py 20 ms a head, and

@@ -14,6 +14,7 @@ import streamlit as st
 from analysis import View, head_mask, make_view, renormalise_rows
 from analysis.views import first_token_sink, token_label
 from models import Attention, AttentionModel, HeadLensError
+from models.long import LongAttention
 from viz.figures import HIDDEN_NOTE
 
 from .generation import generated_from
@@ -126,11 +127,50 @@ def cached_attention(model: AttentionModel, ref: ModelRef, text: str, causal: bo
     return attention_cache().get_or_compute((ref, text, causal, heads_off, moved), compute)
 
 
-def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "component", container=st) -> Attention:
+LONG_BYTES = 640 * 2**20  # long prompts kept for every session: two 4,096-token SmolLM2 prompts run to the top
+
+
+@st.cache_resource
+def long_cache() -> SharedCache:
+    return SharedCache(max_entries=4, max_bytes=LONG_BYTES, size=lambda att: att.nbytes)
+
+
+def long_attention(s: Settings, text: str, ref: ModelRef, container=st) -> LongAttention | None:
+    """``text`` as a ``LongAttention`` shared by every session, when it is longer than ``attend`` keeps and
+    the model runs on our engine (a transformers model through its from-scratch twin); else None."""
+    twin = scratch_twin(ref)
+    if twin is None or s.moved:
+        return None
+    model = model_for(twin, container=container)
+    if model.encoder_decoder or not model.is_long(text):
+        return None
+    heads_off = s.heads_off if ref.scratch else ()
+    causal = s.causal and ref.scratch
+
+    def compute() -> LongAttention:
+        return model.attend_long(text, head_mask=head_mask(model, heads_off), causal=causal)
+
+    try:
+        att = long_cache().get_or_compute((twin, text, causal, heads_off), compute)
+    except HeadLensError as err:
+        stop_with(err)
+    if att.truncated:
+        container.warning(f"This text has {att.n_tokens_original:,} tokens; {ref.title} reads at most "
+                          f"{len(att.tokens):,} here, so it was cut there.")
+    return att
+
+
+def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "component", container=st,
+              long: bool = False) -> Attention | LongAttention:
     """The attention of ``text`` on the sidebar's model or ``ref``; for an encoder-decoder model, the
-    part picked under ``key``."""
+    part picked under ``key``. ``long``: the page draws a ``LongAttention`` too, given for a text longer
+    than ``attend`` keeps."""
     ref = ref or s.model
     model = model_for(ref)
+    if long:
+        att = long_attention(s, text, ref, container)
+        if att is not None:
+            return att
     # One slot, present on every run, holds the spinner and then the truncation note: elements
     # below it keep their place, so the chart updates in place instead of being drawn anew.
     slot = container.empty()

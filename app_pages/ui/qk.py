@@ -90,16 +90,3 @@ def _compute(model: AttentionModel, sentences: list[str], method: str) -> Pictur
         stop_with(err)
     bar.empty()
     return Pictures(frames, qk_overview_png(frames, model.n_layers, model.n_heads))
-
-
-def fresh_click(event, key: str):
-    """The first point of a chart's selection when it differs from the one handled last; else None.
-
-    A chart keeps its selection across reruns, so a click is acted on once; widgets changed since
-    then keep their values."""
-    points = list(event.selection.points) if event else []
-    seen = st.session_state.get(f"_{key}_handled")
-    point = points[0] if points else None
-    signature = None if point is None else (point.get("curve_number"), point.get("point_index"))
-    st.session_state[f"_{key}_handled"] = signature
-    return point if signature is not None and signature != seen else None

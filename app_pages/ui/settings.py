@@ -11,7 +11,7 @@ from models.corpus import sentences_of
 from .generation import with_continuations
 from .models import LLM, ModelRef, ref_for, scratch_twin
 
-MAX_CHARS = 20_000
+MAX_CHARS = 32_000  # a 4,096-token prompt is about 18,000 characters of English
 MAX_SENTENCES = 24
 
 

@@ -111,3 +111,16 @@ def choose(label: str, options: list, key: str, default=None, container=st, cast
     """A selectbox of ``options`` whose choice lives in the session and the URL."""
     default = default if default in options else options[0]
     return bound(container.selectbox, key, default, init="index", options=options, cast=cast, label=label, **kwargs)
+
+
+def fresh_click(event, key: str):
+    """The first point of a chart's selection when it differs from the one handled last; else None.
+
+    A chart keeps its selection across reruns, so a click is acted on once; widgets changed since
+    then keep their values."""
+    points = list(event.selection.points) if event else []
+    seen = st.session_state.get(f"_{key}_handled")
+    point = points[0] if points else None
+    signature = None if point is None else (point.get("curve_number"), point.get("point_index"))
+    st.session_state[f"_{key}_handled"] = signature
+    return point if signature is not None and signature != seen else None

@@ -1,0 +1,173 @@
+"""Long prompts in the app: a ``LongAttention`` shared by every session, layers run with a progress bar,
+and pooled grids cached so that a rerun redraws without recomputing."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from analysis import Grid, LongView, Survey, long_view, survey, zoom_window
+from analysis.long import CELLS, ZOOM
+from analysis.views import first_token_sink
+from models import HeadLensError, head_label
+from models.long import LongAttention
+from viz import head_grid, head_heatmap
+from viz.figures import HIDDEN_NOTE, block_categories
+
+from .caches import SharedCache, special_words
+from .exports import chart, exports
+from .messages import stop_with
+from .pickers import title_for
+from .state import bound, choose, flag, fresh_click, preset
+
+ZOOM_REGIONS = 16  # click targets along each axis of a head's heatmap
+
+
+@st.cache_resource
+def grid_cache() -> SharedCache:
+    return SharedCache(max_entries=64)  # a grid is at most heads x 128 x 128 floats
+
+
+def run_layers(att: LongAttention, layer: int) -> None:
+    """Run ``att``'s forward pass up to ``layer`` under a progress bar (nothing when it has run that far)."""
+    if att.layers_done > layer:
+        return
+    bar = st.progress(0.0, text=f"Running the prompt's {len(att.tokens):,} tokens through layers 0–{layer}…")
+    try:
+        att.run_to(layer, progress=lambda done, total: bar.progress(
+            done / total, text=f"Running the prompt's {len(att.tokens):,} tokens: layer {done - 1} of 0–{layer}"))
+    except HeadLensError as err:
+        stop_with(err)
+    bar.empty()
+
+
+def grid(v: LongView, layer: int, heads: list[int], last: int | None) -> Grid:
+    """``v.grid``, computed once for every session that shows the same prompt, layer, heads and rows."""
+    run_layers(v.attention, layer)
+    with st.spinner(f"Computing layer {layer}'s weights, a block of queries at a time…"):
+        return grid_cache().get_or_compute((v.attention.uid, v.hide is not None, layer, tuple(heads), last), lambda: v.grid(layer, heads, last=last))
+
+
+def zoom_targets(fig, v: LongView, g: Grid, heads: list[int], cols: int = 4) -> int:
+    """Invisible markers over each head's heatmap, one per region of the prompt, that a click turns into
+    a zoom there (customdata: head, first query, first key). Returns the region's size in tokens."""
+    m = len(v)
+    region = max(ZOOM, -(-m // ZOOM_REGIONS))
+    q_cats, k_cats = block_categories(v.labels, g.q_starts), block_categories(v.labels, g.k_starts)
+    q_lo, q_hi = g.rows
+    spots = []
+    for q in range(q_lo, q_hi, region):
+        for k in range(0, m, region):
+            if v.causal and v.keep[k] > v.keep[min(q + region, q_hi) - 1]:
+                continue  # no query of the region sees its keys
+            qi = min(len(q_cats) - 1, int(np.searchsorted(g.q_starts, min(q + region // 2, q_hi - 1), "right")) - 1)
+            ki = min(len(k_cats) - 1, int(np.searchsorted(g.k_starts, min(k + region // 2, m - 1), "right")) - 1)
+            spots.append((q, k, q_cats[qi], k_cats[ki]))
+    for i, h in enumerate(heads):
+        fig.add_trace(go.Scatter(
+            x=[s[3] for s in spots], y=[s[2] for s in spots], mode="markers", name=f"zoom {h}", showlegend=False,
+            marker=dict(symbol="square", size=9, color="rgba(0,0,0,0)"),
+            customdata=[[h, s[0], s[1]] for s in spots],
+            hovertemplate="click to zoom here<extra></extra>"), row=i // cols + 1, col=i % cols + 1)
+    return region
+
+
+def explore_long(s, att: LongAttention, layer: int, focus: int, heads: list[int]) -> None:
+    """Explore for a prompt longer than ``attend`` keeps: pooled heatmaps of the layer's heads, a "last
+    queries" mode, a zoom drawn weight by weight (chosen by a click or sliders, kept in the URL) and each
+    head's figures."""
+    v = long_view(att, hide_special=s.hide_special)
+    m = len(v)
+    if s.merge_words:
+        st.caption("Words are not merged in a long prompt: it is drawn in blocks of tokens.")
+    a, b, _ = st.columns([1, 1, 2], vertical_alignment="bottom")
+    last_only = bound(a.toggle, "last_only", False, cast=flag, label="Last queries only",
+                      help="Draw only the last queries, one row each, against every key.")
+    last = None
+    if last_only:
+        last = bound(b.number_input, "last_k", min(32, m), cast=int, label="How many", min_value=1,
+                     max_value=min(m, CELLS), step=8, valid=lambda k: 1 <= k <= min(m, CELLS))
+    g = grid(v, layer, heads, last)
+    rows = g.rows
+    what = f"last {rows[1] - rows[0]} queries" if last else f"{m:,} tokens"
+    fig = head_grid(g.weights, v.labels, v.labels, heads, shared_scale=s.shared_scale, starts=(g.q_starts, g.k_starts),
+                    hidden=g.hidden, title=title_for(att, f"Layer {layer} · {what}"))
+    region = zoom_targets(fig, v, g, heads)
+    event = chart(fig, "explore-grid", on_select="rerun", selection_mode="points")
+    q_step = int(g.q_starts[1] - g.q_starts[0]) if len(g.q_starts) > 1 else 1
+    k_step = int(g.k_starts[1] - g.k_starts[0]) if len(g.k_starts) > 1 else 1
+    st.caption(f"A long prompt: each cell is the largest weight of a block of {q_step} "
+               f"quer{'y' if q_step == 1 else 'ies'} by {k_step} keys, computed for this layer alone. "
+               f"Click a head's heatmap to zoom into the {region} × {region} tokens there.")
+    if v.causal:
+        st.caption(f"A decoder's attention: {HIDDEN_NOTE}.")
+    picked = fresh_click(event, "explore-grid-click")
+    if picked is not None and "customdata" in picked:
+        head, q, k = (int(x) for x in picked["customdata"])
+        preset("zoom_head", head)
+        preset("zoom_q", zoom_window(m, q + (region - ZOOM) // 2)[0])
+        preset("zoom_k", zoom_window(m, k + (region - ZOOM) // 2)[0])
+        st.rerun()
+
+    st.subheader("Zoom: every weight")
+    size = min(ZOOM, m)
+    za, zb, zc = st.columns([1, 2, 2])
+    zoom_head = choose("Head", heads, "zoom_head", default=focus if focus in heads else heads[0], container=za)
+    top = m - size
+    q0 = bound(zb.slider, "zoom_q", max(0, rows[1] - size), cast=int, label="Queries from", min_value=0,
+               max_value=max(1, top), valid=lambda x: 0 <= x <= top, disabled=top == 0)
+    k0 = bound(zc.slider, "zoom_k", max(0, min(q0, top)), cast=int, label="Keys from", min_value=0,
+               max_value=max(1, top), valid=lambda x: 0 <= x <= top, disabled=top == 0)
+    queries, keys = zoom_window(m, q0, size), zoom_window(m, k0, size)
+    exact = v.exact(layer, zoom_head, queries, keys)
+    zoom = head_heatmap(exact, v.labels[queries[0]:queries[1]], v.labels[keys[0]:keys[1]], max_cells=None, height=760,
+                        visible=v.visible(queries, keys), zmax=float(g.weights.max()) if s.shared_scale else None,
+                        title=title_for(att, f"{head_label(layer, zoom_head)}, queries {queries[0]}–{queries[1] - 1}, "
+                                             f"keys {keys[0]}–{keys[1] - 1}"))
+    chart(zoom, "explore-zoom")
+
+    if g.figures is not None:
+        f = g.figures
+        columns = {"head": heads, "entropy (nats)": f.entropy, "largest weight": f.max_weight,
+                   special_words(att): f.aside, "to the first token": f.first, "mean distance (tokens)": f.distance}
+        if first_token_sink(att):
+            del columns["to the first token"]  # the column before already is
+        table = pd.DataFrame(columns)
+        st.subheader(f"Heads of layer {layer}")
+        st.caption(f"Entropy and largest weight are of the rows as shown; “{special_words(att)}” is the mean share each "
+                   f"query gives {special_words(att, long=True)}, before hiding them; mean distance is how far back "
+                   "a query looks, weighted by its attention (Vig & Belinkov 2019).")
+        st.dataframe(table.style.format(precision=3).highlight_between(subset=["head"], left=focus, right=focus),
+                     hide_index=True, key="explore-stats")
+    exports("explore", fig, None, sig=f"{att.text}|{layer}|{heads}|{last}|{s}")
+    exports("explore-zoom", zoom, None, sig=f"{att.text}|{layer}|{zoom_head}|{queries}|{keys}|{s}")
+
+
+@st.cache_resource
+def survey_cache() -> SharedCache:
+    return SharedCache(max_entries=8)  # a survey is layers x heads x 96 x 96 floats: 10 MB for SmolLM2
+
+
+def surveyed(v: LongView) -> Survey:
+    """``analysis.survey`` of ``v``, computed once for every session, under a progress bar."""
+    att = v.attention
+
+    def compute() -> Survey:
+        bar = st.progress(0.0, text=f"Running the prompt's {len(att.tokens):,} tokens through every layer…")
+        run = att.layers_done < att.n_layers
+        try:
+            if run:
+                att.run_to(att.n_layers - 1, progress=lambda done, total: bar.progress(
+                    done / total / 2, text=f"Running the prompt's {len(att.tokens):,} tokens: layer {done - 1} of "
+                                           f"{total}"))
+            out = survey(v, progress=lambda done, total: bar.progress(
+                (0.5 if run else 0.0) + done / total * (0.5 if run else 1.0),
+                text=f"Every head's weights, a block of queries at a time: layer {done - 1} of {total}"))
+        except HeadLensError as err:
+            bar.empty()
+            stop_with(err)
+        bar.empty()
+        return out
+
+    return survey_cache().get_or_compute((att.uid, v.hide is not None), compute)

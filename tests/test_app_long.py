@@ -1,0 +1,168 @@
+"""Long prompts in the app, on the bundled SmolLM2 at about 2,048 tokens and at 4,096: Explore's pooled heads,
+its zoom (from the URL) and "last queries" mode, the Overview with every head's reach, the cut at 4,096
+tokens, and two sessions with 4,096-token prompts within the memory bound. The reference is transformers'
+own Llama: its hidden state entering a layer, its projections and rotary positions, one head at a time."""
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from models import load_model
+from models.corpus import CORPUS
+from tests.conftest import block_max, decode, figures, heatmaps
+
+NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def prompt(tokenizer, n_tokens: int, seed: int) -> str:
+    """The built-in corpus shuffled by ``seed``, cut to the words that make about ``n_tokens`` tokens."""
+    rng = random.Random(seed)
+    sentences = []
+    while len(tokenizer(" ".join(sentences))["input_ids"]) < n_tokens:
+        batch = list(CORPUS)
+        rng.shuffle(batch)
+        sentences += batch
+    words = " ".join(sentences).split()
+    low, high = 1, len(words)
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if len(tokenizer(" ".join(words[:mid]))["input_ids"]) < n_tokens else (low, mid)
+    return " ".join(words[:low])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """``weights(text, layer, head)``: one head's every weight, from transformers' SmolLM2 (eager attention)."""
+    hf = load_model(NAME, backend="transformers")
+    model = hf.model
+
+    def weights(text: str, layer: int, head: int) -> np.ndarray:
+        ids = hf.tokenizer(text, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = model(**ids, output_hidden_states=True).hidden_states[layer]     # entering the layer
+            block = model.layers[layer]
+            h = block.input_layernorm(hidden)
+            attn = block.self_attn
+            n, d = h.shape[1], attn.head_dim
+            q = attn.q_proj(h).view(1, n, -1, d).transpose(1, 2)
+            k = attn.k_proj(h).view(1, n, -1, d).transpose(1, 2)
+            cos, sin = model.rotary_emb(h, torch.arange(n).view(1, -1))
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            group = q.shape[1] // k.shape[1]
+            scores = (q[0, head] @ k[0, head // group].T) * d ** -0.5
+            scores.masked_fill_(torch.ones(n, n, dtype=torch.bool).triu_(1), float("-inf"))
+            return torch.softmax(scores, dim=-1).numpy()
+
+    weights.tokenizer = hf.tokenizer
+    return weights
+
+
+def long_app(new_app, text, page=None, **params):
+    return new_app({"model": "smollm2_scratch", "text": text, **params}, page=page)
+
+
+def texts(at) -> str:
+    return " ".join(str(e.value) for kind in ("caption", "markdown", "warning", "subheader") for e in at.get(kind))
+
+
+def test_explore_pools_every_head_of_a_2048_token_prompt_and_zooms_from_the_url(new_app, reference):
+    text = prompt(reference.tokenizer, 2048, seed=1)
+    at = long_app(new_app, text, layer="3", zoom_head="2", zoom_q="1000", zoom_k="900")
+    assert not at.error and not at.warning, [e.value for e in (*at.error, *at.warning)]
+    grid, zoom = figures(at)[:2]
+    assert "block of 16 queries by 16 keys" in texts(at)
+    exact = reference(text, 3, 2)
+    n = exact.shape[0]
+    assert n == 2048
+    z = decode(heatmaps(grid)[2]["z"]).astype(float)
+    want = block_max(exact)
+    seen = ~np.isnan(z)
+    assert not seen[0, 1] and seen[1, 0] and seen.sum() == 128 * 129 // 2  # blocks above the diagonal: never seen
+    np.testing.assert_allclose(z[seen], want[seen], atol=1e-4)
+    assert "L3 H2, queries 1000–1127, keys 900–1027" in zoom["layout"]["title"]["text"]
+    z = decode(zoom["data"][0]["z"]).astype(float)
+    part = exact[1000:1128, 900:1028]
+    assert z.shape == (128, 128)
+    np.testing.assert_allclose(z[np.isfinite(z)], part[np.isfinite(z)], atol=1e-4)
+    assert np.isfinite(z).sum() == (np.arange(1000, 1128)[:, None] >= np.arange(900, 1028)[None, :]).sum()
+    # each head's numbers, from every query row
+    table = at.dataframe[0].value
+    position = np.arange(n)
+    np.testing.assert_allclose(table["mean distance (tokens)"][2], (exact * (position[:, None] - position)).sum(-1).mean(),
+                               rtol=1e-3)
+    np.testing.assert_allclose(table["to the first token (sink)"][2], exact[:, 0].mean(), atol=1e-4)
+
+    # a click on a head's heatmap zooms there; sliders move the zoom, and both live in the URL
+    at.slider(key="zoom_q").set_value(1500).run()
+    assert at.query_params["zoom_q"] == "1500" and at.query_params["zoom_head"] == "2"
+    zoom = figures(at)[1]
+    np.testing.assert_allclose(np.nan_to_num(decode(zoom["data"][0]["z"]).astype(float)),
+                               exact[1500:1628, 900:1028], atol=1e-4)
+
+    # the last queries, one row each, against every key
+    at.toggle(key="last_only").set_value(True).run()
+    at.number_input(key="last_k").set_value(24).run()
+    grid = figures(at)[0]
+    z = decode(heatmaps(grid)[2]["z"]).astype(float)
+    assert z.shape == (24, 128) and "last 24 queries" in grid["layout"]["title"]["text"]
+    np.testing.assert_allclose(np.nan_to_num(z), np.maximum.reduceat(exact[-24:], np.arange(0, n, 16), axis=1), atol=1e-4)
+
+
+def test_overview_shows_every_head_and_its_reach(new_app, reference):
+    text = prompt(reference.tokenizer, 1100, seed=2)
+    at = long_app(new_app, text, page="app_pages/overview.py")
+    assert not at.error, [e.value for e in at.error]
+    thumbnails, reach = figures(at)[:2]
+    assert thumbnails["data"][0]["type"] == "image" and len(thumbnails["data"][1]["x"]) == 270
+    distance, first = (decode(t["z"]).astype(float) for t in reach["data"])
+    assert distance.shape == first.shape == (30, 9)
+    for layer, head in ((0, 4), (17, 2), (29, 8)):
+        exact = reference(text, layer, head)
+        position = np.arange(exact.shape[0])
+        np.testing.assert_allclose(distance[layer, head], (exact * (position[:, None] - position)).sum(-1).mean(),
+                                   rtol=1e-3)
+        np.testing.assert_allclose(first[layer, head], exact[1:, 0].mean(), atol=1e-4)
+
+
+def test_a_prompt_past_4096_tokens_is_cut_with_a_sentence(new_app, reference):
+    text = prompt(reference.tokenizer, 4400, seed=3)
+    at = long_app(new_app, text, layer="0")
+    assert not at.error and not at.exception
+    assert any("reads at most 4,096 here, so it was cut there" in w.value for w in at.warning)
+    assert "4,096 tokens" in figures(at)[0]["layout"]["title"]["text"]
+
+
+def rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_two_sessions_with_4096_token_prompts_stay_within_the_memory_bound(new_app, reference):
+    """Two sessions open two different 4,096-token prompts at the top layer, then switch layer and zoom: the
+    server (this process) holds at most 1.5 GB above what it held with the model loaded."""
+    first, second = (prompt(reference.tokenizer, 4096, seed=s) for s in (4, 5))
+    long_app(new_app, "Which do you like better, coffee or tea?")  # the model loaded, as a server has it
+    base, peak, stop = rss(), [0], threading.Event()
+
+    def watch():
+        while not stop.wait(0.005):
+            peak[0] = max(peak[0], rss())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        a = long_app(new_app, first, layer="29")
+        b = long_app(new_app, second, layer="29")
+        for at in (a, b):
+            assert not at.error, [e.value for e in at.error]
+            assert "4,096 tokens" in figures(at)[0]["layout"]["title"]["text"]
+        a.selectbox(key="layer").set_value(12).run()
+        b.slider(key="zoom_q").set_value(2000).run()
+        assert not a.error and not b.error
+    finally:
+        stop.set()
+        watcher.join()
+    assert peak[0] - base <= 1.5e9, f"{(peak[0] - base) / 1e9:.2f} GB above the loaded model"
