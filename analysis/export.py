@@ -16,6 +16,7 @@ def metadata(att: Attention) -> dict:
     return {"text": att.text, "model": att.model_name, "backend": att.backend, "device": att.device,
             "component": att.component, "causal": att.causal, "truncated": att.truncated,
             "n_tokens_original": att.n_tokens_original, "layers": att.n_layers, "heads": att.n_heads,
+            **({} if att.layers is None else {"model_layers": list(att.layers)}),
             "pruned_heads": [] if att.pruned is None else [[int(l), int(h)] for l, h in zip(*np.nonzero(att.pruned))]}
 
 

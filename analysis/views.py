@@ -33,6 +33,7 @@ class View:
         query_special, key_special: bool, which labels are special tokens.
         query_spans, key_spans: ``(first, last + 1)`` token index range behind each label.
         causal: whether a query saw only its own and earlier tokens (a decoder's self-attention).
+        layers: the model's layers ``weights`` holds (``Attention.layers``); None for every layer.
     """
 
     query_labels: list[str]
@@ -43,6 +44,7 @@ class View:
     query_spans: list[tuple[int, int]]
     key_spans: list[tuple[int, int]]
     causal: bool = False
+    layers: tuple[int, ...] | None = None
 
     def visible(self) -> np.ndarray | None:
         """bool ``(n_queries, n_keys)``: which keys each query could see; None when it saw them all.
@@ -54,7 +56,8 @@ class View:
         return starts[None, :] < ends[:, None]
 
     def head(self, layer: int, head: int) -> np.ndarray:
-        return self.weights[layer, head]
+        """One head's weights; ``layer`` is the model's."""
+        return self.weights[layer if self.layers is None else self.layers.index(layer), head]
 
 
 def token_label(token: str) -> str:
@@ -154,7 +157,7 @@ def make_view(att: Attention, *, hide_special: bool = False, merge_words: bool =
         q_spans, k_spans = [q_spans[i] for i in keep_q], [k_spans[i] for i in keep_k]
         q_special, k_special = q_special[keep_q], k_special[keep_k]
     return View(q_labels, k_labels, np.ascontiguousarray(weights, dtype=np.float32), q_special, k_special,
-                q_spans, k_spans, causal=bool(att.causal and att.keys is None))
+                q_spans, k_spans, causal=bool(att.causal and att.keys is None), layers=att.layers)
 
 
 def row_entropy(weights: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ import streamlit as st
 from app_pages.ui.caches import attention, causal_note, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
-from app_pages.ui.models import model_names, ref_for
+from app_pages.ui.models import model_for, model_names, ref_for
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound, choose
 from models import head_label
@@ -27,9 +27,15 @@ for i, col in enumerate(st.columns(n)):
         st.markdown(f"**Pick {i + 1}**")
         model = ref_for(choose("Model", choices, f"p{i + 1}_model", default=defaults[i][0], cast=str,
                                format_func=MODELS.get), s.model.device)
-        att = attention(s, pick_sentence(s, key=f"p{i + 1}_sentence"), model, key=f"p{i + 1}_component")
+        text = pick_sentence(s, key=f"p{i + 1}_sentence")
+        loaded = model_for(model)
+        if loaded.encoder_decoder:  # the part picked decides the layers
+            att = attention(s, text, model, key=f"p{i + 1}_component")
+            layer = pick_layer(att.n_layers, key=f"p{i + 1}_layer")
+        else:  # each pick computes its own layer only: our engine runs none above it
+            layer = pick_layer(loaded.n_layers, key=f"p{i + 1}_layer")
+            att = attention(s, text, model, layers=(layer,))
         v = view(s, att)
-        layer = pick_layer(att.n_layers, key=f"p{i + 1}_layer")
         head = choose("Head", list(range(att.n_heads)), f"p{i + 1}_head", default=defaults[i][1])
         picks.append((model, att, v, layer, head))
 

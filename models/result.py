@@ -88,6 +88,10 @@ class Attention:
         """Tokens on the key axis: the encoder's for cross-attention, else the queries'."""
         return self.tokens if self.keys is None else self.keys.tokens
 
+    def layer_index(self, layer: int) -> int:
+        """Where the model's ``layer`` is in ``weights`` (itself unless ``layers`` names some)."""
+        return layer if self.layers is None else self.layers.index(layer)
+
     def head(self, layer: int, head: int) -> np.ndarray:
-        """``(n_queries, n_keys)`` weights of one head."""
-        return self.weights[layer, head]
+        """``(n_queries, n_keys)`` weights of one head; ``layer`` is the model's."""
+        return self.weights[self.layer_index(layer), head]

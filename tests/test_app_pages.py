@@ -46,6 +46,11 @@ def test_compare_trained_with_untrained_and_more_picks(new_app, hf_model, untrai
     at.segmented_control(key="picks").set_value(4).run()
     assert not at.exception
     assert [f["layout"]["title"]["text"].split(":")[0] for f in figures(at)[:4]] == ["1", "2", "3", "4"]
+    # each pick computed its own layer only
+    from app_pages.ui.caches import attention_cache
+
+    held = [a for key, a in attention_cache()._items.items() if key[0].choice == "untrained" and key[1] == COFFEE]
+    assert any(a.layers == (3,) and a.weights.shape[0] == 1 for a in held)
 
 
 def test_compare_one_head_on_two_sentences_has_no_difference(new_app, hf_model):
@@ -68,7 +73,7 @@ def overview_pixels(fig):
 def test_overview_thumbnails_are_the_weights(new_app, hf_model):
     at = new_app(page="app_pages/overview.py")
     ref = hf_model.attend(COFFEE)
-    (fig,) = figures(at)
+    fig, reach = figures(at)
     pixels = overview_pixels(fig)
     n = len(ref.tokens)
     f = 96 // n                       # each token is an f x f block
@@ -92,6 +97,11 @@ def test_overview_thumbnails_are_the_weights(new_app, hf_model):
     xs, ys = decode(hover["x"]).reshape(6, 12), decode(hover["y"]).reshape(6, 12)
     np.testing.assert_allclose(xs[0], np.arange(12) * pitch + (pitch - 1) / 2)
     np.testing.assert_allclose(ys[:, 0], np.arange(6) * pitch + (pitch - 1) / 2)
+    # every head's reach: its mean attention distance, and its weight on the first token ([CLS])
+    distance, first = (decode(t["z"]).astype(float) for t in reach["data"])
+    gap = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
+    np.testing.assert_allclose(distance, (w * gap).sum(-1).mean(-1), rtol=1e-4)
+    np.testing.assert_allclose(first, w[..., 1:, 0].mean(-1), atol=TOL)
 
 
 def test_overview_opens_a_head_in_explore(new_app, hf_model):
@@ -108,7 +118,7 @@ def test_overview_opens_a_head_in_explore(new_app, hf_model):
 
 def test_overview_at_512_tokens_is_small(new_app):
     at = new_app({"text": "attention " * 600}, page="app_pages/overview.py")
-    (fig,) = figures(at)
+    fig = figures(at)[0]
     spec = at.get("plotly_chart")[0].proto.spec
     assert len(spec) < 5_000_000
     assert overview_pixels(fig).shape == (6 * 102 - 6, 12 * 102 - 6, 3)  # max-pooled to 96 px a head

@@ -113,18 +113,20 @@ def attention_cache() -> SharedCache:
 
 
 def cached_attention(model: AttentionModel, ref: ModelRef, text: str, causal: bool, heads_off: tuple,
-                     moved: bool = False) -> Attention:
+                     moved: bool = False, layers: tuple[int, ...] | None = None) -> Attention:
     """The attention of ``text``, computed once for every session (the last 64 within 1 GiB). ``moved``:
-    each weight scaled by what its key sends (``value_norms``, on the from-scratch twin), rows renormalised."""
+    each weight scaled by what its key sends (``value_norms``, on the from-scratch twin), rows renormalised.
+    ``layers``: only these layers (``attend(layers=...)``: our engine runs none above them)."""
     def compute() -> Attention:
         mask = head_mask(model, heads_off)
-        att = model.attend(text, head_mask=mask, causal=causal)
+        att = model.attend(text, head_mask=mask, causal=causal, layers=layers)
         if moved:
             norms = cached_model(scratch_twin(ref)).value_norms(text, head_mask=mask, causal=causal)
+            norms = norms if layers is None else norms[list(layers)]
             att = dataclasses.replace(att, weights=renormalise_rows(norms))
         return _frozen(att)
 
-    return attention_cache().get_or_compute((ref, text, causal, heads_off, moved), compute)
+    return attention_cache().get_or_compute((ref, text, causal, heads_off, moved, layers), compute)
 
 
 LONG_BYTES = 640 * 2**20  # long prompts kept for every session: two 4,096-token SmolLM2 prompts run to the top
@@ -161,10 +163,10 @@ def long_attention(s: Settings, text: str, ref: ModelRef, container=st) -> LongA
 
 
 def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "component", container=st,
-              long: bool = False) -> Attention | LongAttention:
+              long: bool = False, layers: tuple[int, ...] | None = None) -> Attention | LongAttention:
     """The attention of ``text`` on the sidebar's model or ``ref``; for an encoder-decoder model, the
     part picked under ``key``. ``long``: the page draws a ``LongAttention`` too, given for a text longer
-    than ``attend`` keeps."""
+    than ``attend`` keeps. ``layers``: only these layers' weights (not for an encoder-decoder)."""
     ref = ref or s.model
     model = model_for(ref)
     if long:
@@ -177,7 +179,8 @@ def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "c
     try:
         with slot, st.spinner("Computing attention…"):
             att = cached_attention(model, ref, text, s.causal and ref.scratch, s.heads_off if ref.scratch else (),
-                                   s.moved and scratch_twin(ref) is not None)
+                                   s.moved and scratch_twin(ref) is not None,
+                                   None if model.encoder_decoder else layers)
     except HeadLensError as err:
         stop_with(err)
     start = generated_from(text)
