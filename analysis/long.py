@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from models.long import LayerFigures, LongAttention
 
@@ -64,6 +65,24 @@ class LongView:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def query_labels(self) -> list[str]:  # queries and keys are the same tokens; named as ``View`` names them
+        return self.labels
+
+    @property
+    def query_special(self) -> np.ndarray:
+        return self.special
+
+    def strongest(self, layer: int, heads: list[int], query: int, k: int = 8) -> pd.DataFrame:
+        """The ``k`` keys each head gives most weight from the view's ``query``: ``head``, ``rank`` (from 1),
+        ``key`` (view position), ``token``, ``weight`` and ``back`` (how many tokens before the query)."""
+        w = self.rows(layer, heads, (query, query + 1))[:, 0]                   # (heads, keys)
+        k = min(k, w.shape[1])
+        order = np.argsort(-w, axis=1, kind="stable")[:, :k]
+        return pd.DataFrame([{"head": h, "rank": r + 1, "key": int(j), "token": self.labels[j], "weight": float(w[i, j]),
+                              "back": int(self.keep[query] - self.keep[j])}
+                             for i, h in enumerate(heads) for r, j in enumerate(order[i])])
+
     def grid(self, layer: int, heads: list[int], cells: int = CELLS, last: int | None = None) -> Grid:
         """Heads ``heads`` of ``layer`` pooled into at most ``cells`` blocks a side; ``last``: only the last
         this many query rows (drawn one row a cell when they fit), else every row, with per-head figures."""
@@ -102,6 +121,14 @@ class LongView:
             total = w.sum(axis=1, keepdims=True)
             w = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
         return np.ascontiguousarray(w[:, k0:k1])
+
+    def rows(self, layer: int, heads: list[int], queries: tuple[int, int]) -> np.ndarray:
+        """Every weight of the view's query rows ``queries`` against every key: ``(heads, rows, keys)``."""
+        return np.stack([self.exact(layer, h, queries, (0, len(self.labels))) for h in heads])
+
+    def received(self, layer: int, head: int) -> np.ndarray:
+        """The mean over the view's queries of the weight each key gets from ``head``: ``(keys,)``."""
+        return self.attention.scan(layer, [head], hide=self.hide, aside=self.aside, pool=False, received=True)[1].received[0]
 
     def visible(self, queries: tuple[int, int], keys: tuple[int, int]) -> np.ndarray | None:
         """bool ``(rows, keys)`` of a zoom: which keys each query could see; None when it saw them all."""

@@ -41,6 +41,8 @@ class LayerFigures:
         first: mean over query rows after the first of the weight on the first token (a sink's share).
         distance: mean over query rows of ``sum_j a_ij |i - j|``: how far back (or away) a head looks,
             in tokens (Vig & Belinkov 2019).
+        received: when asked, ``(heads, keys)``: the mean over query rows of the weight each key gets,
+            after ``hide`` (its keys counted among those left).
     """
 
     entropy: np.ndarray
@@ -48,6 +50,7 @@ class LayerFigures:
     aside: np.ndarray
     first: np.ndarray
     distance: np.ndarray
+    received: np.ndarray | None = None
 
 
 class LongAttention:
@@ -249,9 +252,10 @@ class LongAttention:
 
     def scan(self, layer: int, heads: Sequence[int] | None = None, q_step: int = 1, k_step: int = 1,
              hide: np.ndarray | None = None, rows: tuple[int, int] | None = None, aside: np.ndarray | None = None,
-             pool: bool = True) -> tuple[np.ndarray | None, LayerFigures | None]:
+             pool: bool = True, received: bool = False) -> tuple[np.ndarray | None, LayerFigures | None]:
         """``pooled`` and ``figures`` in one pass over the layer's weights; figures only when ``rows`` is None.
-        ``aside`` (bool per token, default ``hide``): the tokens whose share ``LayerFigures.aside`` is."""
+        ``aside`` (bool per token, default ``hide``): the tokens whose share ``LayerFigures.aside`` is.
+        ``received``: figures include what each key receives."""
         heads = self._heads(heads)
         n, h = len(self.tokens), len(heads)
         dev = self.stack.layers[0].attn.out_proj.weight.device
@@ -271,6 +275,7 @@ class LongAttention:
         pooled = torch.zeros(h, nqb, nkb, device=dev) if pool else None
         sums = torch.zeros(4, h, dtype=torch.float64, device=dev)  # entropy, aside, first, distance
         top = torch.zeros(h, device=dev)
+        taken = torch.zeros(h, m, dtype=torch.float64, device=dev) if received and want else None
         on = torch.tensor(self.heads_on(layer, heads), dtype=torch.float32, device=dev).view(-1, 1)
         position = torch.arange(n, device=dev, dtype=torch.float32)
         done, carry = 0, None  # rows drawn so far; rows left over from the last block, fewer than q_step
@@ -309,6 +314,8 @@ class LongAttention:
                     w = w.mul_(scale.index_select(1, torch.as_tensor(row_index, device=dev)).unsqueeze(-1))
                 elif len(row_index) < w.shape[1]:
                     w = _cut(w, 1, row_index, None)
+                if taken is not None:
+                    taken[:, :w.shape[-1]] += w.sum(dim=1).double()
                 if want:
                     sums[0] += entropy.index_select(1, torch.as_tensor(row_index, device=dev)).sum(dim=1).double()
                     if not pool:
@@ -331,7 +338,8 @@ class LongAttention:
                 top = pooled.amax(dim=(1, 2))
             sums = sums.float().cpu().numpy()
             figures = LayerFigures(entropy=sums[0] / m, max_weight=top.cpu().numpy(), aside=sums[1] / n,
-                                   first=sums[2] / max(1, n - 1), distance=sums[3] / n)
+                                   first=sums[2] / max(1, n - 1), distance=sums[3] / n,
+                                   received=None if taken is None else (taken / m).float().cpu().numpy())
         return (None if pooled is None else pooled.cpu().numpy()), figures
 
     # --- helpers ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from models import load_model
 from models.corpus import CORPUS
-from tests.conftest import block_max, decode, figures, heatmaps
+from tests.conftest import block_max, decode, figures, heatmaps, title_text
 
 NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -82,7 +82,7 @@ def test_explore_pools_every_head_of_a_2048_token_prompt_and_zooms_from_the_url(
     seen = ~np.isnan(z)
     assert not seen[0, 1] and seen[1, 0] and seen.sum() == 128 * 129 // 2  # blocks above the diagonal: never seen
     np.testing.assert_allclose(z[seen], want[seen], atol=1e-4)
-    assert "L3 H2, queries 1000–1127, keys 900–1027" in zoom["layout"]["title"]["text"]
+    assert "L3 H2, queries 1000–1127, keys 900–1027" in title_text(zoom)
     z = decode(zoom["data"][0]["z"]).astype(float)
     part = exact[1000:1128, 900:1028]
     assert z.shape == (128, 128)
@@ -107,8 +107,28 @@ def test_explore_pools_every_head_of_a_2048_token_prompt_and_zooms_from_the_url(
     at.number_input(key="last_k").set_value(24).run()
     grid = figures(at)[0]
     z = decode(heatmaps(grid)[2]["z"]).astype(float)
-    assert z.shape == (24, 128) and "last 24 queries" in grid["layout"]["title"]["text"]
+    assert z.shape == (24, 128) and "last 24 queries" in title_text(grid)
     np.testing.assert_allclose(np.nan_to_num(z), np.maximum.reduceat(exact[-24:], np.arange(0, n, 16), axis=1), atol=1e-4)
+
+
+def test_text_and_tokens_read_one_query_row_of_a_2048_token_prompt(new_app, reference):
+    text = prompt(reference.tokenizer, 2048, seed=1)  # the prompt of the Explore test: computed once for both
+    exact = reference(text, 3, 2)
+    at = long_app(new_app, text, page="app_pages/text.py", layer="3", head="2", query="1500", text_from="1300")
+    assert not at.error, [e.value for e in at.error]
+    shading = figures(at)[0]
+    assert "tokens 1300–1699 of 2,048" in title_text(shading)
+    shown = np.concatenate([decode(t["z"]).ravel() for t in shading["data"]])
+    np.testing.assert_allclose(shown, exact[1500, 1300:1700], atol=1e-4)
+    assert any("The ten tokens that get the most weight: " + str(int(np.argmax(exact[1500]))) in c.value
+               for c in at.caption)
+    at.switch_page("app_pages/tokens.py").run()
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    strongest = table[table["head"] == 2]
+    assert list(strongest["key"]) == list(np.argsort(-exact[1500], kind="stable")[:8])
+    np.testing.assert_allclose(strongest["weight"], np.sort(exact[1500])[::-1][:8], atol=1e-4)
+    assert (strongest["back"] == 1500 - strongest["key"]).all()
 
 
 def test_overview_shows_every_head_and_its_reach(new_app, reference):
@@ -132,7 +152,7 @@ def test_a_prompt_past_4096_tokens_is_cut_with_a_sentence(new_app, reference):
     at = long_app(new_app, text, layer="0")
     assert not at.error and not at.exception
     assert any("reads at most 4,096 here, so it was cut there" in w.value for w in at.warning)
-    assert "4,096 tokens" in figures(at)[0]["layout"]["title"]["text"]
+    assert "4,096 tokens" in title_text(figures(at)[0])
 
 
 def rss() -> int:
@@ -158,7 +178,7 @@ def test_two_sessions_with_4096_token_prompts_stay_within_the_memory_bound(new_a
         b = long_app(new_app, second, layer="29")
         for at in (a, b):
             assert not at.error, [e.value for e in at.error]
-            assert "4,096 tokens" in figures(at)[0]["layout"]["title"]["text"]
+            assert "4,096 tokens" in title_text(figures(at)[0])
         a.selectbox(key="layer").set_value(12).run()
         b.slider(key="zoom_q").set_value(2000).run()
         assert not a.error and not b.error

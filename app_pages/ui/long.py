@@ -12,12 +12,12 @@ from analysis.long import CELLS, ZOOM
 from analysis.views import first_token_sink
 from models import HeadLensError, head_label
 from models.long import LongAttention
-from viz import head_grid, head_heatmap
+from viz import head_grid, head_heatmap, text_shading, token_lines
 from viz.figures import HIDDEN_NOTE, block_categories
 
 from .caches import SharedCache, special_words
 from .exports import chart, exports
-from .messages import stop_with
+from .messages import plain, stop_with
 from .pickers import title_for
 from .state import bound, choose, flag, fresh_click, preset
 
@@ -171,3 +171,50 @@ def surveyed(v: LongView) -> Survey:
         return out
 
     return survey_cache().get_or_compute((att.uid, v.hide is not None), compute)
+
+
+PASSAGE = 400  # tokens of a long prompt that Text shades at once
+
+
+def text_long(s, att: LongAttention, layer: int, head: int, query: int | None, v: LongView) -> None:
+    """Text for a long prompt: a passage of it shaded by the weight each token gets from ``query``
+    (or, for every query, the mean), the passage chosen by a slider and kept in the URL."""
+    m = len(v)
+    run_layers(att, layer)
+    with st.spinner(f"Computing layer {layer}'s weights…"):
+        values = v.received(layer, head) if query is None else v.rows(layer, [head], (query, query + 1))[0, 0]
+    size = min(PASSAGE, m)
+    top = m - size
+    default = 0 if query is None else max(0, min(top, query - size + 1))
+    start = bound(st.slider, "text_from", default, cast=int, label="Passage from token", min_value=0,
+                  max_value=max(1, top), valid=lambda x: 0 <= x <= top, disabled=top == 0)
+    stop = start + size
+    source = "every token (mean)" if query is None else f"“{v.labels[query]}” (token {query})"
+    inside = query if query is not None and start <= query < stop else None
+    fig = text_shading(v.labels[start:stop], values[start:stop], highlight=None if inside is None else inside - start,
+                       title=title_for(att, f"Attention from {source} · {head_label(layer, head)} · tokens "
+                                            f"{start}–{stop - 1} of {m:,}"))
+    chart(fig, "text-shading")
+    strongest = np.argsort(-values, kind="stable")[:10]
+    st.caption(f"A long prompt: {size} of its {m:,} tokens are shaded at once, on one scale for the passage. "
+               "The ten tokens that get the most weight: " + ", ".join(
+                   f"{int(j)} “{plain(v.labels[j])}” {values[j]:.3f}" for j in strongest) + ".")
+    exports("text", fig, None, sig=f"{att.text}|{layer}|{head}|{query}|{start}|{s}")
+
+
+def tokens_long(s, att: LongAttention, layer: int, heads: list[int], query: int, v: LongView) -> None:
+    """Tokens for a long prompt: the query's lines to its strongest keys, and each head's strongest keys."""
+    run_layers(att, layer)
+    with st.spinner(f"Computing layer {layer}'s weights…"):
+        table = v.strongest(layer, heads, query, k=8)
+        w = v.rows(layer, heads, (query, query + 1))                          # (heads, 1, keys)
+    keys = sorted(set(table["key"]))
+    weights = np.zeros((att.n_heads, 1, len(keys)), dtype=np.float32)
+    weights[heads] = w[:, :, keys]
+    fig = token_lines(weights, [v.labels[query]], [f"{j}: {v.labels[j]}" for j in keys], heads, 0,
+                      title=title_for(att, f"Layer {layer} · from token {query} of {len(v):,}"))
+    chart(fig, "tokens-lines")
+    st.caption("A long prompt: the query on the left, on the right only the keys among each head's eight strongest, "
+               "in the order they come (numbered); a line's opacity is its weight relative to the head's largest.")
+    st.dataframe(table.style.format({"weight": "{:.3f}"}), hide_index=True, key="tokens-strongest")
+    exports("tokens", fig, None, sig=f"{att.text}|{layer}|{heads}|{query}|{s}")

@@ -37,10 +37,13 @@ def pick_heads(n_heads: int, key: str = "heads", container=st) -> list[int]:
     return sorted(heads)
 
 
-def pick_query(v: View, key: str = "query", container=st, allow_all: bool = True) -> int | None:
+def pick_query(v: View, key: str = "query", container=st, allow_all: bool = True, last: bool = False) -> int | None:
+    """A query token of ``v`` (a ``View`` or ``LongView``), "all tokens" as None; the first word by default,
+    or with ``last`` the last token (a prompt's, whose next token the model predicts)."""
     options = ([-1] if allow_all else []) + list(range(len(v.query_labels)))
     words = [i for i in range(len(v.query_labels)) if not v.query_special[i]]
-    q = choose("Query token", options, key, default=words[0] if words else options[0], container=container,
+    default = (words[-1] if last else words[0]) if words else options[-1 if last else 0]
+    q = choose("Query token", options, key, default=default, container=container,
                format_func=lambda i: "all tokens" if i == -1 else f"{i}: {v.query_labels[i]}")
     return None if q == -1 else q
 
