@@ -130,6 +130,29 @@ class LongView:
         """The mean over the view's queries of the weight each key gets from ``head``: ``(keys,)``."""
         return self.attention.scan(layer, [head], hide=self.hide, aside=self.aside, pool=False, received=True)[1].received[0]
 
+    def rollout(self, query: int, layers: tuple[int, int], residual: float = 0.5, progress=None) -> np.ndarray:
+        """Attention rollout (Abnar & Zuidema 2020) to the view's ``query`` through layers ``layers[0]`` to
+        ``layers[1]`` (inclusive): how much each token entering the first reaches the query after the last,
+        ``(keys,)`` summing to 1. Each layer is ``r I + (1 - r) W``, ``W`` the mean of its heads as the view
+        shows them, rows renormalised, as ``analysis.rollout`` takes it; only the query's row is carried
+        down, through one pass over each layer's weights. ``progress(done, layers)``."""
+        lo, hi = (int(x) for x in layers)
+        att = self.attention
+        if not 0 <= lo <= hi < att.n_layers:
+            raise ValueError(f"layers {layers} outside 0–{att.n_layers - 1}")
+        heads = list(range(att.n_heads))
+        m = len(self.labels)
+        row = np.zeros(m)
+        row[query] = 1.0
+        for i, layer in enumerate(range(hi, lo - 1, -1)):
+            share = sum(att.heads_on(layer, heads)) / att.n_heads   # each row of the mean of heads sums to this
+            c = row / (residual + (1 - residual) * share)
+            mixed = att.scan(layer, heads, hide=self.hide, aside=self.aside, pool=False, times=c)[1].mixed
+            row = residual * c + (1 - residual) * mixed.mean(axis=0)
+            if progress is not None:
+                progress(i + 1, hi - lo + 1)
+        return row.astype(np.float32)
+
     def visible(self, queries: tuple[int, int], keys: tuple[int, int]) -> np.ndarray | None:
         """bool ``(rows, keys)`` of a zoom: which keys each query could see; None when it saw them all."""
         if not self.causal:

@@ -5,11 +5,14 @@ import streamlit as st
 from analysis import FLOW_MAX_TOKENS, flow, rollout
 from app_pages.ui.caches import attention, causal_note, view
 from app_pages.ui.exports import chart
+from app_pages.ui.long import layers_long
 from app_pages.ui.messages import stop_with
 from app_pages.ui.pickers import pick_query, pick_sentence, title_for
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound
+from analysis import long_view
 from models import HeadLensError
+from models.long import LongAttention
 from viz import head_heatmap, text_shading
 
 
@@ -19,6 +22,16 @@ def cached_flow(_v, key: tuple, residual: float) -> np.ndarray:
     return flow(_v, residual=residual)
 
 
+def layer_range(text: str) -> tuple[int, int]:
+    """A window of layers as the URL writes it, "24-29"."""
+    lo, hi = text.split("-")
+    return int(lo), int(hi)
+
+
+def range_to_url(window) -> str:
+    return f"{window[0]}-{window[1]}"
+
+
 s = settings()
 st.title("Across layers")
 st.caption("One head's weights say where a layer looks, not which input tokens reach a position once several "
@@ -26,9 +39,22 @@ st.caption("One head's weights say where a layer looks, not which input tokens r
            "added), flow takes the most that can pass from an output token down to each input token "
            "(Abnar & Zuidema, 2020).")
 top = st.columns([3, 2])
-att = attention(s, pick_sentence(s, container=top[0]))
+att = attention(s, pick_sentence(s, container=top[0]), long=True)
 if att.keys is not None:
     st.info("Rollout and flow follow one stack of self-attention; pick the encoder or the decoder.")
+    st.stop()
+if isinstance(att, LongAttention):
+    lv = long_view(att, hide_special=s.hide_special)
+    query = pick_query(lv, container=top[1], allow_all=False, last=True)
+    top_layer = att.n_layers - 1
+    window = bound(st.slider, "window", (max(0, top_layer - 5), top_layer), cast=layer_range, to_url=range_to_url,
+                   valid=lambda w: isinstance(w, tuple) and len(w) == 2 and 0 <= w[0] <= w[1] <= top_layer,
+                   label="Layers", min_value=0, max_value=top_layer,
+                   help="Rollout from the input of the first layer of this window to the output of its last; "
+                        "each layer is one pass over its weights.")
+    residual = bound(st.slider, "residual", 0.5, cast=float, valid=lambda r: isinstance(r, float) and 0 <= r <= 1,
+                     label="Share of the skip connection", min_value=0.0, max_value=1.0, step=0.05)
+    layers_long(s, att, lv, query, tuple(window), residual)
     st.stop()
 v = view(s, att)
 query = pick_query(v, container=top[1], allow_all=False)

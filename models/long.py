@@ -43,6 +43,8 @@ class LayerFigures:
             in tokens (Vig & Belinkov 2019).
         received: when asked, ``(heads, keys)``: the mean over query rows of the weight each key gets,
             after ``hide`` (its keys counted among those left).
+        mixed: when asked with a row vector ``c`` (one entry per row left), ``(heads, keys)``: ``c``
+            times each head's weights after ``hide``, the step of attention rollout.
     """
 
     entropy: np.ndarray
@@ -51,6 +53,7 @@ class LayerFigures:
     first: np.ndarray
     distance: np.ndarray
     received: np.ndarray | None = None
+    mixed: np.ndarray | None = None
 
 
 class LongAttention:
@@ -252,10 +255,12 @@ class LongAttention:
 
     def scan(self, layer: int, heads: Sequence[int] | None = None, q_step: int = 1, k_step: int = 1,
              hide: np.ndarray | None = None, rows: tuple[int, int] | None = None, aside: np.ndarray | None = None,
-             pool: bool = True, received: bool = False) -> tuple[np.ndarray | None, LayerFigures | None]:
+             pool: bool = True, received: bool = False,
+             times: np.ndarray | None = None) -> tuple[np.ndarray | None, LayerFigures | None]:
         """``pooled`` and ``figures`` in one pass over the layer's weights; figures only when ``rows`` is None.
         ``aside`` (bool per token, default ``hide``): the tokens whose share ``LayerFigures.aside`` is.
-        ``received``: figures include what each key receives."""
+        ``received``: figures include what each key receives; ``times`` (one float per row left): figures
+        include ``times`` times each head's weights (``LayerFigures.mixed``)."""
         heads = self._heads(heads)
         n, h = len(self.tokens), len(heads)
         dev = self.stack.layers[0].attn.out_proj.weight.device
@@ -276,6 +281,8 @@ class LongAttention:
         sums = torch.zeros(4, h, dtype=torch.float64, device=dev)  # entropy, aside, first, distance
         top = torch.zeros(h, device=dev)
         taken = torch.zeros(h, m, dtype=torch.float64, device=dev) if received and want else None
+        mixed = torch.zeros(h, m, dtype=torch.float64, device=dev) if times is not None and want else None
+        times_t = None if mixed is None else torch.as_tensor(np.asarray(times, dtype=np.float32), device=dev)
         on = torch.tensor(self.heads_on(layer, heads), dtype=torch.float32, device=dev).view(-1, 1)
         position = torch.arange(n, device=dev, dtype=torch.float32)
         done, carry = 0, None  # rows drawn so far; rows left over from the last block, fewer than q_step
@@ -299,8 +306,8 @@ class LongAttention:
                         sums[3] += (w * gap).sum(dim=(1, 2))
                     entropy = block[3]                                                    # (h, rows)
                 # rows and keys of the view: hidden ones left out, rows renormalised over what is left
-                row_index = np.flatnonzero((shown >= start) & (shown < stop))
-                row_index = shown[row_index] - start
+                inside = np.flatnonzero((shown >= start) & (shown < stop))
+                row_index = shown[inside] - start
                 if hide is not None:
                     gone = w.index_select(2, hidden[hidden < seen])                        # (h, rows, few)
                     left = (1.0 - gone.sum(dim=-1)).clamp_min_(0.0)                        # T, each row's remaining share
@@ -316,6 +323,9 @@ class LongAttention:
                     w = _cut(w, 1, row_index, None)
                 if taken is not None:
                     taken[:, :w.shape[-1]] += w.sum(dim=1).double()
+                if mixed is not None:
+                    c = times_t[torch.as_tensor(r0 + inside, device=dev)]
+                    mixed[:, :w.shape[-1]] += torch.matmul(c.view(1, 1, -1), w)[:, 0].double()
                 if want:
                     sums[0] += entropy.index_select(1, torch.as_tensor(row_index, device=dev)).sum(dim=1).double()
                     if not pool:
@@ -339,7 +349,8 @@ class LongAttention:
             sums = sums.float().cpu().numpy()
             figures = LayerFigures(entropy=sums[0] / m, max_weight=top.cpu().numpy(), aside=sums[1] / n,
                                    first=sums[2] / max(1, n - 1), distance=sums[3] / n,
-                                   received=None if taken is None else (taken / m).float().cpu().numpy())
+                                   received=None if taken is None else (taken / m).float().cpu().numpy(),
+                                   mixed=None if mixed is None else mixed.cpu().numpy())
         return (None if pooled is None else pooled.cpu().numpy()), figures
 
     # --- helpers ------------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ def reference():
     hf = load_model(NAME, backend="transformers")
     model = hf.model
 
-    def weights(text: str, layer: int, head: int) -> np.ndarray:
+    def weights(text: str, layer: int, head: int | None = None) -> np.ndarray:
+        """``(n, n)`` for ``head``, ``(heads, n, n)`` for every head."""
         ids = hf.tokenizer(text, return_tensors="pt")
         with torch.inference_mode():
             hidden = model(**ids, output_hidden_states=True).hidden_states[layer]     # entering the layer
@@ -52,9 +53,13 @@ def reference():
             cos, sin = model.rotary_emb(h, torch.arange(n).view(1, -1))
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             group = q.shape[1] // k.shape[1]
-            scores = (q[0, head] @ k[0, head // group].T) * d ** -0.5
-            scores.masked_fill_(torch.ones(n, n, dtype=torch.bool).triu_(1), float("-inf"))
-            return torch.softmax(scores, dim=-1).numpy()
+            heads = range(q.shape[1]) if head is None else [head]
+            out = []
+            for h in heads:
+                scores = (q[0, h] @ k[0, h // group].T) * d ** -0.5
+                scores.masked_fill_(torch.ones(n, n, dtype=torch.bool).triu_(1), float("-inf"))
+                out.append(torch.softmax(scores, dim=-1).numpy())
+            return out[0] if head is not None else np.stack(out)
 
     weights.tokenizer = hf.tokenizer
     return weights
@@ -129,6 +134,23 @@ def test_text_and_tokens_read_one_query_row_of_a_2048_token_prompt(new_app, refe
     assert list(strongest["key"]) == list(np.argsort(-exact[1500], kind="stable")[:8])
     np.testing.assert_allclose(strongest["weight"], np.sort(exact[1500])[::-1][:8], atol=1e-4)
     assert (strongest["back"] == 1500 - strongest["key"]).all()
+
+
+def test_across_layers_rolls_one_query_of_a_2048_token_prompt_through_a_window(new_app, reference):
+    text = prompt(reference.tokenizer, 2048, seed=1)
+    at = long_app(new_app, text, page="app_pages/layers.py", query="1500", window="2-3", layers_from="1300")
+    assert not at.error, [e.value for e in at.error]
+    assert at.query_params["window"] == "2-3"
+    mixed = {layer: reference(text, layer).mean(axis=0) for layer in (2, 3)}
+    raw = mixed[3][1500]
+    row = 0.5 * raw + 0.5 * np.eye(1, 2048, 1500)[0]          # e_q (0.5 I + 0.5 W3), rows summing to 1
+    rolled = 0.5 * row + 0.5 * row @ mixed[2]                 # ... (0.5 I + 0.5 W2)
+    raw_fig, rollout_fig = figures(at)[:2]
+    assert "tokens 1300–1699 of 2,048" in title_text(rollout_fig)
+    for fig, want in ((raw_fig, raw), (rollout_fig, rolled)):
+        shown = np.concatenate([decode(t["z"]).ravel() for t in fig["data"]])
+        np.testing.assert_allclose(shown, want[1300:1700], atol=1e-4)
+    assert any(c.value.startswith(f"Most: {int(np.argmax(rolled))} ") for c in at.caption)
 
 
 def test_overview_shows_every_head_and_its_reach(new_app, reference):

@@ -234,3 +234,18 @@ def test_a_view_of_4096_tokens_never_holds_a_whole_layer_of_weights(tmp_path):
         watcher.join()
     assert g.weights.shape == (8, 128, 128) and np.isfinite(g.figures.entropy).all()
     assert max(peak) - base < 200 * 2**20, f"{(max(peak) - base) / 2**20:.0f} MiB for a view"
+
+
+def test_rollout_of_one_query_through_a_window_equals_the_full_rollout(decoder):
+    from analysis.flow import layer_matrices
+
+    _, model, _ = decoder
+    text = text_of(model, 700)
+    long, full = model.attend_long(text), model.attend(text)
+    for hide in (False, True):
+        v, shown = long_view(long, hide_special=hide), make_view(full, hide_special=hide)
+        a = layer_matrices(shown, residual=0.3)
+        q = len(v) - 1
+        np.testing.assert_allclose(v.rollout(q, (0, 2), residual=0.3), a[2][q] @ a[1] @ a[0], atol=1e-4)
+        np.testing.assert_allclose(v.rollout(100, (1, 2), residual=0.3), (a[2] @ a[1])[100], atol=1e-4)
+        assert v.rollout(q, (2, 2)).sum() == pytest.approx(1, abs=1e-4)

@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from analysis import Grid, LongView, Survey, long_view, survey, zoom_window
+from analysis import FLOW_MAX_TOKENS, Grid, LongView, Survey, long_view, survey, zoom_window
 from analysis.long import CELLS, ZOOM
 from analysis.views import first_token_sink
 from models import HeadLensError, head_label
@@ -218,3 +218,43 @@ def tokens_long(s, att: LongAttention, layer: int, heads: list[int], query: int,
                "in the order they come (numbered); a line's opacity is its weight relative to the head's largest.")
     st.dataframe(table.style.format({"weight": "{:.3f}"}), hide_index=True, key="tokens-strongest")
     exports("tokens", fig, None, sig=f"{att.text}|{layer}|{heads}|{query}|{s}")
+
+
+@st.cache_resource
+def rollout_cache() -> SharedCache:
+    return SharedCache(max_entries=64)  # one row of a prompt's tokens each
+
+
+def layers_long(s, att: LongAttention, v: LongView, query: int, window: tuple[int, int], residual: float) -> None:
+    """Across layers for a long prompt: the query's raw attention at the window's last layer and its rollout
+    through the window, each shown on a passage ending at the query, with the tokens that reach it most."""
+    lo, hi = window
+    run_layers(att, hi)
+    with st.spinner(f"Computing layer {hi}'s weights…"):
+        raw = v.rows(hi, list(range(att.n_heads)), (query, query + 1))[:, 0].mean(axis=0)
+    bar = st.progress(0.0, text=f"Rollout through layers {lo}–{hi}, one layer's weights at a time…")
+
+    def compute():
+        return v.rollout(query, window, residual, progress=lambda done, total: bar.progress(
+            done / total, text=f"Rollout through layers {lo}–{hi}: {done} of {total} layers"))
+
+    rolled = rollout_cache().get_or_compute((att.uid, v.hide is not None, query, window, residual), compute)
+    bar.empty()
+    m = len(v)
+    size = min(PASSAGE, m)
+    top = m - size
+    start = bound(st.slider, "layers_from", max(0, min(top, query - size + 1)), cast=int, label="Passage from token",
+                  min_value=0, max_value=max(1, top), valid=lambda x: 0 <= x <= top, disabled=top == 0)
+    stop = start + size
+    inside = query - start if start <= query < stop else None
+    token = f"“{v.labels[query]}” (token {query})"
+    st.subheader(f"What reaches {token}")
+    for what, values, key in ((f"Raw attention from {token} · layer {hi}, mean of heads", raw, "layers-raw-text"),
+                              (f"Rollout to {token} through layers {lo}–{hi}", rolled, "layers-rollout-text")):
+        chart(text_shading(v.labels[start:stop], values[start:stop], highlight=inside,
+                           title=title_for(att, f"{what} · tokens {start}–{stop - 1} of {m:,}")), key)
+        strongest = np.argsort(-values, kind="stable")[:10]
+        st.caption("Most: " + ", ".join(f"{int(j)} “{plain(v.labels[j])}” {values[j]:.3f}" for j in strongest) + ".")
+    st.caption(f"A long prompt: rollout carries the query's row down through each layer of the window, one pass "
+               f"over each layer's weights; flow (a max-flow per pair of tokens) is for texts of at most "
+               f"{FLOW_MAX_TOKENS} tokens.")
