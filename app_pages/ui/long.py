@@ -176,6 +176,18 @@ def surveyed(v: LongView) -> Survey:
 PASSAGE = 400  # tokens of a long prompt that Text shades at once
 
 
+def passage(m: int, key: str, end: int | None = None) -> tuple[int, int]:
+    """``(start, stop)`` of the ``PASSAGE`` tokens of ``m`` that a page shades, from a slider kept in the URL;
+    by default the passage ends at ``end`` (else it starts the text)."""
+    size = min(PASSAGE, m)
+    top = m - size
+    default = 0 if end is None else max(0, min(top, end - size + 1))
+    start = bound(st.slider, key, default, cast=int, label="Passage from token", min_value=0, max_value=max(1, top),
+                  valid=lambda x: 0 <= x <= top, disabled=top == 0,
+                  help=f"A long text is shaded {size} tokens at a time.")
+    return start, start + size
+
+
 def text_long(s, att: LongAttention, layer: int, head: int, query: int | None, v: LongView) -> None:
     """Text for a long prompt: a passage of it shaded by the weight each token gets from ``query``
     (or, for every query, the mean), the passage chosen by a slider and kept in the URL."""
@@ -183,12 +195,8 @@ def text_long(s, att: LongAttention, layer: int, head: int, query: int | None, v
     run_layers(att, layer)
     with st.spinner(f"Computing layer {layer}'s weights…"):
         values = v.received(layer, head) if query is None else v.rows(layer, [head], (query, query + 1))[0, 0]
-    size = min(PASSAGE, m)
-    top = m - size
-    default = 0 if query is None else max(0, min(top, query - size + 1))
-    start = bound(st.slider, "text_from", default, cast=int, label="Passage from token", min_value=0,
-                  max_value=max(1, top), valid=lambda x: 0 <= x <= top, disabled=top == 0)
-    stop = start + size
+    start, stop = passage(m, "text_from", query)
+    size = stop - start
     source = "every token (mean)" if query is None else f"“{v.labels[query]}” (token {query})"
     inside = query if query is not None and start <= query < stop else None
     fig = text_shading(v.labels[start:stop], values[start:stop], highlight=None if inside is None else inside - start,
@@ -241,11 +249,7 @@ def layers_long(s, att: LongAttention, v: LongView, query: int, window: tuple[in
     rolled = rollout_cache().get_or_compute((att.uid, v.hide is not None, query, window, residual), compute)
     bar.empty()
     m = len(v)
-    size = min(PASSAGE, m)
-    top = m - size
-    start = bound(st.slider, "layers_from", max(0, min(top, query - size + 1)), cast=int, label="Passage from token",
-                  min_value=0, max_value=max(1, top), valid=lambda x: 0 <= x <= top, disabled=top == 0)
-    stop = start + size
+    start, stop = passage(m, "layers_from", query)
     inside = query - start if start <= query < stop else None
     token = f"“{v.labels[query]}” (token {query})"
     st.subheader(f"What reaches {token}")
