@@ -10,6 +10,8 @@ come, cut to a zoom, or summed into per-head figures. No whole layer of weights 
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import itertools
 import math
 import threading
@@ -28,6 +30,27 @@ SINK_QUERIES = 16  # a causal model's first-token sink is judged on its first qu
 
 Progress = Callable[[int, int], None]
 _ids = itertools.count()
+
+
+def _libc_trim():
+    """glibc's ``malloc_trim``, or None elsewhere. A long forward pass frees hundreds of MB of temporaries
+    between the inputs it keeps; glibc keeps the freed heap until asked to give it back."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+_TRIM = _libc_trim()
+
+
+def release_memory() -> None:
+    """Give the memory freed by a long computation back to the system (glibc), so that a server's
+    resident memory follows what it holds."""
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 @dataclass(frozen=True)
@@ -117,8 +140,8 @@ class LongAttention:
 
     @property
     def layers_done(self) -> int:
-        """How many layers, from the first, have been run."""
-        return self._next
+        """How many layers, from the first, have their attention input known (their weights can be computed)."""
+        return sum(t is not None for t in self._inputs)
 
     @property
     def nbytes(self) -> int:
@@ -129,25 +152,30 @@ class LongAttention:
     # --- the forward pass, as high as asked ---------------------------------------------------------
 
     def run_to(self, layer: int, progress: Progress | None = None) -> None:
-        """Run the layers up to and including ``layer``, those not run yet; ``progress(done, layer + 1)``."""
+        """Run the forward pass until ``layer``'s attention input is known: the layers below it, those not
+        run yet (``layer`` itself runs only when a higher layer is asked for). ``progress(done, layer + 1)``."""
         self._check_layer(layer)
         with self._lock:
-            if self._next > layer:
+            if self._inputs[layer] is not None:
                 return
             with torch.inference_mode():
                 if self._x is None:
                     self._x = self.stack.embed_tokens(**self.model._stack_inputs(self._ids))[0]
-                while self._next <= layer:
+                while True:
                     i = self._next
-                    self._inputs[i] = self.stack.layers[i].attention_input(self._x)[0].contiguous()
+                    if self._inputs[i] is None:
+                        self._inputs[i] = self.stack.layers[i].attention_input(self._x)[0].contiguous()
+                    if progress is not None:
+                        progress(i + 1, layer + 1)
+                    if i == layer:
+                        break
                     self._x = self.stack.run_layers(self._x, start=i, stop=i + 1, causal=self.causal,
                                                     need_weights=False, head_mask=self._mask,
                                                     head_fill=self._fill)[0]
                     self._next = i + 1
-                    if progress is not None:
-                        progress(i + 1, layer + 1)
-                if self._next == self.n_layers:
-                    self._x = None  # nothing above the last layer needs it
+                if self._inputs[-1] is not None:
+                    self._x = None  # nothing above the last layer needs its output
+            release_memory()
 
     def queries_keys(self, layer: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """The heads ``layer`` still has (original numbering) and their queries and keys as the softmax
@@ -342,6 +370,7 @@ class LongAttention:
                         b0 = done // q_step
                         pooled[:, b0:b0 + part.shape[1], :part.shape[2]] = part
                         done += w.shape[1]
+        release_memory()
         figures = None
         if want:
             if pool:

@@ -231,7 +231,11 @@ class MultiHeadAttention(nn.Module):
 
         q, k, v = self.heads_qkv(query, key, value)                        # (B, H, L, Dh) each
 
-        blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens, causal, query)
+        only_causal = causal and key_padding_mask is None and attn_mask is None and valid_lens is None
+        if only_causal and not need_weights:  # the fused kernel masks by itself: no (Lq, Lk) mask to build
+            blocked = bias = None
+        else:
+            blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens, causal, query)
         dropout = self.dropout if self.training else 0.0
         if need_weights:
             weights = attention_weights(q, k, blocked, bias)               # (B, H, Lq, Lk)
@@ -242,9 +246,7 @@ class MultiHeadAttention(nn.Module):
             out = torch.matmul(weights, v)                                 # (B, H, Lq, Dh)
         else:
             weights = None
-            out = fused_attention(q, k, v, blocked, bias, dropout, only_causal=causal and blocked is not None
-                                  and bias is None and key_padding_mask is None and attn_mask is None
-                                  and valid_lens is None)
+            out = fused_attention(q, k, v, blocked, bias, dropout, only_causal=only_causal)
             if head_mask is not None:
                 out = out * head_mask.to(out.dtype).view(1, H, 1, 1)
         if head_fill is not None and head_mask is not None:
