@@ -193,7 +193,7 @@ class LongAttention:
     # --- weights, a block of query rows at a time ------------------------------------------------------
 
     def blocks(self, layer: int, heads: Sequence[int] | None = None, rows: tuple[int, int] | None = None,
-               step: int = 1, with_entropy: bool = False):
+               step: int = 1, with_entropy: bool = False, columns: np.ndarray | None = None):
         """``(start, stop, w)`` for consecutive blocks of query rows ``rows`` (default all): ``w`` is the
         exact weights of those rows, a float32 torch tensor ``(len(heads), stop - start, seen)``: a causal
         query sees no key after ``stop`` (``seen = stop``), others see all ``n`` (``seen = n``). Weights are
@@ -201,7 +201,8 @@ class LongAttention:
         multiple of ``step`` rows (but the last) and about ``BLOCK_BYTES``. ``with_entropy``: each block
         also gives each row's entropy in nats, ``(len(heads), stop - start)``, without a logarithm per
         weight: ``-sum_j w_j log w_j = log sum_j exp(s_j) - sum_j w_j s_j``, and ``sum_j w_j s_j`` is the
-        query times the weighted sum of the keys."""
+        query times the weighted sum of the keys. ``columns`` (``(n, c)``, with ``with_entropy``): each
+        block also gives ``w @ columns``, ``(len(heads), stop - start, c)``, in the same product."""
         heads = self._heads(heads)
         n = len(self.tokens)
         lo, hi = rows or (0, n)
@@ -213,19 +214,26 @@ class LongAttention:
         off = torch.tensor([not live for live in on], device=q.device).view(-1, 1, 1)
         size = max(step, BLOCK_BYTES // (4 * max(1, len(heads)) * n) // step * step)
         window = getattr(self.stack.layers[layer], "window", None)
+        later = torch.ones(size, size, dtype=torch.bool, device=q.device).triu_(1) if self.causal else None
+        Dh = k.shape[-1]
+        k_more = k  # keys, and beside them the columns that every weight row is also multiplied by
+        if with_entropy and columns is not None:
+            extra = torch.as_tensor(np.asarray(columns, dtype=np.float32), device=k.device)
+            k_more = torch.cat([k, extra.unsqueeze(0).expand(k.shape[0], -1, -1)], dim=-1)
         with torch.inference_mode():
             for start in range(lo, hi, size):
                 stop = min(hi, start + size)
                 seen = stop if self.causal else n
                 scores = torch.matmul(q[:, start:stop], k[:, :seen].transpose(-2, -1))  # (h, rows, seen)
-                query = torch.arange(start, stop, device=q.device).view(-1, 1)
-                key = torch.arange(seen, device=q.device).view(1, -1)
-                blocked = (key > query) if self.causal else None
                 if window is not None and n > window:
-                    outside = (query - key) >= window
-                    blocked = outside if blocked is None else blocked | outside
-                if blocked is not None:
+                    query = torch.arange(start, stop, device=q.device).view(-1, 1)
+                    key = torch.arange(seen, device=q.device).view(1, -1)
+                    blocked = (query - key) >= window
+                    if self.causal:
+                        blocked |= key > query
                     scores.masked_fill_(blocked, float("-inf"))
+                elif self.causal:  # only the block's own keys can come after one of its queries
+                    scores[:, :, start:stop].masked_fill_(later[:stop - start, :stop - start], float("-inf"))
                 # the softmax in place, keeping log-sum-exp (no query is left without a key: it sees itself)
                 top = scores.amax(dim=-1, keepdim=True)
                 w = scores.sub_(top).exp_()
@@ -234,9 +242,10 @@ class LongAttention:
                 if not all(on):
                     w.masked_fill_(off, 0.0)
                 if with_entropy:  # -sum_j w_ij log w_ij = lse_i - q_i . sum_j w_ij k_j
-                    mixed = torch.matmul(w, k[:, :seen])                               # (h, rows, Dh)
-                    entropy = (top[..., 0] + total[..., 0].log() - (mixed * q[:, start:stop]).sum(dim=-1))
-                    yield start, stop, w, entropy.masked_fill_(off[..., 0], 0.0).clamp_min_(0.0)
+                    mixed = torch.matmul(w, k_more[:, :seen])                     # (h, rows, Dh + columns)
+                    entropy = (top[..., 0] + total[..., 0].log() - (mixed[..., :Dh] * q[:, start:stop]).sum(dim=-1))
+                    yield (start, stop, w, entropy.masked_fill_(off[..., 0], 0.0).clamp_min_(0.0),
+                           mixed[..., Dh:] if columns is not None else None)
                 else:
                     yield start, stop, w
 
@@ -313,11 +322,13 @@ class LongAttention:
         times_t = None if mixed is None else torch.as_tensor(np.asarray(times, dtype=np.float32), device=dev)
         on = torch.tensor(self.heads_on(layer, heads), dtype=torch.float32, device=dev).view(-1, 1)
         position = torch.arange(n, device=dev, dtype=torch.float32)
+        columns = np.stack([np.arange(n, dtype=np.float32),
+                            np.zeros(n, np.float32) if aside is None else aside.astype(np.float32)], axis=1)
         done, carry = 0, None  # rows drawn so far; rows left over from the last block, fewer than q_step
         aligned = hide is None
         with torch.inference_mode():
             for block in self.blocks(layer, heads, rows=(int(shown[0]), int(shown[-1]) + 1),
-                                     step=q_step if aligned else 1, with_entropy=want):
+                                     step=q_step if aligned else 1, with_entropy=want, columns=columns):
                 start, stop, w = block[:3]
                 seen = w.shape[-1]
                 if want:
@@ -325,10 +336,11 @@ class LongAttention:
                         sums[2] += w[:, 1:, 0].sum(dim=1)
                     elif start > 0:
                         sums[2] += w[:, :, 0].sum(dim=1)
+                    weighted = block[4]                                               # (h, rows, 2): w @ [pos, aside]
                     if aside_t is not None:
-                        sums[1] += torch.matmul(w, aside_t[:seen]).sum(dim=1)
+                        sums[1] += weighted[..., 1].sum(dim=1)
                     if self.causal:  # every key at or before the query: sum_j w_ij (i - j)
-                        sums[3] += (position[start:stop] * on - torch.matmul(w, position[:seen])).sum(dim=1)
+                        sums[3] += (position[start:stop] * on - weighted[..., 0]).sum(dim=1)
                     else:
                         gap = (position[start:stop].view(-1, 1) - position[:seen].view(1, -1)).abs_()
                         sums[3] += (w * gap).sum(dim=(1, 2))
