@@ -137,15 +137,14 @@ def long_cache() -> SharedCache:
     return SharedCache(max_entries=4, max_bytes=LONG_BYTES, size=lambda att: att.nbytes)
 
 
-def long_attention(s: Settings, text: str, ref: ModelRef, container=st) -> LongAttention | None:
-    """``text`` as a ``LongAttention`` shared by every session, when it is longer than ``attend`` keeps and
-    the model runs on our engine (a transformers model through its from-scratch twin); else None."""
+def long_attention(s: Settings, text: str, ref: ModelRef, model: AttentionModel, container=st) -> LongAttention | None:
+    """``text`` as a ``LongAttention`` shared by every session, when it is longer than ``model`` (``ref``'s)
+    keeps in ``attend`` and the model runs on our engine (a transformers model through its from-scratch
+    twin, which has the same sizes); else None."""
     twin = scratch_twin(ref)
-    if twin is None or s.moved:
+    if twin is None or s.moved or model.encoder_decoder or not model.is_long(text):
         return None
     model = model_for(twin, container=container)
-    if model.encoder_decoder or not model.is_long(text):
-        return None
     heads_off = s.heads_off if ref.scratch else ()
     causal = s.causal and ref.scratch
 
@@ -170,7 +169,7 @@ def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "c
     ref = ref or s.model
     model = model_for(ref)
     if long:
-        att = long_attention(s, text, ref, container)
+        att = long_attention(s, text, ref, model, container)
         if att is not None:
             return att
     # One slot, present on every run, holds the spinner and then the truncation note: elements
