@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from app_pages.ui.messages import short
+from app_pages.ui.settings import MAX_CHARS
 from tests.conftest import block_max, decode, figures, heatmaps, shown, tick_text, title_text
 from tests.test_hard_inputs import HARD
 from viz.figures import safe
@@ -83,7 +84,7 @@ def test_markdown_in_a_model_name_is_shown_as_typed(app, hf_model):
 
 def test_a_crafted_link_falls_back_to_defaults(new_app, hf_model):
     at = new_app({"model": "evil", "device": "cuda:99", "layer": "99", "head": "-1", "heads": ["x", "3"],
-                  "sentence": "7", "hide_special": "maybe", "heads_off": ["0.1"], "text": "x" * 30_000})
+                  "sentence": "7", "hide_special": "maybe", "heads_off": ["0.1"], "text": "x" * (MAX_CHARS + 1)})
     assert not at.exception and not at.error
     assert at.selectbox(key="model").value == "minilm" and at.selectbox(key="layer").value == 0
     assert at.multiselect(key="heads").value == list(range(12))
