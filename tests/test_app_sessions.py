@@ -82,7 +82,7 @@ def test_results_are_shared_read_only_and_kept_within_their_budget(new_app, hf_m
 
     a = new_app({"text": "A shared sentence."})
     b = new_app({"text": "A shared sentence."})
-    key = (ModelRef("minilm"), "A shared sentence.", False, (), False)  # model, text, causal, heads off, moved
+    key = (ModelRef("minilm"), "A shared sentence.", False, (), False, None)  # model, text, causal, heads off, moved, layers
     att = attention_cache().get(key)
     assert att is not None and not att.weights.flags.writeable  # one object for both sessions, never written
     with pytest.raises(ValueError):
