@@ -263,6 +263,11 @@ class HeadMeasures:
     def __init__(self, totals: _Totals, n_sentences: int):
         self._totals, self.n_sentences = totals, n_sentences
 
+    @property
+    def frame_shape(self) -> tuple[int, int]:
+        """``(layers, heads)`` measured."""
+        return tuple(self._totals.shape)
+
     def frame(self) -> pd.DataFrame:
         t = self._totals
         L, H = t.shape

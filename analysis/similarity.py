@@ -42,9 +42,9 @@ def head_similarity(attentions: Sequence[Attention], max_sentences: int = 100) -
 
 
 def similar_heads(similarity: np.ndarray, layer: int, head: int, n_heads: int, k: int = 6) -> pd.DataFrame:
-    """The ``k`` heads whose patterns are nearest ``(layer, head)``'s in ``head_similarity``'s matrix,
-    nearest first: ``layer``, ``head``, ``divergence`` (nats)."""
-    row = similarity[layer * n_heads + head]
+    """The ``k`` heads whose patterns are nearest ``(layer, head)``'s in ``head_similarity``'s matrix (or in
+    that head's row of it, ``(layers * heads,)``), nearest first: ``layer``, ``head``, ``divergence`` (nats)."""
+    row = similarity[layer * n_heads + head] if similarity.ndim == 2 else similarity
     nearest = [i for i in np.argsort(row, kind="stable") if i != layer * n_heads + head][:k]
     layers, heads = np.divmod(np.array(nearest, dtype=int), n_heads)
     return pd.DataFrame({"layer": layers, "head": heads, "divergence": row[nearest]})

@@ -1,12 +1,25 @@
 """Head roles: what each head does, measured over many sentences, with the numbers behind each label."""
+import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view, similar_heads
+from analysis import (
+    FOCI,
+    FOCUS_NAMES,
+    THRESHOLDS,
+    label_measure,
+    long_view,
+    make_view,
+    similar_heads,
+    zoom_window,
+)
 from analysis.labels import strongest
+from analysis.long import ZOOM
+from analysis.long_roles import SIMILARITY_ROWS
 from app_pages.ui.caches import attention
 from app_pages.ui.detector import show_decoder_heads
 from app_pages.ui.exports import chart, exports
+from app_pages.ui.long import run_layers
 from app_pages.ui.messages import plain
 from app_pages.ui.models import LLM
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile, profile_file
@@ -15,7 +28,6 @@ from app_pages.ui.state import choose, head_from_url, head_to_url
 from models import head_label
 from models.corpus import DEFAULT_TEXT
 from viz import head_heatmap, role_grid, text_shading
-
 
 s = settings()
 st.title("Head roles")
@@ -52,7 +64,7 @@ st.dataframe(table.style.format(precision=2), hide_index=True, key="roles-table"
 left, right, _ = st.columns([1, 1, 2])
 left.download_button("Profile · CSV", lambda: table.to_csv(index=False), "headlens-roles.csv", "text/csv",
                      key="roles-csv", on_click="ignore")
-if profiled.attentions is not None:  # a computed profile saves as a file that "Open a saved profile" takes back
+if profiled.texts is not None:  # a computed profile saves as a file that "Open a saved profile" takes back
     right.download_button("Profile · Parquet", lambda: profile_file(s, profiled), "headlens-profile.parquet",
                           "application/vnd.apache.parquet", key="roles-parquet", on_click="ignore",
                           help="Every column, with the model and corpus recorded: open it again here, or in pandas.")
@@ -88,17 +100,46 @@ def show_strongest_sentences() -> None:
 
 def show_similar_heads() -> None:
     st.subheader(f"Heads that behave like {name}")
-    near = similar_heads(profiled.per_sentence["similarity"], layer, head, n_heads=int(frame["head"].max()) + 1)
+    near = similar_heads(profiled.divergences(layer, head), layer, head, n_heads=int(frame["head"].max()) + 1)
     near = near.merge(frame[["layer", "head", "label"]], on=["layer", "head"], how="left")
     st.dataframe(near[["layer", "head", "label", "divergence"]]
                  .rename(columns={"divergence": "Jensen-Shannon divergence (nats)"}).style.format(precision=3),
                  hide_index=True, key="roles-similar")
+    rows = (f"{SIMILARITY_ROWS} query rows spread over the text" if profiled.document is not None
+            else "the query rows of the first 100 sentences")
     st.caption("0 means the same pattern on every sentence; ln 2 = 0.69 means the two never look at the same "
-               "tokens. Averaged over the query rows of the first 100 sentences.")
+               f"tokens. Averaged over {rows}.")
+
+
+def show_strongest_in_document() -> None:
+    """The document's sentences where the head's measure is strongest: each sentence's queries against the
+    128 tokens up to its end, every weight as the sidebar's view shows it."""
+    values = profiled.per_sentence[measure][:, layer, head]
+    order = strongest(values, higher)[:3]
+    lv = long_view(profiled.document, hide_special=s.hide_special)
+    st.markdown(f"**Where {name} is strongest in the text**")
+    for tab, i in zip(st.tabs([f"{measure} {values[i]:.2f}" for i in order]), order):
+        text, a, b = profiled.spans[i]
+        q0, q1 = (int(x) for x in np.searchsorted(lv.keep, [a, b]))
+        if q1 <= q0:
+            continue
+        q0 = max(q0, q1 - ZOOM)
+        keys = zoom_window(len(lv), q1 - ZOOM)
+        with tab:
+            st.caption(plain(f"Sentence {i + 1} of {len(profiled.spans)}: {text}"))
+            run_layers(profiled.document, layer)
+            fig = head_heatmap(lv.exact(layer, head, (q0, q1), keys), lv.labels[q0:q1], lv.labels[keys[0]:keys[1]],
+                               height=460, visible=lv.visible((q0, q1), keys),
+                               title=f"{name} · {measure} {values[i]:.2f} · tokens {keys[0]}–{keys[1] - 1}")
+            chart(fig, f"roles-example-{i}")
+            st.caption("Each row is one of the sentence's queries against the 128 tokens up to the sentence's end; "
+                       "what it gives earlier tokens is not drawn, so a row may sum to less than 1.")
 
 
 if profiled.attentions is not None:
     show_strongest_sentences()
+elif profiled.document is not None:
+    show_strongest_in_document()
 seed = attention(s, DEFAULT_TEXT)  # the coffee-or-tea sentence
 sv = make_view(seed, hide_special=s.hide_special, merge_words=s.merge_words)
 received = sv.head(layer, head).mean(axis=0)
@@ -107,7 +148,7 @@ chart(text_shading(sv.key_labels, received,
 st.dataframe(pd.DataFrame({"token": sv.key_labels, "attention received": received}).style.format(precision=3),
              hide_index=True, key="roles-seed-table")
 
-if profiled.attentions is None:
+if profiled.per_sentence is None:
     st.info("A saved profile holds each head's measures, not its sentences: profile sentences here to see where "
             "a head is strongest and which heads behave alike.")
 else:

@@ -210,9 +210,10 @@ class LongAttention:
         on = self.heads_on(layer, heads)
         index = torch.tensor([kept.index(h) if live else 0 for h, live in zip(heads, on)], dtype=torch.long,
                              device=q.device)
-        q, k = q.index_select(0, index), k.index_select(0, index)
+        if index.tolist() != list(range(q.shape[0])):  # else every head, in order: nothing to select
+            q, k = q.index_select(0, index), k.index_select(0, index)
         off = torch.tensor([not live for live in on], device=q.device).view(-1, 1, 1)
-        size = max(step, BLOCK_BYTES // (4 * max(1, len(heads)) * n) // step * step)
+        size = self.block_rows(len(heads), step)
         window = getattr(self.stack.layers[layer], "window", None)
         later = torch.ones(size, size, dtype=torch.bool, device=q.device).triu_(1) if self.causal else None
         Dh = k.shape[-1]
@@ -248,6 +249,10 @@ class LongAttention:
                            mixed[..., Dh:] if columns is not None else None)
                 else:
                     yield start, stop, w
+
+    def block_rows(self, n_heads: int, step: int = 1) -> int:
+        """How many query rows one of ``blocks``'s blocks holds for ``n_heads`` heads: a multiple of ``step``."""
+        return max(step, BLOCK_BYTES // (4 * max(1, n_heads) * len(self.tokens)) // step * step)
 
     def heads_on(self, layer: int, heads: Sequence[int]) -> list[bool]:
         """For each of ``heads``, whether ``layer`` has it and no head mask switches it off."""

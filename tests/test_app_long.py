@@ -208,3 +208,27 @@ def test_two_sessions_with_4096_token_prompts_stay_within_the_memory_bound(new_a
         stop.set()
         watcher.join()
     assert peak[0] - base <= 1.5e9, f"{(peak[0] - base) / 1e9:.2f} GB above the loaded model"
+
+
+def test_head_roles_and_foci_profile_a_long_text_sentence_by_sentence_in_context(new_app, reference):
+    text = prompt(reference.tokenizer, 900, seed=4)
+    at = long_app(new_app, text, page="app_pages/roles.py", corpus="document")
+    assert not at.error and not at.exception, [e.value for e in at.error]
+    n = len(reference.tokenizer(text)["input_ids"])
+    assert f"{n} tokens" in texts(at) and "each read after the text before it" in texts(at)
+    table = at.dataframe[0].value
+    assert len(table) == 270 and table["label"].ne("").all()
+    n_sentences = int(title_text(figures(at)[0]).split("Roles over ")[1].split(" ")[0])
+    assert n_sentences > 20
+    for layer in (0, 13, 29):                          # the first token is a sink here: it never queries
+        w = reference(text, layer)[:, 1:]                                          # (heads, queries, keys)
+        queries = np.arange(1, w.shape[-1])
+        mine = table[table["layer"] == layer].sort_values("head")
+        np.testing.assert_allclose(mine["prev_token"], w[:, queries - 1, queries - 1].mean(-1), atol=1e-4)
+        np.testing.assert_allclose(mine["cls"], w[..., 0].mean(-1), atol=1e-4)
+        np.testing.assert_allclose(mine["entropy_norm"], (-(w * np.log(np.where(w > 0, w, 1))).sum(-1)
+                                                          / np.log(np.maximum(queries + 1, 2))).mean(-1), atol=1e-4)
+    assert "Where" in texts(at) and len(figures(at)) >= 2                  # a sentence of the text, its queries drawn
+    foci = long_app(new_app, text, page="app_pages/foci.py", corpus="document")
+    assert not foci.error and not foci.exception, [e.value for e in foci.error]
+    assert f"Foci found over {n_sentences:,} sentences" in texts(foci)

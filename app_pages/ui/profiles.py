@@ -9,15 +9,18 @@ import pandas as pd
 import streamlit as st
 
 from analysis import RANKING_MEASURES, head_mask, head_similarity, measure_heads
+from analysis.long_roles import DocumentProfile, profile_document
 from analysis.profile import corpus_hash, metadata, read_profile, write_profile
 from models import AttentionModel, HeadLensError, head_label
 from models.corpus import CORPUS, sentences_of
+from models.long import LongAttention
 
-from .caches import SharedCache, computed_once
+from .caches import SharedCache, attention, computed_once
 from .messages import plain, stop_with
 from .models import model_for
 from .settings import Settings
 from .state import bound
+
 PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
 CONTENT_ATTENTION = ("Content attention is a head's attention with the special tokens ([CLS], [SEP]) dropped and "
                      "each row rescaled to 1: attention to them works as a no-op (Clark et al. 2019) and hides what "
@@ -27,18 +30,41 @@ CONTENT_ATTENTION = ("Content attention is a head's attention with the special t
 UPLOAD_LIMIT = 1_000_000  # bytes
 UPLOAD_SENTENCES = 2000
 SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",
-           "upload": "An uploaded .txt", "saved": "Open a saved profile"}
+           "document": "The sidebar's long text, in context", "upload": "An uploaded .txt",
+           "saved": "Open a saved profile"}
 
 
 @dataclass
 class PageProfile:
-    """A profile as a page shows it: computed here (with each sentence's values and attention) or
-    opened from a file (per-head values only: ``per_sentence`` and ``attentions`` are None)."""
+    """A profile as a page shows it: computed here (with each sentence's values, and its attention or,
+    for a long document, the document and where each sentence lies in it) or opened from a file
+    (per-head values only: ``per_sentence``, ``attentions`` and ``document`` are None)."""
 
     frame: pd.DataFrame
     n_sentences: int
     per_sentence: dict | None = None
     attentions: list | None = None
+    document: LongAttention | None = None
+    document_profile: DocumentProfile | None = None
+
+    @property
+    def spans(self) -> list[tuple[str, int, int]] | None:
+        """A document's sentences: (text, first token, stop token)."""
+        return None if self.document_profile is None else self.document_profile.sentences
+
+    def divergences(self, layer: int, head: int) -> np.ndarray:
+        """``(layers * heads,)``: how far each head's pattern is from ``(layer, head)``'s (Jensen-Shannon, nats)."""
+        if self.document_profile is not None:
+            return self.document_profile.divergences(layer, head)
+        n_heads = int(self.frame["head"].max()) + 1
+        return self.per_sentence["similarity"][layer * n_heads + head]
+
+    @property
+    def texts(self) -> list[str] | None:
+        """The sentences profiled, in order; None for a saved profile."""
+        if self.attentions is not None:
+            return [a.text for a in self.attentions]
+        return None if self.spans is None else [text for text, _, _ in self.spans]
 
 
 def page_profile(s: Settings) -> PageProfile:
@@ -47,6 +73,8 @@ def page_profile(s: Settings) -> PageProfile:
                    label="Sentences to profile", format_func=SOURCES.get, required=True)
     if source == "saved":
         return saved_profile(s)
+    if source == "document":
+        return document_profile(s)
     sentences = list(CORPUS) if source == "corpus" else s.sentences if source == "sidebar" else uploaded_sentences()
     frame, per_sentence, attentions = profile(s, sentences)
     return PageProfile(frame, len(attentions), per_sentence, attentions)
@@ -82,7 +110,7 @@ def saved_profile(s: Settings) -> PageProfile:
 def profile_file(s: Settings, p: PageProfile) -> bytes:
     """``p`` as a Parquet profile that this page (and pandas) can open again."""
     model = model_for(s.model)
-    _, sha256 = corpus_hash(a.text for a in p.attentions)
+    _, sha256 = corpus_hash(p.texts)
     meta = metadata(model=model.name, backend=model.backend, engine="app", sentences=p.n_sentences, sha256=sha256,
                     layers=model.n_layers, heads=model.n_heads, heads_off=sorted(s.heads_off), causal=s.causal)
     out = io.BytesIO()
@@ -157,6 +185,46 @@ def _compute_profile(model: AttentionModel, s: Settings, sentences: list[str]):
     per_sentence["similarity"] = head_similarity(attentions)
     bar.empty()
     return measures.frame(), per_sentence, attentions
+
+
+def long_text(s: Settings) -> str | None:
+    """The first of the sidebar's texts that the model reads as a long prompt, or None."""
+    model = model_for(s.model)
+    return next((t for t in s.sentences if model.is_long(t)), None)
+
+
+def document_profile(s: Settings) -> PageProfile:
+    """Head roles over the sidebar's long text, each sentence read in its context, computed once for every
+    session a layer at a time (``analysis.long_roles``): the weights held are a block of query rows."""
+    text = long_text(s)
+    if text is None:
+        st.info(f"Type or paste a text longer than {model_for(s.model).max_tokens:,} tokens in the sidebar "
+                f"(a long prompt, up to {model_for(s.model).long_max_tokens:,}) to profile its heads over its "
+                "sentences, each read in the context of the text before it. Short texts are profiled as "
+                "\"The sidebar's sentences\".")
+        st.stop()
+    att = attention(s, text, long=True)
+    if not isinstance(att, LongAttention):
+        stop_with(HeadLensError("Value-weighted attention is computed on whole texts; switch it off in the sidebar "
+                                "to profile a long text." if s.moved else
+                                "This model reads a long text only through our own engine, which it has no twin in; "
+                                "profile the text's sentences instead."))
+    key = ("document", s.model, s.causal, s.heads_off, corpus_hash([text])[1])
+    profile = computed_once(profile_cache(), key, lambda: _compute_document(att),
+                            "Another session is profiling the same text; its result will be shown here…")
+    st.caption(plain(f"{len(att.tokens):,} tokens, {len(profile.sentences):,} sentences, each read after the "
+                     "text before it" + (f" (the text was cut at {len(att.tokens):,} tokens)" if att.truncated else "")
+                     + "."))
+    per_sentence = {name: profile.measures.per_sentence(name) for name in RANKING_MEASURES}
+    return PageProfile(profile.measures.frame(), profile.measures.n_sentences, per_sentence, None, att, profile)
+
+
+def _compute_document(att: LongAttention):
+    bar = st.progress(0.0, text=f"Profiling every head over {len(att.tokens):,} tokens…")
+    profile = profile_document(att, progress=lambda done, total: bar.progress(
+        done / total, text=f"Profiling… layer {done} of {total}"))
+    bar.empty()
+    return profile
 
 
 def within_budget(model: AttentionModel, sentences: list[str]) -> list[str]:
