@@ -11,7 +11,6 @@ from analysis import (
     long_view,
     make_view,
     similar_heads,
-    zoom_window,
 )
 from analysis.labels import strongest
 from analysis.long import ZOOM
@@ -111,9 +110,12 @@ def show_similar_heads() -> None:
                f"tokens. Averaged over {rows}.")
 
 
+CONTEXT = 32  # tokens before a sentence drawn beside it
+
+
 def show_strongest_in_document() -> None:
-    """The document's sentences where the head's measure is strongest: each sentence's queries against the
-    128 tokens up to its end, every weight as the sidebar's view shows it."""
+    """The document's sentences where the head's measure is strongest: each sentence's queries (its last 96)
+    against it and the ``CONTEXT`` tokens before it, every weight as the sidebar's view shows it."""
     values = profiled.per_sentence[measure][:, layer, head]
     order = strongest(values, higher)[:3]
     lv = long_view(profiled.document, hide_special=s.hide_special)
@@ -123,8 +125,8 @@ def show_strongest_in_document() -> None:
         q0, q1 = (int(x) for x in np.searchsorted(lv.keep, [a, b]))
         if q1 <= q0:
             continue
-        q0 = max(q0, q1 - ZOOM)
-        keys = zoom_window(len(lv), q1 - ZOOM)
+        q0 = max(q0, q1 - ZOOM + CONTEXT)
+        keys = (max(0, q0 - CONTEXT), q1)                    # the sentence and the tokens just before it
         with tab:
             st.caption(plain(f"Sentence {i + 1} of {len(profiled.spans)}: {text}"))
             run_layers(profiled.document, layer)
@@ -132,8 +134,8 @@ def show_strongest_in_document() -> None:
                                height=460, visible=lv.visible((q0, q1), keys),
                                title=f"{name} · {measure} {values[i]:.2f} · tokens {keys[0]}–{keys[1] - 1}")
             chart(fig, f"roles-example-{i}")
-            st.caption("Each row is one of the sentence's queries against the 128 tokens up to the sentence's end; "
-                       "what it gives earlier tokens is not drawn, so a row may sum to less than 1.")
+            st.caption(f"Each row is one of the sentence's queries against the sentence and the {CONTEXT} tokens "
+                       "before it; what it gives earlier tokens is not drawn, so a row may sum to less than 1.")
 
 
 if profiled.attentions is not None:
