@@ -17,6 +17,12 @@ process and back to back:
 Then, on a prompt run to the top: switching to another layer (its grid, figures and figure) and to
 another head (its zoom). Ratios are medians over prompts, each measured in the same process.
 
+    python -m bench.bench_long --roles [--tokens 4096 2048] [--prompts 3]
+
+Head roles over a long text (``analysis.long_roles.profile_document``) instead: each prompt from nothing
+(the forward pass runs as the profile climbs) against transformers' SDPA forward over it, and the
+resident set above what the prompt holds once run to the top, while every layer is measured.
+
 Memory is measured first, before transformers' model is loaded: the process's resident set, sampled
 every 5 ms, above what it held with our model loaded and run once (its first forward pass allocates
 about 340 MB once, whatever the text), while two prompts are opened at the top layer and kept, as
@@ -132,7 +138,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--layers", type=int, nargs="+", default=[0, 15, 29])
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--roles", action="store_true", help="Head roles over long texts instead")
     a = ap.parse_args()
+    if a.roles:
+        roles(a)
+        return
 
     from models import load_model
 
@@ -206,6 +216,53 @@ def main() -> None:
               f"{max(layer_switch):.2f}); another head's zoom: {statistics.median(head_switch):.2f} s")
         print(f"sent per view (grid + zoom, plotly JSON): {statistics.median(sent) / 1e6:.2f} MB (largest "
               f"{max(sent) / 1e6:.2f})")
+
+
+def roles(a) -> None:
+    """Head roles over long texts: seconds from nothing and per layer, and memory above the prompt run."""
+    import transformers
+
+    from analysis.long_roles import profile_document
+    from analysis.roles import load_spacy
+    from models import load_model
+    from models.gguf import bundled_file, gguf_folder
+    from models.long import release_memory
+
+    ours = load_model(NAME, backend="scratch", device=a.device)
+    ours.attend("Which do you like better, coffee or tea?")
+    nlp = load_spacy()
+    nlp("A first sentence parsed.")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(gguf_folder(bundled_file(NAME)), attn_implementation="sdpa",
+                                                               torch_dtype=torch.float32).to(a.device).eval()
+    print(f"# Head roles over a long text, SmolLM2-135M-Instruct, on {machine(a.device)}")
+    for n in a.tokens:
+        seconds, ratios, memory, sentences = [], [], [], []
+        for p in range(a.prompts):
+            text = prompt(ours, n, seed=5000 + 100 * n + p)
+            with torch.inference_mode():
+                t = time.perf_counter()
+                theirs(**{k: v.to(a.device) for k, v in theirs_inputs(ours, text).items()})
+                sdpa = time.perf_counter() - t
+            gc.collect()
+            release_memory()
+            t = time.perf_counter()
+            profile = profile_document(ours.attend_long(text), nlp)
+            seconds.append(time.perf_counter() - t)
+            ratios.append(seconds[-1] / sdpa)
+            sentences.append(len(profile.sentences))
+            att = ours.attend_long(text)     # memory: the prompt run to the top first, then the profile alone
+            att.run_to(att.n_layers - 1)
+            profile = None
+            gc.collect()
+            release_memory()
+            base = rss()
+            with Peak() as peak:
+                profile = profile_document(att, nlp)
+            memory.append(peak.peak - base)
+            att = profile = None
+        print(f"{n:,} tokens ({statistics.median(sentences):.0f} sentences), median of {a.prompts}: "
+              f"{statistics.median(seconds):.1f} s from nothing, {statistics.median(ratios):.1f} x transformers' "
+              f"SDPA forward; at most {max(memory) / 2**20:,.0f} MiB above the prompt run to the top")
 
 
 def theirs_inputs(model, text: str) -> dict:

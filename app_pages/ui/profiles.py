@@ -16,6 +16,7 @@ from models.corpus import CORPUS, sentences_of
 from models.long import LongAttention
 
 from .caches import SharedCache, attention, computed_once
+from .long import throttled
 from .messages import plain, stop_with
 from .models import model_for
 from .settings import Settings
@@ -221,8 +222,8 @@ def document_profile(s: Settings) -> PageProfile:
 
 def _compute_document(att: LongAttention):
     bar = st.progress(0.0, text=f"Profiling every head over {len(att.tokens):,} tokens…")
-    profile = profile_document(att, progress=lambda done, total: bar.progress(
-        done / total, text=f"Profiling… layer {done} of {total}"))
+    profile = profile_document(att, progress=throttled(lambda done, total: bar.progress(
+        done / total, text=f"Profiling… layer {done} of {total}")))
     bar.empty()
     return profile
 
