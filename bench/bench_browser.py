@@ -29,14 +29,6 @@ WORDS = ("river stone quietly carried seven small boats past the old mill while 
 MARK = "() => document.querySelectorAll('.js-plotly-plot').forEach(p => { if (p.data) p.data.seen = true; })"
 ALL_NEW = """n => { const plots = Array.from(document.querySelectorAll('.js-plotly-plot'));
   return plots.length >= n && plots.every(p => p.data && !p.data.seen && p.querySelector('.main-svg')); }"""
-# The wait is a promise kept in the page, checked when the page changes: polling from outside every
-# 10 ms took a quarter of a second of the page's main thread per commit, time the page then lacked.
-WATCH = """n => { const allNew = """ + ALL_NEW + """;
-  window.__allNew = new Promise((resolve, reject) => {
-    const timer = setTimeout(() => { watcher.disconnect(); reject(new Error('charts not drawn in 300 s')); }, 300000);
-    const watcher = new MutationObserver(() => {
-      if (allNew(n)) { watcher.disconnect(); clearTimeout(timer); resolve(performance.now()); } });
-    watcher.observe(document.body, {subtree: true, childList: true, attributes: true}); }); }"""
 
 
 def sentence(tokenizer, n_tokens: int, seed: int) -> str:
@@ -70,11 +62,10 @@ def timed_commit(page, frames: Frames, text: str, n_charts: int) -> tuple[float,
     box.press("Control+a")
     box.fill(text)
     page.evaluate(MARK)
-    page.evaluate(WATCH, n_charts)
     before = frames.received
     start = time.perf_counter()
     box.press("Control+Enter")
-    page.evaluate("() => window.__allNew")
+    page.wait_for_function(ALL_NEW, arg=n_charts, timeout=120_000, polling=10)
     return time.perf_counter() - start, frames.received - before
 
 
