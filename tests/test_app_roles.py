@@ -118,3 +118,13 @@ def test_a_focus_role_ranks_heads_and_sentences_by_lift(new_app, corpus_profile,
     objects = focus_tokens(att)["object"][keep]
     lift = w[:, objects].sum(1).mean() / objects.mean()
     assert at.tabs[0].label == f"object_lift {lift:.2f}"
+
+
+def test_the_long_text_source_says_what_it_needs(new_app):
+    """MiniLM reads 512 tokens at most: a long text needs a decoder; SmolLM2 with a short text asks for a long one."""
+    at = new_app({"corpus": "document"}, page="app_pages/roles.py")
+    assert not at.exception and not at.get("plotly_chart")
+    assert "reads at most 512 tokens" in at.info[0].value and "SmolLM2" in at.info[0].value
+    at = new_app({"corpus": "document", "model": "smollm2_scratch"}, page="app_pages/roles.py")
+    assert not at.exception and not at.get("plotly_chart")
+    assert "longer than 705 tokens" in at.info[0].value and "up to 4,096" in at.info[0].value

@@ -199,10 +199,15 @@ def document_profile(s: Settings) -> PageProfile:
     session a layer at a time (``analysis.long_roles``): the weights held are a block of query rows."""
     text = long_text(s)
     if text is None:
-        st.info(f"Type or paste a text longer than {model_for(s.model).max_tokens:,} tokens in the sidebar "
-                f"(a long prompt, up to {model_for(s.model).long_max_tokens:,}) to profile its heads over its "
-                "sentences, each read in the context of the text before it. Short texts are profiled as "
-                "\"The sidebar's sentences\".")
+        model = model_for(s.model)
+        if model.long_max_tokens <= model.max_tokens:
+            st.info(f"{model.name} reads at most {model.max_tokens:,} tokens, and a text that fits is profiled "
+                    "whole as \"The sidebar's sentences\". Long texts, up to 4,096 tokens with each sentence read "
+                    "in its context, open with a decoder such as SmolLM2 (the sidebar's model).")
+        else:
+            st.info(f"Type or paste a text longer than {model.max_tokens:,} tokens in the sidebar (a long prompt, "
+                    f"up to {model.long_max_tokens:,}) to profile its heads over its sentences, each read in the "
+                    "context of the text before it. Shorter texts are profiled as \"The sidebar's sentences\".")
         st.stop()
     att = attention(s, text, long=True)
     if not isinstance(att, LongAttention):
