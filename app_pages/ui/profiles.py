@@ -216,21 +216,23 @@ def document_profile(s: Settings) -> PageProfile:
                                 "This model reads a long text only through our own engine, which it has no twin in; "
                                 "profile the text's sentences instead."))
     key = ("document", s.model, s.causal, s.heads_off, corpus_hash([text])[1])
-    profile = computed_once(profile_cache(), key, lambda: _compute_document(att),
-                            "Another session is profiling the same text; its result will be shown here…")
+    profile, frame, per_sentence = computed_once(
+        profile_cache(), key, lambda: _compute_document(att),
+        "Another session is profiling the same text; its result will be shown here…")
     st.caption(plain(f"{len(att.tokens):,} tokens, {len(profile.sentences):,} sentences, each read after the "
                      "text before it" + (f" (the text was cut at {len(att.tokens):,} tokens)" if att.truncated else "")
                      + "."))
-    per_sentence = {name: profile.measures.per_sentence(name) for name in RANKING_MEASURES}
-    return PageProfile(profile.measures.frame(), profile.measures.n_sentences, per_sentence, None, att, profile)
+    return PageProfile(frame.copy(), profile.measures.n_sentences, per_sentence, None, att, profile)
 
 
 def _compute_document(att: LongAttention):
+    """The document's profile with its per-head frame and per-sentence measures, kept together as a corpus
+    profile keeps them: a rerun reads them instead of labelling every head again."""
     bar = st.progress(0.0, text=f"Profiling every head over {len(att.tokens):,} tokens…")
     profile = profile_document(att, progress=throttled(lambda done, total: bar.progress(
         done / total, text=f"Profiling… layer {done} of {total}")))
     bar.empty()
-    return profile
+    return profile, profile.measures.frame(), {name: profile.measures.per_sentence(name) for name in RANKING_MEASURES}
 
 
 def within_budget(model: AttentionModel, sentences: list[str]) -> list[str]:
