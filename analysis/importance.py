@@ -42,10 +42,13 @@ MEASURES = {"embedding": "the sentence embedding (mean of the last layer)", "los
 Progress = Callable[[int, int], None]
 
 
-def _needs_scratch(model: AttentionModel, what: str) -> None:
-    if not hasattr(model, "embed_variants"):
+def _needs_scratch(model: AttentionModel, what: str) -> AttentionModel:
+    """``model`` on our engine, which alone switches heads off: itself, or its twin with the same weights."""
+    ours = model.twin(f"{what} switches heads off")
+    if not hasattr(ours, "embed_variants"):
         raise HeadLensError(f"{what} switches heads off, which only the from-scratch engine can do; "
                             "load the model with backend='scratch'.")
+    return ours
 
 
 def head_mask(model: AttentionModel, heads) -> np.ndarray | None:
@@ -128,7 +131,7 @@ def ablate(model: AttentionModel, sentences: Sequence[str], heads, *, ablation: 
     """Switch ``heads`` (``(layer, head)`` pairs) off together and measure the effect on the
     embeddings, on every head's attention (later layers change, earlier ones cannot) and, where
     the model has one, on its loss. ``head_means`` defaults to the means over ``sentences``."""
-    _needs_scratch(model, "Ablation")
+    model = _needs_scratch(model, "Ablation")
     pairs = model.heads(heads)
     if not pairs:
         raise HeadLensError("Pick at least one head to switch off.")
@@ -165,7 +168,7 @@ def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: 
     averaged over the batches and L2-normalised within each layer, as Michel et al. (2019) do; with
     ``measure="loss"``, not normalised (nats per unit of the head's gate).
     """
-    _needs_scratch(model, "Head importance")
+    model = _needs_scratch(model, "Head importance")
     _check_measure(model, measure)
     sentences = list(sentences)
     if not sentences:
@@ -318,7 +321,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     ``agreement``), ``forward_s`` (seconds to run the sentences) and ``heads`` (the pruned heads,
     ``(layer, head)`` pairs).
     """
-    _needs_scratch(model, "Pruning")
+    model = _needs_scratch(model, "Pruning")
     _check_measure(model, measure)
     if order not in ORDERS:
         raise HeadLensError(f"Unknown pruning order '{order}': choose one of {', '.join(ORDERS)}.")

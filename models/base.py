@@ -143,9 +143,16 @@ class AttentionModel:
 
     def attend_long(self, text: str, *, head_mask=None, head_means=None, causal: bool = False):
         """A ``LongAttention``: ``text`` up to ``long_max_tokens`` tokens, each layer's weights computed when
-        asked (from-scratch engine)."""
-        raise HeadLensError("Long prompts are computed inside our own attention; load the model with "
-                            "backend='scratch' (the same weights give the same attention).")
+        asked (from-scratch engine: a transformers model hands it to its ``twin``)."""
+        return self.twin("Long prompts are computed inside our own attention").attend_long(
+            text, head_mask=head_mask, head_means=head_means, causal=causal)
+
+    def twin(self, what: str = "This") -> "AttentionModel":
+        """This model on the from-scratch engine, with the same weights: itself when it runs there. What reads
+        or changes a head inside the attention (head masks, pruning, value norms, queries and keys, long
+        prompts, patching) runs on it. ``what`` starts the sentence of a model that has none."""
+        raise HeadLensError(f"{what} inside our own attention, and {self.name} has no twin there: the from-scratch "
+                            "engine does not implement its architecture.")
 
     def heads(self, heads) -> list[tuple[int, int]]:
         """``heads`` as ``(layer, head)`` pairs of ints, each checked to exist; a sentence when one does not."""
@@ -198,14 +205,12 @@ class AttentionModel:
             yield chunk, self._inputs(enc)
 
     def value_norms(self, text: str, **attend) -> np.ndarray:
-        """``(layers, heads, n, n)``: each weight times the length of what its key sends (from-scratch engine)."""
-        raise HeadLensError("Value norms read each head's value and output projections inside our own attention; "
-                            "load the model with backend='scratch' (the same weights give the same attention).")
+        """``(layers, heads, n, n)``: each weight times the length of what its key sends (on the ``twin``)."""
+        return self.twin("Value norms read each head's value and output projections").value_norms(text, **attend)
 
     def queries_keys(self, texts, layers, **options):
-        """Each head's queries and keys as its softmax sees them (from-scratch engine)."""
-        raise HeadLensError("Queries and keys are read inside our own attention; load the model with "
-                            "backend='scratch' (the same weights give the same attention).")
+        """Each head's queries and keys as its softmax sees them (on the ``twin``)."""
+        return self.twin("Queries and keys are read").queries_keys(texts, layers, **options)
 
     def _head_mask(self, head_mask):
         if head_mask is None:

@@ -5,6 +5,8 @@ The SDPA path returns no weights, so models are opened with ``attn_implementatio
 """
 from __future__ import annotations
 
+import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,7 +37,8 @@ def open_transformers(folder: Path, config: dict, display: str, device: torch.de
         raise HeadLensError(f"{display} has pruned heads, which transformers no longer builds; "
                             "open it with the from-scratch engine (backend='scratch').")
     model = _load_hf_model(folder, allow_pickle)
-    return TransformersModel(model.to(device), load_tokenizer(folder), display, device)
+    return TransformersModel(model.to(device), load_tokenizer(folder), display, device, folder=folder,
+                             model_type=str(config.get("model_type", "")))
 
 
 def _load_hf_model(folder: Path, allow_pickle: bool):
@@ -61,9 +64,12 @@ class TransformersModel(AttentionModel):
 
     backend = "transformers"
 
-    def __init__(self, model, tokenizer, name: str, device: torch.device):
+    def __init__(self, model, tokenizer, name: str, device: torch.device, *, folder: Path | None = None,
+                 model_type: str = ""):
         c = model.config
         self.model = model
+        self.folder, self.model_type = folder, model_type
+        self._twin, self._twin_lock = None, threading.Lock()
         self.encoder_decoder = bool(getattr(c, "is_encoder_decoder", False))
         decoder_only = c.model_type in DECODER_ONLY_TYPES or bool(getattr(c, "is_decoder", False))
         n_layers = _first_attr(c, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -73,6 +79,42 @@ class TransformersModel(AttentionModel):
             max_positions -= (c.pad_token_id or 0) + 1
         super().__init__(tokenizer, name, device, n_layers, n_heads, max_positions, causal=decoder_only,
                          parts=3 if self.encoder_decoder else 1)
+
+    def twin(self, what: str = "This") -> AttentionModel:
+        """The same weights on the from-scratch engine, loaded from the model's folder the first time it is
+        asked for and kept; a sentence for an architecture that engine does not implement."""
+        from .scratch import open_scratch
+        from .stacks import for_model_type
+
+        if self.folder is None or for_model_type(self.model_type) is None:
+            return super().twin(what)
+        with self._twin_lock:
+            if self._twin is None:
+                config = json.loads((self.folder / "config.json").read_text(encoding="utf-8"))
+                twin = open_scratch(self.folder, config, self.name, self.device)
+                twin.embed_max_tokens = self.embed_max_tokens
+                self._twin = twin
+        return self._twin
+
+    def has_twin(self) -> bool:
+        """Whether ``twin`` gives a model (without loading it)."""
+        from .stacks import for_model_type
+
+        return self.folder is not None and for_model_type(self.model_type) is not None
+
+    def attend(self, texts, *, head_mask=None, head_means=None, causal: bool = False, **options):
+        """``AttentionModel.attend``; with heads switched off or a causal mask added, on the ``twin``."""
+        if head_mask is not None or head_means is not None or (causal and not self.causal):
+            return self.twin("Switching heads off and adding a causal mask happen").attend(
+                texts, head_mask=head_mask, head_means=head_means, causal=causal, **options)
+        return super().attend(texts, **options)
+
+    def embed(self, texts, *, head_mask=None, head_means=None, **options):
+        """``AttentionModel.embed``; with heads switched off, on the ``twin``."""
+        if head_mask is not None or head_means is not None:
+            return self.twin("Switching heads off happens").embed(texts, head_mask=head_mask,
+                                                                  head_means=head_means, **options)
+        return super().embed(texts, **options)
 
     def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None, layers=None):
         if causal:

@@ -200,7 +200,7 @@ class MultiHeadAttention(nn.Module):
                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
                 attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True, *,
                 valid_lens: torch.Tensor | None = None, causal: bool = False, head_mask: torch.Tensor | None = None,
-                head_fill: torch.Tensor | None = None):
+                head_fill: torch.Tensor | None = None, hook_z=None):
         """Attend from ``query`` to ``key``/``value``; the arguments PyTorch's module takes mean what they mean there.
 
         Args:
@@ -219,6 +219,9 @@ class MultiHeadAttention(nn.Module):
             head_mask: ``(H,)``, 1 keeps a head, 0 drops it; multiplies the weights after softmax.
             head_fill: ``(H, Dh)``: what a head dropped by ``head_mask`` outputs at every position
                 instead of zero, such as its mean output over a corpus (mean ablation).
+            hook_z: called with each head's output before the output projection, ``z`` ``(B, H, Lq, Dh)``
+                (TransformerLens's ``hook_z``); what it returns goes on in its place: a hook reads ``z``, or
+                patches it, for this call alone (the module holds no hook).
 
         Returns:
             output ``(B, Lq, E)`` and the weights (or None). A query whose keys are all masked gets
@@ -252,6 +255,8 @@ class MultiHeadAttention(nn.Module):
         if head_fill is not None and head_mask is not None:
             dropped = (1 - head_mask.to(out.dtype)).view(1, H, 1, 1)
             out = out + dropped * head_fill.to(out.dtype).view(1, H, 1, Dh)
+        if hook_z is not None:
+            out = hook_z(out)
         out = out.transpose(1, 2).reshape(B, Lq, self.inner_dim)           # (B, Lq, H * Dh)
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)                                  # (B, Lq, Lk)

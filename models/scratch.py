@@ -34,6 +34,10 @@ class ScratchModel(AttentionModel):
         self.stack = stack
         self.head_dim, self.hidden_size = stack.head_dim, stack.hidden_size
 
+    def twin(self, what: str = "This") -> "ScratchModel":
+        """Itself: it runs on our engine."""
+        return self
+
     @property
     def encoder(self) -> Stack:
         """The stack, by the name a BERT model's reader looks for."""

@@ -140,6 +140,16 @@ class Stack(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor | None:
         return None
 
+    def unembedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(k, E)``: the unembedding's rows of the token ``ids``, so that ``h @ rows.T`` is their logits."""
+        raise NotImplementedError
+
+    def frozen_finish(self, x: torch.Tensor):
+        """The final norm with its scale frozen at its value for the residual ``x`` ``(E,)``: ``(f, c)``, a
+        linear map ``f`` of a part of ``x`` and the constant ``c`` ``(E,)`` the norm adds, so that
+        ``finish(x) == f(x) + c`` and ``f`` of a sum is the sum of ``f``'s."""
+        raise NotImplementedError
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, *, causal: bool = False, need_weights: bool = True,
                 need_logits: bool = True, head_mask: torch.Tensor | None = None,
@@ -175,15 +185,18 @@ class Stack(nn.Module):
         return packing.pack(x), attention_mask == 0, packing                   # (N, E)
 
     def run_layers(self, x, padding=None, packing=None, *, start: int = 0, stop: int | None = None,
-                   causal: bool = False, need_weights: bool = True, head_mask=None, head_fill=None):
+                   causal: bool = False, need_weights: bool = True, head_mask=None, head_fill=None, hook_z=None):
         """Blocks ``start`` to ``stop`` (exclusive) on ``x`` as ``embed_tokens`` gives it, or as an earlier
-        call left it; ``head_mask`` and ``head_fill`` cover every layer. Returns ``x`` and the weights."""
+        call left it; ``head_mask`` and ``head_fill`` cover every layer; ``hook_z`` maps a layer to the
+        ``hook_z`` of its attention (``MultiHeadAttention.forward``; its heads are the kept ones). Returns
+        ``x`` and the weights."""
         H, attentions = self.n_heads, []
         for i in range(start, self.n_layers if stop is None else stop):
             mask = None if head_mask is None else select_heads(head_mask[i], self.kept[i], H)
             fill = None if head_fill is None else select_heads(head_fill[i], self.kept[i], H)
             x, weights = self.layers[i](x, key_padding_mask=padding, packing=packing, causal=causal or self.causal,
-                                        need_weights=need_weights, head_mask=mask, head_fill=fill)
+                                        need_weights=need_weights, head_mask=mask, head_fill=fill,
+                                        hook_z=None if hook_z is None else hook_z.get(i))
             if need_weights:
                 attentions.append(place_heads(weights, self.kept[i], H))
         return x, tuple(attentions)

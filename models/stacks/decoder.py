@@ -76,13 +76,14 @@ class DecoderBlock(nn.Module):
         return self.ln_attn(x)
 
     def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = True,
-                need_weights: bool = False, head_mask=None, head_fill=None):
+                need_weights: bool = False, head_mask=None, head_fill=None, hook_z=None):
         """``x`` ``(B, L, d)``, or ``(N, d)`` real tokens only when ``packing`` is given, and the weights
         ``(B, H, L, L)`` (None unless asked for)."""
         h = self.ln_attn(x)
         padded = h if packing is None else packing.unpack(h)                  # (B, L, d)
         a, weights = self.attn(padded, key_padding_mask=key_padding_mask, need_weights=need_weights,
-                               average_attn_weights=False, causal=causal, head_mask=head_mask, head_fill=head_fill)
+                               average_attn_weights=False, causal=causal, head_mask=head_mask, head_fill=head_fill,
+                               hook_z=hook_z)
         a = a if packing is None else packing.pack(a)                          # like x
         x = x + F.dropout(a, self.dropout, self.training)
         if not self.attention_only:
@@ -146,3 +147,11 @@ class Decoder(Stack):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.unembed(h)                                                 # (B, L, vocab)
+
+    def unembedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.unembed.weight.index_select(0, ids.to(self.unembed.weight.device))   # (k, E)
+
+    def frozen_finish(self, x: torch.Tensor):
+        norm = self.ln_final
+        scale = norm.weight / torch.sqrt(x.var(-1, unbiased=False) + norm.eps)            # (E,)
+        return (lambda part: (part - part.mean(-1, keepdim=True)) * scale), norm.bias.clone()

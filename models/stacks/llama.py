@@ -117,7 +117,7 @@ class LlamaBlock(nn.Module):
         return self.ln_attn(x)
 
     def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = True,
-                need_weights: bool = False, head_mask=None, head_fill=None):
+                need_weights: bool = False, head_mask=None, head_fill=None, hook_z=None):
         """``x`` ``(B, L, E)``, or ``(N, E)`` real tokens when ``packing`` is given; and the weights or None."""
         h = self.ln_attn(x)
         padded = h if packing is None else packing.unpack(h)                  # (B, L, E)
@@ -128,7 +128,7 @@ class LlamaBlock(nn.Module):
             outside = (i.view(-1, 1) - i.view(1, -1)) >= self.window          # (L, L)
         a, weights = self.attn(padded, key_padding_mask=key_padding_mask, attn_mask=outside, causal=causal,
                                need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
-                               head_fill=head_fill)
+                               head_fill=head_fill, hook_z=hook_z)
         x = x + (a if packing is None else packing.pack(a))
         h = self.ln_mlp(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h)), weights
@@ -161,8 +161,19 @@ class Llama(Stack):
         return self.norm(x)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        weight = self.embedding.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return F.linear(h, weight)                                             # (B, L, vocab)
+        return F.linear(h, self._unembedding())                                # (B, L, vocab)
+
+    def _unembedding(self) -> torch.Tensor:
+        return self.embedding.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+    def unembedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        weight = self._unembedding()
+        return weight.index_select(0, ids.to(weight.device))                  # (k, E)
+
+    def frozen_finish(self, x: torch.Tensor):
+        norm = self.norm
+        scale = norm.weight * torch.rsqrt(x.float().pow(2).mean(-1) + norm.eps).to(x.dtype)   # (E,)
+        return (lambda part: part * scale), torch.zeros_like(x)
 
     @classmethod
     def untrained(cls, config: LlamaConfig, seed: int = 0) -> "Llama":

@@ -1,0 +1,280 @@
+"""Which heads make a prediction: direct logit attribution and activation patching.
+
+Direct logit attribution splits a decoder's logit difference ``logit(answer) - logit(distractor)``
+at the last position into what each part of the residual stream writes: the embeddings, each
+head, each attention's bias, each MLP, and the final norm's bias, the norm's scale frozen at the
+model's own value so that the parts add up to the model's logit difference exactly.
+
+Activation patching (as TransformerLens's ``patching`` names it) runs the corrupted prompt with one
+activation taken from the clean run, a head's output ``z`` before the output projection or the
+residual stream entering a layer, at every position or at one, and reports the share of the logit
+difference it brings back: ``recovered = (LD_patched - LD_corrupted) / (LD_clean - LD_corrupted)``.
+Every edit of one layer runs as one batch, and each copy recomputes only the layers above its edit
+(``models.patching``). Attribution patching (Nanda 2023) estimates every patch at once from one
+forward and one backward pass of the corrupted prompt.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from models import AttentionModel, HeadLensError
+from models import patching as P
+
+PATCH_MAX_TOKENS = 256  # per-position patching of every head runs heads x tokens copies of the prompt
+METHODS = {"exact": "exact patching: the corrupted prompt rerun with each activation patched",
+           "attribution": "attribution patching: a first-order estimate from one forward and one backward pass"}
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A clean prompt, a corrupted one of the same length, and the two tokens whose logits are compared."""
+
+    name: str
+    task: str
+    clean: str
+    corrupted: str
+    answer: str
+    distractor: str
+
+
+def _names(a: str, b: str) -> Pair:
+    return Pair(f"Indirect object: {a} and {b}", "indirect object",
+                f"When {a} and {b} went to the store, {b} gave a drink to",
+                f"When {a} and {b} went to the store, {a} gave a drink to", f" {a}", f" {b}")
+
+
+PAIRS = {p.name: p for p in [
+    _names("Mary", "John"), _names("Alice", "Bob"), _names("Sarah", "Tom"), _names("Anna", "James"),
+    Pair("Fact: the Eiffel Tower's city", "factual recall", "The Eiffel Tower is located in the city of",
+         "The Colosseum is located in the city of", " Paris", " Rome"),
+    Pair("Induction: a repeated sequence", "induction",
+         "ocean violin pepper garden rocket silver. ocean violin pepper garden rocket",
+         "ocean violin pepper garden rocket marble. ocean violin pepper garden rocket", " silver", " marble"),
+]}
+
+
+def _ours(model: AttentionModel, what: str):
+    """``model`` on our engine (its twin for a transformers model), checked to be a language model."""
+    ours = model.twin(what)
+    P.language_stack(ours)
+    return ours
+
+
+def answer_token(model: AttentionModel, answer, role: str = "answer") -> int:
+    """The token id of ``answer``: an id, or a string the tokenizer reads as exactly one token (with its
+    leading space, as " Mary"); a sentence naming the pieces of one it reads as several."""
+    tok = model.tokenizer
+    vocab = len(tok)
+    if isinstance(answer, (int, np.integer)) and not isinstance(answer, bool):
+        if not 0 <= int(answer) < vocab:
+            raise HeadLensError(f"The {role} token id {int(answer)} is not in the vocabulary (0 to {vocab - 1}).")
+        return int(answer)
+    if not isinstance(answer, str) or not answer:
+        raise HeadLensError(f"Give the {role} as a token: a string such as \" Mary\" (with its leading space), "
+                            "or a token id.")
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        pieces = " ".join(repr(p) for p in tok.convert_ids_to_tokens(ids)) or "nothing"
+        raise HeadLensError(f"The {role} {answer!r} is {len(ids)} tokens to this tokenizer ({pieces}); give a "
+                            "string it reads as one token, or a token id.")
+    return int(ids[0])
+
+
+def token_text(model: AttentionModel, token: int) -> str:
+    """How a token reads, decoded (" Mary")."""
+    return model.tokenizer.decode([int(token)])
+
+
+def _prompt_ids(model: AttentionModel, text: str, noun: str) -> torch.Tensor:
+    model.token_counts([text], noun)
+    ids = model._tokenize(text, verbose=False)["input_ids"]
+    if len(ids) > PATCH_MAX_TOKENS:
+        raise HeadLensError(f"The {noun} has {len(ids)} tokens; effects are computed on prompts of at most "
+                            f"{PATCH_MAX_TOKENS}.")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _difference(ours, t: P.Trace, toward: torch.Tensor) -> float:
+    with torch.inference_mode():
+        return float(ours.stack.finish(t.resid[-1][-1]) @ toward)
+
+
+def logit_attribution(model: AttentionModel, prompt: str, answer, distractor=None) -> pd.DataFrame:
+    """Direct logit attribution at the last position of ``prompt``: one row per ``(layer, head)`` with
+    ``attribution``, the head's output there through the final norm (its scale frozen at the model's own
+    value) and the unembedding, on ``logit(answer) - logit(distractor)`` (``logit(answer)`` without one).
+
+    ``frame.attrs`` holds the other parts, which with the heads add up to ``logit_diff``, the model's
+    own: ``embeddings``, ``attention_bias`` and ``mlp`` (one value per layer), ``final_norm`` (its
+    bias), and ``answer``, ``distractor``, ``tokens``.
+    """
+    ours = _ours(model, "Logit attribution reads each head's output")
+    stack = ours.stack
+    a = answer_token(ours, answer)
+    d = None if distractor is None else answer_token(ours, distractor, "distractor")
+    ids = _prompt_ids(ours, prompt, "prompt")
+    t = P.trace(ours, ids)
+    toward = P.direction(stack, a, d)
+    with torch.inference_mode():
+        frozen, constant = stack.frozen_finish(t.resid[-1][-1])
+        heads = P.head_results(stack, t)                                   # (L, H, E)
+        biases = P.attention_biases(stack, t.resid[0][-1])                 # (L, E)
+        attn = heads.sum(1) + biases
+        mlp = torch.stack([t.resid[i + 1][-1] - t.resid[i][-1] - attn[i] for i in range(stack.n_layers)])
+        share = lambda parts: (frozen(parts) @ toward).double().cpu().numpy()  # noqa: E731
+        values = share(heads)
+        frame = _head_frame(values)
+        frame.attrs.update(
+            embeddings=float(share(t.resid[0][-1])), attention_bias=share(biases).tolist(), mlp=share(mlp).tolist(),
+            final_norm=float(constant @ toward), logit_diff=_difference(ours, t, toward),
+            answer=token_text(ours, a), distractor=None if d is None else token_text(ours, d),
+            tokens=ours.tokenizer.convert_ids_to_tokens(ids.tolist()))
+    return frame
+
+
+def _head_frame(values: np.ndarray) -> pd.DataFrame:
+    L, H = values.shape
+    layer, head = np.divmod(np.arange(L * H), H)
+    return pd.DataFrame({"layer": layer, "head": head, "attribution": values.reshape(-1)})
+
+
+def parts_total(frame: pd.DataFrame) -> float:
+    """What ``logit_attribution``'s parts add up to: every head, the embeddings, biases, MLPs and the norm."""
+    a = frame.attrs
+    return float(frame["attribution"].sum() + a["embeddings"] + sum(a["attention_bias"]) + sum(a["mlp"])
+                 + a["final_norm"])
+
+
+@dataclass(frozen=True)
+class _Setup:
+    ours: AttentionModel
+    clean: P.Trace
+    corrupted: P.Trace
+    toward: torch.Tensor
+    ld_clean: float
+    ld_corrupted: float
+    tokens: list[str]
+
+    @property
+    def span(self) -> float:
+        return self.ld_clean - self.ld_corrupted
+
+    def attrs(self, method: str) -> dict:
+        return {"ld_clean": self.ld_clean, "ld_corrupted": self.ld_corrupted, "method": method,
+                "tokens": self.tokens}
+
+
+def _setup(model, clean: str, corrupted: str, answer, distractor) -> _Setup:
+    ours = _ours(model, "Patching replaces a head's output")
+    a = answer_token(ours, answer)
+    d = answer_token(ours, distractor, "distractor")
+    if a == d:
+        raise HeadLensError("The answer and the distractor are the same token; patching compares two.")
+    ids_clean, ids_corrupted = _prompt_ids(ours, clean, "clean prompt"), _prompt_ids(ours, corrupted, "corrupted prompt")
+    if len(ids_clean) != len(ids_corrupted):
+        raise HeadLensError(f"Patching puts each clean activation at the same position of the corrupted prompt, so "
+                            f"both need as many tokens: the clean prompt has {len(ids_clean)}, the corrupted one "
+                            f"{len(ids_corrupted)}.")
+    t_clean, t_corrupted = P.trace(ours, ids_clean), P.trace(ours, ids_corrupted)
+    toward = P.direction(ours.stack, a, d)
+    ld_clean, ld_corrupted = _difference(ours, t_clean, toward), _difference(ours, t_corrupted, toward)
+    if abs(ld_clean - ld_corrupted) < 1e-6:
+        raise HeadLensError(f"The clean and corrupted prompts give the same logit difference ({ld_clean:.3f}), so "
+                            "there is nothing for a patch to recover; corrupt the prompt where it decides the answer.")
+    tokens = ours.tokenizer.convert_ids_to_tokens(ids_corrupted.tolist())
+    return _Setup(ours, t_clean, t_corrupted, toward, ld_clean, ld_corrupted, tokens)
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise HeadLensError(f"Unknown patching method '{method}': choose {' or '.join(repr(m) for m in METHODS)}.")
+
+
+def patch_heads(model: AttentionModel, clean: str, corrupted: str, answer, distractor, *, per_position: bool = False,
+                method: str = "exact", progress: Progress | None = None) -> pd.DataFrame:
+    """Each head's output ``z`` in the corrupted run replaced by the clean run's, at every position or
+    (``per_position``) at one: rows ``layer``, ``head`` (and ``position``, ``token``) with ``recovered``.
+
+    ``method="attribution"`` estimates every patch from one forward and one backward pass instead.
+    ``frame.attrs``: ``ld_clean``, ``ld_corrupted``, ``method``, ``tokens`` (the corrupted prompt's).
+    """
+    _check_method(method)
+    s = _setup(model, clean, corrupted, answer, distractor)
+    L, H, n = s.ours.n_layers, s.ours.n_heads, len(s.tokens)
+    if method == "attribution":
+        estimate = P.attribution_gradients(s.ours, s.clean, s.corrupted, s.toward)[0] / s.span   # (L, H, n)
+        values = estimate if per_position else estimate.sum(-1)
+    else:
+        values = _exact_heads(s, L, H, n, per_position, progress)
+    frame = _frame(values, ("layer", "head", "position") if per_position else ("layer", "head"), s.tokens)
+    frame.attrs.update(s.attrs(method))
+    return frame
+
+
+def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress) -> np.ndarray:
+    stack = s.ours.stack
+    if not per_position:
+        layers, heads = np.divmod(np.arange(L * H), H)
+        patched = P.patched(s.ours, s.clean, s.corrupted, layers, heads, np.full(L * H, -1), s.toward,
+                            progress=progress)
+        return ((patched - s.ld_corrupted) / s.span).reshape(L, H)
+    values = np.zeros((L, H, n))  # a patch that changes nothing recovers nothing: only differing z's are run
+    edits = [(layer, h, p) for layer in range(L) for k, h in enumerate(stack.kept[layer]) for p in range(n)
+             if not torch.equal(s.clean.z[layer][k, p], s.corrupted.z[layer][k, p])]
+    if edits:
+        layers, heads, positions = (np.array(c) for c in zip(*edits))
+        patched = P.patched(s.ours, s.clean, s.corrupted, layers, heads, positions, s.toward, progress=progress)
+        values[layers, heads, positions] = (patched - s.ld_corrupted) / s.span
+    elif progress is not None:
+        progress(1, 1)
+    return values
+
+
+def patch_residual(model: AttentionModel, clean: str, corrupted: str, answer, distractor, *, method: str = "exact",
+                   progress: Progress | None = None) -> pd.DataFrame:
+    """The residual stream entering each layer (``resid_pre``) at one position, from the clean run into the
+    corrupted one: rows ``layer``, ``position``, ``token`` with ``recovered`` (TransformerLens's first picture:
+    where the information that decides the answer sits, layer by layer)."""
+    _check_method(method)
+    s = _setup(model, clean, corrupted, answer, distractor)
+    L, n = s.ours.n_layers, len(s.tokens)
+    if method == "attribution":
+        values = P.attribution_gradients(s.ours, s.clean, s.corrupted, s.toward)[1] / s.span
+    else:
+        values = np.zeros((L, n))
+        edits = [(layer, p) for layer in range(L) for p in range(n)
+                 if not torch.equal(s.clean.resid[layer][p], s.corrupted.resid[layer][p])]
+        if edits:
+            layers, positions = (np.array(c) for c in zip(*edits))
+            patched = P.patched(s.ours, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions, s.toward,
+                                progress=progress)
+            values[layers, positions] = (patched - s.ld_corrupted) / s.span
+        elif progress is not None:
+            progress(1, 1)
+    frame = _frame(values, ("layer", "position"), s.tokens)
+    frame.attrs.update(s.attrs(method))
+    return frame
+
+
+def _frame(values: np.ndarray, axes: tuple[str, ...], tokens: list[str]) -> pd.DataFrame:
+    index = np.indices(values.shape).reshape(len(axes), -1)
+    frame = pd.DataFrame({name: index[i] for i, name in enumerate(axes)})
+    if "position" in axes:
+        frame["token"] = [tokens[p] for p in frame["position"]]
+    frame["recovered"] = values.reshape(-1)
+    return frame
+
+
+def grid(frame: pd.DataFrame, column: str, n_layers: int, n_heads: int) -> np.ndarray:
+    """``(layers, heads)`` of a per-head frame's ``column`` (summed over positions where it has them)."""
+    out = np.zeros((n_layers, n_heads))
+    summed = frame.groupby(["layer", "head"])[column].sum()
+    out[summed.index.get_level_values(0), summed.index.get_level_values(1)] = summed.to_numpy()
+    return out

@@ -1,0 +1,194 @@
+"""What each head contributes to a prediction, computed inside our own stack (TransformerLens's vocabulary).
+
+A pre-norm decoder's last residual is the sum of what wrote into it: the embeddings, each head's
+``result`` (its output ``z`` through its slice of the output projection), each attention's bias and each
+MLP's output. ``trace`` runs one prompt and keeps, per layer, the residual entering it (``resid_pre``)
+and every head's ``z``; ``patched`` then runs many edited copies of a corrupted prompt at once, a
+clean activation put in place of the corrupted one in each, recomputing only the layers above the
+edit: every copy that starts at a layer joins the batch there, so a layer runs once for all the
+copies that have reached it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .errors import HeadLensError
+
+ROWS_PER_CHUNK = 4096  # token rows of edited copies run at once (SmolLM2: about 100 MB of feed-forward)
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One prompt's run: ``ids`` ``(n,)``; ``resid[l]`` ``(n, E)`` entering layer ``l``, ``resid[-1]`` the
+    last layer's output; ``z[l]`` ``(kept heads, n, Dh)`` of layer ``l``."""
+
+    ids: torch.Tensor
+    resid: list[torch.Tensor]
+    z: list[torch.Tensor]
+
+
+def language_stack(model):
+    """The stack of ``model`` (from-scratch engine) when it is a pre-norm language model; a sentence otherwise."""
+    stack = getattr(model, "stack", None)
+    if stack is None or not stack.language_model:
+        raise HeadLensError(f"What a head adds to a prediction is read through the unembedding, which {model.name} "
+                            "lacks: it is an encoder, not a language model. Choose SmolLM2 or a decoder trained "
+                            "here.")
+    return stack
+
+
+@torch.inference_mode()
+def trace(model, ids: torch.Tensor) -> Trace:
+    """Run ``ids`` ``(n,)`` through ``model``'s stack once, keeping every layer's ``resid_pre`` and ``z``."""
+    stack = language_stack(model)
+    x = stack.embed(ids.view(1, -1).to(model.device))                      # (1, n, E)
+    resid, zs = [], []
+
+    def keep(z):
+        zs.append(z[0])
+        return z
+
+    for layer in range(stack.n_layers):
+        resid.append(x[0])
+        x, _ = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=False, hook_z={layer: keep})
+    resid.append(x[0])
+    return Trace(ids.view(-1), resid, zs)
+
+
+def head_results(stack, t: Trace, position: int = -1) -> torch.Tensor:
+    """``(layers, heads, E)``: each head's ``result`` at ``position``, its ``z`` through its slice of the
+    output projection (zero for a pruned head)."""
+    L, H = stack.n_layers, stack.n_heads
+    out = torch.zeros(L, H, t.resid[0].shape[-1], dtype=t.resid[0].dtype, device=t.resid[0].device)
+    for layer in range(L):
+        attn, kept = stack.layers[layer].attn, stack.kept[layer]
+        if kept:
+            w_out = attn.out_proj.weight.view(-1, len(kept), attn.head_dim)   # (E, kept, Dh)
+            out[layer, kept] = torch.einsum("hd,ehd->he", t.z[layer][:, position], w_out)
+    return out
+
+
+def attention_biases(stack, like: torch.Tensor) -> torch.Tensor:
+    """``(layers, E)``: each attention's output bias, added once whatever its heads do (zeros without one)."""
+    zero = torch.zeros_like(like)
+    return torch.stack([zero if block.attn.out_proj.bias is None else block.attn.out_proj.bias
+                        for block in stack.layers])
+
+
+def direction(stack, answer: int, distractor: int | None) -> torch.Tensor:
+    """``(E,)``: the unembedding's row of ``answer`` less that of ``distractor``: a final hidden state's dot
+    product with it is ``logit(answer) - logit(distractor)`` (or ``logit(answer)`` without one)."""
+    rows = stack.unembedding_rows(torch.tensor([answer] + ([] if distractor is None else [distractor])))
+    return rows[0] if distractor is None else rows[0] - rows[1]
+
+
+@torch.inference_mode()
+def patched(model, clean: Trace, corrupted: Trace, layers: np.ndarray, heads: np.ndarray, positions: np.ndarray,
+            toward: torch.Tensor, *, progress: Progress | None = None) -> np.ndarray:
+    """The corrupted prompt run once per edit, each copy with one clean activation in place of its own;
+    ``(edits,)`` float64: ``toward`` (``direction``) read from each copy's last position.
+
+    Edit ``i`` puts at layer ``layers[i]`` the clean run's ``z`` of head ``heads[i]`` (or, where that is
+    -1, the clean residual entering the layer), at position ``positions[i]`` (or, where that is -1, at
+    every position). Copies run together from the layer of their edit up, a chunk of copies at a time.
+    """
+    stack = language_stack(model)
+    n, E = corrupted.resid[0].shape
+    order = np.argsort(layers, kind="stable")
+    out = np.empty(len(order), dtype=np.float64)
+    per_chunk = max(1, ROWS_PER_CHUNK // n)
+    for start in range(0, len(order), per_chunk):
+        chunk = order[start:start + per_chunk]
+        out[chunk] = _run_chunk(stack, clean, corrupted, layers[chunk], heads[chunk], positions[chunk], toward, n, E)
+        if progress is not None:
+            progress(min(start + per_chunk, len(order)), len(order))
+    return out
+
+
+def _run_chunk(stack, clean, corrupted, layers, heads, positions, toward, n, E) -> np.ndarray:
+    """One chunk of ``patched``'s copies, sorted by layer: each joins the batch at its layer."""
+    x = corrupted.resid[0].new_zeros(0, n, E)
+    for layer in range(int(layers.min()), stack.n_layers):
+        new = np.flatnonzero(layers == layer)
+        hook = None
+        if len(new):
+            added = corrupted.resid[layer].expand(len(new), n, E).clone()        # (new, n, E)
+            resid = new[heads[new] < 0]
+            for i in resid:  # the residual stream at one position, or all of it
+                at = slice(None) if positions[i] < 0 else int(positions[i])
+                added[int(np.searchsorted(new, i)), at] = clean.resid[layer][at]
+            rows = len(x) + np.searchsorted(new, new[heads[new] >= 0])
+            hook = _z_patch(stack.kept[layer], clean.z[layer], rows, heads[new][heads[new] >= 0],
+                            positions[new][heads[new] >= 0])
+            x = torch.cat([x, added])
+        x, _ = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=False,
+                                hook_z=None if hook is None else {layer: hook})
+    return (stack.finish(x[:, -1]) @ toward).double().cpu().numpy()
+
+
+def _z_patch(kept: list[int], clean_z: torch.Tensor, rows: np.ndarray, heads: np.ndarray, positions: np.ndarray):
+    """A ``hook_z`` that puts the clean ``z`` of ``heads[i]`` into batch row ``rows[i]``, at ``positions[i]``
+    (-1: every position); None when there is nothing to put."""
+    if not len(rows):
+        return None
+    index = {h: k for k, h in enumerate(kept)}
+    slots = np.array([index.get(int(h), -1) for h in heads])
+    live = slots >= 0  # a pruned head has no z to patch: its copy runs as the corrupted prompt
+    every = live & (positions < 0)
+    one = live & (positions >= 0)
+
+    def hook(z):                                                             # (B, kept, n, Dh)
+        if every.any():
+            r, s = torch.as_tensor(rows[every]), torch.as_tensor(slots[every])
+            z[r, s] = clean_z[s]
+        if one.any():
+            r, s, p = (torch.as_tensor(a[one]) for a in (rows, slots, positions))
+            z[r, s, p] = clean_z[s, p]
+        return z
+
+    return hook
+
+
+def attribution_gradients(model, clean: Trace, corrupted: Trace, toward: torch.Tensor):
+    """Attribution patching (Nanda 2023): the corrupted prompt's gradient of ``toward`` with respect to every
+    head's ``z`` and every ``resid_pre``, in one forward and one backward pass, times the clean minus the
+    corrupted activation: a first-order estimate of each patch.
+
+    Returns ``(heads, resid)``: ``(layers, heads, n)`` (zero for a pruned head) and ``(layers, n)`` float64.
+    No gradient is left on the model's parameters.
+    """
+    stack = language_stack(model)
+    L, H = stack.n_layers, stack.n_heads
+    n = len(corrupted.ids)
+    with torch.enable_grad():
+        x = stack.embed(corrupted.ids.view(1, -1).to(model.device)).detach()
+        resid_taps, z_taps = [], []
+
+        def tap(z):
+            d = torch.zeros_like(z, requires_grad=True)
+            z_taps.append(d)
+            return z + d
+
+        for layer in range(L):
+            d = torch.zeros_like(x, requires_grad=True)
+            resid_taps.append(d)
+            x, _ = stack.run_layers(x + d, start=layer, stop=layer + 1, need_weights=False, hook_z={layer: tap})
+        value = stack.finish(x[:, -1])[0] @ toward
+        grads = torch.autograd.grad(value, resid_taps + z_taps)
+    heads = np.zeros((L, H, n))
+    resid = np.zeros((L, n))
+    with torch.no_grad():
+        for layer in range(L):
+            g = grads[layer][0]                                                # (n, E)
+            resid[layer] = ((clean.resid[layer] - corrupted.resid[layer]) * g).sum(-1).double().cpu().numpy()
+            gz = grads[L + layer][0]                                           # (kept, n, Dh)
+            kept = stack.kept[layer]
+            if kept:
+                heads[layer, kept] = ((clean.z[layer] - corrupted.z[layer]) * gz).sum(-1).double().cpu().numpy()
+    return heads, resid
