@@ -44,7 +44,7 @@ Progress = Callable[[int, int], None]
 
 def _needs_scratch(model: AttentionModel, what: str) -> AttentionModel:
     """``model`` on our engine, which alone switches heads off: itself, or its twin with the same weights."""
-    ours = model.twin(f"{what} switches heads off")
+    ours = model if hasattr(model, "embed_variants") else model.twin(f"{what} switches heads off")
     if not hasattr(ours, "embed_variants"):
         raise HeadLensError(f"{what} switches heads off, which only the from-scratch engine can do; "
                             "load the model with backend='scratch'.")

@@ -228,11 +228,24 @@ def test_corrupt_weights(tmp_path, tiny):
             load_model(tmp_path, backend=backend)
 
 
+def test_the_transformers_engine_hands_head_masks_and_causal_masks_to_its_twin(hf_model, scratch_model):
+    mask = np.ones((6, 12))
+    mask[1, 3] = mask[4, 0] = 0
+    for options in ({"head_mask": mask}, {"causal": True}):
+        got, want = hf_model.attend("Which do you like better?", **options), scratch_model.attend(
+            "Which do you like better?", **options)
+        np.testing.assert_array_equal(got.weights, want.weights)
+        assert got.backend == "scratch"  # the result says which engine computed it
+    assert not got.weights[0, 0][np.triu_indices(len(got.tokens), 1)].any()
+    assert hf_model.twin() is hf_model.twin()  # loaded once, then kept
+
+
 def test_options_a_backend_does_not_have(hf_model, tiny):
-    with pytest.raises(HeadLensError, match="scratch backend"):
-        hf_model.attend("hi", head_mask=np.ones((6, 12)))
-    with pytest.raises(HeadLensError, match="scratch engine only"):
-        hf_model.attend("hi", causal=True)
+    gpt2 = load_model(tiny("gpt2"))
+    with pytest.raises(HeadLensError, match="has no twin there"):
+        gpt2.attend("hi", head_mask=np.ones((2, 4)))
+    with pytest.raises(HeadLensError, match="has no twin there"):
+        gpt2.embed("hi", head_mask=np.ones((2, 4)))
     with pytest.raises(HeadLensError, match="implements BERT encoders"):
         load_model(tiny("gpt2"), backend="scratch")
     with pytest.raises(HeadLensError, match="backend='scratch'"):

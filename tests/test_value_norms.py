@@ -66,8 +66,9 @@ def test_a_pruned_heads_norms_are_zero(scratch_model):
     np.testing.assert_allclose(norms[0, 4], full[0, 4], atol=1e-5)  # layer 0 sees the same input
 
 
-def test_the_transformers_engine_says_where_value_norms_are(hf_model):
-    from models import HeadLensError
+def test_the_transformers_engine_gives_its_twins_value_norms(hf_model, scratch_model, tiny):
+    from models import HeadLensError, load_model
 
-    with pytest.raises(HeadLensError, match="backend='scratch'"):
-        hf_model.value_norms(TEXT)
+    np.testing.assert_array_equal(hf_model.value_norms(TEXT), scratch_model.value_norms(TEXT))
+    with pytest.raises(HeadLensError, match="Value norms read .* has no twin there"):
+        load_model(tiny("gpt2")).value_norms(TEXT)

@@ -80,7 +80,7 @@ class LlamaConfig(TransformersSizes, StackConfig):
 
 
 class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x²) + eps) * weight``, computed in float32 as transformers does."""
+    """``x / sqrt(mean(x²) + eps) * weight``, computed in float32 as transformers does (float64 stays float64)."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -88,7 +88,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
+        h = x if x.dtype == torch.float64 else x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
@@ -172,7 +172,8 @@ class Llama(Stack):
 
     def frozen_finish(self, x: torch.Tensor):
         norm = self.norm
-        scale = norm.weight * torch.rsqrt(x.float().pow(2).mean(-1) + norm.eps).to(x.dtype)   # (E,)
+        h = x if x.dtype == torch.float64 else x.float()
+        scale = norm.weight * torch.rsqrt(h.pow(2).mean(-1) + norm.eps).to(x.dtype)          # (E,)
         return (lambda part: part * scale), torch.zeros_like(x)
 
     @classmethod
