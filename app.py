@@ -15,6 +15,7 @@ PAGES = [
     st.Page("app_pages/text.py", title="Text", icon=":material/format_color_text:", url_path="text"),
     st.Page("app_pages/generate.py", title="Generate", icon=":material/edit_note:", url_path="generate"),
     st.Page("app_pages/roles.py", title="Head roles", icon=":material/category:", url_path="roles"),
+    st.Page("app_pages/effects.py", title="Effects", icon=":material/science:", url_path="effects"),
     st.Page("app_pages/queries_keys.py", title="Queries & keys", icon=":material/scatter_plot:", url_path="queries_keys"),
     st.Page("app_pages/layers.py", title="Across layers", icon=":material/stacks:", url_path="layers"),
     st.Page("app_pages/pruning.py", title="Pruning", icon=":material/content_cut:", url_path="pruning"),

@@ -40,8 +40,8 @@ class Pair:
     task: str
     clean: str
     corrupted: str
-    answer: str
-    distractor: str
+    answer: str | int      # a string the tokenizer reads as one token, or a token id
+    distractor: str | int
 
 
 def _names(a: str, b: str) -> Pair:
@@ -58,6 +58,33 @@ PAIRS = {p.name: p for p in [
          "ocean violin pepper garden rocket silver. ocean violin pepper garden rocket",
          "ocean violin pepper garden rocket marble. ocean violin pepper garden rocket", " silver", " marble"),
 ]}
+
+
+def repeated_pair(model: AttentionModel, tokens: list[str]) -> Pair:
+    """An induction pair from a sequence whose second half repeats its first (a trained decoder's held-out
+    sequence, written in its own tokens): the clean prompt stops before the last token, which the first half
+    shows; the corrupted one has another token there in the first half, its distractor."""
+    half = len(tokens) // 2
+    if len(tokens) < 4 or tokens[:half] != tokens[half:2 * half]:
+        raise HeadLensError("An induction pair needs a sequence whose second half repeats its first.")
+    answer = tokens[2 * half - 1]
+    vocab = model.tokenizer.get_vocab()
+    other = next(t for t in sorted(vocab, key=vocab.get) if t not in tokens and t not in
+                 model.tokenizer.all_special_tokens)
+    corrupted = [*tokens[:half - 1], other, *tokens[half:2 * half - 1]]
+    return Pair("Induction: a held-out sequence", "induction", " ".join(tokens[:2 * half - 1]), " ".join(corrupted),
+                vocab[answer], vocab[other])
+
+
+def top_predictions(model: AttentionModel, text: str, k: int = 8) -> list[tuple[int, float]]:
+    """The ``k`` most likely next tokens after ``text``: ``(token id, probability)``, most likely first."""
+    ours = _ours(model, "Predictions are read")
+    ids = _prompt_ids(ours, text, "prompt")
+    with torch.inference_mode():
+        h = ours.stack(ids.view(1, -1).to(ours.device), need_weights=False, need_logits=False).last_hidden_state
+        probs = torch.softmax(ours.stack.logits(h[0, -1]).float(), dim=-1)
+    top = probs.topk(k)
+    return [(int(i), float(p)) for i, p in zip(top.indices, top.values)]
 
 
 def _ours(model: AttentionModel, what: str):

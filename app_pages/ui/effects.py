@@ -1,0 +1,171 @@
+"""Effects: the pair of prompts a page patches, and what it computes on them, once for every session."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+
+from analysis.effects import (PAIRS, Pair, answer_token, logit_attribution, patch_heads, patch_residual,
+                              repeated_pair, token_text, top_predictions)
+from models import AttentionModel, HeadLensError
+
+from .caches import SharedCache, computed_once
+from .messages import plain, stop_with
+from .models import TRAINED, ModelRef, cached_model
+from .pruning import Bar
+from .state import bound
+from .training import trained_job
+
+SOURCES = {"builtin": "A built-in pair", "own": "Your own prompts"}
+CANDIDATES = 8  # each prompt's most likely next tokens offered as the answer and the distractor
+
+
+@st.cache_resource
+def effects_cache() -> SharedCache:
+    """Attribution and patching for every session; values are only ever read."""
+    return SharedCache(max_entries=32)
+
+
+@dataclass(frozen=True)
+class Effects:
+    attribution: pd.DataFrame   # logit_attribution of the clean prompt
+    heads: pd.DataFrame         # patch_heads, every position
+    residual: pd.DataFrame      # patch_residual
+
+
+def builtin_pairs(ref: ModelRef, model: AttentionModel) -> dict[str, Pair]:
+    """The pairs offered for ``model``: a trained decoder's held-out sequence made an induction pair, written in
+    its own tokens; for other models, the built-in English pairs."""
+    if ref.choice in TRAINED:
+        job = trained_job()
+        if job is not None and job.run.held_out:
+            pair = repeated_pair(model, job.run.held_out[0].split(" "))
+            return {pair.name: pair}
+    return dict(PAIRS)
+
+
+def _token_label(model: AttentionModel, token: int, note: str = "") -> str:
+    return f"“{token_text(model, token)}” · id {token}" + (f" · {note}" if note else "")
+
+
+def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
+    """The clean and corrupted prompts and the two tokens compared, from the page's widgets (kept in the URL)."""
+    pairs = builtin_pairs(ref, model)
+    source = bound(st.segmented_control, "effects_source", "builtin", init="default", options=list(SOURCES),
+                   cast=str, label="Prompts", format_func=SOURCES.get, required=True)
+    if source == "builtin":
+        names = list(pairs)
+        name = bound(st.selectbox, "effects_pair", names[0], init="index", options=names, cast=str, label="Pair",
+                     help="Indirect object (Wang et al. 2022): the name that did not give the drink; the corrupted "
+                          "prompt swaps who gave it. A fact: one landmark's city against another's. Induction: a "
+                          "sequence seen once, then again, the corrupted prompt with another token in the first copy.")
+        pair = pairs[name]
+        show_pair(model, pair)
+        return pair
+    first = next(iter(pairs.values()))
+    left, right = st.columns(2)
+    clean = bound(left.text_input, "effects_clean", first.clean, label="Clean prompt", max_chars=2000,
+                  help="The prompt whose prediction is explained.")
+    corrupted = bound(right.text_input, "effects_corrupted", first.corrupted, label="Corrupted prompt",
+                      max_chars=2000, help="The same number of tokens, changed where it decides the answer.")
+    if not clean.strip() or not corrupted.strip():
+        st.info("Type a clean prompt and a corrupted one of the same number of tokens.")
+        st.stop()
+    try:
+        options = candidates(model, clean, corrupted)
+    except HeadLensError as err:
+        stop_with(err)
+    ids = list(options)
+    left, right = st.columns(2)
+    answer = bound(left.selectbox, "effects_answer", ids[0], init="index", options=ids, cast=int, label="Answer",
+                   format_func=lambda t: _token_label(model, t, options[t]),
+                   help="The token the clean prompt should predict: each prompt's likely next tokens and every "
+                        "token of the prompts, as the tokenizer reads them (a leading space is part of a token).")
+    rest = [t for t in ids if t != answer]
+    distractor = bound(right.selectbox, "effects_distractor", rest[0], init="index", options=rest, cast=int,
+                       label="Distractor", format_func=lambda t: _token_label(model, t, options[t]),
+                       help="The token the corrupted prompt favours: the page explains logit(answer) − "
+                            "logit(distractor).")
+    pair = Pair("Your prompts", "yours", clean, corrupted, answer, distractor)
+    show_pair(model, pair)
+    return pair
+
+
+def candidates(model: AttentionModel, clean: str, corrupted: str) -> dict[int, str]:
+    """Token id -> where it comes from: each prompt's most likely next tokens, then every token of the prompts."""
+    out: dict[int, str] = {}
+    for what, text in (("clean", clean), ("corrupted", corrupted)):
+        for rank, (token, p) in enumerate(top_predictions(model, text, CANDIDATES), start=1):
+            out.setdefault(token, f"{what} prompt's #{rank} next token, p = {p:.2f}")
+    for what, text in (("clean", clean), ("corrupted", corrupted)):
+        for token in model.tokenizer(text, add_special_tokens=False)["input_ids"]:
+            out.setdefault(int(token), f"in the {what} prompt")
+    return out
+
+
+def show_pair(model: AttentionModel, pair: Pair) -> None:
+    """The pair's tokens as the model reads them, where the two prompts differ, and the tokens compared."""
+    tok = model.tokenizer
+    try:
+        answer, distractor = answer_token(model, pair.answer), answer_token(model, pair.distractor, "distractor")
+    except HeadLensError as err:
+        stop_with(err)
+    clean, corrupted = (tok.convert_ids_to_tokens(tok(t)["input_ids"]) for t in (pair.clean, pair.corrupted))
+    differ = [i for i, (a, b) in enumerate(zip(clean, corrupted)) if a != b]
+    where = (f"they differ at token{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))}" if differ else
+             "they read the same") if len(clean) == len(corrupted) else "their lengths differ"
+    st.caption(plain(f"Clean: {len(clean)} tokens, corrupted: {len(corrupted)}; {where}. Compared: "
+                     f"logit(“{token_text(model, answer)}”) − logit(“{token_text(model, distractor)}”)."))
+
+
+def _key(kind: str, ref: ModelRef, pair: Pair, method: str) -> tuple:
+    return kind, ref, pair.clean, pair.corrupted, str(pair.answer), str(pair.distractor), method
+
+
+def effects(ref: ModelRef, pair: Pair, method: str) -> Effects:
+    """Attribution of the clean prompt, every head patched and the residual stream patched by position."""
+    def compute() -> Effects:
+        model = cached_model(ref)
+        with st.spinner("Attributing the logit difference to every head…"):
+            attribution = logit_attribution(model, pair.clean, pair.answer, pair.distractor)
+        n = model.n_layers * model.n_heads
+        bar = Bar(f"Patching each of {n} heads" if method == "exact" else "Estimating every patch")
+        heads = patch_heads(model, pair.clean, pair.corrupted, pair.answer, pair.distractor, method=method,
+                            progress=bar)
+        bar.empty()
+        bar = Bar("Patching the residual stream at each layer and position")
+        residual = patch_residual(model, pair.clean, pair.corrupted, pair.answer, pair.distractor, method=method,
+                                  progress=bar)
+        bar.empty()
+        return Effects(attribution, heads, residual)
+
+    return computed_once(effects_cache(), _key("effects", ref, pair, method), compute,
+                         "Another session is patching the same prompts; its result will be shown here…")
+
+
+def per_position(ref: ModelRef, pair: Pair, method: str) -> pd.DataFrame:
+    """Every head patched at each position on its own (positions where the prompts agree cost nothing)."""
+    def compute() -> pd.DataFrame:
+        bar = Bar("Patching every head at each position")
+        frame = patch_heads(cached_model(ref), pair.clean, pair.corrupted, pair.answer, pair.distractor,
+                            per_position=True, method=method, progress=bar)
+        bar.empty()
+        return frame
+
+    return computed_once(effects_cache(), _key("positions", ref, pair, method), compute,
+                         "Another session is patching the same prompts; its result will be shown here…")
+
+
+def frame_csv(frame: pd.DataFrame) -> str:
+    return frame.to_csv(index=False)
+
+
+def parts_frame(attribution: pd.DataFrame) -> pd.DataFrame:
+    """Every part of the attribution, one row each: the heads, each layer's MLP and bias, the embeddings, the norm."""
+    a = attribution.attrs
+    rows = [("head", int(r.layer), int(r.head), float(r.attribution)) for r in attribution.itertuples()]
+    rows += [("mlp", layer, None, v) for layer, v in enumerate(a["mlp"])]
+    rows += [("attention_bias", layer, None, v) for layer, v in enumerate(a["attention_bias"]) if v]
+    rows += [("embeddings", None, None, a["embeddings"]), ("final_norm_bias", None, None, a["final_norm"])]
+    return pd.DataFrame(rows, columns=["part", "layer", "head", "attribution"])
