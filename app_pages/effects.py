@@ -4,6 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis import make_view
+from analysis.views import token_label
 from analysis.effects import METHODS, grid
 from app_pages.ui.caches import cached_attention
 from app_pages.ui.detector import NAMES, detected
@@ -106,7 +107,8 @@ with left:
     fig_parts = parts_bars(parts, title=f"Where the clean difference of {a['logit_diff']:+.2f} comes from")
     chart(fig_parts, "effects-parts")
 with right:
-    tokens = residual.attrs["tokens"]
+    tokens = [token_label(c) if c == k else f"{token_label(c)}/{token_label(k)}"  # clean/corrupted where they differ
+              for c, k in zip(att.attrs["tokens"], residual.attrs["tokens"])]
     values = residual.pivot(index="layer", columns="position", values="recovered").to_numpy()
     fig_resid = position_grid(values, tokens, title="The residual stream entering each layer, patched at one "
                                                     "position")

@@ -116,7 +116,7 @@ def test_a_finished_training_joins_explore_compare_and_downloads(new_app):
     assert "step 0" in one["layout"]["title"]["text"] and "L0 H0" in two["layout"]["title"]["text"]
     np.testing.assert_allclose(decode(heatmaps(one)[0]["z"]), np.where(upper, np.nan, start_weights[0, 0]), atol=1e-6)
     np.testing.assert_allclose(decode(heatmaps(two)[0]["z"]), want[0, 0], atol=1e-6)
-    for page in ("app_pages/overview.py", "app_pages/roles.py", "app_pages/pruning.py"):
+    for page in ("app_pages/overview.py", "app_pages/roles.py", "app_pages/pruning.py", "app_pages/effects.py"):
         at.switch_page(page).run()
         assert not at.exception, (page, at.exception)
         assert not at.error, (page, [e.value for e in at.error])

@@ -1,0 +1,106 @@
+"""The Effects page in AppTest on SmolLM2: its grids against attribution and patching computed directly, a head
+picked by URL and by the picker, your own prompts with their answer among the tokenizer's pieces, bad input,
+per-position patching, downloads, and an encoder's sentence."""
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.effects import PAIRS, logit_attribution, patch_heads, patch_residual
+from tests.conftest import decode, downloads, figures, heatmaps, shown, title_text
+
+PAGE = "app_pages/effects.py"
+MARY = PAIRS["Indirect object: Mary and John"]
+
+
+def grid_of(at, title: str) -> np.ndarray:
+    fig = next(f for f in figures(at) if title in title_text(f))
+    return decode(heatmaps(fig)[0]["z"])
+
+
+@pytest.fixture(scope="module")
+def expected(smollm2):
+    return (logit_attribution(smollm2, MARY.clean, MARY.answer, MARY.distractor),
+            patch_heads(smollm2, MARY.clean, MARY.corrupted, MARY.answer, MARY.distractor),
+            patch_residual(smollm2, MARY.clean, MARY.corrupted, MARY.answer, MARY.distractor))
+
+
+def test_the_grids_are_attribution_and_patching_of_the_pair(new_app, expected, smollm2):
+    attribution, heads, residual = expected
+    at = new_app({"model": "smollm2", "effects_head": "17.4"}, page=PAGE)
+    assert not at.error, [e.value for e in at.error]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Logit difference, clean"] == "+6.12" and metrics["Logit difference, corrupted"] == "-5.49"
+    assert metrics["Best single head"] == "L23 H3 · 0.58"
+    np.testing.assert_allclose(grid_of(at, "Direct logit attribution"),
+                               attribution["attribution"].to_numpy().reshape(30, 9), atol=1e-5)
+    np.testing.assert_allclose(grid_of(at, "share of the logit difference recovered"),
+                               heads["recovered"].to_numpy().reshape(30, 9), atol=1e-5)
+    np.testing.assert_allclose(grid_of(at, "The residual stream"),
+                               residual.pivot(index="layer", columns="position", values="recovered"), atol=1e-5)
+    fig = next(f for f in figures(at) if "The residual stream" in title_text(f))
+    assert fig["layout"]["xaxis"]["ticktext"][8:10] == [",", "John/Mary"]  # as a reader writes them, not "ĠJohn"
+    # the head from the link, drawn on both prompts
+    assert at.selectbox(key="effects_head").value == (17, 4)
+    clean = next(f for f in figures(at) if title_text(f) == "L17 H4 · clean prompt")
+    want = smollm2.attend(MARY.clean).weights[17, 4]
+    np.testing.assert_allclose(decode(heatmaps(clean)[0]["z"]), np.where(np.triu(np.ones_like(want), 1) > 0, np.nan,
+                                                                           want), atol=1e-5)
+    caption = next(c.value for c in at.caption if c.value.startswith("L17 H4: recovers"))
+    assert "Head detector: **induction**" in caption and "induction 0.8" in caption
+    files = downloads(at)
+    table = pd.read_csv(io.BytesIO(files["Patching and attribution per head · CSV"]))
+    np.testing.assert_allclose(table["recovered"], heads["recovered"], atol=1e-9)
+    parts = pd.read_csv(io.BytesIO(files["Every part of the attribution · CSV"]))
+    assert parts["attribution"].sum() == pytest.approx(attribution.attrs["logit_diff"], abs=1e-3)
+    # the picker moves the outline and the head section
+    at.selectbox(key="effects_head").set_value((29, 1)).run()
+    assert not at.exception, at.exception
+    assert any(title_text(f) == "L29 H1 · corrupted prompt" for f in figures(at))
+    assert at.query_params["effects_head"] in ("29.1", ["29.1"])
+
+
+def test_your_own_prompts_pick_answers_among_the_tokenizers_pieces_and_bad_input_gets_a_sentence(new_app, smollm2):
+    at = new_app({"model": "smollm2_scratch"}, page=PAGE)
+    at.segmented_control(key="effects_source").set_value("own").run()
+    assert not at.exception, at.exception
+    at.text_input(key="effects_clean").input("The Eiffel Tower is located in the city of").run()
+    at.text_input(key="effects_corrupted").input("The Colosseum is located in the city of").run()
+    assert not at.exception, at.exception
+    answer = at.selectbox(key="effects_answer")
+    paris = smollm2.tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
+    assert answer.value == paris  # the clean prompt's most likely next token comes first
+    assert answer.format_func(paris).startswith("“ Paris” · id 7042 · clean prompt's #1 next token")
+    at.selectbox(key="effects_distractor").set_value(smollm2.tokenizer(" Rome", add_special_tokens=False)["input_ids"][0])
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    want = patch_heads(smollm2, "The Eiffel Tower is located in the city of", "The Colosseum is located in the city of",
+                       " Paris", " Rome")
+    np.testing.assert_allclose(grid_of(at, "share of the logit difference recovered"),
+                               want["recovered"].to_numpy().reshape(30, 9), atol=1e-5)
+    at.text_input(key="effects_corrupted").input("The Colosseum is in Rome, in the city of").run()
+    assert not at.exception, at.exception
+    assert "clean prompt has 10, the corrupted one 12" in shown(at.error[0].value)
+    at.text_input(key="effects_corrupted").input("The Colosseum is located in the city of").run()
+    assert not at.exception and not at.error
+
+
+def test_per_position_patching_shows_the_strongest_heads_position_by_position(new_app, smollm2):
+    pair = PAIRS["Induction: a repeated sequence"]
+    at = new_app({"model": "smollm2", "effects_pair": pair.name, "effects_method": "attribution"}, page=PAGE)
+    at.toggle(key="effects_positions").set_value(True).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    fig = next(f for f in figures(at) if "patched at one position" in title_text(f)
+               and "heads" in title_text(f))
+    rows = fig["layout"]["yaxis"]["ticktext"]
+    want = patch_heads(smollm2, pair.clean, pair.corrupted, pair.answer, pair.distractor, per_position=True,
+                       method="attribution").set_index(["layer", "head", "position"])["recovered"]
+    first = tuple(int(x[1:]) for x in rows[0].split(" "))
+    np.testing.assert_allclose(decode(heatmaps(fig)[0]["z"])[0], want.loc[first].to_numpy(), atol=1e-6)
+    assert len(rows) == 12 and "Every head at each position · CSV" in downloads(at)
+
+
+def test_an_encoder_gets_a_sentence(new_app):
+    at = new_app(page=PAGE)
+    assert "it is an encoder" in at.info[0].value and not at.get("plotly_chart")
