@@ -10,8 +10,9 @@ from app_pages.ui.caches import cached_attention
 from app_pages.ui.detector import NAMES, detected
 from app_pages.ui.effects import effects, frame_csv, parts_frame, per_position, pick_pair
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.models import model_for, scratch_twin
+from app_pages.ui.models import LLM, TRAINED, model_for, scratch_twin
 from app_pages.ui.settings import settings
+from app_pages.ui.training import trained_job
 from app_pages.ui.state import bound, choose, flag, fresh_click, head_from_url, head_to_url
 from analysis.detector import DETECTORS
 from models import head_label
@@ -125,11 +126,19 @@ for col, v, what in ((left, views[0], "clean"), (right, views[1], "corrupted")):
     with col:
         chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, visible=v.visible(),
                            title=f"{head_label(layer, head)} · {what} prompt"), f"effects-head-{what}")
-scores = detected(ref).set_index(["layer", "head"]).loc[(layer, head)]
-st.caption(f"{head_label(layer, head)}: recovers {recovered[layer, head]:+.3f} of the difference, writes "
-           f"{attribution_values[layer, head]:+.3f} logits directly. Head detector: **{scores['label']}**; "
-           + "; ".join(f"{NAMES[n]} {scores[n]:.2f} ({scores[f'{n}_lo']:.2f}–{scores[f'{n}_hi']:.2f})"
-                       for n in DETECTORS) + ".")
+said = f"{head_label(layer, head)}: recovers {recovered[layer, head]:+.3f} of the difference, writes " \
+       f"{attribution_values[layer, head]:+.3f} logits directly."
+job = trained_job() if ref.choice in TRAINED else None
+if job is not None and job.run is not None:  # the training's own scores, on its held-out sequences
+    last = job.run.history.query("layer == @layer and head == @head").tail(1)
+    if len(last):
+        said += (f" On the training's held-out sequences at step {int(last['step'].iloc[0]):,}: previous token "
+                 f"{last['prev_token'].iloc[0]:.2f}, induction {last['induction'].iloc[0]:.2f}.")
+elif ref.choice in LLM:
+    scores = detected(ref).set_index(["layer", "head"]).loc[(layer, head)]
+    said += f" Head detector: **{scores['label']}**; " + "; ".join(
+        f"{NAMES[n]} {scores[n]:.2f} ({scores[f'{n}_lo']:.2f}–{scores[f'{n}_hi']:.2f})" for n in DETECTORS) + "."
+st.caption(said)
 
 st.subheader("Position by position")
 if bound(st.toggle, "effects_positions", False, cast=flag, label="Patch every head at each position on its own",

@@ -6,7 +6,8 @@ import zipfile
 import numpy as np
 
 from models import load_model
-from tests.conftest import decode, downloads, figures, heatmaps, shown
+from analysis.effects import patch_heads, repeated_pair
+from tests.conftest import decode, downloads, figures, heatmaps, shown, title_text
 
 PAGE = "app_pages/train.py"
 
@@ -120,6 +121,11 @@ def test_a_finished_training_joins_explore_compare_and_downloads(new_app):
         at.switch_page(page).run()
         assert not at.exception, (page, at.exception)
         assert not at.error, (page, [e.value for e in at.error])
+    # Effects patches it on its own held-out sequence, made an induction pair in its own tokens
+    pair = repeated_pair(job.run.model, job.run.held_out[0].split(" "))
+    want = patch_heads(job.run.model, pair.clean, pair.corrupted, pair.answer, pair.distractor)
+    patched = next(f for f in figures(at) if "recovered" in title_text(f))
+    np.testing.assert_allclose(decode(heatmaps(patched)[0]["z"]), want["recovered"].to_numpy().reshape(2, 2), atol=1e-5)
 
 
 def test_two_sessions_train_at_once_with_their_own_runs_and_a_third_waits(new_app):
