@@ -89,8 +89,8 @@ st.caption("Both grids are centred on zero: red raises the answer over the distr
            "to open it below.")
 for key, event in events:
     point = fresh_click(event, key)
-    if point is not None and "x" in point and "y" in point and (int(point["y"]), int(point["x"])) != (layer, head):
-        st.session_state["_effects_click"] = (int(point["y"]), int(point["x"]))
+    if point is not None and point.get("curve_number") == 1 and "point_index" in point:  # the "heads" markers
+        st.session_state["_effects_click"] = tuple(int(x) for x in divmod(int(point["point_index"]), H))
         st.rerun()
 
 a = att.attrs

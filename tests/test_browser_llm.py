@@ -105,3 +105,32 @@ def test_head_roles_show_the_decoder_heads_readably(browser, server):
                                ".some(t => t.textContent.includes('repeated twice'))", timeout=300_000)
         assert_readable(page, "roles with the decoder heads")
         shot(page, "llm-roles-detector")
+
+
+# The pixel centre of head (layer, head)'s click target in the ``plot``-th chart
+HEAD_TARGET = """([plot, layer, head]) => {
+  const gd = document.querySelectorAll('.js-plotly-plot')[plot];
+  const trace = gd._fullData.find(t => t.name === 'heads');
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+  return {x: box.left + xa._offset + xa.l2p(head), y: box.top + ya._offset + ya.l2p(layer)};
+}"""
+
+
+@pytest.mark.parametrize("width", [1024, 1600])
+def test_effects_reads_and_a_click_on_a_head_opens_it(width, browser, server):
+    with opened(browser, server, "effects", {}, width=width) as page:
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 5",
+                               timeout=300_000)
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
+                               timeout=300_000)
+        assert_readable(page, f"effects · {width} px")
+        assert page.evaluate("() => [...document.querySelectorAll('h3')].some(h => h.textContent.includes("
+                             "'L23 H3 on both prompts'))")  # the head that recovers most opens first
+        plot = page.locator(".js-plotly-plot").nth(1)
+        plot.scroll_into_view_if_needed()
+        target = page.evaluate(HEAD_TARGET, [1, 29, 1])
+        page.mouse.click(target["x"], target["y"])
+        page.wait_for_function("() => [...document.querySelectorAll('h3')].some(h => h.textContent.includes("
+                               "'L29 H1 on both prompts'))", timeout=120_000)
+        page.wait_for_function("s => location.search.includes(s)", arg="effects_head=29.1", timeout=60_000)
+        shot(page, f"llm-effects-{width}")
