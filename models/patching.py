@@ -103,16 +103,23 @@ def patched(model, clean: Trace, corrupted: Trace, layers: np.ndarray, heads: np
     order = np.argsort(layers, kind="stable")
     out = np.empty(len(order), dtype=np.float64)
     per_chunk = max(1, ROWS_PER_CHUNK // n)
+    work = {"done": 0, "total": int((stack.n_layers - layers).sum())}  # a copy's layers run, summed
+
+    def ran(copies: int) -> None:
+        work["done"] += copies
+        if progress is not None:
+            progress(work["done"], work["total"])
+
     for start in range(0, len(order), per_chunk):
         chunk = order[start:start + per_chunk]
-        out[chunk] = _run_chunk(stack, clean, corrupted, layers[chunk], heads[chunk], positions[chunk], toward, n, E)
-        if progress is not None:
-            progress(min(start + per_chunk, len(order)), len(order))
+        out[chunk] = _run_chunk(stack, clean, corrupted, layers[chunk], heads[chunk], positions[chunk], toward, n, E,
+                                ran)
     return out
 
 
-def _run_chunk(stack, clean, corrupted, layers, heads, positions, toward, n, E) -> np.ndarray:
-    """One chunk of ``patched``'s copies, sorted by layer: each joins the batch at its layer."""
+def _run_chunk(stack, clean, corrupted, layers, heads, positions, toward, n, E, ran) -> np.ndarray:
+    """One chunk of ``patched``'s copies, sorted by layer: each joins the batch at its layer; ``ran(copies)``
+    after each layer."""
     x = corrupted.resid[0].new_zeros(0, n, E)
     for layer in range(int(layers.min()), stack.n_layers):
         new = np.flatnonzero(layers == layer)
@@ -129,6 +136,7 @@ def _run_chunk(stack, clean, corrupted, layers, heads, positions, toward, n, E) 
             x = torch.cat([x, added])
         x, _ = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=False,
                                 hook_z=None if hook is None else {layer: hook})
+        ran(len(x))
     return (stack.finish(x[:, -1]) @ toward).double().cpu().numpy()
 
 

@@ -183,7 +183,9 @@ def test_the_only_path_recovers_everything_and_a_silent_head_nothing(tmp_path, p
     with torch.inference_mode():
         logits = [model.stack(torch.tensor([model.tokenizer(t)["input_ids"]])).logits[0, -1] for t in (clean, corrupted)]
     answer, distractor = int((logits[0] - logits[1]).argmax()), int((logits[0] - logits[1]).argmin())
-    frame = patch_heads(model, clean, corrupted, answer, distractor)
+    seen = []
+    frame = patch_heads(model, clean, corrupted, answer, distractor, progress=lambda done, total: seen.append(done / total))
+    assert seen[-1] == 1 and seen == sorted(seen)
     assert frame.query("head == 0")["recovered"].item() == pytest.approx(1.0, abs=1e-5)
     assert frame.query("head == 1")["recovered"].item() == pytest.approx(0.0, abs=1e-6)
     per_position = patch_heads(model, clean, corrupted, answer, distractor, per_position=True)
