@@ -24,7 +24,7 @@ PAGES = [
     st.Page(EXPLORE, title="Explore", icon=":material/grid_view:", url_path="explore", visibility="hidden"),
 ]
 
-page = st.navigation(PAGES)
+page = st.navigation(PAGES, expanded=True)  # every page in the sidebar, not ten and "View more"
 if "_open_page" in st.session_state:  # asked for by a page (ui.state.open_page)
     st.switch_page(st.session_state.pop("_open_page"))
 st.sidebar.title("HeadLens")

@@ -50,15 +50,15 @@ att, heads, residual = found.attribution, found.heads, found.residual
 L, H = model.n_layers, model.n_heads
 answer, distractor = att.attrs["answer"], att.attrs["distractor"]
 cols = st.columns(4)
-cols[0].metric("Logit difference, clean", f"{heads.attrs['ld_clean']:+.2f}",
-               help=f"logit(“{answer}”) − logit(“{distractor}”) after the clean prompt.")
-cols[1].metric("Logit difference, corrupted", f"{heads.attrs['ld_corrupted']:+.2f}")
-cols[2].metric("Written by the heads", f"{att['attribution'].sum():+.2f}",
+cols[0].metric("Clean", f"{heads.attrs['ld_clean']:+.2f}",
+               help=f"The logit difference logit(“{answer}”) − logit(“{distractor}”) after the clean prompt.")
+cols[1].metric("Corrupted", f"{heads.attrs['ld_corrupted']:+.2f}", help="The same after the corrupted prompt.")
+cols[2].metric("By the heads", f"{att['attribution'].sum():+.2f}",
                help="The heads' direct share of the clean difference; the MLPs, the embeddings and the biases "
                     "write the rest (the bars below).")
 best = heads.loc[heads["recovered"].idxmax()]
-cols[3].metric("Best single head", f"{head_label(best['layer'], best['head'])} · {best['recovered']:.2f}",
-               help="The share of the difference that patching this head alone brings back.")
+cols[3].metric("Best head", head_label(best["layer"], best["head"]),
+               help=f"Patching this head alone brings back {best['recovered']:.2f} of the difference.")
 
 attribution_values = att["attribution"].to_numpy().reshape(L, H)
 recovered = grid(heads, "recovered", L, H)
@@ -85,8 +85,13 @@ with right:
                             title=f"{label} · share of the logit difference recovered")
     events.append(("effects-patching", chart(fig_patch, "effects-patching", on_select="rerun",
                                              selection_mode="points")))
-st.caption("Both grids are centred on zero: red raises the answer over the distractor, blue lowers it. Click a head "
-           "to open it below.")
+st.caption("Both grids are centred on zero: red raises the answer over the distractor, blue lowers it. Hover a "
+           "cell for its value; click a head to open it below.")
+strongest = ranked.head(10)
+st.dataframe(pd.DataFrame({"head": [head_label(r.layer, r.head) for r in strongest.itertuples()],
+                           "recovered": strongest["recovered"].to_numpy(),
+                           "attribution (logits)": attribution_values[strongest["layer"], strongest["head"]]}
+                          ).style.format(precision=3), hide_index=True, key="effects-strongest")
 for key, event in events:
     point = fresh_click(event, key)
     if point is not None and point.get("curve_number") == 1 and "point_index" in point:  # the "heads" markers

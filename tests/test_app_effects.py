@@ -31,8 +31,10 @@ def test_the_grids_are_attribution_and_patching_of_the_pair(new_app, expected, s
     at = new_app({"model": "smollm2", "effects_head": "17.4"}, page=PAGE)
     assert not at.error, [e.value for e in at.error]
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Logit difference, clean"] == "+6.12" and metrics["Logit difference, corrupted"] == "-5.49"
-    assert metrics["Best single head"] == "L23 H3 · 0.58"
+    assert metrics["Clean"] == "+6.12" and metrics["Corrupted"] == "-5.49" and metrics["Best head"] == "L23 H3"
+    table = next(d.value for d in at.dataframe if "recovered" in d.value.columns)
+    assert table["head"].tolist()[:3] == ["L23 H3", "L29 H1", "L24 H4"]
+    assert table["recovered"].iloc[0] == pytest.approx(heads["recovered"].max(), abs=1e-6)
     np.testing.assert_allclose(grid_of(at, "Direct logit attribution"),
                                attribution["attribution"].to_numpy().reshape(30, 9), atol=1e-5)
     np.testing.assert_allclose(grid_of(at, "share of the logit difference recovered"),

@@ -10,7 +10,6 @@ from .figures import DIVERGING, _tick, safe, top_margin, wrapped_title
 HALF_TITLE = 38  # title characters a line in a chart half a 1024 px window wide
 
 ROW_PX = 22  # a layer's row in a grid: SmolLM2's 30 layers fit in about 800 px
-LABEL_SIZE = 9
 
 
 def _bound(values: np.ndarray, zmax: float | None) -> float:
@@ -20,8 +19,9 @@ def _bound(values: np.ndarray, zmax: float | None) -> float:
 
 def effect_grid(values: np.ndarray, *, title: str = "", value_name: str = "recovered", zmax: float | None = None,
                 digits: int = 2, selected: tuple[int, int] | None = None) -> go.Figure:
-    """Layer x head cells of ``values`` ``(layers, heads)`` on a red-blue scale centred on zero, each cell
-    giving its value; hover names the head, its value and its rank by size; ``selected`` is outlined. An
+    """Layer x head cells of ``values`` ``(layers, heads)`` on a red-blue scale centred on zero; hover names the
+    head, its value and its rank by size (a cell is too narrow for its number in half a 1024 px window, so
+    the page lists the strongest heads in a table); ``selected`` is outlined. An
     invisible marker over each cell (the trace "heads", point ``layer * heads + head``) takes clicks."""
     n_layers, n_heads = values.shape
     bound = _bound(values, zmax)
@@ -29,13 +29,11 @@ def effect_grid(values: np.ndarray, *, title: str = "", value_name: str = "recov
     rank = np.empty(values.size, dtype=int)
     rank[order] = np.arange(1, values.size + 1)
     rank = rank.reshape(values.shape)
-    text = [[f"{values[l, h]:.{digits}f}" if np.isfinite(values[l, h]) else "" for h in range(n_heads)]
-            for l in range(n_layers)]
     tips = [[f"{value_name} {values[l, h]:+.{digits + 2}f}, rank {rank[l, h]} of {values.size} by size"
              for h in range(n_heads)] for l in range(n_layers)]
     fig = go.Figure(go.Heatmap(
-        z=values, zmin=-bound, zmax=bound, zmid=0, colorscale=DIVERGING, reversescale=True, text=text,
-        texttemplate="%{text}", textfont=dict(size=LABEL_SIZE), customdata=tips, xgap=1, ygap=1,
+        z=values, zmin=-bound, zmax=bound, zmid=0, colorscale=DIVERGING, reversescale=True, customdata=tips,
+        xgap=1, ygap=1,
         colorbar=dict(title=dict(text=safe(value_name), side="right"), thickness=12),
         hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>"))
     layer_of, head_of = np.divmod(np.arange(values.size), n_heads)
