@@ -156,20 +156,13 @@ def logit_attribution(model: AttentionModel, prompt: str, answer, distractor=Non
         attn = heads.sum(1) + biases
         mlp = torch.stack([t.resid[i + 1][-1] - t.resid[i][-1] - attn[i] for i in range(stack.n_layers)])
         share = lambda parts: (frozen(parts) @ toward).double().cpu().numpy()  # noqa: E731
-        values = share(heads)
-        frame = _head_frame(values)
+        frame = _frame(share(heads), ("layer", "head"), column="attribution")
         frame.attrs.update(
             embeddings=float(share(t.resid[0][-1])), attention_bias=share(biases).tolist(), mlp=share(mlp).tolist(),
             final_norm=float(constant @ toward), logit_diff=_difference(ours, t, toward),
             answer=token_text(ours, a), distractor=None if d is None else token_text(ours, d),
             tokens=ours.tokenizer.convert_ids_to_tokens(ids.tolist()))
     return frame
-
-
-def _head_frame(values: np.ndarray) -> pd.DataFrame:
-    L, H = values.shape
-    layer, head = np.divmod(np.arange(L * H), H)
-    return pd.DataFrame({"layer": layer, "head": head, "attribution": values.reshape(-1)})
 
 
 def parts_total(frame: pd.DataFrame) -> float:
@@ -290,12 +283,14 @@ def patch_residual(model: AttentionModel, clean: str, corrupted: str, answer, di
     return frame
 
 
-def _frame(values: np.ndarray, axes: tuple[str, ...], tokens: list[str]) -> pd.DataFrame:
+def _frame(values: np.ndarray, axes: tuple[str, ...], tokens: list[str] | None = None,
+           column: str = "recovered") -> pd.DataFrame:
+    """One row per cell of ``values``, an index column per axis (and ``token`` beside ``position``)."""
     index = np.indices(values.shape).reshape(len(axes), -1)
     frame = pd.DataFrame({name: index[i] for i, name in enumerate(axes)})
     if "position" in axes:
         frame["token"] = [tokens[p] for p in frame["position"]]
-    frame["recovered"] = values.reshape(-1)
+    frame[column] = values.reshape(-1)
     return frame
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from scipy.stats import pearsonr, spearmanr
 
-from analysis.effects import PAIRS, answer_token, patch_heads, patch_residual
+from analysis.effects import PAIRS, patch_heads, patch_residual
 from bench.common import machine, sync
 from models import load_model
 from models.files import resolve_model_dir

@@ -5,7 +5,6 @@ The SDPA path returns no weights, so models are opened with ``attn_implementatio
 """
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -37,8 +36,7 @@ def open_transformers(folder: Path, config: dict, display: str, device: torch.de
         raise HeadLensError(f"{display} has pruned heads, which transformers no longer builds; "
                             "open it with the from-scratch engine (backend='scratch').")
     model = _load_hf_model(folder, allow_pickle)
-    return TransformersModel(model.to(device), load_tokenizer(folder), display, device, folder=folder,
-                             model_type=str(config.get("model_type", "")))
+    return TransformersModel(model.to(device), load_tokenizer(folder), display, device, folder=folder, config=config)
 
 
 def _load_hf_model(folder: Path, allow_pickle: bool):
@@ -65,10 +63,10 @@ class TransformersModel(AttentionModel):
     backend = "transformers"
 
     def __init__(self, model, tokenizer, name: str, device: torch.device, *, folder: Path | None = None,
-                 model_type: str = ""):
+                 config: dict | None = None):
         c = model.config
         self.model = model
-        self.folder, self.model_type = folder, model_type
+        self.folder, self._config = folder, config or {}  # the folder's config.json, for the twin
         self._twin, self._twin_lock = None, threading.Lock()
         self.encoder_decoder = bool(getattr(c, "is_encoder_decoder", False))
         decoder_only = c.model_type in DECODER_ONLY_TYPES or bool(getattr(c, "is_decoder", False))
@@ -86,21 +84,14 @@ class TransformersModel(AttentionModel):
         from .scratch import open_scratch
         from .stacks import for_model_type
 
-        if self.folder is None or for_model_type(self.model_type) is None:
+        if self.folder is None or for_model_type(self._config.get("model_type")) is None:
             return super().twin(what)
         with self._twin_lock:
             if self._twin is None:
-                config = json.loads((self.folder / "config.json").read_text(encoding="utf-8"))
-                twin = open_scratch(self.folder, config, self.name, self.device)
+                twin = open_scratch(self.folder, self._config, self.name, self.device)
                 twin.embed_max_tokens = self.embed_max_tokens
                 self._twin = twin
         return self._twin
-
-    def has_twin(self) -> bool:
-        """Whether ``twin`` gives a model (without loading it)."""
-        from .stacks import for_model_type
-
-        return self.folder is not None and for_model_type(self.model_type) is not None
 
     def attend(self, texts, *, head_mask=None, head_means=None, causal: bool = False, **options):
         """``AttentionModel.attend``; with heads switched off or a causal mask added, on the ``twin``."""

@@ -65,7 +65,6 @@ def position_grid(values: np.ndarray, tokens: list[str], *, title: str = "", row
     n_rows, n = values.shape
     rows = rows or [f"L{l}" for l in range(n_rows)]
     bound = _bound(values, zmax)
-    cats = [f"{i}: {t}" for i, t in enumerate(tokens)]
     tips = [[f"{safe(rows[r])} · {i}: {safe(tokens[i])}<br>{safe(value_name)} {values[r, i]:+.3f}" for i in range(n)]
             for r in range(n_rows)]
     fig = go.Figure(go.Heatmap(
@@ -73,7 +72,7 @@ def position_grid(values: np.ndarray, tokens: list[str], *, title: str = "", row
         reversescale=True, customdata=tips, xgap=1, ygap=1,
         colorbar=dict(title=dict(text=safe(value_name), side="right"), thickness=12),
         hovertemplate="%{customdata}<extra></extra>"))
-    longest = max((len(_tick(c.split(": ", 1)[1])) for c in cats), default=1)
+    longest = max((len(_tick(t)) for t in tokens), default=1)
     fig.update_xaxes(tickmode="array", tickvals=list(range(n)), ticktext=[_tick(t) for t in tokens], tickangle=-60,
                      showgrid=False, ticks="", zeroline=False, fixedrange=True)
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=[safe(r) for r in rows],

@@ -73,7 +73,7 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
         st.info("Type a clean prompt and a corrupted one of the same number of tokens.")
         st.stop()
     try:
-        options = candidates(model, clean, corrupted)
+        options = candidates(model, ref, clean, corrupted)
     except HeadLensError as err:
         stop_with(err)
     ids = list(options)
@@ -92,8 +92,11 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     return pair
 
 
-def candidates(model: AttentionModel, clean: str, corrupted: str) -> dict[int, str]:
-    """Token id -> where it comes from: each prompt's most likely next tokens, then every token of the prompts."""
+@st.cache_data(max_entries=64, show_spinner=False)
+def candidates(_model: AttentionModel, ref: ModelRef, clean: str, corrupted: str) -> dict[int, str]:
+    """Token id -> where it comes from: each prompt's most likely next tokens, then every token of the prompts.
+    Kept per model (``ref`` names ``_model``) and prompts: two forward passes that every rerun would repeat."""
+    model = _model
     out: dict[int, str] = {}
     for what, text in (("clean", clean), ("corrupted", corrupted)):
         for rank, (token, p) in enumerate(top_predictions(model, text, CANDIDATES), start=1):

@@ -87,10 +87,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
+    def inverse_rms(self, x: torch.Tensor) -> torch.Tensor:
+        """``1 / sqrt(mean(x²) + eps)`` over the last axis (kept), in float32 or float64."""
+        h = x if x.dtype == torch.float64 else x.float()
+        return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x if x.dtype == torch.float64 else x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.weight * (h * self.inverse_rms(h)).to(x.dtype)
 
 
 class LlamaBlock(nn.Module):
@@ -171,9 +175,7 @@ class Llama(Stack):
         return weight.index_select(0, ids.to(weight.device))                  # (k, E)
 
     def frozen_finish(self, x: torch.Tensor):
-        norm = self.norm
-        h = x if x.dtype == torch.float64 else x.float()
-        scale = norm.weight * torch.rsqrt(h.pow(2).mean(-1) + norm.eps).to(x.dtype)          # (E,)
+        scale = self.norm.weight * self.norm.inverse_rms(x).to(x.dtype)                        # (E,)
         return (lambda part: part * scale), torch.zeros_like(x)
 
     @classmethod
