@@ -83,7 +83,8 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
                    help="The token the clean prompt should predict: each prompt's likely next tokens and every "
                         "token of the prompts, as the tokenizer reads them (a leading space is part of a token).")
     rest = [t for t in ids if t != answer]
-    distractor = bound(right.selectbox, "effects_distractor", rest[0], init="index", options=rest, cast=int,
+    favoured = next((t for t in rest if options[t].startswith("corrupted prompt's")), rest[0])
+    distractor = bound(right.selectbox, "effects_distractor", favoured, init="index", options=rest, cast=int,
                        label="Distractor", format_func=lambda t: _token_label(model, t, options[t]),
                        help="The token the corrupted prompt favours: the page explains logit(answer) − "
                             "logit(distractor).")
@@ -100,7 +101,7 @@ def candidates(_model: AttentionModel, ref: ModelRef, clean: str, corrupted: str
     out: dict[int, str] = {}
     for what, text in (("clean", clean), ("corrupted", corrupted)):
         for rank, (token, p) in enumerate(top_predictions(model, text, CANDIDATES), start=1):
-            out.setdefault(token, f"{what} prompt's #{rank} next token, p = {p:.2f}")
+            out.setdefault(token, f"{what} prompt's #{rank} next token, p = {p:.2f}")  # the page reads this prefix
     for what, text in (("clean", clean), ("corrupted", corrupted)):
         for token in model.tokenizer(text, add_special_tokens=False)["input_ids"]:
             out.setdefault(int(token), f"in the {what} prompt")
