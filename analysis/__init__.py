@@ -1,6 +1,8 @@
 """Metrics and display transforms over attention; numpy, pandas and torch, no UI."""
 from .detector import DETECTORS, head_detector
 from .effects import PAIRS, logit_attribution, patch_heads, patch_residual
+from .vocabulary import copying_scores, head_vocabulary
+from .routes import flow_graph, prediction_flow, strongest_route
 from .flow import FLOW_MAX_TOKENS, agreement, flow, raw_attention, rollout, token_ablation
 from .foci import FOCI, FOCUS_NAMES, content_attention, focus_shares, received, sentiment_lexicon, word_classes
 from .importance import ablate, head_importance, head_mask, heads_marked, neighbour_agreement, pruning_curve
@@ -11,7 +13,9 @@ from .roles import PROFILE_COLUMNS, HeadMeasures, HeadProfiler, focus_tokens, me
 from .similarity import head_similarity, similar_heads
 from .views import View, head_stats, make_view, merge_weights, renormalise_rows, special_share, token_label, word_spans
 
-__all__ = ["DETECTORS", "head_detector", "PAIRS", "logit_attribution", "patch_heads", "patch_residual", "FLOW_MAX_TOKENS", "agreement", "flow", "raw_attention", "rollout", "token_ablation",
+__all__ = ["DETECTORS", "head_detector", "PAIRS", "logit_attribution", "patch_heads", "patch_residual",
+           "copying_scores", "head_vocabulary", "flow_graph", "prediction_flow", "strongest_route",
+           "FLOW_MAX_TOKENS", "agreement", "flow", "raw_attention", "rollout", "token_ablation",
            "FOCI", "FOCUS_NAMES", "content_attention", "focus_shares", "received", "sentiment_lexicon", "word_classes",
            "ablate", "head_importance", "head_mask", "heads_marked", "neighbour_agreement", "pruning_curve",
            "Grid", "LongView", "Survey", "long_view", "reach", "survey", "zoom_window",

@@ -200,3 +200,100 @@ def attribution_gradients(model, clean: Trace, corrupted: Trace, toward: torch.T
             if kept:
                 heads[layer, kept] = ((clean.z[layer] - corrupted.z[layer]) * gz).sum(-1).double().cpu().numpy()
     return heads, resid
+
+
+def head_values(block, x: torch.Tensor) -> torch.Tensor:
+    """``(kept heads, n, Dh)``: each head's value of each vector of ``x`` ``(n, E)``, ``W_V^h norm(x_j) + b_V^h``
+    (a query head reads its group's key/value head)."""
+    attn = block.attn
+    n, Dh = x.shape[0], attn.head_dim
+    h = block.attention_input(x.view(1, n, -1))
+    v = attn.project(h, h, h)[2].view(n, attn.num_kv_heads, Dh)                # (n, Hkv, Dh)
+    if attn.kv_heads is not None:
+        v = v.index_select(1, torch.tensor(attn.kv_heads, dtype=torch.long, device=v.device))
+    return v.transpose(0, 1)                                                  # (kept, n, Dh)
+
+
+def output_columns(block) -> torch.Tensor:
+    """``(kept heads, E, Dh)``: each head's columns of the output projection."""
+    attn = block.attn
+    return attn.out_proj.weight.view(-1, attn.num_heads, attn.head_dim).transpose(0, 1)
+
+
+def head_writes(block, x: torch.Tensor) -> torch.Tensor:
+    """``(kept heads, n, E)``: what each head of ``block`` would write from each vector of ``x`` ``(n, E)`` were
+    all its weight on it: ``W_O^h (W_V^h norm(x_j) + b_V^h)``, the vector its weights mix (no output bias)."""
+    return torch.einsum("hnd,hed->hne", head_values(block, x), output_columns(block))
+
+
+@dataclass(frozen=True)
+class Shares:
+    """How each residual update of a prompt splits among what wrote it (Ferrando & Voita 2024), float64:
+
+    - ``heads`` ``(layers, heads, n, n)``: at layer ``l``'s attention, the share of token ``i``'s update that
+      head ``h`` brought from token ``j`` (``[l, h, i, j]``; zero for a pruned head and for ``j > i``);
+    - ``attn_residual`` and ``attn_bias`` ``(layers, n)``: the shares of the residual stream itself and of the
+      attention's output bias in the same update;
+    - ``mlp`` and ``mlp_residual`` ``(layers, n)``: the MLP's and the residual stream's shares in the update
+      the MLP makes.
+
+    The shares of one update sum to 1.
+    """
+
+    heads: np.ndarray
+    attn_residual: np.ndarray
+    attn_bias: np.ndarray
+    mlp: np.ndarray
+    mlp_residual: np.ndarray
+
+
+SHARE_CHUNK = 1 << 24  # elements of (heads, targets, sources, E) differences held at once (64 MB in float32)
+
+
+def _proximity(y: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
+    """``max(0, ||y||_1 - ||y - part||_1)`` for ``y`` ``(..., E)`` against ``parts`` broadcasting to it."""
+    return (y.abs().sum(-1) - (y - parts).abs().sum(-1)).clamp_min(0)
+
+
+@torch.inference_mode()
+def shares(model, ids: torch.Tensor) -> Shares:
+    """Every residual update of ``ids`` ``(n,)`` split into the shares of what wrote it, in one forward pass:
+    each part's proximity to the updated stream, ``max(0, ||y||_1 - ||y - part||_1)``, over the sum of the
+    parts' (Ferrando & Voita 2024, "Information flow routes"). The parts of an attention update at token
+    ``i`` are the stream before it, each head's weight on each earlier token ``j`` times what it writes
+    from there (``head_writes``), and the output bias; those of an MLP update, the stream and the MLP's output."""
+    stack = language_stack(model)
+    L, H = stack.n_layers, stack.n_heads
+    x = stack.embed(ids.view(1, -1).to(model.device))                          # (1, n, E)
+    n = x.shape[1]
+    heads = np.zeros((L, H, n, n))
+    attn_residual, attn_bias, mlp, mlp_residual = (np.zeros((L, n)) for _ in range(4))
+    for layer in range(L):
+        block, kept = stack.layers[layer], stack.kept[layer]
+        after, weights = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=True)
+        A = weights[0][0][kept]                                                # (kept, n, n)
+        writes = head_writes(block, x[0])                                      # (kept, n, E)
+        bias = block.attn.out_proj.bias
+        bias = torch.zeros_like(x[0, 0]) if bias is None else bias
+        mid = x[0] + torch.einsum("hij,hje->ie", A, writes) + bias             # (n, E): the stream after attention
+        prox = torch.zeros(len(kept), n, n, dtype=x.dtype, device=x.device)
+        step = max(1, SHARE_CHUNK // max(1, len(kept) * n * x.shape[-1]))
+        for i in range(0, n, step):
+            rows = slice(i, i + step)
+            parts = A[:, rows, :, None] * writes[:, None]                      # (kept, rows, n, E)
+            prox[:, rows] = _proximity(mid[None, rows, None], parts)
+        from_residual, from_bias = _proximity(mid, x[0]), _proximity(mid, bias)
+        total = prox.sum((0, 2)) + from_residual + from_bias                   # (n,)
+        total = torch.where(total > 0, total, torch.ones_like(total))
+        if kept:
+            heads[layer, kept] = (prox / total[None, :, None]).double().cpu().numpy()
+        attn_residual[layer] = (from_residual / total).double().cpu().numpy()
+        attn_bias[layer] = (from_bias / total).double().cpu().numpy()
+        out = after[0]
+        from_mid, from_mlp = _proximity(out, mid), _proximity(out, out - mid)
+        total = from_mid + from_mlp
+        total = torch.where(total > 0, total, torch.ones_like(total))
+        mlp_residual[layer] = (from_mid / total).double().cpu().numpy()
+        mlp[layer] = (from_mlp / total).double().cpu().numpy()
+        x = after
+    return Shares(heads, attn_residual, attn_bias, mlp, mlp_residual)

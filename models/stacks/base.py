@@ -140,8 +140,27 @@ class Stack(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor | None:
         return None
 
+    def unembedding(self) -> torch.Tensor:
+        """``(vocab, E)``: the unembedding, so that ``h @ unembedding().T`` is the logits (a language model's)."""
+        raise NotImplementedError
+
     def unembedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """``(k, E)``: the unembedding's rows of the token ``ids``, so that ``h @ rows.T`` is their logits."""
+        weight = self.unembedding()
+        return weight.index_select(0, ids.to(weight.device))
+
+    def token_vectors(self, ids: torch.Tensor) -> torch.Tensor:
+        """``(k, E)``: each token's embedding alone, without a position (a language model's)."""
+        raise NotImplementedError
+
+    def norm_alone(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., E)``: the final norm of each vector ``x`` on its own, without the norm's bias: what a part of
+        the residual stream would write into the logits were it the whole stream (its direction, up to scale)."""
+        raise NotImplementedError
+
+    def norm_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., E)``: the linear part of the final norm (its scale, and its centring for a LayerNorm), so that
+        ``norm_alone(x)`` is ``norm_linear(x)`` times a positive number per vector."""
         raise NotImplementedError
 
     def frozen_finish(self, x: torch.Tensor):

@@ -148,8 +148,17 @@ class Decoder(Stack):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.unembed(h)                                                 # (B, L, vocab)
 
-    def unembedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.unembed.weight.index_select(0, ids.to(self.unembed.weight.device))   # (k, E)
+    def unembedding(self) -> torch.Tensor:
+        return self.unembed.weight
+
+    def token_vectors(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tok_emb(ids.to(self.tok_emb.weight.device))
+
+    def norm_alone(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln_final(x) - self.ln_final.bias
+
+    def norm_linear(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - x.mean(-1, keepdim=True)) * self.ln_final.weight
 
     def frozen_finish(self, x: torch.Tensor):
         norm = self.ln_final

@@ -165,14 +165,19 @@ class Llama(Stack):
         return self.norm(x)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self._unembedding())                                # (B, L, vocab)
+        return F.linear(h, self.unembedding())                                 # (B, L, vocab)
 
-    def _unembedding(self) -> torch.Tensor:
+    def unembedding(self) -> torch.Tensor:
         return self.embedding.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
-    def unembedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        weight = self._unembedding()
-        return weight.index_select(0, ids.to(weight.device))                  # (k, E)
+    def token_vectors(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(ids.to(self.embedding.weight.device))
+
+    def norm_alone(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+    def norm_linear(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.norm.weight
 
     def frozen_finish(self, x: torch.Tensor):
         scale = self.norm.weight * self.norm.inverse_rms(x).to(x.dtype)                        # (E,)
