@@ -88,11 +88,24 @@ def flow_graph(flow: Flow, position: int = -1, threshold: float = THRESHOLD) -> 
     return frame
 
 
-def flow_heads(graph: pd.DataFrame, n_layers: int, n_heads: int) -> np.ndarray:
-    """``(layers, heads)``: each head's shares summed over its edges in ``graph``."""
-    out = np.zeros((n_layers, n_heads))
-    heads = graph[graph["kind"] == "head"]
-    np.add.at(out, (heads["layer"].to_numpy(), heads["head"].to_numpy()), heads["share"].to_numpy())
+def flow_heads(flow: Flow, position: int = -1, threshold: float = 0.0) -> np.ndarray:
+    """``(layers, heads)``: how much of token ``position``'s last state passes through each head: every route
+    from it down to one of the head's edges, its shares multiplied, summed over the routes (edges below
+    ``threshold`` left out; 0 keeps them all, and then the MLP stage passes on whatever reaches it, its two
+    edges coming from one state)."""
+    n = len(flow.tokens)
+    if not -n <= position < n:
+        raise HeadLensError(f"The prompt has {n} tokens; there is no position {position}.")
+    s = flow.shares
+    keep = lambda a: np.where(a >= threshold, a, 0.0)  # noqa: E731
+    weight = np.zeros(n)
+    weight[position % n] = 1.0
+    out = np.zeros((flow.n_layers, flow.n_heads))
+    for layer in reversed(range(flow.n_layers)):
+        weight = weight * (keep(s.mlp[layer]) + keep(s.mlp_residual[layer]))  # two edges from one state: 1 for all
+        through = keep(s.heads[layer]) * weight[None, :, None]              # (heads, targets, sources)
+        out[layer] = through.sum((1, 2))
+        weight = weight * keep(s.attn_residual[layer]) + through.sum((0, 1))
     return out
 
 

@@ -106,3 +106,52 @@ def test_per_position_patching_shows_the_strongest_heads_position_by_position(ne
 def test_an_encoder_gets_a_sentence(new_app):
     at = new_app(page=PAGE)
     assert "it is an encoder" in at.info[0].value and not at.get("plotly_chart")
+
+
+def test_a_heads_vocabulary_the_copying_grid_and_the_routes_are_what_they_say(new_app, smollm2):
+    from analysis.routes import flow_graph, flow_heads, prediction_flow
+    from analysis.vocabulary import copying_scores, head_vocabulary
+
+    at = new_app({"model": "smollm2", "effects_head": "23.3", "effects_copying": "true"}, page=PAGE)
+    assert not at.error, [e.value for e in at.error]
+    # what the head writes at the prediction, on both prompts: the bars are head_vocabulary's logits
+    for prompt, what in ((MARY.clean, "clean"), (MARY.corrupted, "corrupted")):
+        fig = next(f for f in figures(at) if title_text(f) == f"What L23 H3 writes at “to” ({what})")
+        want = head_vocabulary(smollm2, prompt, 23, 3)
+        bars = fig["data"][0]
+        order = pd.concat([want[want["direction"] == "up"], want[want["direction"] == "down"].iloc[::-1]])
+        np.testing.assert_allclose(decode(bars["x"]), order["logit"], atol=1e-5)
+        assert [c[0] for c in bars["customdata"]] == order["token"].tolist()
+    clean_down = next(f for f in figures(at) if title_text(f) == "What L23 H3 writes at “to” (clean)")["data"][0]
+    assert "“ John”" in clean_down["hovertext"][-1]  # the repeated subject, the token it lowers most
+    # the copying grid: copying less suppression for every head
+    scores = copying_scores(smollm2)
+    grid = grid_of(at, "Copying (red) and suppression (blue)")
+    np.testing.assert_allclose(grid, (scores["copying"] - scores["suppression"]).to_numpy().reshape(30, 9), atol=1e-9)
+    # the routes: one line's middle per drawn edge (heads of one token pair together), the table from flow_heads
+    flow = prediction_flow(smollm2, MARY.clean)
+    fig = next(f for f in figures(at) if title_text(f).startswith("The routes to “to”"))
+    edges = next(t for t in fig["data"] if t.get("name") == "edges")
+    graph = flow_graph(flow)
+    assert len(edges["hovertext"]) == graph.groupby(["kind", "layer", "source", "target", "from_level"]).ngroups
+    assert any(text.startswith("L23 H0 0.107") and "Mary → to" in text for text in edges["hovertext"])
+    table = next(d.value for d in at.dataframe if "passes through it" in d.value.columns)
+    through = flow_heads(flow)
+    top = np.argsort(-through, axis=None, kind="stable")[:10]
+    assert table["head"].tolist() == [f"L{i // 9} H{i % 9}" for i in top]
+    np.testing.assert_allclose(table["passes through it"], through.reshape(-1)[top], atol=1e-9)
+    # a higher threshold draws fewer edges; the corrupted prompt and another token have routes of their own
+    at.slider(key="effects_threshold").set_value(0.2).run()
+    at.segmented_control(key="effects_flow_prompt").set_value("corrupted").run()
+    at.selectbox(key="effects_flow_at").set_value(9).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    fig = next(f for f in figures(at) if title_text(f).startswith("The routes to “Mary” (corrupted prompt)"))
+    graph = flow_graph(prediction_flow(smollm2, MARY.corrupted), 9, 0.2)
+    edges = next(t for t in fig["data"] if t.get("name") == "edges")
+    assert len(edges["hovertext"]) == graph.groupby(["kind", "layer", "source", "target", "from_level"]).ngroups
+    assert at.query_params["effects_threshold"] in ("0.2", ["0.2"])
+    files = downloads(at)
+    routes = pd.read_csv(io.BytesIO(files["The routes drawn, one edge a row · CSV"]))
+    np.testing.assert_allclose(routes["share"], graph["share"], atol=1e-9)
+    written = pd.read_csv(io.BytesIO(files["What L23 H3 writes, both prompts · CSV"]))
+    assert set(written["prompt"]) == {"clean", "corrupted"} and len(written) == 40

@@ -116,21 +116,46 @@ HEAD_TARGET = """([plot, layer, head]) => {
 }"""
 
 
+EDGE_TARGET = """([plot, layer, head]) => {
+  const gd = document.querySelectorAll('.js-plotly-plot')[plot];
+  const trace = gd._fullData.find(t => t.name === 'edges');
+  const i = trace.customdata.findIndex(c => c[0] === layer && c[1] === head);
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+  return {x: box.left + xa._offset + xa.l2p(trace.x[i]), y: box.top + ya._offset + ya.l2p(trace.y[i])};
+}"""
+
+
+def heading(page, text: str) -> None:
+    page.wait_for_function("t => [...document.querySelectorAll('h3')].some(h => h.textContent.includes(t))", arg=text,
+                           timeout=120_000)
+
+
+def settled(page, plots: int) -> None:
+    page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n", arg=plots,
+                           timeout=300_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
+                           timeout=300_000)
+
+
 @pytest.mark.parametrize("width", [1024, 1600])
-def test_effects_reads_and_a_click_on_a_head_opens_it(width, browser, server):
-    with opened(browser, server, "effects", {}, width=width) as page:
-        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 5",
-                               timeout=300_000)
-        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
-                               timeout=300_000)
+def test_effects_reads_and_a_click_on_a_head_or_a_route_opens_it(width, browser, server):
+    with opened(browser, server, "effects", {"effects_copying": "true"}, width=width) as page:
+        settled(page, 10)  # grids, parts, residual, two heads and their vocabularies, copying, routes
         assert_readable(page, f"effects · {width} px")
-        assert page.evaluate("() => [...document.querySelectorAll('h3')].some(h => h.textContent.includes("
-                             "'L23 H3 on both prompts'))")  # the head that recovers most opens first
+        heading(page, "L23 H3: where it looks and what it writes")  # the head that recovers most opens first
         plot = page.locator(".js-plotly-plot").nth(1)
         plot.scroll_into_view_if_needed()
         target = page.evaluate(HEAD_TARGET, [1, 29, 1])
         page.mouse.click(target["x"], target["y"])
-        page.wait_for_function("() => [...document.querySelectorAll('h3')].some(h => h.textContent.includes("
-                               "'L29 H1 on both prompts'))", timeout=120_000)
+        heading(page, "L29 H1: where it looks and what it writes")
         page.wait_for_function("s => location.search.includes(s)", arg="effects_head=29.1", timeout=60_000)
+        settled(page, 10)
+        routes = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].findIndex("
+                               "gd => gd._fullData.some(t => t.name === 'edges'))")
+        page.locator(".js-plotly-plot").nth(routes).scroll_into_view_if_needed()
+        target = page.evaluate(EDGE_TARGET, [routes, 23, 0])  # the strongest route: Mary through L23 H0
+        page.mouse.click(target["x"], target["y"])
+        heading(page, "L23 H0: where it looks and what it writes")
+        page.wait_for_function("s => location.search.includes(s)", arg="effects_head=23.0", timeout=60_000)
+        settled(page, 10)
         shot(page, f"llm-effects-{width}")

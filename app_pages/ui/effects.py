@@ -8,6 +8,8 @@ import streamlit as st
 
 from analysis.effects import (PAIRS, Pair, answer_token, logit_attribution, patch_heads, patch_residual,
                               repeated_pair, token_text, top_predictions)
+from analysis.routes import Flow, prediction_flow
+from analysis.vocabulary import copying_scores, head_vocabulary
 from models import AttentionModel, HeadLensError
 
 from .caches import SharedCache, computed_once
@@ -173,3 +175,38 @@ def parts_frame(attribution: pd.DataFrame) -> pd.DataFrame:
     rows += [("attention_bias", layer, None, v) for layer, v in enumerate(a["attention_bias"]) if v]
     rows += [("embeddings", None, None, a["embeddings"]), ("final_norm_bias", None, None, a["final_norm"])]
     return pd.DataFrame(rows, columns=["part", "layer", "head", "attribution"])
+
+
+def vocabulary(ref: ModelRef, prompt: str, layer: int, head: int, position: int) -> pd.DataFrame:
+    """What a head writes at a position of ``prompt`` (one forward pass), kept for every session."""
+    return computed_once(effects_cache(), ("vocabulary", ref, prompt, layer, head, position),
+                         lambda: head_vocabulary(cached_model(ref), prompt, layer, head, position),
+                         "Another session is reading the same head…")
+
+
+def flow(ref: ModelRef, prompt: str) -> Flow:
+    """Every residual update of ``prompt`` split into its parts' shares (one forward pass), for every session."""
+    def compute() -> Flow:
+        with st.spinner("Splitting every update of the residual stream into its parts…"):
+            return prediction_flow(cached_model(ref), prompt)
+
+    return computed_once(effects_cache(), ("flow", ref, prompt), compute,
+                         "Another session is reading the same prompt's routes…")
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _copying_store() -> SharedCache:
+    return SharedCache(max_entries=4)
+
+
+def copying(ref: ModelRef) -> pd.DataFrame:
+    """Every head's OV copying and suppression scores: the model's own, computed once per server."""
+    def compute() -> pd.DataFrame:
+        model = cached_model(ref)
+        bar = Bar(f"Reading the OV circuit of each of {model.n_layers * model.n_heads} heads over the vocabulary")
+        frame = copying_scores(model, progress=bar)
+        bar.empty()
+        return frame
+
+    return computed_once(_copying_store(), ("copying", ref), compute,
+                         "Another session is reading the same model's OV circuits…")
