@@ -224,7 +224,8 @@ on_route = route[route["kind"] == "head"]
 per_head = flow_heads(found_flow, end)  # every route, however small: what the drawn ones leave out counts too
 strong = np.argsort(-per_head, axis=None, kind="stable")[:10]
 strong = [divmod(int(i), H) for i in strong if per_head.flat[i] > 0]
-rho = spearmanr(per_head.reshape(-1), np.abs(recovered).reshape(-1)).statistic if per_head.any() else float("nan")
+varies = np.ptp(per_head) > 0 and np.ptp(recovered) > 0  # a rank correlation needs both to vary
+rho = spearmanr(per_head.reshape(-1), np.abs(recovered).reshape(-1)).statistic if varies else float("nan")
 route_said = ("; ".join(f"{head_label(r.layer, r.head)} from “{token_label(flow_tokens[r.source])}” "
                         f"({r.share:.2f})" for r in on_route.itertuples()) or "none: it stays in its token")
 st.caption(f"One forward pass: each update of the residual stream split into what wrote it, each part's share "
@@ -232,7 +233,8 @@ st.caption(f"One forward pass: each update of the residual stream split into wha
            f"line is the strongest route through a head (its shares multiply to the most): {route_said}. Hover a "
            "line's middle for its heads and shares; a click on a head's line opens it above. How much of the end passes "
            "through each head (every route, however small, its shares multiplied) against the share patching "
-           f"recovers (by size), over all heads: Spearman {rho:.2f}. The routes read one prompt, patching the "
+           f"recovers (by size), over all heads: Spearman {'—' if np.isnan(rho) else f'{rho:.2f}'}. The routes "
+           "read one prompt, patching the "
            "difference between two.")
 if strong:
     st.dataframe(pd.DataFrame({"head": [head_label(*h) for h in strong],
