@@ -25,12 +25,17 @@ class MultiHeadAttention(nn.Module):
         bias: whether the input and output projections have biases.
         dropout: dropout on the attention weights, active in training mode only.
         kdim, vdim: sizes of keys and values for cross-attention (default E).
+        qk_norm: a norm of each head's query and one of each head's key, applied over ``Dh`` before the
+            rotary rotation (Gemma 3's QK-norm), one module each for every head.
+        scale: what the scores are multiplied by, ``1 / sqrt(Dh)`` unless given (Gemma 3's
+            ``query_pre_attn_scalar ** -0.5``).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, head_dim: int | None = None, bias: bool = True,
                  dropout: float = 0.0, kdim: int | None = None, vdim: int | None = None,
                  num_kv_heads: int | None = None, kv_heads: list[int] | None = None, out_bias: bool | None = None,
-                 rotary: "Rotary | None" = None):
+                 rotary: "Rotary | None" = None, qk_norm: "tuple[nn.Module, nn.Module] | None" = None,
+                 scale: float | None = None):
         super().__init__()
         if head_dim is None:
             if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
@@ -54,6 +59,10 @@ class MultiHeadAttention(nn.Module):
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
         self.dropout = dropout
         self.rotary = rotary
+        self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
+        self.scale = scale
+        # the softmax's own 1 / sqrt(Dh) turned into ``scale`` by the queries: 1 unless a scale is given
+        self.q_factor = 1.0 if scale is None else scale * head_dim ** 0.5
         self.fused = self.kdim == embed_dim and self.vdim == embed_dim
         inner, kv = self.inner_dim, self.kv_dim
         if self.fused:
@@ -120,10 +129,12 @@ class MultiHeadAttention(nn.Module):
         groups = list(range(H)) if self.kv_heads is None else self.kv_heads
         kv_keep = sorted({groups[h] for h in keep})
         ref = self.out_proj.weight
+        norms = None if self.q_norm is None else (copy_module(self.q_norm), copy_module(self.k_norm))
         copy = type(self)(E, len(keep), head_dim=Dh, bias=self.in_proj_bias is not None, dropout=self.dropout,
                           kdim=self.kdim, vdim=self.vdim, num_kv_heads=len(kv_keep),
                           kv_heads=None if self.kv_heads is None else [kv_keep.index(groups[h]) for h in keep],
-                          out_bias=self.out_proj.bias is not None, rotary=self.rotary)
+                          out_bias=self.out_proj.bias is not None, rotary=self.rotary, qk_norm=norms,
+                          scale=self.scale)
         copy.to(device=ref.device, dtype=ref.dtype)
 
         def rows(heads: list[int]) -> torch.Tensor:
@@ -161,14 +172,19 @@ class MultiHeadAttention(nn.Module):
         return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
 
     def heads_qkv(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
-        """Each head's queries, keys and values as its scores read them, ``(B, H, L, Dh)`` each: after the
-        rotary rotation, and with each query head given its group's key and value; q not yet scaled."""
+        """Each head's queries, keys and values as its scores read them, ``(B, H, L, Dh)`` each: normed (with a
+        ``qk_norm``), after the rotary rotation, and with each query head given its group's key and value; q not
+        yet multiplied by ``1 / sqrt(Dh)`` (but by ``scale * sqrt(Dh)`` when a ``scale`` is given)."""
         B, Lq, _ = query.shape
         Lk, H, Dh = key.shape[1], self.num_heads, self.head_dim
         q, k, v = self.project(query, key, value)                         # (B, L, H * Dh), (B, L, Hkv * Dh) x 2
         q = q.view(B, Lq, H, Dh).transpose(1, 2)                           # (B, H, Lq, Dh)
         k = k.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
         v = v.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_factor != 1.0:
+            q = q * self.q_factor
         if self.rotary is not None:
             q, k = self.rotary(q, k)
         if self.kv_heads is not None:                                      # each query head reads its group's k, v
@@ -261,6 +277,13 @@ class MultiHeadAttention(nn.Module):
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)                                  # (B, Lq, Lk)
         return self.out_proj(out), weights
+
+
+def copy_module(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` with its own parameters (a pruned attention keeps its heads' norms)."""
+    import copy
+
+    return copy.deepcopy(module)
 
 
 class Rotary(nn.Module):
