@@ -12,6 +12,7 @@ from models.stacks import architectures, for_model_type
 from models.stacks.bert import BertEncoder
 from models.stacks.decoder import Decoder
 from models.stacks.llama import Llama
+from models.stacks.gemma3 import Gemma3
 
 
 class Sizes:
@@ -84,6 +85,8 @@ def test_the_engine_finds_its_architectures_by_model_type(tmp_path):
     assert {BertEncoder, Decoder, Llama} <= set(architectures()) and for_model_type("qwen2") is Llama
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2}')
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(HeadLensError, match=r"implements BERT encoders, the decoders HeadLens trains and Llama-family "
-                                            r"decoders \(Llama, Mistral, Qwen2\); this model is 'gpt2'"):
+    assert for_model_type("gemma3_text") is Gemma3
+    with pytest.raises(HeadLensError, match=r"implements BERT encoders, the decoders HeadLens trains, Llama-family "
+                                            r"decoders \(Llama, Mistral, Qwen2\) and Gemma 3 decoders \(text\); this "
+                                            r"model is 'gpt2'"):
         load_model(tmp_path, backend="scratch")
