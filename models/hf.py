@@ -18,7 +18,8 @@ from .limits import check_parameter_count
 from .result import Attention
 
 DECODER_ONLY_TYPES = {"gpt2", "gpt_neo", "gptj", "gpt_neox", "gpt_bigcode", "llama", "mistral", "opt",
-                      "bloom", "falcon", "qwen2", "qwen3", "phi", "phi3", "gemma", "gemma2", "codegen", "ctrl"}
+                      "bloom", "falcon", "qwen2", "qwen3", "phi", "phi3", "gemma", "gemma2", "gemma3_text",
+                      "codegen", "ctrl"}
 # RoBERTa-style models number positions from pad_token_id + 1, so that many positions are never used.
 OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xmod",
                          "roberta-prelayernorm"}

@@ -1,0 +1,137 @@
+"""The bundled Gemma 3 270M (a Q4_K_M GGUF in four chunk packages) on both engines: the converted weights
+against transformers' own reading of the same file, every attention weight and the logits against
+transformers' eager Gemma3ForCausalLM on unseen text inside and past the 512-token window, what it
+predicts, and crafted Gemma 3 GGUF files refused with a sentence."""
+import os
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+from models import HeadLensError, load_model
+from models.gguf import bundled_file, gguf_folder
+
+NAME = "google/gemma-3-270m"
+UNSEEN = ["Seven purple kites drifted over the harbour while the ferry waited.",
+          " ".join(f"Line {i}: the lighthouse keeper counted {i * 7} gulls and wrote the number down." for i in range(40))]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh cache for this module's loads, so the file is joined and converted as a first load does."""
+    before = os.environ.get("HEADLENS_CACHE")
+    os.environ["HEADLENS_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield os.environ["HEADLENS_CACHE"]
+    os.environ.pop("HEADLENS_CACHE") if before is None else os.environ.__setitem__("HEADLENS_CACHE", before)
+
+
+@pytest.fixture(scope="module")
+def reference(cache):
+    path = bundled_file(NAME)
+    return tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager",
+                                                   dtype=torch.float32).eval()
+
+
+def test_the_weights_are_transformers_own_reading_of_the_file(cache, reference):
+    from safetensors.torch import load_file
+
+    folder = gguf_folder(bundled_file(NAME))
+    ours = load_file(str(folder / "model.safetensors"))
+    theirs = reference.state_dict()
+    assert set(ours) == set(theirs) - {"lm_head.weight"}  # tied to the embeddings
+    for name, tensor in ours.items():
+        torch.testing.assert_close(tensor, theirs[name].float(), atol=0, rtol=0, msg=name)
+    config = tf.AutoConfig.from_pretrained(folder)
+    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+            config.hidden_size, config.vocab_size, config.sliding_window) == (18, 4, 1, 256, 640, 262144, 512)
+    assert [i for i, t in enumerate(config.layer_types) if t == "full_attention"] == [5, 11, 17]
+    path = bundled_file(NAME)
+    tokenizer = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    mine = tf.AutoTokenizer.from_pretrained(folder)
+    for text in UNSEEN:
+        assert mine(text)["input_ids"] == tokenizer(text)["input_ids"]
+        assert mine(text)["input_ids"][0] == 2  # <bos> first
+
+
+def test_both_engines_equal_transformers_eager_inside_and_past_the_window(cache, reference):
+    engines = [load_model(NAME, backend=b) for b in ("scratch", "transformers")]
+    assert all(m.causal and (m.n_layers, m.n_heads) == (18, 4) for m in engines)
+    for text in UNSEEN:
+        ids = engines[0].tokenizer(text, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            out = reference(ids, output_attentions=True)
+            logits = engines[0].stack(ids).logits
+        want = torch.stack(out.attentions, dim=1)[0].numpy()
+        for model in engines:
+            np.testing.assert_allclose(model.attend(text).weights, want, atol=1e-4)
+        np.testing.assert_allclose(logits.numpy(), out.logits.numpy(), atol=1e-3)
+    n = ids.shape[1]
+    assert n > 600
+    far = np.tril(np.ones((n, n), dtype=bool), -512)       # keys 512 or more tokens behind the query
+    sliding = [i for i in range(18) if i not in (5, 11, 17)]
+    assert not want[sliding][..., far].any() and want[[5, 11, 17]][..., far].sum() > 1
+
+
+def test_it_knows_paris_and_parks_attention_on_the_first_token(cache):
+    model = load_model(NAME, backend="scratch")
+    ids = model.tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        top = model.stack(ids).logits[0, -1].topk(3).indices.tolist()
+    assert " Paris" in [model.tokenizer.decode([t]) for t in top]
+    res = model.attend(UNSEEN[0])
+    first = res.weights[:, :, 1:, 0].mean(axis=(1, 2))                       # each layer's share on <bos>
+    uniform = np.mean(1 / np.arange(2, len(res.tokens) + 1))               # its share if all keys were equal
+    assert first.min() > 1.5 * uniform and first.max() > 0.85
+
+
+def write_gemma_gguf(path, *, tensors=None, width=8, blocks=1):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_block_count(blocks)
+    w.add_embedding_length(width)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_key_length(4)
+    w.add_value_length(4)
+    w.add_context_length(32)
+    w.add_sliding_window(4)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    for name, shape in (tensors or {}).items():
+        w.add_tensor(name, np.zeros(shape, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("craft,message", [
+    ("huge", "asks for num_hidden_layers = 1,000,000,000; HeadLens accepts 1 to 256"),
+    ("shape", r"holds blk.0.attn_q.weight of shape \(4, 8\), which its own config does not give"),
+    ("unknown tensor", "a tensor HeadLens does not know"),
+    ("no embeddings", "lacks token_embd.weight"),
+])
+def test_a_crafted_gemma3_gguf_gets_a_sentence(craft, message, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    embedding = {"token_embd.weight": (10, 8)}
+    if craft == "huge":
+        import gguf
+
+        write_gemma_gguf(path, tensors={**embedding, "output_norm.weight": (8,)})
+        field = gguf.GGUFReader(path, "r+").fields["gemma3.block_count"]
+        field.parts[field.data[0]][0] = 1_000_000_000
+    elif craft == "shape":
+        write_gemma_gguf(path, tensors={**embedding, "output_norm.weight": (8,), "blk.0.attn_q.weight": (4, 8)})
+    elif craft == "unknown tensor":
+        write_gemma_gguf(path, tensors={**embedding, "blk.0.surprise.weight": (2,)})
+    else:
+        write_gemma_gguf(path, tensors={"output_norm.weight": (8,)})
+    for backend in ("scratch", "transformers"):
+        with pytest.raises(HeadLensError, match=message):
+            load_model(path, backend=backend)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
