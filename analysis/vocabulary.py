@@ -96,14 +96,15 @@ def copy_sample(model: AttentionModel, size: int = COPY_SAMPLE, seed: int = 0) -
 def ov_logits(model: AttentionModel, layer: int, head: int, tokens) -> torch.Tensor:
     """``(tokens, vocab)``: the logits head ``(layer, head)`` writes when all its weight is on each of ``tokens``:
     the token's embedding through the layer's input norm and the head's OV circuit
-    (``models.patching.head_writes``), then the final norm (each vector on its own, without its bias) and
-    the unembedding."""
+    (``models.patching.head_writes``, then the norm a Gemma 3 block puts on its attention's output), then the
+    final norm (each vector on its own, without its bias) and the unembedding."""
     ours = _ours(model, "A head's OV circuit is read through the unembedding")
     stack = ours.stack
     slot = _check_head(stack, layer, head)
     with torch.inference_mode():
         vectors = stack.token_vectors(torch.as_tensor(list(tokens), dtype=torch.long))
-        writes = P.head_writes(stack.layers[layer], vectors)[slot]           # (tokens, E)
+        block = stack.layers[layer]
+        writes = block.write_alone(P.head_writes(block, vectors)[slot])      # (tokens, E)
         return stack.logits(stack.norm_alone(writes))
 
 
@@ -134,7 +135,7 @@ def copying_scores(model: AttentionModel, *, tokens=None, k: int = COPY_TOP,
                 values = P.head_values(block, vectors)                      # (kept, S, Dh)
                 # the final norm of one vector is its linear part times a positive number, which leaves the
                 # vector's ranking of tokens as it is: each head's OV circuit is read as one (vocab, Dh) matrix
-                columns = stack.norm_linear(P.output_columns(block).transpose(1, 2))   # (kept, Dh, E)
+                columns = stack.norm_linear(block.write_linear(P.output_columns(block).transpose(1, 2)))
                 circuits = unembedding @ columns.reshape(-1, columns.shape[-1]).T      # (vocab, kept * Dh)
                 Dh = values.shape[-1]
                 for slot, head in enumerate(kept):  # one head's (S, vocab) logits at a time: 40 MB for SmolLM2

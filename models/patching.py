@@ -63,19 +63,25 @@ def trace(model, ids: torch.Tensor) -> Trace:
 
 def head_results(stack, t: Trace, position: int = -1) -> torch.Tensor:
     """``(layers, heads, E)``: each head's ``result`` at ``position``, its ``z`` through its slice of the
-    output projection (zero for a pruned head)."""
+    output projection (zero for a pruned head), and through the norm a block puts on its attention's output
+    (Gemma 3), that norm's scale frozen at the whole output's value: the heads' results add up to what the
+    attention writes, less its bias."""
     L, H = stack.n_layers, stack.n_heads
     out = torch.zeros(L, H, t.resid[0].shape[-1], dtype=t.resid[0].dtype, device=t.resid[0].device)
     for layer in range(L):
-        attn, kept = stack.layers[layer].attn, stack.kept[layer]
+        block, kept = stack.layers[layer], stack.kept[layer]
         if kept:
-            w_out = attn.out_proj.weight.view(-1, len(kept), attn.head_dim)   # (E, kept, Dh)
-            out[layer, kept] = torch.einsum("hd,ehd->he", t.z[layer][:, position], w_out)
+            w_out = block.attn.out_proj.weight.view(-1, len(kept), block.attn.head_dim)   # (E, kept, Dh)
+            results = torch.einsum("hd,ehd->he", t.z[layer][:, position], w_out)
+            bias = block.attn.out_proj.bias
+            scale = block.attention_scale(results.sum(0) + (0 if bias is None else bias))
+            out[layer, kept] = results if scale is None else results * scale
     return out
 
 
 def attention_biases(stack, like: torch.Tensor) -> torch.Tensor:
-    """``(layers, E)``: each attention's output bias, added once whatever its heads do (zeros without one)."""
+    """``(layers, E)``: each attention's output bias, added once whatever its heads do (zeros without one; a
+    model whose blocks norm the attention's output has none)."""
     zero = torch.zeros_like(like)
     return torch.stack([zero if block.attn.out_proj.bias is None else block.attn.out_proj.bias
                         for block in stack.layers])
@@ -275,14 +281,17 @@ def shares(model, ids: torch.Tensor) -> Shares:
         writes = head_writes(block, x[0])                                      # (kept, n, E)
         bias = block.attn.out_proj.bias
         bias = torch.zeros_like(x[0, 0]) if bias is None else bias
-        mid = x[0] + torch.einsum("hij,hje->ie", A, writes) + bias             # (n, E): the stream after attention
+        a = torch.einsum("hij,hje->ie", A, writes) + bias                      # (n, E): the attention's output
+        scale = block.attention_scale(a)                                       # a norm on it, frozen (Gemma 3)
+        scale = torch.ones_like(a) if scale is None else scale
+        mid = x[0] + a * scale                                                 # (n, E): the stream after attention
         prox = torch.zeros(len(kept), n, n, dtype=x.dtype, device=x.device)
         step = max(1, SHARE_CHUNK // max(1, len(kept) * n * x.shape[-1]))
         for i in range(0, n, step):
             rows = slice(i, i + step)
-            parts = A[:, rows, :, None] * writes[:, None]                      # (kept, rows, n, E)
+            parts = A[:, rows, :, None] * writes[:, None] * scale[None, rows, None]   # (kept, rows, n, E)
             prox[:, rows] = _proximity(mid[None, rows, None], parts)
-        from_residual, from_bias = _proximity(mid, x[0]), _proximity(mid, bias)
+        from_residual, from_bias = _proximity(mid, x[0]), _proximity(mid, bias * scale)
         total = prox.sum((0, 2)) + from_residual + from_bias                   # (n,)
         total = torch.where(total > 0, total, torch.ones_like(total))
         if kept:

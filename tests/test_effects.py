@@ -33,7 +33,7 @@ def run_hf(hf, tok, text, patch=None):
     slice of that head into o_proj's input."""
     ids = tok(text, return_tensors="pt")["input_ids"]
     layers = hf.model.layers
-    Dh = hf.config.hidden_size // hf.config.num_attention_heads
+    Dh = getattr(hf.config, "head_dim", None) or hf.config.hidden_size // hf.config.num_attention_heads
     got = {"resid": [], "z": [], "mlp": [], "out": None}
     handles = []
     for i, layer in enumerate(layers):

@@ -95,3 +95,124 @@ def test_configs_the_engine_cannot_run_get_a_sentence(tmp_path):
             Gemma3Config.from_dict({**base, **change})
     assert Gemma3Config.from_dict({**base, "num_hidden_layers": 12}).layer_types[5] == "full_attention"
     json.dumps(Gemma3Config.from_dict(base).to_dict())
+
+
+# --- effects on Gemma 3: its norm after the attention frozen at its scale, as the final norm is ------------
+
+TEXT = "The cat sat on the mat because it was warm."
+
+
+def hooked(hf, tok, text):
+    """Each layer's input, o_proj input (z) and output, and post-norm MLP output; the last layer's output; logits."""
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    got = {"resid": [], "z": [], "o": [], "mlp": []}
+    handles = []
+    for layer in hf.model.layers:
+        handles.append(layer.register_forward_pre_hook(
+            lambda m, args, kw: got["resid"].append((args[0] if args else kw["hidden_states"])[0].double()),
+            with_kwargs=True))
+        def keep(m, args, out):
+            got["z"].append(args[0][0].double())
+            got["o"].append(out[0].double())
+
+        handles.append(layer.self_attn.o_proj.register_forward_hook(keep))
+        handles.append(layer.post_feedforward_layernorm.register_forward_hook(
+            lambda m, a, out: got["mlp"].append(out[0].double())))
+    handles.append(hf.model.layers[-1].register_forward_hook(
+        lambda m, a, out: got.__setitem__("out", (out[0] if isinstance(out, tuple) else out)[0].double())))
+    try:
+        with torch.inference_mode():
+            got["logits"] = hf(ids, output_attentions=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
+def frozen(norm, x):
+    """A Gemma norm's scale at ``x`` (float64): (1 + weight) / rms(x)."""
+    return (1 + norm.weight.double()) / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+
+
+@torch.no_grad()
+def test_attribution_vocabulary_and_copying_read_through_the_norm_after_the_attention(gemma):
+    from analysis.effects import logit_attribution, parts_total
+    from analysis.vocabulary import copy_sample, copying_scores, head_vocabulary, ov_logits
+
+    folder, hf, tok = gemma
+    ours = load_model(folder, backend="scratch")
+    ref = hooked(hf, tok, TEXT)
+    logits = ref["logits"].logits[0, -1]
+    answer, distractor = logits.topk(2).indices.tolist()
+    frame = logit_attribution(ours, TEXT, answer, distractor)
+    direction = (hf.lm_head.weight[answer] - hf.lm_head.weight[distractor]).double()
+    final = frozen(hf.model.norm, ref["out"][-1])
+    Dh = 16
+    for layer, block in enumerate(hf.model.layers):
+        post = frozen(block.post_attention_layernorm, ref["o"][layer][-1])
+        w = block.self_attn.o_proj.weight.double()
+        for head in range(4):
+            part = w[:, head * Dh:(head + 1) * Dh] @ ref["z"][layer][-1, head * Dh:(head + 1) * Dh] * post
+            got = frame.query("layer == @layer and head == @head")["attribution"].item()
+            assert got == pytest.approx(float(part * final @ direction), abs=1e-5)
+        assert frame.attrs["mlp"][layer] == pytest.approx(float(ref["mlp"][layer][-1] * final @ direction), abs=1e-5)
+    own = float(logits[answer] - logits[distractor])
+    assert parts_total(frame) == pytest.approx(own, abs=1e-4) and frame.attrs["logit_diff"] == pytest.approx(own, abs=1e-4)
+    words = head_vocabulary(ours, TEXT, 1, 2, k=5)
+    post = frozen(hf.model.layers[1].post_attention_layernorm, ref["o"][1][-1])
+    result = hf.model.layers[1].self_attn.o_proj.weight.double()[:, 32:48] @ ref["z"][1][-1, 32:48] * post
+    want = hf.lm_head.weight.double() @ (result * final)
+    np.testing.assert_allclose(words.query("direction == 'up'")["logit"], want.topk(5).values.numpy(), atol=1e-5)
+    sample = copy_sample(ours, size=40)
+    ids = torch.tensor(sample)
+    with torch.no_grad():
+        block = hf.model.layers[0]
+        v = block.self_attn.v_proj(block.input_layernorm(hf.model.embed_tokens(ids)))    # scaled embeddings
+        kv = 3 // (4 // hf.config.num_key_value_heads)
+        out = v[:, kv * Dh:(kv + 1) * Dh] @ block.self_attn.o_proj.weight[:, 3 * Dh:4 * Dh].T
+        expected = hf.lm_head(hf.model.norm(block.post_attention_layernorm(out)))
+    np.testing.assert_allclose(ov_logits(ours, 0, 3, sample).numpy(), expected.numpy(), atol=1e-5)
+    own_logit = expected.gather(1, ids.view(-1, 1))
+    scores = copying_scores(ours, tokens=sample, k=3)
+    assert scores.query("layer == 0 and head == 3")["copying"].item() == float(
+        ((expected > own_logit).sum(1) < 3).double().mean())
+
+
+@torch.no_grad()
+def test_patching_and_the_routes_on_gemma3(gemma):
+    from analysis.effects import patch_heads
+    from analysis.routes import prediction_flow
+    from tests.test_effects import run_hf
+
+    folder, hf, tok = gemma
+    ours = load_model(folder, backend="scratch")
+    clean, corrupted = "The cat sat on the mat because it was warm.", "The cat sat on the mat because it was cold."
+    a, b = run_hf(hf, tok, clean), run_hf(hf, tok, corrupted)
+    answer = int(a["logits"][-1].argmax())
+    distractor = int(b["logits"][-1].argmax()) if int(b["logits"][-1].argmax()) != answer else \
+        int(b["logits"][-1].topk(2).indices[1])
+    ld = lambda got: float(got["logits"][-1, answer] - got["logits"][-1, distractor])  # noqa: E731
+    heads = patch_heads(ours, clean, corrupted, answer, distractor)
+    for layer, head in ((0, 1), (2, 3)):
+        want = (ld(run_hf(hf, tok, corrupted, (layer, head, None, a["z"][layer]))) - ld(b)) / (ld(a) - ld(b))
+        assert heads.query("layer == @layer and head == @head")["recovered"].item() == pytest.approx(want, abs=1e-4)
+    ref = hooked(hf, tok, clean)
+    s = prediction_flow(ours, clean).shares
+    np.testing.assert_allclose(s.heads.sum((1, 3)) + s.attn_residual + s.attn_bias, 1, atol=1e-9)
+    weights = ref["logits"].attentions
+    Dh, H = 16, 4
+    for layer, block in enumerate(hf.model.layers):  # the attention's update at the last token, part by part
+        x, i = ref["resid"][layer], len(ref["resid"][layer]) - 1
+        post = frozen(block.post_attention_layernorm, ref["o"][layer][i])
+        mid = x[i] + ref["o"][layer][i] * post
+        v = block.self_attn.v_proj(block.input_layernorm(x.float())).double()
+        prox = lambda part: max(0.0, float(mid.abs().sum() - (mid - part).abs().sum()))  # noqa: E731
+        parts = np.zeros((H, i + 1))
+        for h in range(H):
+            g = h // (H // hf.config.num_key_value_heads)
+            write = block.self_attn.o_proj.weight.double()[:, h * Dh:(h + 1) * Dh] @ v[:, g * Dh:(g + 1) * Dh].T
+            for j in range(i + 1):
+                parts[h, j] = prox(weights[layer][0, h, i, j].double() * write[:, j] * post)
+        total = parts.sum() + prox(x[i])
+        np.testing.assert_allclose(s.heads[layer, :, i, :i + 1], parts / total, atol=1e-5)
+        assert s.attn_residual[layer, i] == pytest.approx(prox(x[i]) / total, abs=1e-5)

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention
-from .base import Packing, Stack, StackConfig, initialised
+from .base import Packing, PreNormBlock, Stack, StackConfig, initialised
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
@@ -52,7 +52,7 @@ class DecoderConfig(StackConfig):
         return self.max_len
 
 
-class DecoderBlock(nn.Module):
+class DecoderBlock(PreNormBlock):
     """``x + Attn(LN(x))``, then ``x + MLP(LN(x))`` unless attention-only."""
 
     def __init__(self, c: DecoderConfig, n_heads: int | None = None):

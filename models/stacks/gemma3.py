@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention, Rotary
-from .base import Packing, Stack, StackConfig, TransformersSizes
+from .base import Packing, PreNormBlock, Stack, StackConfig, TransformersSizes
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -111,7 +111,7 @@ class GemmaRMSNorm(nn.Module):
         return (h * self.inverse_rms(h) * (1.0 + self.weight.to(h.dtype))).to(x.dtype)
 
 
-class Gemma3Block(nn.Module):
+class Gemma3Block(PreNormBlock):
     """``x + norm(Attn(norm(x)))``, then ``x + norm(MLP(norm(x)))``, with the query heads ``kept``."""
 
     def __init__(self, c: Gemma3Config, kept: list[int], layer: int, rotary: dict[str, Rotary]):
@@ -137,6 +137,16 @@ class Gemma3Block(nn.Module):
     def attention_input(self, x: torch.Tensor) -> torch.Tensor:
         """What the attention reads of the block's input ``x``: its norm."""
         return self.ln_attn(x)
+
+    def attention_scale(self, a: torch.Tensor) -> torch.Tensor:
+        norm = self.ln_attn_out
+        return (1.0 + norm.weight.to(a.dtype)) * norm.inverse_rms(a).to(a.dtype)
+
+    def write_alone(self, a: torch.Tensor) -> torch.Tensor:
+        return self.ln_attn_out(a)
+
+    def write_linear(self, a: torch.Tensor) -> torch.Tensor:
+        return a * (1.0 + self.ln_attn_out.weight.to(a.dtype))
 
     def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = True,
                 need_weights: bool = False, head_mask=None, head_fill=None, hook_z=None):

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention, Rotary
-from .base import Packing, Stack, StackConfig, TransformersSizes
+from .base import Packing, PreNormBlock, Stack, StackConfig, TransformersSizes
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class RMSNorm(nn.Module):
         return self.weight * (h * self.inverse_rms(h)).to(x.dtype)
 
 
-class LlamaBlock(nn.Module):
+class LlamaBlock(PreNormBlock):
     """``x + Attn(RMSNorm(x))``, then ``x + MLP(RMSNorm(x))``, with the query heads ``kept`` of the config's."""
 
     def __init__(self, c: LlamaConfig, kept: list[int], rotary: Rotary):
