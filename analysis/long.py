@@ -94,19 +94,31 @@ class LongView:
                                               rows=None if rows == (0, m) else rows, aside=self.aside)
         q_starts = np.arange(rows[0], rows[1], q_step)
         k_starts = np.arange(0, m, k_step)
-        return Grid(pooled, q_starts, k_starts, self.hidden_blocks(q_starts, k_starts, rows[1]), figures, rows)
+        return Grid(pooled, q_starts, k_starts, self.hidden_blocks(q_starts, k_starts, rows[1], layer), figures, rows)
 
     @property
     def aside(self) -> np.ndarray:
         return set_aside(self.attention)
 
-    def hidden_blocks(self, q_starts: np.ndarray, k_starts: np.ndarray, q_stop: int | None = None) -> np.ndarray | None:
-        """bool per (query block, key block): no query of the block sees a key of it (causal views)."""
+    def window(self, layer: int | None) -> int | None:
+        """The sliding window of the model's ``layer`` (``Attention.windows``); None when it sees every key."""
+        windows = self.attention.windows
+        return None if layer is None or windows is None else windows[layer]
+
+    def hidden_blocks(self, q_starts: np.ndarray, k_starts: np.ndarray, q_stop: int | None = None,
+                      layer: int | None = None) -> np.ndarray | None:
+        """bool per (query block, key block): no query of the block sees a key of it (causal views; in a
+        sliding ``layer``, keys a window or more behind every query of the block too)."""
         if not self.causal:
             return None
         q_stop = len(self.labels) if q_stop is None else q_stop
         q_last = np.append(q_starts[1:], q_stop) - 1      # last view row of each block
-        return self.keep[q_last][:, None] < self.keep[k_starts][None, :]
+        hidden = self.keep[q_last][:, None] < self.keep[k_starts][None, :]
+        window = self.window(layer)
+        if window is not None:
+            k_last = np.append(k_starts[1:], len(self.labels)) - 1
+            hidden |= self.keep[q_starts][:, None] - self.keep[k_last][None, :] >= window
+        return hidden
 
     def exact(self, layer: int, head: int, queries: tuple[int, int], keys: tuple[int, int]) -> np.ndarray:
         """Every weight of ``head`` for the view's query rows and key columns ``(start, stop)``, as the
@@ -153,11 +165,15 @@ class LongView:
                 progress(i + 1, hi - lo + 1)
         return row.astype(np.float32)
 
-    def visible(self, queries: tuple[int, int], keys: tuple[int, int]) -> np.ndarray | None:
-        """bool ``(rows, keys)`` of a zoom: which keys each query could see; None when it saw them all."""
+    def visible(self, queries: tuple[int, int], keys: tuple[int, int], layer: int | None = None) -> np.ndarray | None:
+        """bool ``(rows, keys)`` of a zoom: which keys each query could see in the model's ``layer``; None when
+        it saw them all."""
         if not self.causal:
             return None
-        return self.keep[keys[0]:keys[1]][None, :] <= self.keep[queries[0]:queries[1]][:, None]
+        q, k = self.keep[queries[0]:queries[1]][:, None], self.keep[keys[0]:keys[1]][None, :]
+        seen = k <= q
+        window = self.window(layer)
+        return seen if window is None else seen & (q - k < window)
 
 
 def long_view(att: LongAttention, *, hide_special: bool = False) -> LongView:

@@ -34,6 +34,7 @@ class View:
         query_spans, key_spans: ``(first, last + 1)`` token index range behind each label.
         causal: whether a query saw only its own and earlier tokens (a decoder's self-attention).
         layers: the model's layers ``weights`` holds (``Attention.layers``); None for every layer.
+        windows: per layer of the model, its sliding window (``Attention.windows``); None when none slides.
     """
 
     query_labels: list[str]
@@ -45,15 +46,28 @@ class View:
     key_spans: list[tuple[int, int]]
     causal: bool = False
     layers: tuple[int, ...] | None = None
+    windows: tuple[int | None, ...] | None = None
 
-    def visible(self) -> np.ndarray | None:
-        """bool ``(n_queries, n_keys)``: which keys each query could see; None when it saw them all.
-        A causal query never sees a key after it: those cells are not zero attention, they are not there."""
+    def window(self, layer: int | None) -> int | None:
+        """The sliding window of the model's ``layer``: how many of the last keys a query sees; None for all."""
+        return None if layer is None or self.windows is None else self.windows[layer]
+
+    def visible(self, layer: int | None = None) -> np.ndarray | None:
+        """bool ``(n_queries, n_keys)``: which keys each query could see in the model's ``layer`` (any layer
+        when None); None when it saw them all. A causal query never sees a key after it, nor, in a sliding
+        layer, one a window or more behind it: those cells are not zero attention, they are not there. A
+        label over several tokens sees a label when one of its tokens sees one of the other's."""
         if not self.causal:
             return None
         ends = np.array([e for _, e in self.query_spans])
         starts = np.array([s for s, _ in self.key_spans])
-        return starts[None, :] < ends[:, None]
+        seen = starts[None, :] < ends[:, None]
+        window = self.window(layer)
+        if window is not None:
+            first = np.array([s for s, _ in self.query_spans])
+            last = np.array([e for _, e in self.key_spans]) - 1
+            seen &= first[:, None] - last[None, :] < window
+        return seen
 
     def head(self, layer: int, head: int) -> np.ndarray:
         """One head's weights; ``layer`` is the model's."""
@@ -157,7 +171,8 @@ def make_view(att: Attention, *, hide_special: bool = False, merge_words: bool =
         q_spans, k_spans = [q_spans[i] for i in keep_q], [k_spans[i] for i in keep_k]
         q_special, k_special = q_special[keep_q], k_special[keep_k]
     return View(q_labels, k_labels, np.ascontiguousarray(weights, dtype=np.float32), q_special, k_special,
-                q_spans, k_spans, causal=bool(att.causal and att.keys is None), layers=att.layers)
+                q_spans, k_spans, causal=bool(att.causal and att.keys is None), layers=att.layers,
+                windows=att.windows if att.keys is None else None)
 
 
 def row_entropy(weights: np.ndarray) -> np.ndarray:

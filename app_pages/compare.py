@@ -31,7 +31,7 @@ for i, col in enumerate(st.columns(n)):
         loaded = model_for(model)
         if loaded.encoder_decoder:  # the part picked decides the layers
             att = attention(s, text, model, key=f"p{i + 1}_component")
-            layer = pick_layer(att.n_layers, key=f"p{i + 1}_layer")
+            layer = pick_layer(att.n_layers, key=f"p{i + 1}_layer", windows=att.windows)
         else:  # each pick computes its own layer only: our engine runs none above it
             layer = pick_layer(loaded.n_layers, key=f"p{i + 1}_layer")
             att = attention(s, text, model, layers=(layer,))
@@ -47,7 +47,7 @@ for row in range(0, n, 2):
         model, att, v, layer, head = picks[i]
         with col:
             fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=460,
-                               title_chars=34, visible=v.visible(),
+                               title_chars=34, visible=v.visible(layer),
                                title=f"{i + 1}: {model.title} · {head_label(layer, head)}")
             chart(fig, f"compare-{i + 1}")
             with st.expander("Downloads"):
@@ -58,7 +58,7 @@ full = pick_full_resolution([p[2] for p in picks], list(range(1, n + 1)), "full_
 if full is not None:
     model, att, v, layer, head = picks[full - 1]
     chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, zmax=zmax, height=760, max_cells=None,
-                       visible=v.visible(),
+                       visible=v.visible(layer),
                        title=f"Pick {full}: {model.title} · {head_label(layer, head)}, every weight"),
           "compare-full")
 
@@ -75,6 +75,6 @@ elif va.query_labels != vb.query_labels or va.key_labels != vb.key_labels:
     st.info(f"Picks {ia} and {ib} have different tokens, so their weights cannot be subtracted cell by cell.")
 else:
     diff = head_heatmap(va.head(la, ha) - vb.head(lb, hb), va.query_labels, va.key_labels, diverging=True,
-                        title=f"Pick {ia} − pick {ib}", visible=va.visible() if va.causal and vb.causal else None)
+                        title=f"Pick {ia} − pick {ib}", visible=va.visible(la) if va.causal and vb.causal else None)
     chart(diff, "compare-diff")
     exports("compare-diff", diff, att_a, sig=f"{ia}|{ib}|{s}|{[p[1].text for p in picks]}")

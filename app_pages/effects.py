@@ -140,7 +140,7 @@ words = {}
 for v, text, what in ((views[0], pair.clean, "clean"), (views[1], pair.corrupted, "corrupted")):
     left, right = st.columns(2)
     with left:
-        chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, visible=v.visible(),
+        chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, visible=v.visible(layer),
                            title=f"{head_label(layer, head)} · {what} prompt"), f"effects-head-{what}")
     with right:
         words[what] = vocabulary(ref, text, layer, head, at)

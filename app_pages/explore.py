@@ -16,7 +16,7 @@ s = settings()
 st.title("Explore")
 top = st.columns([3, 1, 1])
 att = attention(s, pick_sentence(s, container=top[0]), long=True)
-layer = pick_layer(att.n_layers, container=top[1])
+layer = pick_layer(att.n_layers, container=top[1], windows=att.windows)
 focus = pick_head(att.n_heads, container=top[2], label="Focus head")
 heads = pick_heads(att.n_heads)
 if isinstance(att, LongAttention):
@@ -25,13 +25,13 @@ if isinstance(att, LongAttention):
 v = view(s, att)
 
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
-                title=title_for(att, f"Layer {layer}"), visible=v.visible())
+                title=title_for(att, f"Layer {layer}"), visible=v.visible(layer))
 chart(fig, "explore-grid")
-causal_note(v)
+causal_note(v, layer)
 full = pick_full_resolution([v], heads, "full", "Head at full resolution", "head", lambda h: f"H{h}")
 if full is not None:
     exact = head_heatmap(v.head(layer, full), v.query_labels, v.key_labels, max_cells=None, height=760,
-                         visible=v.visible(),
+                         visible=v.visible(layer),
                          zmax=float(v.weights[layer][heads].max()) if s.shared_scale else None,
                          title=title_for(att, f"{head_label(layer, full)}, every weight"))
     chart(exact, "explore-full")

@@ -59,7 +59,7 @@ if not generated:
 left, right = st.columns([3, 1])
 query = choose("Generated token", generated, "gen_query", container=left,
                format_func=lambda i: f"{i}: {v.query_labels[i]}")
-layer = pick_layer(att.n_layers, container=right)
+layer = pick_layer(att.n_layers, container=right, windows=att.windows)
 looked = v.weights[layer, :, query].mean(axis=0)
 chart(text_shading(v.key_labels, looked, highlight=query,
                    title=title_for(att, f"What “{v.query_labels[query]}” looked at · layer {layer}, mean of heads")),

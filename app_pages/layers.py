@@ -69,7 +69,7 @@ rolled = rollout(v, residual=residual)
 raw = v.weights[layer].mean(axis=0)
 left, right = st.columns(2)
 with left:
-    chart(head_heatmap(raw, v.query_labels, v.key_labels, title_chars=34, visible=v.visible(),
+    chart(head_heatmap(raw, v.query_labels, v.key_labels, title_chars=34, visible=v.visible(layer),
                        title=f"Layer {layer} attention, mean of heads"), "layers-raw")
 with right:
     chart(head_heatmap(rolled[layer], v.query_labels, v.key_labels, title_chars=34, visible=v.visible(),

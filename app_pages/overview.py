@@ -1,4 +1,5 @@
 """Overview: every layer x head at once, as image thumbnails; open one in Explore."""
+import numpy as np
 import streamlit as st
 
 from analysis import head_stats, long_view, reach, special_share
@@ -32,13 +33,15 @@ if isinstance(att, LongAttention):
 else:
     v = view(s, att)
     stats = head_stats(v, special_share(att))
-    fig = overview(v.weights, stats, shared_scale=s.shared_scale, visible=v.visible(), title=title)
+    fig = overview(v.weights, stats, shared_scale=s.shared_scale, title=title,
+                   visible=None if not v.causal else (v.visible() if v.windows is None else
+                                                      np.stack([v.visible(layer) for layer in range(len(v.weights))])))
     distance, first = reach(att)
 event = chart(fig, "overview", on_select="rerun", selection_mode="points")
 st.caption("Rows are layers, columns heads; each square is one head's queries (down) by keys (across). "
            "Hover a square for its numbers; click it to open that head in Explore.")
 if v is not None:
-    causal_note(v)
+    causal_note(v, any_layer=True)
 elif lv.causal:
     st.caption(f"A decoder's attention: {HIDDEN_NOTE}. A long prompt's squares are drawn in blocks of tokens, "
                "each showing its largest weight.")

@@ -10,7 +10,7 @@ from analysis.importance import (ABLATIONS, NEIGHBOURS, curve_summary, importanc
                                  most_important_with_a_later_layer, prune_counts)
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.messages import stop_with
-from app_pages.ui.models import model_for
+from app_pages.ui.models import TRANSFORMERS, model_for
 from app_pages.ui.profiles import profile
 from app_pages.ui.pruning import (ABOUT, MEASURES, METHODS, correlations, curves, curves_csv, engine_model,
                                   has_curves, importance, measure_of, pruned_zip, proxy_table, pruning_sentences,
@@ -26,7 +26,7 @@ ref = engine_model(s)
 measure = measure_of(ref)
 st.caption(ABOUT["page"] if measure == "embedding" else ABOUT["llm"])
 model = model_for(ref)
-notes = [ABOUT["engine"]] if s.model.choice in ("minilm", "smollm2") else []
+notes = [ABOUT["engine"]] if s.model.choice in TRANSFORMERS else []
 if s.heads_off or s.causal:
     notes.append("The sidebar's switched-off heads and causal mask do not apply here; this page switches heads off "
                  "itself.")

@@ -92,7 +92,7 @@ def show_strongest_sentences() -> None:
         with tab:
             st.caption(plain(profiled.attentions[i].text))  # a typed or uploaded sentence: shown literally
             v = make_view(profiled.attentions[i], hide_special=s.hide_special, merge_words=s.merge_words)
-            fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=460, visible=v.visible(),
+            fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=460, visible=v.visible(layer),
                                title=f"{name} · {measure} {values[i]:.2f}")
             chart(fig, f"roles-example-{i}")
 
@@ -131,7 +131,7 @@ def show_strongest_in_document() -> None:
             st.caption(plain(f"Sentence {i + 1} of {len(profiled.spans)}: {text}"))
             run_layers(profiled.document, layer)
             fig = head_heatmap(lv.exact(layer, head, (q0, q1), keys), lv.labels[q0:q1], lv.labels[keys[0]:keys[1]],
-                               height=460, visible=lv.visible((q0, q1), keys),
+                               height=460, visible=lv.visible((q0, q1), keys, layer),
                                title=f"{name} · {measure} {values[i]:.2f} · tokens {keys[0]}–{keys[1] - 1}")
             chart(fig, f"roles-example-{i}")
             st.caption(f"Each row is one of the sentence's queries against the sentence and the {CONTEXT} tokens "

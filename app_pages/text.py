@@ -15,7 +15,7 @@ s = settings()
 st.title("Text")
 top = st.columns([3, 1, 1, 2])
 att = attention(s, pick_sentence(s, container=top[0]), long=True)
-layer = pick_layer(att.n_layers, container=top[1])
+layer = pick_layer(att.n_layers, container=top[1], windows=att.windows)
 head = pick_head(att.n_heads, container=top[2])
 if isinstance(att, LongAttention):
     lv = long_view(att, hide_special=s.hide_special)

@@ -14,7 +14,7 @@ s = settings()
 st.title("Tokens")
 top = st.columns([3, 1, 2])
 att = attention(s, pick_sentence(s, container=top[0]), long=True)
-layer = pick_layer(att.n_layers, container=top[1])
+layer = pick_layer(att.n_layers, container=top[1], windows=att.windows)
 if isinstance(att, LongAttention):
     lv = long_view(att, hide_special=s.hide_special)
     query = pick_query(lv, container=top[2], allow_all=False, last=True)

@@ -35,6 +35,7 @@ class AttentionModel:
         # threads calling it at once fail ("Already borrowed"); calls take turns.
         self._tokenizer_lock = threading.Lock()
         self.n_layers, self.n_heads, self.causal = n_layers, n_heads, causal
+        self.windows: tuple[int | None, ...] | None = None  # per layer, a sliding window (Attention.windows)
         # float32 weights per (query, key) pair of one text: every layer and head, of every part
         # (an encoder-decoder has three: encoder, decoder, cross)
         self.bytes_per_token_pair = 4 * n_layers * n_heads * parts
@@ -261,7 +262,8 @@ class AttentionModel:
                 text=text, model_name=self.name, backend=self.backend, device=str(self.device),
                 truncated=originals[i] > n, n_tokens_original=originals[i], component=component,
                 causal=causal, keys=None if keys is None else keys[i],
-                pruned=pruned if pruned is None or layers is None else pruned[list(layers)], layers=layers))
+                pruned=pruned if pruned is None or layers is None else pruned[list(layers)], layers=layers,
+                windows=self.windows if causal and keys is None else None))
         return out
 
     def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None, layers=None) -> list[Attention]:

@@ -58,6 +58,22 @@ def _load_hf_model(folder: Path, allow_pickle: bool):
     return model.eval()
 
 
+def config_windows(c, n_layers: int) -> tuple[int | None, ...] | None:
+    """Per layer, the sliding window a transformers config gives it (``layer_types`` with ``sliding_window``,
+    or Mistral's window on every layer); None when no layer slides."""
+    window = getattr(c, "sliding_window", None)
+    if not window:
+        return None
+    types = getattr(c, "layer_types", None)
+    if types:
+        windows = tuple(window if t == "sliding_attention" else None for t in types)
+    elif c.model_type == "mistral":
+        windows = (window,) * n_layers
+    else:
+        return None
+    return windows if any(w is not None for w in windows) else None
+
+
 class TransformersModel(AttentionModel):
     """Any transformers model whose eager attention returns weights."""
 
@@ -78,6 +94,7 @@ class TransformersModel(AttentionModel):
             max_positions -= (c.pad_token_id or 0) + 1
         super().__init__(tokenizer, name, device, n_layers, n_heads, max_positions, causal=decoder_only,
                          parts=3 if self.encoder_decoder else 1)
+        self.windows = config_windows(c, n_layers) if decoder_only else None
 
     def twin(self, what: str = "This") -> AttentionModel:
         """The same weights on the from-scratch engine, loaded from the model's folder the first time it is

@@ -114,6 +114,7 @@ class LongAttention:
         self.offsets = [tuple(o) for o in enc["offset_mapping"][0].tolist()]
         self.causal = bool(causal or model.causal)
         self.n_layers, self.n_heads, self.head_dim = model.n_layers, model.n_heads, model.head_dim
+        self.windows = model.windows  # per layer, a sliding window (Attention.windows)
         self.pruned = model.pruned_heads if self.stack.pruned else None
         self._mask, self._fill = model._head_mask(head_mask), model._head_fill(head_means, head_mask)
         self._ids = model._inputs(enc)

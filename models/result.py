@@ -45,6 +45,8 @@ class Attention:
             a text that is all prompt.
         layers: the model's layers that ``weights`` holds, in its order, when ``attend`` was asked for
             some (``attend(text, layers=[...])``); None when it holds every layer.
+        windows: per layer of the model, how many of the last keys a query of a sliding-window layer sees
+            (itself included), None for a layer that sees every earlier key; None when no layer slides.
     """
 
     tokens: list[str]
@@ -66,6 +68,7 @@ class Attention:
     pruned: np.ndarray | None = field(default=None, repr=False)
     generated_from: int | None = None
     layers: tuple[int, ...] | None = None
+    windows: tuple[int | None, ...] | None = None
 
     @property
     def generated(self) -> np.ndarray:

@@ -216,3 +216,60 @@ def test_patching_and_the_routes_on_gemma3(gemma):
         total = parts.sum() + prox(x[i])
         np.testing.assert_allclose(s.heads[layer, :, i, :i + 1], parts / total, atol=1e-5)
         assert s.attn_residual[layer, i] == pytest.approx(prox(x[i]) / total, abs=1e-5)
+
+
+# --- the sliding window, drawn: keys a window or more back are not visible, as later ones are ------------------
+
+def test_a_sliding_layers_keys_beyond_its_window_are_not_visible_in_every_view(gemma):
+    from analysis import make_view
+    from analysis.long import long_view
+
+    folder, hf, tok = gemma
+    for model in (load_model(folder, backend="scratch"), load_model(folder)):
+        assert model.windows == (WINDOW, None, WINDOW)
+        att = model.attend(LONG)
+        assert att.windows == (WINDOW, None, WINDOW)
+        n = len(att.tokens)
+        q, k = np.indices((n, n))
+        for layer in range(3):
+            visible = make_view(att).visible(layer)
+            want = (k <= q) & ((q - k < WINDOW) if layer != 1 else True)
+            np.testing.assert_array_equal(visible, want)
+            assert not att.weights[layer][:, ~visible].any()       # nothing there to draw
+            assert (att.weights[layer][:, visible] > 0).all()        # and every visible key has some weight
+        merged = make_view(att, merge_words=True)                    # a word sees a word when a token of it does
+        for layer in (0, 1):
+            token_level = make_view(att).visible(layer)
+            brute = np.array([[token_level[a:b, c:d].any() for c, d in merged.key_spans] for a, b in merged.query_spans])
+            np.testing.assert_array_equal(merged.visible(layer), brute)
+    long = load_model(folder, backend="scratch").attend_long(LONG)
+    lv = long_view(long)
+    m = len(lv.labels)
+    np.testing.assert_array_equal(lv.visible((0, m), (0, m), 0), (k <= q) & (q - k < WINDOW))
+    starts = np.arange(0, m, 4)
+    hidden = lv.hidden_blocks(starts, starts, layer=0)
+    for a, qs in enumerate(starts):                                  # a block is hidden when no cell of it is seen
+        for b, ks in enumerate(starts):
+            cells = ((k <= q) & (q - k < WINDOW))[qs:qs + 4, ks:ks + 4]
+            assert hidden[a, b] == (not cells.any())
+
+
+def test_explore_greys_the_keys_beyond_a_sliding_layers_window_and_names_the_global_layers(gemma, new_app):
+    from tests.conftest import decode, figures, heatmaps
+
+    folder, hf, tok = gemma
+    at = new_app({"model": "custom", "custom_model": str(folder), "text": LONG, "layer": "0"},
+                 page="app_pages/explore.py")
+    assert not at.error, [e.value for e in at.error]
+    picker = at.selectbox(key="layer")
+    assert [picker.format_func(i) for i in range(3)] == ["0 · window 6", "1 · global", "2 · window 6"]
+    att = load_model(folder).attend(LONG)
+    n = len(att.tokens)
+    q, k = np.indices((n, n))
+    z = decode(heatmaps(figures(at)[0])[0]["z"]).astype(float)
+    hidden = (k > q) | (q - k >= WINDOW)
+    assert np.isnan(z[hidden]).all() and not np.isnan(z[~hidden]).any()
+    assert any("sees only the last 6 tokens" in c.value for c in at.caption)
+    picker.set_value(1).run()
+    z = decode(heatmaps(figures(at)[0])[0]["z"]).astype(float)
+    assert not np.isnan(z[(k <= q) & (q - k >= WINDOW)]).any()     # the global layer sees them

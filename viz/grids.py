@@ -33,7 +33,8 @@ def _thumbnail(w: np.ndarray, size: int) -> np.ndarray:
 def overview_png(weights: np.ndarray, *, shared_scale: bool = True, thumb: int = 96, gap: int = 6,
                  visible: np.ndarray | None = None) -> tuple[bytes, int]:
     """All heads of all layers as one PNG: layers on rows, heads on columns; pixels that no causal
-    query could see (``visible``, ``View.visible``) grey.
+    query could see (``visible``, ``View.visible``: one mask for every layer, or ``(layers, n, n)`` where
+    layers see differently, as sliding-window ones do) grey.
 
     Returns the PNG bytes and the pitch in pixels from one thumbnail to the next.
     """
@@ -46,8 +47,12 @@ def overview_png(weights: np.ndarray, *, shared_scale: bool = True, thumb: int =
     canvas = np.full((layers * pitch - gap, heads * pitch - gap, 3), 255, dtype=np.uint8)
     lut = _lut()
     top = float(weights.max()) or 1.0
-    hidden = None if visible is None else _thumbnail(np.asarray(visible, dtype=np.float32), thumb) == 0
+    masks = None if visible is None else np.asarray(visible, dtype=np.float32)
+    if masks is not None and masks.ndim == 2:
+        masks = masks[None]
+    hiddens = None if masks is None else [_thumbnail(m, thumb) == 0 for m in masks]
     for l in range(layers):
+        hidden = None if hiddens is None else hiddens[l if len(hiddens) > 1 else 0]
         for h in range(heads):
             tile = tiles[l][h]
             scale = top if shared_scale else (float(tile.max()) or 1.0)

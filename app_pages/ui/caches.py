@@ -206,11 +206,20 @@ def view(s: Settings, att: Attention) -> View:
     return make_view(att, hide_special=s.hide_special, merge_words=s.merge_words)
 
 
-def causal_note(v: View) -> None:
-    """A caption under a causal view's heatmaps: what their grey triangle is."""
-    if v.causal:
-        st.caption(f"A decoder's attention: {HIDDEN_NOTE}. Those cells are not zero attention; the query never saw "
-                   "them.")
+def causal_note(v: View, layer: int | None = None, any_layer: bool = False) -> None:
+    """A caption under a causal view's heatmaps: what their grey cells are, in the model's ``layer`` (or, with
+    ``any_layer``, in any of its layers)."""
+    if not v.causal:
+        return
+    window = v.window(layer)
+    said = f"A decoder's attention: {HIDDEN_NOTE}"
+    if window is not None:
+        said += f"; in this layer a query sees only the last {window:,} tokens (a sliding window), so older ones are grey too"
+    elif any_layer and v.windows is not None:
+        sliding = [i for i, w in enumerate(v.windows) if w is not None]
+        said += (f"; layers {', '.join(map(str, sliding))} see only the last {v.windows[sliding[0]]:,} tokens (a "
+                 "sliding window), so older ones are grey there too")
+    st.caption(f"{said}. Those cells are not zero attention; the query never saw them.")
 
 
 def special_words(att: Attention, long: bool = False) -> str:

@@ -67,7 +67,7 @@ def show_decoder_heads(ref: ModelRef) -> None:
     text = repeated_sequences(model.tokenizer, 1, LENGTH)[0]
     v = make_view(cached_attention(model, ref, text, False, ()))
     chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=760, max_cells=None,
-                       visible=v.visible(), title=f"{head_label(layer, head)} on a sequence repeated twice"),
+                       visible=v.visible(layer), title=f"{head_label(layer, head)} on a sequence repeated twice"),
           "roles-detector-example")
     st.caption("An induction head lights a diagonal offset by one below the main one in the lower-left square: each "
                "token of the second copy looks at the token that followed it the first time.")

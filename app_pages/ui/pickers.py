@@ -19,8 +19,15 @@ def pick_sentence(s: Settings, key: str = "sentence", container=st, label: str =
     return s.sentences[i]
 
 
-def pick_layer(n_layers: int, key: str = "layer", container=st) -> int:
-    return choose("Layer", list(range(n_layers)), key, container=container)
+def pick_layer(n_layers: int, key: str = "layer", container=st, windows: tuple | None = None) -> int:
+    """A layer; with ``windows`` (``Attention.windows``) each option says whether it slides or sees every key."""
+    if windows is None:
+        return choose("Layer", list(range(n_layers)), key, container=container)
+    full = [i for i, w in enumerate(windows) if w is None]
+    return choose("Layer", list(range(n_layers)), key, container=container,
+                  format_func=lambda i: f"{i} · {'global' if windows[i] is None else f'window {windows[i]:,}'}",
+                  help=f"Layers {', '.join(map(str, full))} are global: a query sees every earlier token. The "
+                       "others slide: a query sees only the last tokens of its window.")
 
 
 def pick_head(n_heads: int, key: str = "head", container=st, label: str = "Head") -> int:

@@ -12,6 +12,7 @@ from analysis.importance import (ABLATIONS, NEIGHBOURS, ORDERS, attention_proxie
                                  point_comparison, proxy_correlations, prune_counts, pruning_curve)
 from analysis.profile import corpus_hash
 from models import AttentionModel, Head, head_label
+from models.catalog import CATALOG
 from models.corpus import CORPUS
 
 from .caches import SharedCache, computed_once
@@ -63,8 +64,8 @@ MAX_SENTENCES = 400  # more would take many minutes: every step re-measures ever
 SEEDS = (0, 1, 2)
 SOURCES = {"sample": f"{SAMPLE} sentences of the built-in corpus", "corpus": f"The whole built-in corpus ({len(CORPUS)})",
            "sidebar": "The sidebar's sentences", "upload": "An uploaded .txt"}
-ENGINE = {"minilm": "scratch", "scratch": "scratch", "untrained": "untrained",  # the sidebar's model on our engine
-          "smollm2": "smollm2_scratch", "smollm2_scratch": "smollm2_scratch", **{t: t for t in TRAINED}}
+ENGINE = {"untrained": "untrained", **{k: b.scratch_key for b in CATALOG for k in b.engines()},  # on our engine
+          **{t: t for t in TRAINED}}
 LLM_SAMPLE = 24  # sentences SmolLM2 is measured on by default: 270 heads, each switched off in turn, take a minute
 METHODS = {"ablation": "Switching it off", "gradient": "Gradient"}
 # per measure: (column, name, help) of the two numbers a pruned model is judged by; the first is better lower for a loss

@@ -52,7 +52,7 @@ def sidebar() -> None:
     scratch = choice in SCRATCH
     if decoder:  # always causal: shown on, and left alone
         sb.toggle("Causal mask", True, disabled=True, key="causal_decoder",
-                  help="SmolLM2 is a decoder: each token always sees only itself and earlier ones.")
+                  help="A decoder: each token always sees only itself and earlier ones.")
     else:
         bound(sb.toggle, "causal", False, cast=flag, label="Causal mask", disabled=not scratch,
               help="Each token sees only earlier ones; the from-scratch engine only.")
