@@ -12,7 +12,7 @@ sequences (or sentences) with a 95% bootstrap interval over them (scipy's percen
 - ``previous_token``: on natural sentences, the mean over queries of the weight on the token just
   before (queries whose own token or previous token is set aside, ``views.set_aside``, are left out);
 - ``sink``: on natural sentences, the mean over the queries after the first of the weight on the
-  first token.
+  first token (a BOS where the model adds one, as Gemma 3 does; else the first word, as in SmolLM2).
 
 A repeated sequence is a lead word ("The", so that no copy starts the text: a byte-level tokenizer
 writes a text's first word without its leading space, as another token) and then ``length`` words
@@ -103,7 +103,7 @@ def text_scores(att) -> tuple[np.ndarray, np.ndarray]:
     prev_q = [i for i in range(1, n) if not aside[i] and not aside[i - 1]]
     nan = np.full(w.shape[:2], np.nan)
     previous = w[..., prev_q, [i - 1 for i in prev_q]].mean(-1) if prev_q else nan
-    first = int(np.flatnonzero(~np.asarray(att.special, dtype=bool))[0]) if (~att.special).any() else 0
+    first = 0  # the text's first token, a BOS where the model adds one (Gemma's <bos>) or its first word
     later = np.arange(first + 1, n)
     later = later[~np.asarray(att.special, dtype=bool)[later]]
     sink = w[..., later, first].mean(-1) if later.size else nan

@@ -25,13 +25,14 @@ def texts(at) -> str:
     return " ".join(str(p) for p in parts)
 
 
-@pytest.mark.parametrize("engine", ["smollm2", "smollm2_scratch"])
-def test_every_page_opens_with_the_llm_and_speaks_of_a_decoder(new_app, engine):
+@pytest.mark.parametrize("engine,sizes", [("smollm2", "30 layers × 9 heads"), ("smollm2_scratch", "30 layers × 9 heads"),
+                                          ("gemma3", "18 layers × 4 heads"), ("gemma3_scratch", "18 layers × 4 heads")])
+def test_every_page_opens_with_the_llm_and_speaks_of_a_decoder(new_app, engine, sizes):
     at = llm(new_app, engine=engine)
     for page in PAGES:
         at.switch_page(page).run()
         assert not at.exception and not at.error, (page, at.exception, [e.value for e in at.error])
-        assert "30 layers × 9 heads" in texts(at)
+        assert sizes in texts(at)
         if page.endswith(("explore.py", "foci.py", "roles.py", "layers.py", "overview.py", "compare.py")):
             assert "[CLS]" not in texts(at).replace("([CLS], [SEP])", ""), page  # the general rule may name them
 

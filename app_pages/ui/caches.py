@@ -18,7 +18,7 @@ from models.long import LongAttention
 from viz.figures import HIDDEN_NOTE
 
 from .generation import generated_from
-from .messages import stop_with
+from .messages import plain, stop_with
 from .models import ModelRef, cached_model, model_for, scratch_twin
 from .settings import Settings
 from .state import choose
@@ -227,4 +227,8 @@ def special_words(att: Attention, long: bool = False) -> str:
     if first_token_sink(att):
         return f"the first token, “{token_label(att.tokens[0])}”, where most attention parks (a sink)" if long \
             else "to the first token (sink)"
+    if long and att.causal:  # a decoder's own special tokens, such as Gemma's <bos>
+        named = list(dict.fromkeys(t for t, special in zip(att.tokens, att.special) if special))
+        if named:
+            return "its special tokens (" + ", ".join(f"“{plain(t)}”" for t in named[:3]) + ")"  # <bos>, literally
     return "[CLS], [SEP] and the like" if long else "to special tokens"
