@@ -14,7 +14,8 @@ SENTENCES = ["Which do you like better, coffee or tea?", "The cat sat on the mat
 
 class Patterned:
     """A model whose four heads each do one thing exactly, on any text its tokenizer reads: 0 induction,
-    1 duplicate token, 2 previous token, 3 the first content token (a sink)."""
+    1 duplicate token, 2 previous token, 3 the text's first token (a sink; [CLS] for an encoder's tokenizer, as
+    <bos> for Gemma 3's)."""
 
     n_layers, n_heads = 1, 4
 
@@ -28,7 +29,6 @@ class Patterned:
         enc = self.tokenizer(text, return_special_tokens_mask=True)
         ids, special = enc["input_ids"], np.array(enc["special_tokens_mask"], bool)
         n = len(ids)
-        first = int(np.flatnonzero(~special)[0])
         w = np.zeros((1, 4, n, n), np.float32)
         for i in range(n):
             earlier = [j for j in range(i) if ids[j] == ids[i] and not special[j]]
@@ -36,7 +36,7 @@ class Patterned:
             w[0, 0, i, i if j is None else j + 1] = 1
             w[0, 1, i, i if j is None else j] = 1
             w[0, 2, i, max(i - 1, 0)] = 1
-            w[0, 3, i, first if i >= first else i] = 1
+            w[0, 3, i, 0] = 1
         return Attention(self.tokenizer.convert_ids_to_tokens(ids), w, enc.word_ids(), special, [(0, 0)] * n, text,
                          "patterned", "scratch", "cpu", causal=True)
 
