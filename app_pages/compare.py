@@ -33,7 +33,7 @@ for i, col in enumerate(st.columns(n)):
             att = attention(s, text, model, key=f"p{i + 1}_component")
             layer = pick_layer(att.n_layers, key=f"p{i + 1}_layer", windows=att.windows)
         else:  # each pick computes its own layer only: our engine runs none above it
-            layer = pick_layer(loaded.n_layers, key=f"p{i + 1}_layer")
+            layer = pick_layer(loaded.n_layers, key=f"p{i + 1}_layer", windows=loaded.windows)
             att = attention(s, text, model, layers=(layer,))
         v = view(s, att)
         head = choose("Head", list(range(att.n_heads)), f"p{i + 1}_head", default=defaults[i][1])
@@ -53,6 +53,14 @@ for row in range(0, n, 2):
             with st.expander("Downloads"):
                 exports(f"compare-{i + 1}", fig, att, v, layer, head, sig=f"{att.text}|{model}|{layer}|{head}|{s}")
 causal_note(next((p[2] for p in picks if p[2].causal), picks[0][2]))  # a grey triangle in any pick
+readings = {}  # how each tokenizer read the picks' text: picks of other models may split it otherwise
+for i, (model, att, v, layer, head) in enumerate(picks, start=1):
+    readings.setdefault((att.text, tuple(att.tokens)), []).append((i, model.title, len(att.tokens)))
+if len({text for text, _ in readings}) < len(readings):
+    st.caption("The picks' models read the same sentence as different tokens, so each pick is drawn on its own "
+               "tokens and their cells do not line up: " + "; ".join(
+                   f"pick{'s' if len(group) > 1 else ''} {', '.join(str(i) for i, _, _ in group)} "
+                   f"({group[0][1]}): {group[0][2]} tokens" for group in readings.values()) + ".")
 full = pick_full_resolution([p[2] for p in picks], list(range(1, n + 1)), "full_pick", "Pick at full resolution",
                             "pick", lambda i: f"Pick {i}")
 if full is not None:

@@ -35,8 +35,8 @@ print(json.dumps(time.perf_counter() - start))
 """
 
 
-def load_seconds(backend: str, device: str, cache: str, server: bool = False) -> float:
-    code = LOAD.format(name=NAME, backend=backend, device=device, server=server)
+def load_seconds(backend: str, device: str, cache: str, server: bool = False, name: str = NAME) -> float:
+    code = LOAD.format(name=name, backend=backend, device=device, server=server)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "HEADLENS_CACHE": cache, "HF_HUB_OFFLINE": "1"})
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -135,3 +135,22 @@ def test_a_crafted_gemma3_gguf_gets_a_sentence(craft, message, tmp_path, monkeyp
         with pytest.raises(HeadLensError, match=message):
             load_model(path, backend=backend)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
+
+
+def test_compare_puts_a_smollm2_head_beside_a_gemma3_head_each_on_its_own_tokens(cache, new_app):
+    from tests.conftest import figures, tick_text, title_text
+
+    text = "Which do you like better, coffee or tea?"
+    at = new_app({"model": "smollm2_scratch", "text": text, "p1_model": "smollm2_scratch", "p2_model": "gemma3_scratch",
+                  "p2_layer": "5", "p2_head": "1"}, page="app_pages/compare.py")
+    assert not at.error, [e.value for e in at.error]
+    charts = {title_text(f): f for f in figures(at)}
+    smol, gemma = (load_model(name, backend="scratch").attend(text) for name in
+                   ("HuggingFaceTB/SmolLM2-135M-Instruct", NAME))
+    assert len(smol.tokens) != len(gemma.tokens) and gemma.tokens[0] == "<bos>"
+    assert len(tick_text(charts["2: Gemma 3 270M · L5 H1"])) == len(gemma.tokens)
+    assert len(tick_text(charts["1: SmolLM2-135M-Instruct · L0 H0"])) == len(smol.tokens)
+    caption = next(c.value for c in at.caption if "different tokens" in c.value)
+    assert f"(Gemma 3 270M): {len(gemma.tokens)} tokens" in caption
+    assert any("different tokens" in i.value for i in at.info)  # no cell-by-cell difference
+    assert at.selectbox(key="p2_layer").format_func(5) == "5 · global"
