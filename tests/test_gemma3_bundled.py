@@ -154,3 +154,25 @@ def test_compare_puts_a_smollm2_head_beside_a_gemma3_head_each_on_its_own_tokens
     assert f"(Gemma 3 270M): {len(gemma.tokens)} tokens" in caption
     assert any("different tokens" in i.value for i in at.info)  # no cell-by-cell difference
     assert at.selectbox(key="p2_layer").format_func(5) == "5 · global"
+
+
+def test_head_roles_puts_smollm2s_role_grid_beside_gemma3s(cache, new_app):
+    from analysis.detector import detector_labels
+    from app_pages.ui.detector import LENGTH, SENTENCES, SEQUENCES
+    from app_pages.ui.pruning import corpus_sample
+    from analysis import head_detector
+    from tests.conftest import figures, title_text
+
+    at = new_app({"model": "smollm2_scratch", "roles_beside": "true"}, page="app_pages/roles.py")
+    assert not at.error, [e.value for e in at.error]
+    grids = {title_text(f): f for f in figures(at) if "layers × " in title_text(f)}
+    assert set(grids) == {"SmolLM2-135M-Instruct · 30 layers × 9 heads", "Gemma 3 270M · 18 layers × 4 heads"}
+    gemma = head_detector(load_model(NAME, backend="scratch"), sentences=corpus_sample(SENTENCES),
+                          n_sequences=SEQUENCES, length=LENGTH)
+    import pandas as pd
+
+    labels = pd.Series(detector_labels(gemma))
+    counts = next(d.value for d in at.dataframe if "Gemma 3 270M" in d.value.columns)
+    assert counts.loc["heads", "Gemma 3 270M"] == 72 and counts.loc["heads", "SmolLM2-135M-Instruct"] == 270
+    for label, n in labels.value_counts().items():
+        assert counts.loc[label, "Gemma 3 270M"] == n

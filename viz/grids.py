@@ -8,7 +8,7 @@ import numpy as np
 import plotly.colors as pc
 import plotly.graph_objects as go
 
-from .figures import COLORSCALE, HIDDEN_COLOR, safe, top_margin, wrapped_title
+from .figures import COLORSCALE, HIDDEN_COLOR, TITLE_CHARS, safe, top_margin, wrapped_title
 
 HIDDEN_RGB = pc.hex_to_rgb(HIDDEN_COLOR)
 
@@ -127,8 +127,9 @@ SYNTAX_COLOR = "#8c564b"
 
 
 def role_grid(layers: np.ndarray, heads: np.ndarray, labels: list[str], hover: list[str], *,
-              title: str = "") -> go.Figure:
-    """Layer x head cells coloured by role, each cell naming its role; ``hover`` gives its numbers."""
+              title: str = "", compact: bool = False, title_chars: int | None = None) -> go.Figure:
+    """Layer x head cells coloured by role, each cell naming its role; ``hover`` gives its numbers. ``compact``:
+    small cells without their names, a legend of the colours instead (two models side by side)."""
     n_layers, n_heads = int(layers.max()) + 1, int(heads.max()) + 1
     names = sorted(set(labels), key=lambda r: (r.startswith("syntax"), r))
     colors = [ROLE_COLORS.get(r, SYNTAX_COLOR) for r in names]
@@ -142,13 +143,25 @@ def role_grid(layers: np.ndarray, heads: np.ndarray, labels: list[str], hover: l
     scale = [[(i + edge) / k, c] for i, c in enumerate(colors) for edge in (0, 1)]
     fig = go.Figure(go.Heatmap(
         z=z, zmin=-0.5, zmax=k - 0.5, colorscale=scale if k > 1 else [[0, colors[0]], [1, colors[0]]],
-        text=text, texttemplate="%{text}", textfont=dict(size=9), customdata=tips, showscale=False, xgap=2, ygap=2,
+        text=None if compact else text, texttemplate=None if compact else "%{text}", textfont=dict(size=9),
+        customdata=tips, showscale=False, xgap=2, ygap=2,
         hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>"))
+    if compact:
+        for name, color in zip(names, colors):  # a legend entry per role: the cells carry no names
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=safe(name),
+                                     marker=dict(symbol="square", size=12, color=color)))
     fig.update_xaxes(tickmode="array", tickvals=list(range(n_heads)), ticktext=[f"H{h}" for h in range(n_heads)],
                      side="top", showgrid=False)
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_layers)), ticktext=[f"L{l}" for l in range(n_layers)],
                      autorange="reversed", showgrid=False)
-    fig.update_layout(title=wrapped_title(title), height=70 * n_layers + 120, margin=dict(t=90, l=40, r=10, b=10),
+    head = wrapped_title(title, title_chars or TITLE_CHARS)
+    if compact:
+        fig.update_xaxes(tickangle=0, tickfont=dict(size=9))
+        fig.update_layout(title=head, height=24 * n_layers + top_margin(head, room=40) + 70,
+                          margin=dict(t=top_margin(head, room=40), l=40, r=10, b=70), plot_bgcolor="white",
+                          legend=dict(orientation="h", yanchor="top", y=-0.02, xanchor="left", x=0))
+        return fig
+    fig.update_layout(title=head, height=70 * n_layers + 120, margin=dict(t=90, l=40, r=10, b=10),
                       plot_bgcolor="white")
     return fig
 

@@ -7,13 +7,14 @@ import streamlit as st
 from analysis import DETECTORS, make_view
 from analysis.detector import DETECTOR_LABELS, detector_labels, head_detector, repeated_sequences
 from models import head_label
+from models.catalog import CATALOG, bundled
 from viz import head_heatmap, role_grid
 
 from .caches import SharedCache, cached_attention, computed_once
 from .exports import chart
 from .models import ModelRef, cached_model
 from .pruning import Bar, corpus_sample
-from .state import choose, head_from_url, head_to_url
+from .state import bound, choose, flag, head_from_url, head_to_url
 
 SENTENCES = 100  # natural sentences for previous-token and sink scores: spread over the built-in corpus
 SEQUENCES, LENGTH = 32, 30  # repeated random sequences, and the tokens of each copy
@@ -56,6 +57,7 @@ def show_decoder_heads(ref: ModelRef) -> None:
     st.caption(ABOUT)
     columns = ["layer", "head", "label", *(c for n in DETECTORS for c in (n, f"{n}_lo", f"{n}_hi"))]
     st.dataframe(df[columns].style.format(precision=2), hide_index=True, key="roles-detector-table")
+    beside(ref, df)
     st.download_button("Decoder heads · CSV", lambda: df[columns].to_csv(index=False), "headlens-decoder-heads.csv",
                        "text/csv", key="roles-detector-csv", on_click="ignore")
     ranked = df.sort_values("induction", ascending=False)
@@ -71,3 +73,29 @@ def show_decoder_heads(ref: ModelRef) -> None:
           "roles-detector-example")
     st.caption("An induction head lights a diagonal offset by one below the main one in the lower-left square: each "
                "token of the second copy looks at the token that followed it the first time.")
+
+
+def beside(ref: ModelRef, df: pd.DataFrame) -> None:
+    """On request, this decoder's role grid beside another bundled decoder's, with how many heads each role has."""
+    others = [b for b in CATALOG if b.decoder and ref.choice not in b.engines()]
+    if not others or not bound(st.toggle, "roles_beside", False, cast=flag, label="Beside another bundled decoder",
+                               help="The other model's heads detected the same way (about 10 s the first time, "
+                                    "then shared), its grid beside this one's."):
+        return
+    key = choose("Decoder", [b.scratch_key for b in others], "roles_beside_model", cast=str,
+                 format_func=lambda k: bundled(k).title)
+    refs = [ref, ModelRef(key, device=ref.device)]
+    frames = [df, detected(refs[1])]
+    titles = [bundled(r.choice).title if bundled(r.choice) else r.title for r in refs]
+    for col, r, frame, title in zip(st.columns(2), refs, frames, titles):
+        with col:
+            L, H = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
+            tips = ["<br>".join(f"{NAMES[n]}: {row[n]:.2f}" for n in DETECTORS) for _, row in frame.iterrows()]
+            chart(role_grid(frame["layer"].to_numpy(), frame["head"].to_numpy(), frame["label"].tolist(), tips,
+                            title=f"{title} · {L} layers × {H} heads", compact=True, title_chars=38),
+                  f"roles-beside-{r.choice}")
+    counts = pd.DataFrame({t: f["label"].value_counts() for t, f in zip(titles, frames)}).fillna(0).astype(int)
+    counts.loc["heads"] = [len(f) for f in frames]
+    st.dataframe(counts, key="roles-beside-counts")
+    st.caption("Heads per role in each model, by the same scores and bars; a role's share of the heads says more than "
+               "its count when the models differ in size.")
