@@ -133,6 +133,8 @@ def role_grid(layers: np.ndarray, heads: np.ndarray, labels: list[str], hover: l
     n_layers, n_heads = int(layers.max()) + 1, int(heads.max()) + 1
     names = sorted(set(labels), key=lambda r: (r.startswith("syntax"), r))
     colors = [ROLE_COLORS.get(r, SYNTAX_COLOR) for r in names]
+    if compact:  # without names in the cells, a white "other" would read as a missing head
+        colors = ["#e3e3e3" if c == "#ffffff" else c for c in colors]
     index = {r: i for i, r in enumerate(names)}
     z = np.zeros((n_layers, n_heads))
     text = [["" for _ in range(n_heads)] for _ in range(n_layers)]
