@@ -262,7 +262,7 @@ def test_explore_greys_the_keys_beyond_a_sliding_layers_window_and_names_the_glo
                  page="app_pages/explore.py")
     assert not at.error, [e.value for e in at.error]
     picker = at.selectbox(key="layer")
-    assert [picker.format_func(i) for i in range(3)] == ["0 · window 6", "1 · global", "2 · window 6"]
+    assert [picker.format_func(i) for i in range(3)] == ["0 local", "1 global", "2 local"]
     att = load_model(folder).attend(LONG)
     n = len(att.tokens)
     q, k = np.indices((n, n))

@@ -153,7 +153,7 @@ def test_compare_puts_a_smollm2_head_beside_a_gemma3_head_each_on_its_own_tokens
     caption = next(c.value for c in at.caption if "different tokens" in c.value)
     assert f"(Gemma 3 270M): {len(gemma.tokens)} tokens" in caption
     assert any("different tokens" in i.value for i in at.info)  # no cell-by-cell difference
-    assert at.selectbox(key="p2_layer").format_func(5) == "5 · global"
+    assert at.selectbox(key="p2_layer").format_func(5) == "5 global"
 
 
 def test_head_roles_puts_smollm2s_role_grid_beside_gemma3s(cache, new_app):

@@ -25,9 +25,10 @@ def pick_layer(n_layers: int, key: str = "layer", container=st, windows: tuple |
         return choose("Layer", list(range(n_layers)), key, container=container)
     full = [i for i, w in enumerate(windows) if w is None]
     return choose("Layer", list(range(n_layers)), key, container=container,
-                  format_func=lambda i: f"{i} · {'global' if windows[i] is None else f'window {windows[i]:,}'}",
-                  help=f"Layers {', '.join(map(str, full))} are global: a query sees every earlier token. The "
-                       "others slide: a query sees only the last tokens of its window.")
+                  format_func=lambda i: f"{i} {'global' if windows[i] is None else 'local'}",  # fits a narrow box
+                  help=f"Layers {', '.join(map(str, full)) or 'none'} are global: a query sees every earlier token. "
+                       f"The others are local: a query sees only the last {max(w or 0 for w in windows):,} tokens "
+                       "(a sliding window).")
 
 
 def pick_head(n_heads: int, key: str = "head", container=st, label: str = "Head") -> int:
