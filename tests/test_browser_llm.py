@@ -41,20 +41,22 @@ def rgb(hex_colour: str) -> np.ndarray:
     return np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
 
 
-@pytest.mark.parametrize("width", [1024, 1600])
-def test_llm_pages_are_readable(width, browser, server):
+@pytest.mark.parametrize("width,model,sizes", [(1024, "smollm2_scratch", "30 layers × 9 heads"),
+                                                (1600, "smollm2_scratch", "30 layers × 9 heads"),
+                                                (1024, "gemma3", "18 layers × 4 heads")])
+def test_llm_pages_are_readable(width, model, sizes, browser, server):
     context = browser.new_context(viewport={"width": width, "height": 1200})
     page = context.new_page()
     try:
-        for path in PAGES:
-            page.goto(f"{server}/{path}?" + urlencode({"model": "smollm2_scratch", "text": TEXT, "corpus": "sidebar"}))
-            page.wait_for_selector(PLOT, timeout=180_000)
+        for path in PAGES + (["effects"] if model == "gemma3" else []):
+            page.goto(f"{server}/{path}?" + urlencode({"model": model, "text": TEXT, "corpus": "sidebar"}))
+            page.wait_for_selector(PLOT, timeout=300_000)
             page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
-                                   timeout=120_000)
-            where = f"{path or 'explore'} · {width} px"
+                                   timeout=300_000)
+            where = f"{model} · {path or 'explore'} · {width} px"
             assert_readable(page, where)
-            assert "30 layers × 9 heads" in page.inner_text("[data-testid='stSidebar']"), where
-            shot(page, f"llm-{width}-{path or 'explore'}")
+            assert sizes in page.inner_text("[data-testid='stSidebar']"), where
+            shot(page, f"llm-{model}-{width}-{path or 'explore'}")
     finally:
         context.close()
 
