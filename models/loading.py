@@ -2,8 +2,8 @@
 
 ``backend="transformers"`` runs a Hugging Face model (``models.hf``); ``backend="scratch"`` runs
 our own network for the folder's model_type (``models.scratch``, architectures in
-``models/stacks``), from its weights or untrained. Nothing is ever downloaded and no model code is
-ever run.
+``models/stacks``), from its weights or untrained. Nothing is downloaded unless asked
+(``download=True``) and no model code is ever run.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ _LOAD_LOCK = threading.Lock()
 
 def load_model(name: str | os.PathLike | None = None, *, backend: str = "transformers",
                device: str | torch.device = "auto", untrained: bool = False, seed: int = 0,
-               allow_pickle: bool = False) -> AttentionModel:
+               allow_pickle: bool = False, download: bool = False, progress=None) -> AttentionModel:
     """Load a model for attention, from local files only.
 
     Args:
@@ -41,12 +41,15 @@ def load_model(name: str | os.PathLike | None = None, *, backend: str = "transfo
         device: "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:1", "mps".
         untrained: scratch backend only: random weights of the model's shape, seeded by ``seed``.
         allow_pickle: accept weights stored only as a pickle (``pytorch_model.bin``).
+        download: a model id not in the local cache is fetched from the Hub (``HF_ENDPOINT``), its
+            listing and config checked first, safetensors only (``models.download``); off by default.
+        progress: ``progress(bytes done, bytes in all)`` while it downloads.
     """
     if backend not in ENGINES:
         raise HeadLensError(f"Unknown backend '{backend}': choose {' or '.join(repr(b) for b in ENGINES)}.")
     with _LOAD_LOCK:
         dev = pick_device(device)
-        folder, display = resolve_model_dir(name)
+        folder, display = resolve_model_dir(name, download=download, progress=progress)
         config = check_model_dir(folder, allow_pickle=allow_pickle or untrained)
         options = {"allow_pickle": allow_pickle} if backend == "transformers" else {}
         model = ENGINES[backend](folder, config, display, dev, untrained=untrained, seed=seed, **options)

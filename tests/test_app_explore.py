@@ -157,7 +157,7 @@ def test_errors_are_sentences_and_the_session_goes_on(app):
     app.text_input(key="custom_model").input("nobody/no-such-model").run()
     assert not app.exception
     assert "No model 'nobody/no-such-model' was found" in shown(app.error[0].value)
-    assert "never downloads" in shown(app.error[0].value)
+    assert "downloads nothing unless asked" in shown(app.error[0].value)
     app.selectbox(key="model").set_value("minilm").run()
     app.text_area(key="text").input("Back to work.").run()
     assert not app.exception and not app.error and tick_text(figures(app)[0])[1:3] == ["back", "to"]

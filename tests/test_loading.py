@@ -183,7 +183,7 @@ def test_unknown_name_says_where_it_looked(tmp_path, monkeypatch):
     with pytest.raises(HeadLensError) as err:
         load_model("nobody/no-such-model")
     msg = str(err.value)
-    assert "nobody/no-such-model" in msg and str(tmp_path) in msg and "never downloads" in msg
+    assert "nobody/no-such-model" in msg and str(tmp_path) in msg and "downloads nothing unless asked" in msg
 
 
 def test_folder_without_model(tmp_path):

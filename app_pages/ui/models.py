@@ -42,6 +42,7 @@ class ModelRef:
     folder: str = ""           # "custom": the model id or folder typed in the sidebar
     run: str = ""              # "trained", "trained_start": the id of this session's training
     device: str = "auto"
+    download: bool = False     # "custom": fetch the model id from the Hub when it is not in the local cache
 
     @property
     def scratch(self) -> bool:
@@ -73,7 +74,8 @@ def ref_for(choice: str, device: str) -> ModelRef:
         job = st.session_state.get("trained_job")
         return ModelRef(choice, run=job.id if job is not None else "", device=device)
     if choice == "custom":
-        return ModelRef(choice, folder=(st.session_state.get("custom_model") or "").strip(), device=device)
+        return ModelRef(choice, folder=(st.session_state.get("custom_model") or "").strip(), device=device,
+                        download=bool(st.session_state.get("custom_download")))
     return ModelRef(choice, device=device)
 
 
@@ -110,12 +112,32 @@ def shared_model(choice: str, folder: str, device: str) -> AttentionModel:
                       else "scratch", device=device, untrained=choice == "untrained")
 
 
+def fetched(name: str, slot) -> None:
+    """``name`` fetched from the Hub when it is neither a folder nor in the local cache, with a progress bar."""
+    from models.files import resolve_model_dir
+
+    try:
+        resolve_model_dir(name)
+        return
+    except HeadLensError:
+        pass
+    from models.download import download
+
+    with slot.container():
+        bar = st.progress(0.0, text=f"Downloading {name}…")
+        download(name, progress=lambda done, total: bar.progress(
+            min(done / max(total, 1), 1.0), text=f"Downloading {name}… {done / 2**20:,.1f} of {total / 2**20:,.1f} MiB"))
+        bar.empty()
+
+
 def model_for(ref: ModelRef, container=st) -> AttentionModel:
     """The cached model, with a spinner while it loads and its error as a sentence."""
     slot = container.empty()  # keeps the elements after it in place, spinner or not
     try:
         if ref.choice == "custom":
             check_custom_folder(ref.folder)  # before the cache, which may hold it from before
+            if ref.download:
+                fetched(ref.folder, slot)
         model = bundled(ref.choice)
         with slot, st.spinner(f"Loading the model… ({model.title} {model.first_load})" if ref.choice in LLM
                               else "Loading the model…"):

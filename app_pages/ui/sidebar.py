@@ -28,7 +28,12 @@ def sidebar() -> None:
         bound(sb.text_input, "custom_model", "", label="Model id or folder",
               placeholder="bert-base-uncased or /path/to/model",
               help="A model already in the local Hugging Face cache, or a folder with config.json and "
-                   "model.safetensors. Nothing is downloaded.")
+                   "model.safetensors. Nothing is downloaded unless the switch below is on.")
+        bound(sb.toggle, "custom_download", False, cast=flag, label="Download it if it is not here",
+              help="Fetch a model id that is not in the local cache from the Hugging Face Hub: its file list and "
+                   "config are checked first (safetensors weights only, no model code, sizes within HeadLens's "
+                   "limits), then only the config, the tokenizer and the weights are fetched, with progress. "
+                   "Off, HeadLens works without a network.")
     devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     device = bound(sb.selectbox, "device", "auto", init="index", options=devices, label="Device")
     sb.selectbox("Examples", list(EXAMPLES), index=None, placeholder="Load an example…", key="example",
