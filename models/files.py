@@ -49,8 +49,9 @@ def default_model_dir() -> Path:
 def resolve_model_dir(name: str | os.PathLike | None, download: bool = False,
                       progress=None) -> tuple[Path, str]:
     """The local folder of a model and the name to show for it. A GGUF file, given or bundled
-    (``models.gguf.BUNDLED``), is read into a folder in the cache once. With ``download``, a model id
-    that is not in the local cache is fetched from the Hub (``models.download``)."""
+    (``models.gguf.BUNDLED``), is read into a folder in the cache once (``progress(done, total)`` while it
+    is). With ``download``, a model id that is not in the local cache is fetched from the Hub
+    (``models.download``; ``progress`` in bytes)."""
     from .gguf import bundled_file, gguf_folder
 
     if name is None or str(name).strip() in ("", DEFAULT_MODEL_NAME, "all-MiniLM-L6-v2"):
@@ -58,12 +59,12 @@ def resolve_model_dir(name: str | os.PathLike | None, download: bool = False,
     name = str(name).strip()
     bundled = bundled_file(name)
     if bundled is not None:
-        return gguf_folder(bundled), name
+        return gguf_folder(bundled, progress), name
     path = Path(name).expanduser()
     if path.is_dir():
         return path, name
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return gguf_folder(path), name
+        return gguf_folder(path, progress), name
     if path.exists():
         raise HeadLensError(f"'{name}' is a file; give the folder that holds the model's config.json, or a .gguf file.")
     from huggingface_hub import snapshot_download

@@ -77,8 +77,9 @@ def cache_root() -> Path:
     return Path(os.environ.get("HEADLENS_CACHE") or Path.home() / ".cache" / "headlens").expanduser()
 
 
-def gguf_folder(path: Path) -> Path:
-    """The model folder made from the GGUF file at ``path``: made once, then found in the cache."""
+def gguf_folder(path: Path, progress=None) -> Path:
+    """The model folder made from the GGUF file at ``path``: made once (``progress(tensors done, tensors)``
+    while it is), then found in the cache."""
     check_header(path)
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -90,7 +91,7 @@ def gguf_folder(path: Path) -> Path:
     work = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
     shutil.rmtree(work, ignore_errors=True)
     try:
-        convert(path, work)
+        convert(path, work, progress)
         work.rename(folder)  # whole or not at all; another process may have finished first
     except OSError as err:
         if not (folder / "model.safetensors").is_file():
@@ -118,12 +119,13 @@ def check_header(path: Path) -> None:
                             f"more than its {size:,} bytes can; it is damaged or crafted, and was not loaded.")
 
 
-def convert(path: Path, out: Path) -> None:
-    """Write ``path`` as a transformers folder: config.json, model.safetensors (float32) and the tokenizer."""
+def convert(path: Path, out: Path, progress=None) -> None:
+    """Write ``path`` as a transformers folder: config.json, model.safetensors (float32) and the tokenizer;
+    ``progress(tensors done, tensors)`` as each tensor is dequantized."""
     from safetensors.torch import save_file
 
     if _architecture(path) == "gemma3":
-        return convert_gemma3(path, out)
+        return convert_gemma3(path, out, progress)
     header, metadata = _read(path)
     config = llama_config(metadata, {info.name for info in header.tensors}, path.name)
     expected = expected_shapes(config)
@@ -139,7 +141,7 @@ def convert(path: Path, out: Path) -> None:
     if missing:
         raise HeadLensError(f"{path.name} lacks {', '.join(missing[:3])}; it was not loaded.")
     out.mkdir(parents=True)
-    save_file(_weights(header, names, config), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(_weights(header, names, config, progress), str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out)
     _tokenizer(path).save_pretrained(str(out))
 
@@ -220,13 +222,16 @@ def _hf_name(gguf_name: str, file: str) -> str:
     return f"model.layers.{layer}.{_NAMES[part]}.weight" if layer is not None else f"{_NAMES[part]}.weight"
 
 
-def _weights(header, names: dict[str, str], config) -> dict[str, torch.Tensor]:
+def _weights(header, names: dict[str, str], config, progress=None) -> dict[str, torch.Tensor]:
     """Every tensor dequantized to float32, q and k rows put back in transformers' order."""
     from gguf import GGMLQuantizationType, dequantize
     from transformers.integrations.gguf.reader import load_gguf_state_dict
 
     out = {}
-    for gguf_name, lazy in load_gguf_state_dict(header).items():
+    tensors = load_gguf_state_dict(header)
+    for done, (gguf_name, lazy) in enumerate(tensors.items(), start=1):
+        if progress is not None:
+            progress(done, len(tensors))
         if lazy.ggml_type in GGML_FLOATS:                                     # plain values: read as they are
             w = lazy[...].float().numpy()
         else:                                                                  # blocks of quantized values
@@ -267,7 +272,7 @@ _GEMMA_NAMES = {
 GEMMA_NORM_SHIFT = 1.0  # llama.cpp stores a Gemma norm's weight as 1 + transformers' (which scales by 1 + weight)
 
 
-def convert_gemma3(path: Path, out: Path) -> None:
+def convert_gemma3(path: Path, out: Path, progress=None) -> None:
     """A Gemma 3 GGUF file as a transformers ``gemma3_text`` folder (read with the gguf package's reader, which
     knows every quantized type the file may hold)."""
     from gguf import GGMLQuantizationType, GGUFReader, dequantize
@@ -297,7 +302,9 @@ def convert_gemma3(path: Path, out: Path) -> None:
     if missing:
         raise HeadLensError(f"{path.name} lacks {', '.join(missing[:3])}; it was not loaded.")
     weights = {}
-    for name, t in tensors.items():
+    for done, (name, t) in enumerate(tensors.items(), start=1):
+        if progress is not None:
+            progress(done, len(tensors))
         kind = GGMLQuantizationType(int(t.tensor_type))
         shape = tuple(reversed(t.shape.tolist()))
         w = (np.asarray(t.data, dtype=np.float32) if int(kind) in GGML_FLOATS

@@ -36,7 +36,9 @@ def reference(cache):
 def test_the_weights_are_transformers_own_reading_of_the_file(cache, reference):
     from safetensors.torch import load_file
 
-    folder = gguf_folder(bundled_file(NAME))
+    seen = []
+    folder = gguf_folder(bundled_file(NAME), progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (236, 236) and [d for d, _ in seen] == list(range(1, 237))  # read here, tensor by tensor
     ours = load_file(str(folder / "model.safetensors"))
     theirs = reference.state_dict()
     assert set(ours) == set(theirs) - {"lm_head.weight"}  # tied to the embeddings

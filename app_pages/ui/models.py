@@ -112,6 +112,24 @@ def shared_model(choice: str, folder: str, device: str) -> AttentionModel:
                       else "scratch", device=device, untrained=choice == "untrained")
 
 
+_READ: set[str] = set()  # the bundled GGUF models this server has found read into their folders
+
+
+def read_once(model, slot) -> None:
+    """A bundled GGUF model's file read into its folder, with a progress bar the first time on a machine."""
+    if model.name is None or model.name in _READ:
+        return
+    from models.files import resolve_model_dir
+
+    with slot.container():
+        bar = st.progress(0.0, text=f"{model.title} {model.first_load}…")
+        resolve_model_dir(model.name, progress=lambda done, total: bar.progress(
+            min(done / max(total, 1), 1.0), text=f"Reading {model.title}'s GGUF file (once per machine): tensor "
+                                                 f"{done} of {total}"))
+        bar.empty()
+    _READ.add(model.name)
+
+
 def fetched(name: str, slot) -> None:
     """``name`` fetched from the Hub when it is neither a folder nor in the local cache, with a progress bar."""
     from models.files import resolve_model_dir
@@ -139,6 +157,8 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
             if ref.download:
                 fetched(ref.folder, slot)
         model = bundled(ref.choice)
+        if ref.choice in LLM:
+            read_once(model, slot)
         with slot, st.spinner(f"Loading the model… ({model.title} {model.first_load})" if ref.choice in LLM
                               else "Loading the model…"):
             model = cached_model(ref)
