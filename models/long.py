@@ -226,10 +226,12 @@ class LongAttention:
             for start in range(lo, hi, size):
                 stop = min(hi, start + size)
                 seen = stop if self.causal else n
-                scores = torch.matmul(q[:, start:stop], k[:, :seen].transpose(-2, -1))  # (h, rows, seen)
+                # a sliding layer's queries see only the keys of their window: only those are scored
+                first = max(0, start - window + 1) if window is not None and self.causal else 0
+                scores = torch.matmul(q[:, start:stop], k[:, first:seen].transpose(-2, -1))  # (h, rows, seen - first)
                 if window is not None and n > window:
                     query = torch.arange(start, stop, device=q.device).view(-1, 1)
-                    key = torch.arange(seen, device=q.device).view(1, -1)
+                    key = torch.arange(first, seen, device=q.device).view(1, -1)
                     blocked = (query - key) >= window
                     if self.causal:
                         blocked |= key > query
@@ -244,8 +246,11 @@ class LongAttention:
                 if not all(on):
                     w.masked_fill_(off, 0.0)
                 if with_entropy:  # -sum_j w_ij log w_ij = lse_i - q_i . sum_j w_ij k_j
-                    mixed = torch.matmul(w, k_more[:, :seen])                     # (h, rows, Dh + columns)
+                    mixed = torch.matmul(w, k_more[:, first:seen])                # (h, rows, Dh + columns)
                     entropy = (top[..., 0] + total[..., 0].log() - (mixed[..., :Dh] * q[:, start:stop]).sum(dim=-1))
+                if first:  # the keys before the window: zero weight, placed so that a row covers every key
+                    w = torch.cat([w.new_zeros(w.shape[0], w.shape[1], first), w], dim=-1)
+                if with_entropy:
                     yield (start, stop, w, entropy.masked_fill_(off[..., 0], 0.0).clamp_min_(0.0),
                            mixed[..., Dh:] if columns is not None else None)
                 else:

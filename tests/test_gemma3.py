@@ -243,6 +243,14 @@ def test_a_sliding_layers_keys_beyond_its_window_are_not_visible_in_every_view(g
             brute = np.array([[token_level[a:b, c:d].any() for c, d in merged.key_spans] for a, b in merged.query_spans])
             np.testing.assert_array_equal(merged.visible(layer), brute)
     long = load_model(folder, backend="scratch").attend_long(LONG)
+    for layer in range(3):  # a sliding layer scores only its window's keys; the weights are the same
+        np.testing.assert_allclose(long.weights(layer), att.weights[layer], atol=1e-5)
+        for start, stop, w, entropy, _ in long.blocks(layer, rows=(10, n), step=1, with_entropy=True):
+            assert start >= 10  # blocks that start past the window: the keys before it are not scored
+            np.testing.assert_allclose(w.numpy(), att.weights[layer][:, start:stop, :stop], atol=1e-5)
+            p = att.weights[layer][:, start:stop, :stop]
+            want = -(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0)).sum(-1)
+            np.testing.assert_allclose(entropy.numpy(), want, atol=1e-4)
     lv = long_view(long)
     m = len(lv.labels)
     np.testing.assert_array_equal(lv.visible((0, m), (0, m), 0), (k <= q) & (q - k < WINDOW))
