@@ -178,3 +178,21 @@ def test_head_roles_puts_smollm2s_role_grid_beside_gemma3s(cache, new_app):
     assert counts.loc["heads", "Gemma 3 270M"] == 72 and counts.loc["heads", "SmolLM2-135M-Instruct"] == 270
     for label, n in labels.value_counts().items():
         assert counts.loc[label, "Gemma 3 270M"] == n
+
+
+def test_gemma3_generates_on_the_page_and_pruning_runs_on_it(cache, new_app):
+    from tests.conftest import figures
+
+    prompt = "The capital of France is"
+    at = new_app({"model": "gemma3", "text": prompt}, page="app_pages/generate.py")
+    at.slider(key="gen_tokens").set_value(6).run()
+    at.button(key="gen_go").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    model = load_model(NAME, backend="scratch")
+    continuation = "".join(model.generate(prompt, max_new_tokens=6))
+    assert at.code[0].value == continuation and figures(at)
+    pruned = model.pruned([(0, 1), (5, 2)])                                   # a copy; the shared model keeps them
+    mask = np.ones((18, 4), dtype=np.float32)
+    mask[0, 1] = mask[5, 2] = 0
+    np.testing.assert_allclose(pruned.attend(prompt).weights, model.attend(prompt, head_mask=mask).weights, atol=1e-5)
+    assert model.stack.kept[0] == [0, 1, 2, 3]
