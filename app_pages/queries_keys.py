@@ -45,13 +45,24 @@ sentences = within_tokens(model, sentences)
 if s.heads_off or s.causal:
     st.caption("Drawn from the model as it is: the heads switched off and the causal mask in the sidebar do not "
                "apply on this page.")
-drawn = pictures(ref, sentences, method)
+st.markdown(f"#### Every head over {len(sentences):,} sentences")
+slot = st.empty()  # the heads drawn so far, a layer at a time, while the rest is computed; then all of them
+
+
+def so_far(ready) -> None:
+    layers = len(ready.frames) // model.n_heads
+    slot.plotly_chart(qk_overview(ready.frames, model.n_layers, model.n_heads, png=ready.png,
+                                  title=f"Layers 0–{layers - 1} of {model.n_layers} drawn · the rest is being computed"),
+                      theme=None, config={"displaylogo": False})
+
+
+drawn = pictures(ref, sentences, method, partial=so_far)
 frames = drawn.frames
 faithful = np.array([f.attrs["faithfulness"] for f in frames.values()])
-st.markdown(f"#### Every head over {len(sentences):,} sentences")
 grid = qk_overview(frames, model.n_layers, model.n_heads, png=drawn.png,
                    title=f"{model.n_layers} layers × {model.n_heads} heads · {ref.title}")
-event = chart(grid, "qk_grid", on_select="rerun", selection_mode="points")
+with slot:
+    event = chart(grid, "qk_grid", on_select="rerun", selection_mode="points")
 untrusted = sum(bool(f.attrs["misleads"]) for f in frames.values())
 st.caption(f"Rows are layers, columns heads; queries blue, keys orange. Median faithfulness {np.median(faithful):.2f} "
            f"(chance {next(iter(frames.values())).attrs['chance']:.2f}). On a pink ground, the {untrusted} heads whose "

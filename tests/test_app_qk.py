@@ -62,3 +62,29 @@ def test_a_model_our_engine_does_not_run_gets_a_sentence(new_app, tiny):
     at = new_app({"model": "custom", "custom_model": str(tiny("gpt2"))}, page=PAGE)
     assert any("from-scratch engine" in i.value for i in at.info)
     assert not at.get("plotly_chart")
+
+
+def test_the_pictures_are_shown_a_layer_at_a_time_while_they_are_computed(scratch_model):
+    """What the page draws before the last head is ready: after each layer, that layer's heads and every one
+    before it, each the very picture the finished grid holds (a session waiting on another's computation
+    is handed the same values)."""
+    from app_pages.ui.caches import SharedCache, computed_once
+    from app_pages.ui.qk import _compute
+    from viz.qk import qk_overview_png
+
+    cache, seen, waiting = SharedCache(max_entries=1), [], []
+
+    def shown(ready):
+        seen.append(ready)
+        waiting.append(cache.partial.get("k"))  # published for the sessions waiting on the same key
+
+    final = computed_once(cache, "k", lambda: _compute(scratch_model, SENTENCES, "fitted"), "", partial=shown)
+    L, H = scratch_model.n_layers, scratch_model.n_heads
+    assert [sorted(p.frames) for p in seen] == [[(l, h) for l in range(k + 1) for h in range(H)] for k in range(L - 1)]
+    assert all(a is b for a, b in zip(seen, waiting))
+    for ready in seen:
+        for pair, frame in ready.frames.items():
+            assert frame is final.frames[pair]
+    assert seen[0].png == qk_overview_png(seen[0].frames, L, H)  # the heads not yet drawn are blank
+    assert final.png == qk_overview_png(final.frames, L, H)
+    assert cache.partial == {} and cache.progress == {}

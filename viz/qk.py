@@ -51,18 +51,34 @@ def qk_tile(frame: pd.DataFrame, size: int = 96) -> np.ndarray:
     return (tile * 255).round().astype(np.uint8)
 
 
+class QkCanvas:
+    """Every head's picture on one canvas, layers on rows and heads on columns, painted head by head as each is
+    ready (an unpainted head is blank); ``png()`` encodes it as it stands."""
+
+    def __init__(self, layers: int, heads: int, thumb: int = 96, gap: int = 6):
+        self.thumb, self.pitch = thumb, thumb + gap
+        self.pixels = np.full((layers * self.pitch - gap, heads * self.pitch - gap, 3), 255, dtype=np.uint8)
+
+    def paint(self, layer: int, head: int, frame: pd.DataFrame) -> None:
+        t, p = self.thumb, self.pitch
+        self.pixels[layer * p:layer * p + t, head * p:head * p + t] = qk_tile(frame, t)
+
+    def png(self) -> tuple[bytes, int]:
+        """The canvas as a PNG, and the tile pitch."""
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(self.pixels).save(buf, format="PNG", compress_level=6)
+        return buf.getvalue(), self.pitch
+
+
 def qk_overview_png(frames: dict[tuple[int, int], pd.DataFrame], layers: int, heads: int, *, thumb: int = 96,
                     gap: int = 6) -> tuple[bytes, int]:
     """Every head's picture as one PNG, layers on rows and heads on columns; the PNG and the tile pitch."""
-    from PIL import Image
-
-    pitch = thumb + gap
-    canvas = np.full((layers * pitch - gap, heads * pitch - gap, 3), 255, dtype=np.uint8)
+    canvas = QkCanvas(layers, heads, thumb, gap)
     for (layer, head), frame in frames.items():
-        canvas[layer * pitch:layer * pitch + thumb, head * pitch:head * pitch + thumb] = qk_tile(frame, thumb)
-    buf = io.BytesIO()
-    Image.fromarray(canvas).save(buf, format="PNG", compress_level=6)
-    return buf.getvalue(), pitch
+        canvas.paint(layer, head, frame)
+    return canvas.png()
 
 
 def qk_overview(frames: dict[tuple[int, int], pd.DataFrame], layers: int, heads: int, *, title: str = "",

@@ -5,8 +5,10 @@ switched off. Cached values are only ever read.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
+import time
 from collections import OrderedDict
 
 import streamlit as st
@@ -21,7 +23,53 @@ from .generation import generated_from
 from .messages import plain, stop_with
 from .models import ModelRef, cached_model, model_for, scratch_twin
 from .settings import Settings
+from .threads import here, in_background, session_id
 from .state import choose
+
+
+class Bar:
+    """A progress bar that redraws at most every quarter second, with the time left estimated. What it shows is
+    also published under the key being computed, for the sessions waiting on it; in the server's own threads
+    it is only published."""
+
+    def __init__(self, text: str):
+        self.text, self.start, self.shown = text, time.perf_counter(), 0.0
+        self.key, self.cache = getattr(here, "key", None), getattr(here, "cache", None)
+        self.bar = None if in_background() else st.progress(0.0, text=f"{text}…")
+        self._publish(0.0, f"{text}…")
+
+    def _publish(self, share: float, text: str) -> None:
+        if self.cache is not None:
+            self.cache.progress[self.key] = (share, text)
+
+    def partial(self, value) -> None:
+        """Publish what is ready so far, for a page to show while the rest is computed (``computed_once``)."""
+        if self.cache is not None:
+            self.cache.partial[self.key] = value
+        shown = getattr(here, "show_partial", None)
+        if shown is not None and not in_background():
+            shown(value)
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if now - self.shown < 0.25 and done < total:
+            return
+        self.shown = now
+        share = min(done / max(total, 1), 1.0)
+        left = (now - self.start) * (1 - share) / share if share > 0.02 else None
+        text = f"{self.text}… {share:.0%}" + (f", about {left:.0f} s left" if left is not None else "")
+        self._publish(share, text)
+        if self.bar is not None:
+            self.bar.progress(share, text=text)
+
+    def empty(self) -> None:
+        if self.bar is not None:
+            self.bar.empty()
+
+
+def spinner(text: str):
+    """``st.spinner(text)``, or nothing in the server's own threads."""
+    return contextlib.nullcontext() if in_background() else st.spinner(text)
 
 
 class SharedCache:
@@ -30,12 +78,46 @@ class SharedCache:
     Values are handed out as they are, never copied: st.cache_data pickles a value when storing it
     and unpickles a copy on every read, 0.1 s for one 512-token text's 72 MB of weights. Whoever
     stores a value makes it read-only. Sessions asking for the same key at once compute it once.
+
+    ``owned``: each entry remembers the sessions that asked for it, and ``release(active)`` drops the
+    entries that only closed sessions asked for (a long prompt typed by people who have left); an
+    entry the server computed for everyone (``sessions.warm_up``) has no owner and stays.
     """
 
-    def __init__(self, max_entries: int, max_bytes: int | None = None, size=lambda value: 0):
-        self.max_entries, self.max_bytes, self.size = max_entries, max_bytes, size
+    def __init__(self, max_entries: int, max_bytes: int | None = None, size=lambda value: 0, owned: bool = False):
+        self.max_entries, self.max_bytes, self.size, self.owned = max_entries, max_bytes, size, owned
         self._items, self._lock = OrderedDict(), threading.Lock()
         self._computing: dict = {}  # key -> lock held by the session computing that value
+        self._owners: dict = {}  # key -> ids of the sessions that asked for it (owned caches)
+        self.progress: dict = {}  # key -> (share, text) of a computation under way, for those waiting on it
+        self.partial: dict = {}  # key -> what that computation has ready so far (``Bar.partial``)
+
+    def _own(self, key) -> None:
+        if self.owned:
+            sid = session_id()
+            owners = self._owners.setdefault(key, set())
+            if sid is None:
+                owners.add(None)  # the server's: kept for everyone
+            else:
+                owners.add(sid)
+
+    def release(self, active) -> int:
+        """Drop the entries whose every owner is a session ``active(id)`` says has closed; how many went."""
+        with self._lock:
+            gone = [key for key in self._items
+                    if self.owned and None not in self._owners.get(key, {None})
+                    and not any(active(sid) for sid in self._owners[key])]
+            for key in gone:
+                del self._items[key]
+                self._owners.pop(key, None)
+            return len(gone)
+
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(map(self.size, self._items.values()))
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def computing(self, key) -> threading.Lock:
         """The lock to hold while computing ``key``, so that sessions asking at once compute it once."""
@@ -47,16 +129,21 @@ class SharedCache:
             if key not in self._items:
                 return None
             self._items.move_to_end(key)
+            self._own(key)
             return self._items[key]
 
     def put(self, key, value) -> None:
         with self._lock:
             self._items[key] = value
+            self._own(key)
             self._computing.pop(key, None)
+            self.progress.pop(key, None)
+            self.partial.pop(key, None)
             while len(self._items) > self.max_entries or (
                     self.max_bytes is not None and len(self._items) > 1
                     and sum(map(self.size, self._items.values())) > self.max_bytes):
-                self._items.popitem(last=False)
+                old, _ = self._items.popitem(last=False)
+                self._owners.pop(old, None)
 
     def get_or_compute(self, key, compute):
         """The cached value of ``key``, or ``compute()``'s, stored; an error is raised, not stored."""
@@ -66,27 +153,60 @@ class SharedCache:
         with self.computing(key):
             value = self.get(key)
             if value is None:
-                value = compute()
+                with computing_as(self, key):
+                    value = compute()
                 self.put(key, value)
         return value
 
 
-def computed_once(cache: SharedCache, key, compute, waiting: str):
-    """``cache``'s value of ``key``, else ``compute()``'s, stored. While another session computes the
-    same key, this one waits under a spinner saying ``waiting``, then takes that result. A
-    ``HeadLensError`` is shown as its sentence and ends the run."""
+class computing_as:
+    """Within it, ``Bar``s publish their progress under ``cache``'s ``key``, and ``partial(value)`` shows what is
+    ready so far on this session's page."""
+
+    def __init__(self, cache: SharedCache, key, partial=None):
+        self.cache, self.key, self.show = cache, key, partial
+
+    def __enter__(self):
+        self.saved = (getattr(here, "cache", None), getattr(here, "key", None), getattr(here, "show_partial", None))
+        here.cache, here.key, here.show_partial = self.cache, self.key, self.show
+        return self
+
+    def __exit__(self, *exc):
+        here.cache, here.key, here.show_partial = self.saved
+        self.cache.progress.pop(self.key, None)
+        self.cache.partial.pop(self.key, None)
+
+
+def computed_once(cache: SharedCache, key, compute, waiting: str, partial=None):
+    """``cache``'s value of ``key``, else ``compute()``'s, stored. While another session (or the server,
+    after a model loads) computes the same key, this one waits under a progress bar saying ``waiting`` and
+    how far that computation has got, then takes its result. ``partial(value)``: shows what a computation
+    publishes as ready so far (``Bar.partial``), whoever computes it. A ``HeadLensError`` is shown as its
+    sentence and ends the run."""
     value = cache.get(key)
     if value is not None:
         return value
+    if in_background():  # the server's own work: no page to wait on, and an error is the caller's to report
+        return cache.get_or_compute(key, compute)
     lock = cache.computing(key)
     if not lock.acquire(blocking=False):
-        with st.spinner(waiting):
-            lock.acquire()
+        bar, shown, drawn = st.progress(0.0, text=waiting), None, None
+        while not lock.acquire(timeout=0.5):
+            share, text = cache.progress.get(key, (0.0, ""))
+            if (share, text) != shown:
+                shown = (share, text)
+                bar.progress(share, text=f"{waiting} {text}".strip())
+            ready = cache.partial.get(key)
+            if partial is not None and ready is not None and ready is not drawn:
+                drawn = ready
+                partial(ready)
+        bar.empty()
     try:
         value = cache.get(key)
         if value is None:
             try:
-                value = compute()
+                with computing_as(cache, key, partial):
+                    value = compute()
             except HeadLensError as err:
                 stop_with(err)
             cache.put(key, value)
@@ -103,13 +223,16 @@ def _frozen(att: Attention) -> Attention:
     return att
 
 
+ATTENTION_BYTES = 2**30  # attention results kept for every session
+
+
 def _nbytes(att: Attention) -> int:
     return sum(part.weights.nbytes for part in (att, att.decoder, att.cross) if part is not None)
 
 
 @st.cache_resource
 def attention_cache() -> SharedCache:
-    return SharedCache(max_entries=64, max_bytes=2**30, size=_nbytes)
+    return SharedCache(max_entries=64, max_bytes=ATTENTION_BYTES, size=_nbytes, owned=True)
 
 
 def cached_attention(model: AttentionModel, ref: ModelRef, text: str, causal: bool, heads_off: tuple,
@@ -134,7 +257,7 @@ LONG_BYTES = 640 * 2**20  # long prompts kept for every session: two 4,096-token
 
 @st.cache_resource
 def long_cache() -> SharedCache:
-    return SharedCache(max_entries=4, max_bytes=LONG_BYTES, size=lambda att: att.nbytes)
+    return SharedCache(max_entries=4, max_bytes=LONG_BYTES, size=lambda att: att.nbytes, owned=True)
 
 
 def long_attention(s: Settings, text: str, ref: ModelRef, model: AttentionModel, container=st) -> LongAttention | None:

@@ -10,10 +10,10 @@ from models import head_label
 from models.catalog import CATALOG, bundled
 from viz import head_heatmap, role_grid
 
-from .caches import SharedCache, cached_attention, computed_once
+from .caches import Bar, SharedCache, cached_attention, computed_once
 from .exports import chart
 from .models import ModelRef, cached_model
-from .pruning import Bar, corpus_sample
+from .pruning import corpus_sample
 from .state import bound, choose, flag, head_from_url, head_to_url
 
 SENTENCES = 100  # natural sentences for previous-token and sink scores: spread over the built-in corpus
@@ -43,7 +43,7 @@ def detected(ref: ModelRef) -> pd.DataFrame:
         return df.assign(label=detector_labels(df))
 
     return computed_once(detector_cache(), ("detector", ref), compute,
-                         "Another session is detecting the same heads; its result will be shown here…").copy()
+                         "Detecting this model's heads, once for every session (already under way):").copy()
 
 
 def show_decoder_heads(ref: ModelRef) -> None:

@@ -12,10 +12,9 @@ from analysis.routes import Flow, prediction_flow
 from analysis.vocabulary import copying_scores, head_vocabulary
 from models import AttentionModel, HeadLensError
 
-from .caches import SharedCache, computed_once
+from .caches import Bar, SharedCache, computed_once, spinner
 from .messages import plain, stop_with
 from .models import TRAINED, ModelRef, cached_model
-from .pruning import Bar
 from .state import bound
 from .training import trained_job
 
@@ -125,7 +124,7 @@ def show_pair(model: AttentionModel, pair: Pair) -> None:
                      f"logit(“{token_text(model, answer)}”) − logit(“{token_text(model, distractor)}”)."))
 
 
-def _key(kind: str, ref: ModelRef, pair: Pair, method: str) -> tuple:
+def effects_key(kind: str, ref: ModelRef, pair: Pair, method: str) -> tuple:
     return kind, ref, pair.clean, pair.corrupted, str(pair.answer), str(pair.distractor), method
 
 
@@ -133,7 +132,7 @@ def effects(ref: ModelRef, pair: Pair, method: str) -> Effects:
     """Attribution of the clean prompt, every head patched and the residual stream patched by position."""
     def compute() -> Effects:
         model = cached_model(ref)
-        with st.spinner("Attributing the logit difference to every head…"):
+        with spinner("Attributing the logit difference to every head…"):
             attribution = logit_attribution(model, pair.clean, pair.answer, pair.distractor)
         n = model.n_layers * model.n_heads
         bar = Bar(f"Patching each of {n} heads" if method == "exact" else "Estimating every patch")
@@ -146,8 +145,8 @@ def effects(ref: ModelRef, pair: Pair, method: str) -> Effects:
         bar.empty()
         return Effects(attribution, heads, residual)
 
-    return computed_once(effects_cache(), _key("effects", ref, pair, method), compute,
-                         "Another session is patching the same prompts; its result will be shown here…")
+    return computed_once(effects_cache(), effects_key("effects", ref, pair, method), compute,
+                         "Patching these prompts, once for every session (already under way):")
 
 
 def per_position(ref: ModelRef, pair: Pair, method: str) -> pd.DataFrame:
@@ -159,8 +158,8 @@ def per_position(ref: ModelRef, pair: Pair, method: str) -> pd.DataFrame:
         bar.empty()
         return frame
 
-    return computed_once(effects_cache(), _key("positions", ref, pair, method), compute,
-                         "Another session is patching the same prompts; its result will be shown here…")
+    return computed_once(effects_cache(), effects_key("positions", ref, pair, method), compute,
+                         "Patching these prompts, once for every session (already under way):")
 
 
 def frame_csv(frame: pd.DataFrame) -> str:
@@ -181,17 +180,17 @@ def vocabulary(ref: ModelRef, prompt: str, layer: int, head: int, position: int)
     """What a head writes at a position of ``prompt`` (one forward pass), kept for every session."""
     return computed_once(effects_cache(), ("vocabulary", ref, prompt, layer, head, position),
                          lambda: head_vocabulary(cached_model(ref), prompt, layer, head, position),
-                         "Another session is reading the same head…")
+                         "Reading this head, once for every session (already under way):")
 
 
 def flow(ref: ModelRef, prompt: str) -> Flow:
     """Every residual update of ``prompt`` split into its parts' shares (one forward pass), for every session."""
     def compute() -> Flow:
-        with st.spinner("Splitting every update of the residual stream into its parts…"):
+        with spinner("Splitting every update of the residual stream into its parts…"):
             return prediction_flow(cached_model(ref), prompt)
 
     return computed_once(effects_cache(), ("flow", ref, prompt), compute,
-                         "Another session is reading the same prompt's routes…")
+                         "Reading this prompt's routes, once for every session (already under way):")
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
@@ -209,4 +208,4 @@ def copying(ref: ModelRef) -> pd.DataFrame:
         return frame
 
     return computed_once(_copying_store(), ("copying", ref), compute,
-                         "Another session is reading the same model's OV circuits…")
+                         "Reading every head's OV circuit, once for every session (already under way):")

@@ -12,6 +12,7 @@ from models import AttentionModel, HeadLensError, load_model
 from models.catalog import CATALOG, bundled
 
 from .messages import stop_with
+from .threads import in_background
 from .training import trained_job, trained_model
 
 def _choices(models) -> dict[str, str]:
@@ -150,6 +151,8 @@ def fetched(name: str, slot) -> None:
 
 def model_for(ref: ModelRef, container=st) -> AttentionModel:
     """The cached model, with a spinner while it loads and its error as a sentence."""
+    if in_background():
+        return cached_model(ref)
     slot = container.empty()  # keeps the elements after it in place, spinner or not
     try:
         if ref.choice == "custom":
@@ -165,4 +168,8 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
     except HeadLensError as err:
         stop_with(err)
     slot.empty()
+    if ref.choice in LLM:
+        from .sessions import warm_up  # which reads the pages' caches, built on this module
+
+        warm_up(ref)
     return model

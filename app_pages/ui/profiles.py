@@ -15,7 +15,7 @@ from models import AttentionModel, HeadLensError, head_label
 from models.corpus import CORPUS, sentences_of
 from models.long import LongAttention
 
-from .caches import SharedCache, attention, computed_once
+from .caches import Bar, SharedCache, attention, computed_once, in_background
 from .long import throttled
 from .messages import plain, stop_with
 from .models import model_for
@@ -23,6 +23,7 @@ from .settings import Settings
 from .state import bound
 
 PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
+PROFILES_BYTES = 768 * 2**20  # and all the profiles kept for every session
 CONTENT_ATTENTION = ("Content attention is a head's attention with the special tokens ([CLS], [SEP]) dropped and "
                      "each row rescaled to 1: attention to them works as a no-op (Clark et al. 2019) and hides what "
                      "the head does with the words. In a decoder such as SmolLM2, which has no BOS token, the first "
@@ -151,8 +152,10 @@ def profile_cache() -> SharedCache:
 
     st.cache_data cannot drive a progress bar from inside a cached function, so profiles are
     computed outside it and kept here. Values are only ever read; the frame is copied on the way out.
+    Entries only closed sessions asked for are dropped (``sessions.janitor``); the built-in corpus's,
+    computed by the server, stay.
     """
-    return SharedCache(max_entries=4)
+    return SharedCache(max_entries=4, max_bytes=PROFILES_BYTES, size=profile_bytes, owned=True)
 
 
 def profile(s: Settings, sentences: list[str]):
@@ -164,28 +167,25 @@ def profile(s: Settings, sentences: list[str]):
     key = (s.model, s.causal, s.heads_off, corpus_hash(sentences)[1])
     frame, per_sentence, attentions = computed_once(
         profile_cache(), key, lambda: _compute_profile(model_for(s.model), s, sentences),
-        "Another session is profiling the same sentences; its result will be shown here…")
+        "Profiling these sentences, once for every session (already under way):")
     return frame.copy(), per_sentence, attentions
 
 
 def _compute_profile(model: AttentionModel, s: Settings, sentences: list[str]):
-    try:
-        sentences = within_budget(model, sentences)
-    except HeadLensError as err:
-        stop_with(err)
-    bar = st.progress(0.0, text=f"Profiling {len(sentences)} sentences…")
-    try:
-        attentions = model.attend(sentences, head_mask=head_mask(model, s.heads_off), causal=s.causal,
-                                  progress=lambda done, total: bar.progress(
-                                      done / total, text=f"Profiling… {done} of {total} sentences"))
-    except HeadLensError as err:
-        stop_with(err)
-    bar.progress(1.0, text="Measuring every head…")
+    sentences = within_budget(model, sentences)
+    bar = Bar(f"Profiling {len(sentences)} sentences")
+    attentions = model.attend(sentences, head_mask=head_mask(model, s.heads_off), causal=s.causal, progress=bar)
     measures = measure_heads(attentions)
     per_sentence = {name: measures.per_sentence(name) for name in RANKING_MEASURES}
     per_sentence["similarity"] = head_similarity(attentions)
     bar.empty()
     return measures.frame(), per_sentence, attentions
+
+
+def profile_bytes(value) -> int:
+    """What a profile holds: its attention weights, by far its largest part."""
+    _, _, attentions = value
+    return sum(a.weights.nbytes for a in attentions) if isinstance(attentions, list) else 0
 
 
 def long_text(s: Settings) -> str | None:
@@ -218,7 +218,7 @@ def document_profile(s: Settings) -> PageProfile:
     key = ("document", s.model, s.causal, s.heads_off, corpus_hash([text])[1])
     profile, frame, per_sentence = computed_once(
         profile_cache(), key, lambda: _compute_document(att),
-        "Another session is profiling the same text; its result will be shown here…")
+        "Profiling this text, once for every session (already under way):")
     st.caption(plain(f"{len(att.tokens):,} tokens, {len(profile.sentences):,} sentences, each read after the "
                      "text before it" + (f" (the text was cut at {len(att.tokens):,} tokens)" if att.truncated else "")
                      + "."))
@@ -239,7 +239,7 @@ def within_budget(model: AttentionModel, sentences: list[str]) -> list[str]:
     """The first sentences whose attention weights fit ``PROFILE_BYTES``, with a note when some are left out."""
     sizes = np.cumsum([n * n * model.bytes_per_token_pair for n in model.token_counts(sentences)])
     keep = max(1, int(np.searchsorted(sizes, PROFILE_BYTES, side="right")))
-    if keep < len(sentences):
+    if keep < len(sentences) and not in_background():
         st.warning(f"Profiling the first {keep:,} of {len(sentences):,} sentences: their attention weights "
                    f"fill the {PROFILE_BYTES // 2**20} MiB a profile may hold.")
     return sentences[:keep]

@@ -1,7 +1,6 @@
 """Head importance and pruning curves: computed once for every session, with a progress bar."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +14,7 @@ from models import AttentionModel, Head, head_label
 from models.catalog import CATALOG
 from models.corpus import CORPUS
 
-from .caches import SharedCache, computed_once
+from .caches import Bar, SharedCache, computed_once
 from .exports import model_zip
 from .models import LLM, TRAINED, ModelRef, cached_model, model_for
 from .profiles import uploaded_sentences
@@ -141,27 +140,6 @@ def _key(kind: str, ref: ModelRef, ablation: str, sentences: list[str]) -> tuple
     return kind, ref, ablation, corpus_hash(sentences)[1]
 
 
-class Bar:
-    """A progress bar that redraws at most every quarter second, with the time left estimated."""
-
-    def __init__(self, text: str):
-        self.text, self.start, self.shown = text, time.perf_counter(), 0.0
-        self.bar = st.progress(0.0, text=f"{text}…")
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if now - self.shown < 0.25 and done < total:
-            return
-        self.shown = now
-        share = done / max(total, 1)
-        left = (now - self.start) * (1 - share) / share if share > 0.02 else None
-        self.bar.progress(min(share, 1.0), text=f"{self.text}… {share:.0%}"
-                          + (f", about {left:.0f} s left" if left is not None else ""))
-
-    def empty(self) -> None:
-        self.bar.empty()
-
-
 def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> Importance:
     """Every head's importance on ``sentences`` (by ablation or gradient), with a progress bar while it runs."""
     measure = measure_of(ref)
@@ -182,7 +160,7 @@ def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str =
 
     model_for(ref)
     return computed_once(pruning_cache(), _key(f"importance-{method}", ref, ablation, sentences), compute,
-                         "Another session is measuring the same heads; its result will be shown here…")
+                         "Measuring every head, once for every session (already under way):")
 
 
 def curves(ref: ModelRef, ablation: str, sentences: list[str], imp: Importance) -> pd.DataFrame:
@@ -205,7 +183,7 @@ def curves(ref: ModelRef, ablation: str, sentences: list[str], imp: Importance) 
         return pd.concat(frames, ignore_index=True)
 
     return computed_once(pruning_cache(), _key("curves", ref, ablation, sentences), compute,
-                         "Another session is computing the same curves; they will be shown here…").copy()
+                         "Computing the pruning curves, once for every session (already under way):").copy()
 
 
 def has_curves(ref: ModelRef, ablation: str, sentences: list[str]) -> bool:

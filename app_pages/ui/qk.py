@@ -6,13 +6,12 @@ from dataclasses import dataclass
 import streamlit as st
 
 from analysis.profile import corpus_hash
-from analysis.qk import iter_qk_heads, qk_embeddings
-from models import AttentionModel, HeadLensError
+from analysis.qk import iter_qk_heads, qk_embedding
+from models import AttentionModel
 from models.corpus import CORPUS
-from viz.qk import qk_overview_png
+from viz.qk import QkCanvas
 
-from .caches import SharedCache, computed_once
-from .messages import stop_with
+from .caches import Bar, SharedCache, computed_once
 from .models import ModelRef, model_for
 from .profiles import uploaded_sentences
 from .settings import Settings
@@ -30,13 +29,24 @@ def pick_corpus(s: Settings) -> list[str]:
     return list(CORPUS) if source == "corpus" else list(s.sentences) if source == "sidebar" else uploaded_sentences()
 
 
-def within_tokens(model: AttentionModel, sentences: list[str]) -> list[str]:
-    """The first sentences within ``QK_TOKENS`` tokens, with a note when some are left out."""
+def _within(model: AttentionModel, sentences: list[str]) -> tuple[int, int]:
+    """How many of the first sentences fit in ``QK_TOKENS`` tokens, and their tokens."""
     total, keep = 0, 0
     for n in model.token_counts(sentences):
         if total + n > QK_TOKENS and keep:
             break
         total, keep = total + n, keep + 1
+    return keep, total
+
+
+def tokens_within(model: AttentionModel, sentences: list[str]) -> list[str]:
+    """The first sentences within ``QK_TOKENS`` tokens."""
+    return sentences[:_within(model, sentences)[0]]
+
+
+def within_tokens(model: AttentionModel, sentences: list[str]) -> list[str]:
+    """The first sentences within ``QK_TOKENS`` tokens, with a note when some are left out."""
+    keep, total = _within(model, sentences)
     if keep < len(sentences):
         st.warning(f"Drawing the first {keep:,} of {len(sentences):,} sentences: their {total:,} tokens are as "
                    f"many as one picture holds ({QK_TOKENS:,}).")
@@ -63,30 +73,29 @@ def qk_cache() -> SharedCache:
     return SharedCache(max_entries=4, max_bytes=512 * 2**20, size=_frames_bytes)
 
 
-def pictures(ref: ModelRef, sentences: list[str], method: str) -> Pictures:
-    """``qk_embedding`` of every head of ``ref``'s model over ``sentences``, with a progress bar the first time."""
+def pictures(ref: ModelRef, sentences: list[str], method: str, partial=None) -> Pictures:
+    """``qk_embedding`` of every head of ``ref``'s model over ``sentences``, with a progress bar the first time;
+    ``partial(Pictures)`` is called with the heads drawn so far, a layer at a time, while they are computed."""
     key = (ref, corpus_hash(sentences)[1], method)
     return computed_once(qk_cache(), key, lambda: _compute(model_for(ref), sentences, method),
-                         "Another session is drawing the same sentences; its pictures will be shown here…")
+                         "Drawing every head's picture (computed once for every session):", partial=partial)
 
 
 def _compute(model: AttentionModel, sentences: list[str], method: str) -> Pictures:
-    bar = st.progress(0.0, text=f"Reading the queries and keys of {len(sentences):,} sentences…")
+    """Every head's picture, published a layer at a time (``Pictures`` of the heads drawn so far) for the page
+    to show while the rest is computed."""
     count = model.n_layers * model.n_heads
-    drawn = [0]
+    bar = Bar(f"Reading the queries and keys of {len(sentences):,} sentences, then drawing {count} heads")
+    frames, canvas = {}, QkCanvas(model.n_layers, model.n_heads)
 
-    def reading(done: int, total: int) -> None:
-        bar.progress(drawn[0] / count, text=f"Reading queries and keys… {done:,} of {total:,} sentence passes")
+    def reading(done: int, total: int) -> None:  # each group of layers is read, then its heads drawn
+        bar(len(frames) * total + done, count * total)
 
-    def drawing(done: int, total: int) -> None:
-        drawn[0] = done
-        bar.progress(done / total, text=f"Drawing head {done} of {total}…")
-
-    try:
-        frames = qk_embeddings(iter_qk_heads(model, sentences, progress=reading), method=method, total=count,
-                               progress=drawing)
-    except HeadLensError as err:
-        bar.empty()
-        stop_with(err)
+    for (layer, head), qk in iter_qk_heads(model, sentences, progress=reading):
+        frames[layer, head] = qk_embedding(qk, method=method)
+        canvas.paint(layer, head, frames[layer, head])
+        bar(len(frames), count)
+        if head == model.n_heads - 1 and len(frames) < count:
+            bar.partial(Pictures(dict(frames), canvas.png()))
     bar.empty()
-    return Pictures(frames, qk_overview_png(frames, model.n_layers, model.n_heads))
+    return Pictures(frames, canvas.png())
