@@ -1,6 +1,7 @@
 """HeadLens: routing and the shared sidebar. Each page lives in app_pages/."""
 import streamlit as st
 
+from app_pages.ui.sessions import janitor
 from app_pages.ui.sidebar import sidebar
 
 st.set_page_config(page_title="HeadLens", page_icon=":material/visibility:", layout="wide")
@@ -27,6 +28,7 @@ PAGES = [
 page = st.navigation(PAGES, expanded=True)  # every page in the sidebar, not ten and "View more"
 if "_open_page" in st.session_state:  # asked for by a page (ui.state.open_page)
     st.switch_page(st.session_state.pop("_open_page"))
+janitor()  # drops what only closed sessions held
 st.sidebar.title("HeadLens")
 sidebar()
 page.run()

@@ -10,6 +10,9 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# A server's warm-up computes a bundled decoder's corpus results in the background once it loads; the tests
+# that open one page at a time would share their cores with it. The tests of the warm-up switch it on.
+os.environ.setdefault("HEADLENS_WARM_UP", "0")
 
 import pytest
 import torch

@@ -8,6 +8,7 @@ from models import head_label
 from models.corpus import DEFAULT_TEXT, EXAMPLES
 
 from .models import LLM, SCRATCH, model_for, model_names, ref_for, scratch_twin
+from .sessions import warm_up_note
 from .settings import MAX_CHARS
 from .state import bound, flag, head_from_url, head_to_url, remember
 
@@ -69,3 +70,6 @@ def sidebar() -> None:
               placeholder="L0 H0",
               help="Head masking, from-scratch engine only; later layers then see the model without those heads.")
     sb.caption(f"Running on **{model.device}** · {model.n_layers} layers × {model.n_heads} heads")
+    note = warm_up_note(ref_for(choice, device)) if decoder else None
+    if note is not None:
+        sb.caption(note)

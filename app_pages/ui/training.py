@@ -17,6 +17,7 @@ from models.training import TrainConfig, TrainRun, train
 from viz import head_grid
 
 from .exports import chart
+from .threads import lower_priority
 
 MAX_RUNNING = 2        # trainings at once on this server; more wait for a slot
 MAX_SECONDS = 600      # each training's time budget
@@ -98,6 +99,7 @@ class Job:
         return now - self._gone_since > GONE_AFTER
 
     def _work(self) -> None:
+        lower_priority()  # the sessions' reruns come first
         slot = slots()
         while not slot.acquire(timeout=0.2):
             if self.should_stop():
