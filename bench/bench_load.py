@@ -1,6 +1,7 @@
 """Many people at once: browser sessions on one server for a while, each typing and switching pages.
 
     python -m bench.bench_load [--sessions 8] [--seconds 60]
+    python -m bench.bench_load --llm [--model smollm2] [--seconds 240] [--tokens 4000]
 
 Starts ``streamlit run app.py`` with the repository's server defaults, lets one visitor open every
 page (model, spaCy and the corpus profile loaded, as whoever starts the server for a class would),
@@ -8,22 +9,70 @@ then runs the sessions side by side in one Chromium (each context its own Stream
 Prints the errors (target 0), the rerun latency percentiles per action, the server's memory over
 the run (target: bounded) and how busy the machine was: the browsers share its cores with the
 server, so latencies here include rendering eight pages on the same two cores.
+
+``--llm``: a class on a bundled decoder (tests/load_llm.py): the model opened once and the server's
+warm-up finished, then one session trains a decoder on Train, two read a ``--tokens`` prompt and
+switch layers, three type sentences and open every page, for ``--seconds``; then the sessions close
+and the server's memory is followed for ``--settle`` seconds (targets: no action past 60 s, peak
+3 GiB, back within 300 MiB of where it was before the sessions).
 """
 from __future__ import annotations
 
 import argparse
+import tempfile
 
 from bench.common import machine
 from tests.browser import streamlit_server
 from tests.load import run_load
 
 
+def llm(args) -> None:
+    from models import load_model
+    from models.catalog import bundled
+    from tests.load_llm import run_llm_load
+    from tests.test_app_long import prompt
+
+    model = load_model(bundled(args.model).name, backend="transformers")
+    texts = [prompt(model.tokenizer, args.tokens, seed=3 + i) for i in range(args.long)]
+    env = {"HEADLENS_WARM_UP": "1"}
+    with tempfile.TemporaryDirectory() as results:
+        if args.cold:  # nothing kept from an earlier run: the warm-up computes everything
+            env["HEADLENS_RESULTS"] = results
+        with streamlit_server(env=env) as (url, proc):
+            report = run_llm_load(url, proc.pid, args.model, texts, model.n_layers, visitors=args.visitors,
+                                  long_prompts=args.long, trainers=args.trainers, seconds=args.seconds,
+                                  settle=args.settle)
+    print(f"warm-up (model opened, server quiet) took {report.warm_up_s:.0f} s")
+    print(report.summary())
+    print("by action:", report.by_kind())
+    slow = [x for x in report.latencies if x > 60]
+    print(f"actions past 60 s: {len(slow)} of {len(report.latencies)}; trained {report.trained_steps:,} steps")
+    print(report.memory())
+    timeline = [f"{t:.0f} s {m:.0f}" for t, m in report.rss_mib[::15]]
+    print("server memory over the run (MiB, every 15 s):", ", ".join(timeline))
+    for line in report.errors:
+        print("error:", line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument("--llm", action="store_true", help="a class on a bundled decoder")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--tokens", type=int, default=4000)
+    parser.add_argument("--visitors", type=int, default=3)
+    parser.add_argument("--long", type=int, default=2)
+    parser.add_argument("--trainers", type=int, default=1)
+    parser.add_argument("--settle", type=float, default=90)
+    parser.add_argument("--cold", action="store_true", help="--llm: no results kept on disk from before")
     args = parser.parse_args()
     print(machine())
+    if args.llm:
+        args.seconds = args.seconds or 240
+        llm(args)
+        return
+    args.seconds = args.seconds or 60
     with streamlit_server() as (url, proc):
         report = run_load(url, proc.pid, args.sessions, args.seconds)
     print(report.summary())

@@ -26,10 +26,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def streamlit_server(timeout: float = 120):
-    """``streamlit run app.py`` on 127.0.0.1; yields its base URL and stops it by its PID."""
+def streamlit_server(timeout: float = 120, env: dict | None = None):
+    """``streamlit run app.py`` on 127.0.0.1 (with ``env`` added to its environment); yields its base URL and
+    stops it by its PID."""
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     LOGS.mkdir(parents=True, exist_ok=True)
     log_path = LOGS / f"streamlit-{port}.log"
     log = open(log_path, "wb")  # a pipe nobody reads would fill and stall the server

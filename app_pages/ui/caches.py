@@ -223,7 +223,7 @@ def _frozen(att: Attention) -> Attention:
     return att
 
 
-ATTENTION_BYTES = 2**30  # attention results kept for every session
+ATTENTION_BYTES = 512 * 2**20  # attention results kept for every session: one 512-token SmolLM2 text is 283 MB
 
 
 def _nbytes(att: Attention) -> int:

@@ -29,7 +29,7 @@ ZOOM_REGIONS = 16  # click targets along each axis of a head's heatmap
 
 @st.cache_resource
 def grid_cache() -> SharedCache:
-    return SharedCache(max_entries=64)  # a grid is at most heads x 128 x 128 floats
+    return SharedCache(max_entries=64, owned=True)  # a grid is at most heads x 128 x 128 floats
 
 
 def throttled(update, seconds: float = PROGRESS_EVERY):
@@ -167,7 +167,7 @@ def explore_long(s, att: LongAttention, layer: int, focus: int, heads: list[int]
 
 @st.cache_resource
 def survey_cache() -> SharedCache:
-    return SharedCache(max_entries=8)  # a survey is layers x heads x 96 x 96 floats: 10 MB for SmolLM2
+    return SharedCache(max_entries=8, owned=True)  # a survey is layers x heads x 96 x 96 floats: 10 MB for SmolLM2
 
 
 def surveyed(v: LongView) -> Survey:
@@ -251,7 +251,7 @@ def tokens_long(s, att: LongAttention, layer: int, heads: list[int], query: int,
 
 @st.cache_resource
 def rollout_cache() -> SharedCache:
-    return SharedCache(max_entries=64)  # one row of a prompt's tokens each
+    return SharedCache(max_entries=64, owned=True)  # one row of a prompt's tokens each
 
 
 def layers_long(s, att: LongAttention, v: LongView, query: int, window: tuple[int, int], residual: float) -> None:

@@ -23,7 +23,7 @@ from .settings import Settings
 from .state import bound
 
 PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
-PROFILES_BYTES = 768 * 2**20  # and all the profiles kept for every session
+PROFILES_BYTES = 640 * 2**20  # and all the profiles kept for every session
 CONTENT_ATTENTION = ("Content attention is a head's attention with the special tokens ([CLS], [SEP]) dropped and "
                      "each row rescaled to 1: attention to them works as a no-op (Clark et al. 2019) and hides what "
                      "the head does with the words. In a decoder such as SmolLM2, which has no BOS token, the first "

@@ -34,6 +34,7 @@ from models.gguf import cache_root
 from .caches import attention_cache, long_cache
 from .detector import detected, detector_cache
 from .effects import effects, effects_cache, effects_key
+from .long import grid_cache, rollout_cache, survey_cache
 from .models import LLM, ModelRef, cached_model
 from .profiles import profile, profile_cache
 from .pruning import LLM_SAMPLE, ENGINE, corpus_sample, curves, importance, proxy_table, pruning_cache
@@ -160,6 +161,7 @@ def _warm(job: Warmup) -> None:
                 store.save(text, value)
             job.done.append((name, how, time.perf_counter() - start))
         job.state = "done"
+        trim()  # what the computations held for a while goes back to the system
     except Exception as err:  # noqa: BLE001 - the pages compute what is missing themselves
         job.error, job.state = f"{type(err).__name__}: {err}", "failed"
         log.warning("HeadLens's warm-up of %s stopped: %s", job.ref.choice, job.error)
@@ -168,7 +170,8 @@ def _warm(job: Warmup) -> None:
 @st.cache_resource
 def janitor() -> "Janitor":
     """The server's one janitor, started by the first session."""
-    return Janitor([attention_cache(), long_cache(), profile_cache()]).start()
+    return Janitor([attention_cache(), long_cache(), profile_cache(), grid_cache(), survey_cache(),
+                    rollout_cache()]).start()
 
 
 class Janitor:
@@ -191,7 +194,7 @@ class Janitor:
         gone = sum(cache.release(runtime.is_active_session) for cache in self.caches)
         if gone:
             gc.collect()
-            trim()
+        trim()  # also what closed sessions' runs and trainings freed
         self.released += gone
         self.sweeps += 1
         return gone

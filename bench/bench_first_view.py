@@ -1,0 +1,71 @@
+"""Every page's first view on a bundled LLM: seconds until its first picture, and until it is done.
+
+    python -m bench.bench_first_view [--model smollm2] [--pages foci,queries_keys] [--restart]
+
+Starts ``streamlit run app.py``, loads the model once (Explore, as whoever starts a server for a
+class would), then opens each page in a fresh browser session, one at a time, on the otherwise idle
+server. ``first picture``: the page's first chart drawn (for a page with none, when it is done);
+``done``: the run finished (no running icon), every chart drawn. ``--wait S`` waits S seconds after the
+model loads before the first page, for what the server computes in the background.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from bench.common import machine
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, PLOT, streamlit_server
+
+PAGES = ["home", "foci", "compare", "overview", "tokens", "text", "generate", "roles", "effects", "queries_keys",
+         "layers", "pruning", "train"]
+RUNNING = "[data-testid='stStatusWidgetRunningIcon']"
+
+
+def first_view(browser, url: str, timeout_s: float = 600) -> tuple[float, float, bool]:
+    """(seconds to the first picture, seconds until done, whether an error box showed) for ``url``."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    start = time.perf_counter()
+    page.goto(url)
+    first = None
+    deadline = start + timeout_s
+    page.wait_for_selector("[data-testid='stMain'] h1", timeout=timeout_s * 1000)
+    while time.perf_counter() < deadline:
+        if first is None and page.locator(PLOT).count():
+            first = time.perf_counter() - start
+        # done: nothing running, nothing stale, for half a second
+        if not page.locator(RUNNING).count() and not page.locator("[data-stale='true']").count():
+            page.wait_for_timeout(500)
+            if not page.locator(RUNNING).count() and not page.locator("[data-stale='true']").count():
+                break
+        page.wait_for_timeout(100)
+    done = time.perf_counter() - start - 0.5
+    error = bool(page.locator("[data-testid='stException'], [data-testid='stAlertContentError']").count())
+    context.close()
+    return (done if first is None else first), done, error
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--pages", default=",".join(PAGES))
+    parser.add_argument("--wait", type=float, default=0.0)
+    args = parser.parse_args()
+    print(machine())
+    with streamlit_server() as (url, _), sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        load, done, _ = first_view(browser, f"{url}/?model={args.model}")
+        print(f"model loaded (Explore, first session): first picture {load:.1f} s, done {done:.1f} s")
+        time.sleep(args.wait)
+        print(f"{'page':<14} {'first picture':>14} {'done':>8}")
+        for name in args.pages.split(","):
+            path = "" if name == "home" else name
+            first, done, error = first_view(browser, f"{url}/{path}?model={args.model}")
+            print(f"{name:<14} {first:>12.1f} s {done:>6.1f} s" + ("  error shown" if error else ""), flush=True)
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""A class on the LLM: browser sessions on one server, one training a decoder, some on long prompts
+switching layers, the others typing sentences and opening pages, all on a bundled decoder.
+
+``run_llm_load(url, pid, ...)`` waits for the server to load the model and finish its warm-up (its CPU
+quiet), notes its memory, runs the sessions side by side for ``seconds``, closes them, then follows
+the server's memory while it drops what they held. Every action counts as done when the page shows
+what it asked for with nothing left running; one slower than ``ACTION_TIMEOUT`` is an error. Used by
+tests/test_load_llm.py and bench/bench_load.py --llm.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+from models.corpus import CORPUS
+from tests.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.load import LoadReport, _sample_memory, cpu_seconds, machine_ticks, rss_mib
+
+ACTION_TIMEOUT = 120_000  # ms: an action slower than this is an error (the target is 60 s)
+# the pages a visitor opens, by their link's name and heading
+PAGES = ["Explore", "Foci", "Compare", "Overview", "Tokens", "Text", "Generate", "Head roles", "Effects",
+         "Queries & keys", "Across layers", "Pruning"]
+SHOWS_TEXT = {"Explore", "Overview", "Tokens", "Text"}  # their first chart's title shows the typed sentence
+
+DONE = """([heading, title]) => {
+  const h1 = document.querySelector('[data-testid="stMain"] h1');
+  if (!h1 || !h1.textContent.includes(heading)) return false;
+  if (document.querySelector('[data-stale="true"]')) return false;
+  if (document.querySelector('[data-testid="stStatusWidgetRunningIcon"]')) return false;
+  if (document.querySelector('[data-testid="stException"]')) return true;  // done, and reported as an error
+  if (!title) return true;  // a page opened: done when its run is (some draw no chart before a click)
+  const t = document.querySelector('.js-plotly-plot .gtitle');
+  if (!t) return false;
+  const shown = t.textContent.replace(/\\s/g, ''), want = title.replace(/\\s/g, '');
+  return shown.includes(want);
+}"""
+
+
+@dataclass
+class LlmLoadReport(LoadReport):
+    loaded_mib: float = 0.0  # the server's memory once the model had loaded
+    sessions_at: float = 0.0  # when the sessions started (seconds since the start)
+    before_mib: float = 0.0  # and once its warm-up had finished, before the sessions
+    after_mib: list = field(default_factory=list)  # (seconds after the sessions closed, MiB)
+    trained_steps: int = 0
+
+    @property
+    def peak_mib(self) -> float:
+        """The server's peak while the sessions ran (the warm-up before them is the server's own)."""
+        return max(m for t, m in self.rss_mib if t >= self.sessions_at)
+
+    @property
+    def warm_up_peak_mib(self) -> float:
+        return max((m for t, m in self.rss_mib if t < self.sessions_at), default=float("nan"))
+
+    @property
+    def returned_mib(self) -> float:
+        """Where the server's memory settled after the sessions closed, above where it was before them."""
+        return self.after_mib[-1][1] - self.before_mib
+
+    def memory(self) -> str:
+        return (f"server memory {self.loaded_mib:.0f} MiB with the model loaded, {self.before_mib:.0f} MiB warmed up "
+                f"before the sessions (peak {self.warm_up_peak_mib:.0f} MiB while warming up); with the sessions, peak {self.peak_mib:.0f} MiB, "
+                "after they closed " + ", ".join(f"{m:.0f} MiB at {t:.0f} s" for t, m in self.after_mib)
+                + f" ({self.returned_mib:+.0f} MiB from before)")
+
+
+async def _wait(page, heading: str, title: str, timeout: float = ACTION_TIMEOUT) -> None:
+    await page.wait_for_function(DONE, arg=[heading, title], timeout=timeout, polling=100)
+
+
+async def _errors_shown(page, n: int, action: str, report: LlmLoadReport) -> None:
+    for testid in ("stException", "stAlertContentError"):
+        boxes = page.locator(f"[data-testid='{testid}']")
+        if await boxes.count():
+            report.errors.append(f"session {n}: {testid} after {action}: {await boxes.first.inner_text()}")
+
+
+async def _timed(page, n: int, action: str, kind: str, report: LlmLoadReport, do, heading: str, title: str) -> bool:
+    start = time.perf_counter()
+    await do()
+    try:
+        await _wait(page, heading, title)
+    except Exception as err:  # noqa: BLE001 - a timeout is one of the errors reported
+        report.errors.append(f"session {n}: {action} did not finish ({type(err).__name__})")
+        return False
+    report.latencies.append(time.perf_counter() - start)
+    report.kinds.append(kind)
+    report.actions += 1
+    await _errors_shown(page, n, action, report)
+    return True
+
+
+async def _visitor(n: int, page, url: str, model: str, clock: dict, report: LlmLoadReport) -> None:
+    rng = random.Random(n)
+    await page.goto(f"{url}/?model={model}")
+    await _wait(page, "Explore", "", timeout=300_000)
+    current, k = "Explore", 0
+    while time.monotonic() < clock["end"]:
+        if current in SHOWS_TEXT and rng.random() < 0.4:
+            k += 1
+            text = f"{n}.{k}: {rng.choice(CORPUS)}"
+            box = page.get_by_role("textbox", name="Sentences, one per line")
+
+            async def do():
+                await box.fill(text)
+                await box.press("Control+Enter")
+            await _timed(page, n, f"type on {current}", "type", report, do, current, text[:20])
+        else:
+            current = rng.choice([p for p in PAGES if p != current])
+            link = page.get_by_role("link", name=current, exact=True)
+            await _timed(page, n, f"open {current}", current, report, link.click, current, "")
+
+
+async def _switch_layer(page, n: int, layer: int, kind: str, report: LlmLoadReport) -> None:
+    picker = page.get_by_test_id("stSelectbox").filter(has_text="Layer").first
+
+    async def do():
+        await picker.click()
+        await page.keyboard.type(str(layer))
+        await page.keyboard.press("Enter")
+    await _timed(page, n, f"layer {layer}", kind, report, do, "Explore", f"Layer {layer} ·")
+
+
+async def _open_long(page, n: int, url: str, model: str, text: str, report: LlmLoadReport) -> None:
+    await _timed(page, n, "open a long prompt", "long prompt", report,
+                 lambda: page.goto(f"{url}/?model={model}&text={quote(text)}"), "Explore", "Layer 0 ·")
+
+
+async def _long_prompt(n: int, page, n_layers: int, clock: dict, report: LlmLoadReport) -> None:
+    rng = random.Random(100 + n)
+    while time.monotonic() < clock["end"]:
+        await _switch_layer(page, n, rng.randrange(1, n_layers), "layer switch", report)
+
+
+async def _trainer(n: int, page, url: str, clock: dict, report: LlmLoadReport) -> None:
+    await page.goto(f"{url}/train?train_task=text&train_steps=20000")
+    await page.wait_for_selector("h1:has-text('Train')", timeout=120_000)
+    start = time.perf_counter()
+    await page.get_by_role("button", name="Start").click()
+    await page.get_by_text("of 20,000").first.wait_for(timeout=ACTION_TIMEOUT)
+    report.latencies.append(time.perf_counter() - start)
+    report.kinds.append("start training")
+    report.actions += 1
+    while time.monotonic() < clock["end"]:
+        await asyncio.sleep(2)
+    shown = await page.get_by_text("of 20,000").first.inner_text()
+    report.trained_steps = int(shown.split()[1].replace(",", "")) if shown.startswith("Step") else 0
+    await _errors_shown(page, n, "training", report)
+
+
+async def _quiet(pid: int, below: float = 0.1, for_s: float = 6.0, timeout: float = 900) -> None:
+    """Until the server uses less than ``below`` of a core for ``for_s`` seconds (its warm-up done)."""
+    deadline, quiet_since, last = time.monotonic() + timeout, None, cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        now = cpu_seconds(pid)
+        busy, last = now - last, now
+        quiet_since = (quiet_since or time.monotonic()) if busy < below else None
+        if quiet_since is not None and time.monotonic() - quiet_since >= for_s:
+            return
+
+
+async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, visitors: int, long_prompts: int,
+               trainers: int, seconds: float, settle: float) -> LlmLoadReport:
+    from playwright.async_api import async_playwright
+
+    sessions = visitors + long_prompts + trainers
+    report = LlmLoadReport(sessions, seconds)
+    start, stop = time.monotonic(), asyncio.Event()
+    clock = {"end": float("inf")}
+    sampler = asyncio.create_task(_sample_memory(pid, report, start, stop))
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            # whoever starts the server opens the model once; the server then warms up on its own
+            context = await browser.new_context(viewport={"width": 1280, "height": 900})
+            page = await context.new_page()
+            await page.goto(f"{url}/?model={model}")
+            await _wait(page, "Explore", "", timeout=600_000)
+            await context.close()
+            report.loaded_mib = rss_mib(pid)
+            await _quiet(pid)
+            report.warm_up_s = report.sessions_at = time.monotonic() - start
+            report.before_mib = rss_mib(pid)
+            contexts, pages, tasks = [], [], []
+            for n in range(sessions):
+                contexts.append(await browser.new_context(viewport={"width": 1280, "height": 900}))
+                pages.append(await contexts[-1].new_page())
+                pages[-1].on("pageerror", lambda e, n=n: report.errors.append(f"session {n}: page error {e}"))
+            if long_prompts:  # the long prompts open, and one switches layers alone: what a switch costs when idle
+                for i, n in enumerate(range(trainers, trainers + long_prompts)):
+                    await _open_long(pages[n], n, url, model, long_texts[i % len(long_texts)], report)
+                for layer in (n_layers - 1, n_layers // 2, n_layers // 3):
+                    await _switch_layer(pages[trainers], trainers, layer, "idle layer switch", report)
+            clock["end"] = time.monotonic() + seconds
+            cpu, ticks = cpu_seconds(pid), machine_ticks()
+            for n, page in enumerate(pages):
+                if n < trainers:
+                    work = _trainer(n, page, url, clock, report)
+                elif n < trainers + long_prompts:
+                    work = _long_prompt(n, page, n_layers, clock, report)
+                else:
+                    work = _visitor(n, page, url, model, clock, report)
+                tasks.append(asyncio.create_task(work))
+                await asyncio.sleep(1.0)
+            report.warm_at = time.monotonic() - start
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            report.server_cpu_s = cpu_seconds(pid) - cpu
+            busy, total = (b - a for a, b in zip(ticks, machine_ticks()))
+            report.machine_busy = busy / max(total, 1)
+            for n, r in enumerate(results):
+                if isinstance(r, BaseException):
+                    report.errors.append(f"session {n}: {type(r).__name__}: {r}")
+            for context in contexts:
+                await context.close()
+        finally:
+            await browser.close()
+        closed = time.monotonic()
+        while time.monotonic() - closed < settle:
+            await asyncio.sleep(5.0)
+            report.after_mib.append((time.monotonic() - closed, rss_mib(pid)))
+        stop.set()
+        await sampler
+    return report
+
+
+def run_llm_load(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, *, visitors: int = 3,
+                 long_prompts: int = 2, trainers: int = 1, seconds: float = 240, settle: float = 60) -> LlmLoadReport:
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _run(url, pid, model, long_texts, n_layers, visitors, long_prompts, trainers,
+                                             seconds, settle)).result()
