@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import shutil
 from functools import lru_cache
 from pathlib import Path
 
@@ -86,6 +87,16 @@ class Store:
             work.unlink(missing_ok=True)
             return None
         return path
+
+    def drop_stale(self) -> int:
+        """Remove the model's results stored by other versions of the code, which no run reads again; how many
+        folders went."""
+        gone = 0
+        for folder in self.folder.parent.glob("*"):
+            if folder.is_dir() and folder != self.folder:
+                shutil.rmtree(folder, ignore_errors=True)
+                gone += 1
+        return gone
 
     def size(self) -> int:
         """Bytes the model's stored results take on disk."""

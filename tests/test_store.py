@@ -56,3 +56,15 @@ def test_the_model_digest_follows_its_files(tmp_path):
     assert folder_digest(tmp_path) == first
     (tmp_path / "model.safetensors").write_bytes(b"\x01" * 64)
     assert folder_digest(tmp_path) != first
+
+
+def test_results_of_other_code_versions_are_dropped(tmp_path):
+    s = Store(tmp_path, "m")
+    s.save("k", 1)
+    old = tmp_path / "m" / "0123456789abcdef"
+    old.mkdir()
+    (old / "x.pkl").write_bytes(b"stale")
+    other_model = tmp_path / "n" / "0123456789abcdef"
+    other_model.mkdir(parents=True)
+    assert s.drop_stale() == 1
+    assert not old.exists() and other_model.is_dir() and s.load("k") == 1

@@ -161,6 +161,7 @@ def _warm(job: Warmup) -> None:
                 store.save(text, value)
             job.done.append((name, how, time.perf_counter() - start))
         job.state = "done"
+        store.drop_stale()
         trim()  # what the computations held for a while goes back to the system
     except Exception as err:  # noqa: BLE001 - the pages compute what is missing themselves
         job.error, job.state = f"{type(err).__name__}: {err}", "failed"
