@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -410,8 +411,18 @@ def open_scratch(folder: Path, config: dict, display: str, device: torch.device,
 
 @contextmanager
 def pre_hooks(pairs):
-    """``(module, hook)`` forward pre-hooks, in place for the ``with`` block and removed after it, error or not."""
-    handles = [module.register_forward_pre_hook(hook) for module, hook in pairs]
+    """``(module, hook)`` forward pre-hooks, in place for the ``with`` block and removed after it, error or not.
+    A hook sees only the forward passes of the thread that placed it: a model shared by every session runs
+    other sessions' passes meanwhile, whose inputs are not this caller's."""
+    owner = threading.get_ident()
+
+    def mine(hook):
+        def only_here(module, args):
+            if threading.get_ident() == owner:
+                return hook(module, args)
+        return only_here
+
+    handles = [module.register_forward_pre_hook(mine(hook)) for module, hook in pairs]
     try:
         yield
     finally:

@@ -162,3 +162,28 @@ def test_a_picture_says_when_it_misleads_and_its_thumbnail_is_pink():
     assert frame.attrs["misleads"] == "" and tuple(qk_tile(frame)[0, 0]) == (255, 255, 255)
     frame.attrs.update(faithfulness=0.3, misleads=misleads({**frame.attrs, "faithfulness": 0.3}))
     assert tuple(qk_tile(frame)[0, 0]) == tuple(int(UNTRUSTED_COLOR[i:i + 2], 16) for i in (1, 3, 5))
+
+
+def test_queries_and_keys_are_the_callers_own_while_other_threads_use_the_model(scratch_model):
+    """The model is shared by every session: another thread's forward passes, of other lengths, run while
+    queries and keys are read, and none of theirs is taken for the caller's."""
+    import threading
+
+    alone = scratch_model.queries_keys(SENTENCES, [0, 3])
+    stop = threading.Event()
+
+    def others():
+        while not stop.is_set():
+            scratch_model.attend(["A much longer sentence about the weather, the sea and the mountains today.", "Hi"])
+
+    worker = threading.Thread(target=others)
+    worker.start()
+    try:
+        for _ in range(5):
+            for (att, q, k), (att0, q0, k0) in zip(scratch_model.queries_keys(SENTENCES, [0, 3]), alone):
+                assert att.tokens == att0.tokens
+                np.testing.assert_array_equal(q, q0)
+                np.testing.assert_array_equal(k, k0)
+    finally:
+        stop.set()
+        worker.join()
