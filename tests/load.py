@@ -166,6 +166,18 @@ async def _warm_up(browser, url: str, report: LoadReport) -> None:
         await context.close()
 
 
+async def finished(tasks: list, pid: int, cpu: float, ticks: tuple[int, int], report: LoadReport) -> None:
+    """Wait for the sessions' ``tasks``; note the server's CPU and the machine's load since ``cpu`` and
+    ``ticks``, and each session that ended in an exception as an error."""
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    report.server_cpu_s = cpu_seconds(pid) - cpu
+    busy, total = (b - a for a, b in zip(ticks, machine_ticks()))
+    report.machine_busy = busy / max(total, 1)
+    for n, r in enumerate(results):
+        if isinstance(r, BaseException):
+            report.errors.append(f"session {n}: {type(r).__name__}: {r}")
+
+
 async def _run(url: str, pid: int, sessions: int, seconds: float) -> LoadReport:
     from playwright.async_api import async_playwright
 
@@ -188,13 +200,7 @@ async def _run(url: str, pid: int, sessions: int, seconds: float) -> LoadReport:
             report.warm_at = time.monotonic() - start
             clock["end"] = time.monotonic() + seconds
             cpu, ticks = cpu_seconds(pid), machine_ticks()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            report.server_cpu_s = cpu_seconds(pid) - cpu
-            busy, total = (b - a for a, b in zip(ticks, machine_ticks()))
-            report.machine_busy = busy / max(total, 1)
-            for n, r in enumerate(results):
-                if isinstance(r, BaseException):
-                    report.errors.append(f"session {n}: {type(r).__name__}: {r}")
+            await finished(tasks, pid, cpu, ticks, report)
         finally:
             await browser.close()
             stop.set()

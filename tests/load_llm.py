@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from models.corpus import CORPUS
 from tests.browser import CHROMIUM, CHROMIUM_ARGS
-from tests.load import LoadReport, _sample_memory, cpu_seconds, machine_ticks, rss_mib
+from tests.load import LoadReport, _sample_memory, cpu_seconds, finished, machine_ticks, rss_mib
 
 ACTION_TIMEOUT = 120_000  # ms: an action slower than this is an error (the target is 60 s)
 # the pages a visitor opens, by their link's name and heading
@@ -209,13 +209,7 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
                 tasks.append(asyncio.create_task(work))
                 await asyncio.sleep(1.0)
             report.warm_at = time.monotonic() - start
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            report.server_cpu_s = cpu_seconds(pid) - cpu
-            busy, total = (b - a for a, b in zip(ticks, machine_ticks()))
-            report.machine_busy = busy / max(total, 1)
-            for n, r in enumerate(results):
-                if isinstance(r, BaseException):
-                    report.errors.append(f"session {n}: {type(r).__name__}: {r}")
+            await finished(tasks, pid, cpu, ticks, report)
             for context in contexts:
                 await context.close()
         finally:
