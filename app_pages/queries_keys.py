@@ -46,7 +46,7 @@ if s.heads_off or s.causal:
     st.caption("Drawn from the model as it is: the heads switched off and the causal mask in the sidebar do not "
                "apply on this page.")
 st.markdown(f"#### Every head over {len(sentences):,} sentences")
-slot = st.empty()  # the heads drawn so far, a layer at a time, while the rest is computed; then all of them
+slot = st.empty()  # the heads drawn so far, a layer at a time, while the rest is computed
 
 
 def so_far(ready) -> None:
@@ -61,8 +61,8 @@ frames = drawn.frames
 faithful = np.array([f.attrs["faithfulness"] for f in frames.values()])
 grid = qk_overview(frames, model.n_layers, model.n_heads, png=drawn.png,
                    title=f"{model.n_layers} layers × {model.n_heads} heads · {ref.title}")
-with slot:
-    event = chart(grid, "qk_grid", on_select="rerun", selection_mode="points")
+slot.empty()  # the partial pictures go; the grid that answers clicks is drawn after them
+event = chart(grid, "qk_grid", on_select="rerun", selection_mode="points")
 untrusted = sum(bool(f.attrs["misleads"]) for f in frames.values())
 st.caption(f"Rows are layers, columns heads; queries blue, keys orange. Median faithfulness {np.median(faithful):.2f} "
            f"(chance {next(iter(frames.values())).attrs['chance']:.2f}). On a pink ground, the {untrusted} heads whose "

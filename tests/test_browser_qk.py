@@ -29,6 +29,8 @@ def qk_page(browser, server):
     page.goto(f"{server}/queries_keys?qk_corpus=sidebar")
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3",
                            timeout=180_000)
+    # the pictures are drawn a layer at a time while they are computed: wait for the run that drew them all
+    page.wait_for_selector("[data-testid='stStatusWidgetRunningIcon']", state="detached", timeout=180_000)
     yield page
     context.close()
 
