@@ -38,7 +38,7 @@ share for a key drawn at random, the mean of ``1 / keys seen``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -369,17 +369,3 @@ def parking_keys(qk: QK) -> np.ndarray:
     in a causal model the first token (a sink, Xiao et al. 2024)."""
     parked = (qk.tokens["word_class"] == "special").to_numpy()
     return parked | ((qk.tokens["position"] == 0).to_numpy() & qk.causal)
-
-
-def qk_embeddings(heads, *, method: str = "fitted", total: int | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> dict[tuple[int, int], pd.DataFrame]:
-    """``qk_embedding`` of each head of ``heads`` (a dict, or ``iter_qk_heads``'s pairs, read as they come);
-    ``progress(done, total)`` after each."""
-    items = heads.items() if isinstance(heads, dict) else heads
-    total = len(heads) if isinstance(heads, dict) else total
-    out = {}
-    for done, (pair, qk) in enumerate(items, start=1):
-        out[pair] = qk_embedding(qk, method=method)
-        if progress is not None:
-            progress(done, total or done)
-    return out

@@ -93,31 +93,18 @@ class SharedCache:
         self.partial: dict = {}  # key -> what that computation has ready so far (``Bar.partial``)
 
     def _own(self, key) -> None:
-        if self.owned:
-            sid = session_id()
-            owners = self._owners.setdefault(key, set())
-            if sid is None:
-                owners.add(None)  # the server's: kept for everyone
-            else:
-                owners.add(sid)
+        if self.owned:  # None, the server's own thread, keeps the entry for everyone
+            self._owners.setdefault(key, set()).add(session_id())
 
     def release(self, active) -> int:
         """Drop the entries whose every owner is a session ``active(id)`` says has closed; how many went."""
         with self._lock:
-            gone = [key for key in self._items
-                    if self.owned and None not in self._owners.get(key, {None})
-                    and not any(active(sid) for sid in self._owners[key])]
+            gone = [key for key, owners in self._owners.items()
+                    if None not in owners and not any(map(active, owners))]
             for key in gone:
-                del self._items[key]
-                self._owners.pop(key, None)
+                self._items.pop(key, None)
+                del self._owners[key]
             return len(gone)
-
-    def nbytes(self) -> int:
-        with self._lock:
-            return sum(map(self.size, self._items.values()))
-
-    def __len__(self) -> int:
-        return len(self._items)
 
     def computing(self, key) -> threading.Lock:
         """The lock to hold while computing ``key``, so that sessions asking at once compute it once."""
@@ -137,8 +124,6 @@ class SharedCache:
             self._items[key] = value
             self._own(key)
             self._computing.pop(key, None)
-            self.progress.pop(key, None)
-            self.partial.pop(key, None)
             while len(self._items) > self.max_entries or (
                     self.max_bytes is not None and len(self._items) > 1
                     and sum(map(self.size, self._items.values())) > self.max_bytes):

@@ -168,8 +168,4 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
     except HeadLensError as err:
         stop_with(err)
     slot.empty()
-    if ref.choice in LLM:
-        from .sessions import warm_up  # which reads the pages' caches, built on this module
-
-        warm_up(ref)
     return model

@@ -15,12 +15,14 @@ from models import AttentionModel, HeadLensError, head_label
 from models.corpus import CORPUS, sentences_of
 from models.long import LongAttention
 
-from .caches import Bar, SharedCache, attention, computed_once, in_background
+from .caches import Bar, SharedCache, attention, computed_once
+
 from .long import throttled
 from .messages import plain, stop_with
 from .models import model_for
 from .settings import Settings
 from .state import bound
+from .threads import in_background
 
 PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
 PROFILES_BYTES = 640 * 2**20  # and all the profiles kept for every session
@@ -158,15 +160,18 @@ def profile_cache() -> SharedCache:
     return SharedCache(max_entries=4, max_bytes=PROFILES_BYTES, size=profile_bytes, owned=True)
 
 
+def profile_key(s: Settings, sentences: list[str]) -> tuple:
+    return s.model, s.causal, s.heads_off, corpus_hash(sentences)[1]
+
+
 def profile(s: Settings, sentences: list[str]):
     """Head roles over ``sentences`` for the sidebar's model, with a progress bar while it runs.
 
     Returns the per-head frame, per-sentence measures (``(sentences, layers, heads)`` each, and
     ``"similarity"``: the heads' Jensen-Shannon divergences), and the attentions.
     """
-    key = (s.model, s.causal, s.heads_off, corpus_hash(sentences)[1])
     frame, per_sentence, attentions = computed_once(
-        profile_cache(), key, lambda: _compute_profile(model_for(s.model), s, sentences),
+        profile_cache(), profile_key(s, sentences), lambda: _compute_profile(model_for(s.model), s, sentences),
         "Profiling these sentences, once for every session (already under way):")
     return frame.copy(), per_sentence, attentions
 

@@ -136,7 +136,7 @@ def pruning_cache() -> SharedCache:
     return SharedCache(max_entries=12)
 
 
-def _key(kind: str, ref: ModelRef, ablation: str, sentences: list[str]) -> tuple:
+def pruning_key(kind: str, ref: ModelRef, ablation: str, sentences: list[str]) -> tuple:
     return kind, ref, ablation, corpus_hash(sentences)[1]
 
 
@@ -159,7 +159,7 @@ def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str =
         return Importance(frame, means, full)
 
     model_for(ref)
-    return computed_once(pruning_cache(), _key(f"importance-{method}", ref, ablation, sentences), compute,
+    return computed_once(pruning_cache(), pruning_key(f"importance-{method}", ref, ablation, sentences), compute,
                          "Measuring every head, once for every session (already under way):")
 
 
@@ -182,12 +182,12 @@ def curves(ref: ModelRef, ablation: str, sentences: list[str], imp: Importance) 
         bar.empty()
         return pd.concat(frames, ignore_index=True)
 
-    return computed_once(pruning_cache(), _key("curves", ref, ablation, sentences), compute,
+    return computed_once(pruning_cache(), pruning_key("curves", ref, ablation, sentences), compute,
                          "Computing the pruning curves, once for every session (already under way):").copy()
 
 
 def has_curves(ref: ModelRef, ablation: str, sentences: list[str]) -> bool:
-    return pruning_cache().get(_key("curves", ref, ablation, sentences)) is not None
+    return pruning_cache().get(pruning_key("curves", ref, ablation, sentences)) is not None
 
 
 def proxy_table(ref: ModelRef, sentences: list[str]) -> pd.DataFrame:
@@ -195,7 +195,7 @@ def proxy_table(ref: ModelRef, sentences: list[str]) -> pd.DataFrame:
     def compute() -> pd.DataFrame:
         return attention_proxies(cached_model(ref).attend(sentences))
 
-    return computed_once(pruning_cache(), _key("proxies", ref, "", sentences), compute,
+    return computed_once(pruning_cache(), pruning_key("proxies", ref, "", sentences), compute,
                          "Measuring attention…").copy()
 
 

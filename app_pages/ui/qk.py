@@ -73,11 +73,14 @@ def qk_cache() -> SharedCache:
     return SharedCache(max_entries=4, max_bytes=512 * 2**20, size=_frames_bytes)
 
 
+def pictures_key(ref: ModelRef, sentences: list[str], method: str) -> tuple:
+    return ref, corpus_hash(sentences)[1], method
+
+
 def pictures(ref: ModelRef, sentences: list[str], method: str, partial=None) -> Pictures:
     """``qk_embedding`` of every head of ``ref``'s model over ``sentences``, with a progress bar the first time;
     ``partial(Pictures)`` is called with the heads drawn so far, a layer at a time, while they are computed."""
-    key = (ref, corpus_hash(sentences)[1], method)
-    return computed_once(qk_cache(), key, lambda: _compute(model_for(ref), sentences, method),
+    return computed_once(qk_cache(), pictures_key(ref, sentences, method), lambda: _compute(model_for(ref), sentences, method),
                          "Drawing every head's picture (computed once for every session):", partial=partial)
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import streamlit as st
 
-from analysis.profile import corpus_hash
 from analysis.effects import PAIRS
 from analysis.store import Store, folder_digest
 from models.catalog import bundled
@@ -36,9 +35,9 @@ from .detector import detected, detector_cache
 from .effects import effects, effects_cache, effects_key
 from .long import grid_cache, rollout_cache, survey_cache
 from .models import LLM, ModelRef, cached_model
-from .profiles import profile, profile_cache
-from .pruning import LLM_SAMPLE, ENGINE, corpus_sample, curves, importance, proxy_table, pruning_cache
-from .qk import pictures, qk_cache, tokens_within
+from .profiles import profile, profile_cache, profile_key
+from .pruning import ENGINE, LLM_SAMPLE, corpus_sample, curves, importance, proxy_table, pruning_cache, pruning_key
+from .qk import pictures, pictures_key, qk_cache, tokens_within
 from .settings import Settings
 from .threads import here, lower_priority
 
@@ -96,32 +95,29 @@ def warm_up(ref: ModelRef) -> Warmup | None:
     return job
 
 
-def tasks(ref: ModelRef) -> list[tuple[str, object, object]]:
-    """(name, cache, key) of what ``ref``'s pages need first, cheapest first, each with how to compute it."""
+def tasks(ref: ModelRef) -> list[tuple[str, object, object, object]]:
+    """(name, cache, key, compute) of what ``ref``'s pages need first, cheapest first: each key the one its page
+    asks for, and ``compute()`` the page's own function, which stores the result under it."""
     settings = Settings(model=ref, sentences=(), hide_special=False, merge_words=False, shared_scale=True,
                         moved=False, causal=False, heads_off=())
     twin = ModelRef(ENGINE[ref.choice], device=ref.device)
-    sample = corpus_sample(LLM_SAMPLE)
-    out = [("profile", profile_cache(), (ref, False, (), corpus_hash(list(CORPUS))[1]),
-            lambda: profile(settings, list(CORPUS))),
-           ("detector", detector_cache(), ("detector", ref), lambda: detected(ref)),
-           ("importance", pruning_cache(), ("importance-gradient", twin, "zero", corpus_hash(sample)[1]),
-            lambda: importance(twin, "zero", sample, "gradient")),
-           ("proxies", pruning_cache(), ("proxies", twin, "", corpus_hash(sample)[1]),
-            lambda: proxy_table(twin, sample)),
-           ("sample profile", profile_cache(), (ref, False, (), corpus_hash(sample)[1]),
-            lambda: profile(settings, sample))]
+    corpus, sample = list(CORPUS), corpus_sample(LLM_SAMPLE)
     pair = next(iter(PAIRS.values()))  # the Effects page's first pair, patched exactly
-    out.append(("effects", effects_cache(), effects_key("effects", twin, pair, "exact"),
-                lambda: effects(twin, pair, "exact")))
+    shown = tokens_within(cached_model(twin), corpus)
+    out = [("profile", profile_cache(), profile_key(settings, corpus), lambda: profile(settings, corpus)),
+           ("detector", detector_cache(), ("detector", ref), lambda: detected(ref)),
+           ("importance", pruning_cache(), pruning_key("importance-gradient", twin, "zero", sample),
+            lambda: importance(twin, "zero", sample, "gradient")),
+           ("proxies", pruning_cache(), pruning_key("proxies", twin, "", sample), lambda: proxy_table(twin, sample)),
+           ("sample profile", profile_cache(), profile_key(settings, sample), lambda: profile(settings, sample)),
+           ("effects", effects_cache(), effects_key("effects", twin, pair, "exact"),
+            lambda: effects(twin, pair, "exact"))]
     if twin != ref:  # Effects names the detector's label of a head on the engine it patches with
         out.append(("detector on our engine", detector_cache(), ("detector", twin), lambda: detected(twin)))
-    shown = tokens_within(cached_model(twin), list(CORPUS))
-    out.append(("queries and keys", qk_cache(), (twin, corpus_hash(shown)[1], "fitted"),
-                lambda: pictures(twin, shown, "fitted")))
-    out.append(("curves", pruning_cache(), ("curves", twin, "zero", corpus_hash(sample)[1]),
-                lambda: curves(twin, "zero", sample, pruning_cache().get(
-                    ("importance-gradient", twin, "zero", corpus_hash(sample)[1])))))
+    out += [("queries and keys", qk_cache(), pictures_key(twin, shown, "fitted"),
+             lambda: pictures(twin, shown, "fitted")),
+            ("curves", pruning_cache(), pruning_key("curves", twin, "zero", sample),
+             lambda: curves(twin, "zero", sample, importance(twin, "zero", sample, "gradient")))]
     return out
 
 

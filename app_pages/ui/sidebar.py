@@ -8,7 +8,7 @@ from models import head_label
 from models.corpus import DEFAULT_TEXT, EXAMPLES
 
 from .models import LLM, SCRATCH, model_for, model_names, ref_for, scratch_twin
-from .sessions import warm_up_note
+from .sessions import warm_up, warm_up_note
 from .settings import MAX_CHARS
 from .state import bound, flag, head_from_url, head_to_url, remember
 
@@ -62,7 +62,8 @@ def sidebar() -> None:
     else:
         bound(sb.toggle, "causal", False, cast=flag, label="Causal mask", disabled=not scratch,
               help="Each token sees only earlier ones; the from-scratch engine only.")
-    model = model_for(ref_for(choice, device), container=sb)
+    ref = ref_for(choice, device)
+    model = model_for(ref, container=sb)
     if scratch:
         heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
         bound(sb.multiselect, "heads_off", [], init="default", options=heads, multi=True, cast=head_from_url,
@@ -70,6 +71,8 @@ def sidebar() -> None:
               placeholder="L0 H0",
               help="Head masking, from-scratch engine only; later layers then see the model without those heads.")
     sb.caption(f"Running on **{model.device}** · {model.n_layers} layers × {model.n_heads} heads")
-    note = warm_up_note(ref_for(choice, device)) if decoder else None
-    if note is not None:
-        sb.caption(note)
+    if decoder:  # the server prepares the model's slow pages once, in the background
+        warm_up(ref)
+        note = warm_up_note(ref)
+        if note is not None:
+            sb.caption(note)
