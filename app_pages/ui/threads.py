@@ -26,13 +26,8 @@ BACKGROUND_NICE = 10  # the server's own work and the trainings yield the cores 
 
 def lower_priority(nice: int = BACKGROUND_NICE) -> None:
     """Make this thread yield the cores to the sessions' reruns: a lower scheduling priority (a Linux thread has
-    its own niceness) and one thread for its tensor work (torch's thread count is this thread's own). Measured
-    (bench/bench_training_share.py): a training run so slows a session's forward pass 1.07-1.17x, against
-    1.7-1.8x at the same priority and 1.7x with the lower priority alone, whose two workers spin waiting for
-    each other on two busy cores."""
-    import torch
-
-    torch.set_num_threads(1)
+    its own niceness, and the workers it starts inherit it). Its torch thread count is left alone: setting it
+    in one thread sets it for every thread started afterwards, the sessions' reruns among them."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     except (AttributeError, OSError):
