@@ -1,7 +1,7 @@
 """HeadLens: routing and the shared sidebar. Each page lives in app_pages/."""
 import streamlit as st
 
-from app_pages.ui.sessions import janitor
+from app_pages.ui.janitor import janitor
 from app_pages.ui.sidebar import sidebar
 
 st.set_page_config(page_title="HeadLens", page_icon=":material/visibility:", layout="wide")

@@ -25,7 +25,7 @@ import torch
 from models import AttentionModel, HeadLensError
 from models import patching as P
 
-PATCH_MAX_TOKENS = 256  # per-position patching of every head runs heads x tokens copies of the prompt
+from .traced import Traced, as_traced, twin_language_model
 METHODS = {"exact": "exact patching: the corrupted prompt rerun with each activation patched",
            "attribution": "attribution patching: a first-order estimate from one forward and one backward pass"}
 
@@ -78,20 +78,11 @@ def repeated_pair(model: AttentionModel, tokens: list[str]) -> Pair:
 
 def top_predictions(model: AttentionModel, text: str, k: int = 8) -> list[tuple[int, float]]:
     """The ``k`` most likely next tokens after ``text``: ``(token id, probability)``, most likely first."""
-    ours = _ours(model, "Predictions are read")
-    ids = _prompt_ids(ours, text, "prompt")
+    t = as_traced(model, text)
     with torch.inference_mode():
-        h = ours.stack(ids.view(1, -1).to(ours.device), need_weights=False, need_logits=False).last_hidden_state
-        probs = torch.softmax(ours.stack.logits(h[0, -1]).float(), dim=-1)
+        probs = torch.softmax(t.model.stack.logits(t.model.stack.finish(t.trace.resid[-1][-1])).float(), dim=-1)
     top = probs.topk(k)
     return [(int(i), float(p)) for i, p in zip(top.indices, top.values)]
-
-
-def _ours(model: AttentionModel, what: str):
-    """``model`` on our engine (its twin for a transformers model), checked to be a language model."""
-    ours = model.twin(what)
-    P.language_stack(ours)
-    return ours
 
 
 def answer_token(model: AttentionModel, answer, role: str = "answer") -> int:
@@ -119,21 +110,12 @@ def token_text(model: AttentionModel, token: int) -> str:
     return model.tokenizer.decode([int(token)])
 
 
-def _prompt_ids(model: AttentionModel, text: str, noun: str) -> torch.Tensor:
-    model.token_counts([text], noun)
-    ids = model._tokenize(text, verbose=False)["input_ids"]
-    if len(ids) > PATCH_MAX_TOKENS:
-        raise HeadLensError(f"The {noun} has {len(ids)} tokens; effects are computed on prompts of at most "
-                            f"{PATCH_MAX_TOKENS}.")
-    return torch.tensor(ids, dtype=torch.long)
-
-
 def _difference(ours, t: P.Trace, toward: torch.Tensor) -> float:
     with torch.inference_mode():
         return float(ours.stack.finish(t.resid[-1][-1]) @ toward)
 
 
-def logit_attribution(model: AttentionModel, prompt: str, answer, distractor=None) -> pd.DataFrame:
+def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distractor=None) -> pd.DataFrame:
     """Direct logit attribution at the last position of ``prompt``: one row per ``(layer, head)`` with
     ``attribution``, the head's output there through the final norm (its scale frozen at the model's own
     value) and the unembedding, on ``logit(answer) - logit(distractor)`` (``logit(answer)`` without one).
@@ -142,12 +124,11 @@ def logit_attribution(model: AttentionModel, prompt: str, answer, distractor=Non
     own: ``embeddings``, ``attention_bias`` and ``mlp`` (one value per layer), ``final_norm`` (its
     bias), and ``answer``, ``distractor``, ``tokens``.
     """
-    ours = _ours(model, "Logit attribution reads each head's output")
+    traced_prompt = as_traced(model, prompt)
+    ours, t = traced_prompt.model, traced_prompt.trace
     stack = ours.stack
     a = answer_token(ours, answer)
     d = None if distractor is None else answer_token(ours, distractor, "distractor")
-    ids = _prompt_ids(ours, prompt, "prompt")
-    t = P.trace(ours, ids)
     toward = P.direction(stack, a, d)
     with torch.inference_mode():
         frozen, constant = stack.frozen_finish(t.resid[-1][-1])
@@ -161,7 +142,7 @@ def logit_attribution(model: AttentionModel, prompt: str, answer, distractor=Non
             embeddings=float(share(t.resid[0][-1])), attention_bias=share(biases).tolist(), mlp=share(mlp).tolist(),
             final_norm=float(constant @ toward), logit_diff=_difference(ours, t, toward),
             answer=token_text(ours, a), distractor=None if d is None else token_text(ours, d),
-            tokens=ours.tokenizer.convert_ids_to_tokens(ids.tolist()))
+            tokens=traced_prompt.tokens)
     return frame
 
 
@@ -191,25 +172,25 @@ class _Setup:
                 "tokens": self.tokens}
 
 
-def _setup(model, clean: str, corrupted: str, answer, distractor) -> _Setup:
-    ours = _ours(model, "Patching replaces a head's output")
+def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distractor) -> _Setup:
+    ours = twin_language_model(model, "Patching replaces a head's output")
     a = answer_token(ours, answer)
     d = answer_token(ours, distractor, "distractor")
     if a == d:
         raise HeadLensError("The answer and the distractor are the same token; patching compares two.")
-    ids_clean, ids_corrupted = _prompt_ids(ours, clean, "clean prompt"), _prompt_ids(ours, corrupted, "corrupted prompt")
+    clean, corrupted = as_traced(model, clean, "clean prompt"), as_traced(model, corrupted, "corrupted prompt")
+    ids_clean, ids_corrupted = clean.ids, corrupted.ids
     if len(ids_clean) != len(ids_corrupted):
         raise HeadLensError(f"Patching puts each clean activation at the same position of the corrupted prompt, so "
                             f"both need as many tokens: the clean prompt has {len(ids_clean)}, the corrupted one "
                             f"{len(ids_corrupted)}.")
-    t_clean, t_corrupted = P.trace(ours, ids_clean), P.trace(ours, ids_corrupted)
+    t_clean, t_corrupted = clean.trace, corrupted.trace
     toward = P.direction(ours.stack, a, d)
     ld_clean, ld_corrupted = _difference(ours, t_clean, toward), _difference(ours, t_corrupted, toward)
     if abs(ld_clean - ld_corrupted) < 1e-6:
         raise HeadLensError(f"The clean and corrupted prompts give the same logit difference ({ld_clean:.3f}), so "
                             "there is nothing for a patch to recover; corrupt the prompt where it decides the answer.")
-    tokens = ours.tokenizer.convert_ids_to_tokens(ids_corrupted.tolist())
-    return _Setup(ours, t_clean, t_corrupted, toward, ld_clean, ld_corrupted, tokens)
+    return _Setup(ours, t_clean, t_corrupted, toward, ld_clean, ld_corrupted, corrupted.tokens)
 
 
 def _check_method(method: str) -> None:
@@ -217,10 +198,11 @@ def _check_method(method: str) -> None:
         raise HeadLensError(f"Unknown patching method '{method}': choose {' or '.join(repr(m) for m in METHODS)}.")
 
 
-def patch_heads(model: AttentionModel, clean: str, corrupted: str, answer, distractor, *, per_position: bool = False,
+def patch_heads(model: AttentionModel, clean: str | Traced, corrupted: str | Traced, answer, distractor, *, per_position: bool = False,
                 method: str = "exact", progress: Progress | None = None) -> pd.DataFrame:
     """Each head's output ``z`` in the corrupted run replaced by the clean run's, at every position or
-    (``per_position``) at one: rows ``layer``, ``head`` (and ``position``, ``token``) with ``recovered``.
+    (``per_position``) at one: rows ``layer``, ``head`` (and ``position``, ``token``) with ``recovered``. Either
+    prompt may be given ``traced`` already (as every function here takes a prompt), to run it once for them all.
 
     ``method="attribution"`` estimates every patch from one forward and one backward pass instead.
     ``frame.attrs``: ``ld_clean``, ``ld_corrupted``, ``method``, ``tokens`` (the corrupted prompt's).
@@ -257,7 +239,7 @@ def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress
     return values
 
 
-def patch_residual(model: AttentionModel, clean: str, corrupted: str, answer, distractor, *, method: str = "exact",
+def patch_residual(model: AttentionModel, clean: str | Traced, corrupted: str | Traced, answer, distractor, *, method: str = "exact",
                    progress: Progress | None = None) -> pd.DataFrame:
     """The residual stream entering each layer (``resid_pre``) at one position, from the clean run into the
     corrupted one: rows ``layer``, ``position``, ``token`` with ``recovered`` (TransformerLens's first picture:

@@ -66,6 +66,11 @@ class LongView:
         return len(self.labels)
 
     @property
+    def cache_key(self) -> tuple:
+        """What names this view in a key of something computed from it: its prompt, and whether it hides tokens."""
+        return (*self.attention.cache_key, self.hide is not None)
+
+    @property
     def query_labels(self) -> list[str]:  # queries and keys are the same tokens; named as ``View`` names them
         return self.labels
 

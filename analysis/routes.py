@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import torch
 
 from models import AttentionModel, HeadLensError
 from models import patching as P
 
-from .effects import _ours, _prompt_ids
+from .traced import Traced, as_traced
 
 THRESHOLD = 0.04  # the LLM Transparency Tool's default: an edge with less of an update is left out
 EDGE_COLUMNS = ["kind", "layer", "head", "source", "target", "share", "from_level", "to_level"]
@@ -43,11 +44,10 @@ class Flow:
         return self.shares.heads.shape[1]
 
 
-def prediction_flow(model: AttentionModel, prompt: str) -> Flow:
-    """Every residual update of ``prompt`` split into the shares of what wrote it, in one forward pass."""
-    ours = _ours(model, "The routes of a prediction are read from each head's output")
-    ids = _prompt_ids(ours, prompt, "prompt")
-    return Flow(P.shares(ours, ids), ours.tokenizer.convert_ids_to_tokens(ids.tolist()))
+def prediction_flow(model: AttentionModel, prompt: str | Traced) -> Flow:
+    """Every residual update of ``prompt`` split into the shares of what wrote it, from its one forward pass."""
+    t = as_traced(model, prompt)
+    return Flow(P.shares(t.model, t.trace, torch.tensor(t.weights())), t.tokens)
 
 
 def flow_graph(flow: Flow, position: int = -1, threshold: float = THRESHOLD) -> pd.DataFrame:

@@ -23,7 +23,8 @@ from models import AttentionModel, HeadLensError, head_label
 from models import patching as P
 from models.corpus import CORPUS
 
-from .effects import _ours, _prompt_ids, token_text
+from .effects import token_text
+from .traced import Traced, as_traced, twin_language_model
 
 COPY_TOP = 5       # a token counts as copied when it is among the head's 5 most promoted (TransformerLens's top-5)
 COPY_SAMPLE = 200  # tokens sampled from the built-in corpus's
@@ -41,7 +42,7 @@ def _check_head(stack, layer: int, head: int) -> int:
     return stack.kept[layer].index(head)
 
 
-def head_vocabulary(model: AttentionModel, prompt: str, layer: int, head: int, position: int = -1,
+def head_vocabulary(model: AttentionModel, prompt: str | Traced, layer: int, head: int, position: int = -1,
                     k: int = 10) -> pd.DataFrame:
     """The ``k`` tokens head ``(layer, head)``'s output at ``position`` of ``prompt`` pushes up most and the
     ``k`` it pushes down most: rows ``direction`` ("up" or "down"), ``rank`` (1 first), ``token`` (its id),
@@ -50,17 +51,17 @@ def head_vocabulary(model: AttentionModel, prompt: str, layer: int, head: int, p
     ``frame.attrs``: ``layer``, ``head``, ``position`` (counted from the start), ``at`` (the token there),
     ``tokens`` and ``mean``, the mean logit it adds over the vocabulary (a head may lift every token alike).
     """
-    ours = _ours(model, "A head's vocabulary is read through the unembedding")
+    ours = twin_language_model(model, "A head's vocabulary is read through the unembedding")
     stack = ours.stack
     _check_head(stack, layer, head)
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise HeadLensError(f"Ask for at least one token (k = {k!r}).")
-    ids = _prompt_ids(ours, prompt, "prompt")
-    n = len(ids)
+    traced_prompt = as_traced(model, prompt)
+    n = len(traced_prompt)
     if not -n <= position < n:
         raise HeadLensError(f"The prompt has {n} tokens; there is no position {position}.")
     position %= n
-    t = P.trace(ours, ids)
+    t = traced_prompt.trace
     with torch.inference_mode():
         result = P.head_results(stack, t, position)[layer, head]            # (E,)
         frozen, _ = stack.frozen_finish(t.resid[-1][position])
@@ -71,7 +72,7 @@ def head_vocabulary(model: AttentionModel, prompt: str, layer: int, head: int, p
         for rank, token in enumerate(found.indices.tolist(), start=1):
             rows.append((direction, rank, token, token_text(ours, token), float(logits[token])))
     frame = pd.DataFrame(rows, columns=["direction", "rank", "token", "text", "logit"])
-    tokens = ours.tokenizer.convert_ids_to_tokens(ids.tolist())
+    tokens = traced_prompt.tokens
     frame.attrs.update(layer=layer, head=head, position=position, at=tokens[position], tokens=tokens,
                        mean=float(logits.mean()))
     return frame
@@ -98,7 +99,7 @@ def ov_logits(model: AttentionModel, layer: int, head: int, tokens) -> torch.Ten
     the token's embedding through the layer's input norm and the head's OV circuit
     (``models.patching.head_writes``, then the norm a Gemma 3 block puts on its attention's output), then the
     final norm (each vector on its own, without its bias) and the unembedding."""
-    ours = _ours(model, "A head's OV circuit is read through the unembedding")
+    ours = twin_language_model(model, "A head's OV circuit is read through the unembedding")
     stack = ours.stack
     slot = _check_head(stack, layer, head)
     with torch.inference_mode():
@@ -114,7 +115,7 @@ def copying_scores(model: AttentionModel, *, tokens=None, k: int = COPY_TOP,
     ``layer``, ``head``, ``copying`` (the share of the tokens among the ``k`` the head promotes most when
     all its weight is on them) and ``suppression`` (among the ``k`` it pushes down most); NaN for a
     pruned head. ``frame.attrs``: ``k``, ``tokens`` (how many), ``vocabulary``, ``chance`` (``k / vocabulary``)."""
-    ours = _ours(model, "A head's OV circuit is read through the unembedding")
+    ours = twin_language_model(model, "A head's OV circuit is read through the unembedding")
     stack = ours.stack
     sample = copy_sample(ours) if tokens is None else [int(t) for t in tokens]
     if not sample:

@@ -1,7 +1,8 @@
 """Compare: one to four (model, sentence, layer, head) picks side by side on one colour scale."""
 import streamlit as st
 
-from app_pages.ui.caches import attention, causal_note, view
+from app_pages.ui.attention import attention
+from app_pages.ui.views import causal_note, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
 from app_pages.ui.models import model_for, model_names, ref_for

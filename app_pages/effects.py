@@ -8,11 +8,11 @@ from analysis.views import token_label
 from analysis.effects import METHODS, grid
 from analysis.routes import THRESHOLD, flow_graph, flow_heads, strongest_route
 from scipy.stats import spearmanr
-from app_pages.ui.caches import cached_attention
 from app_pages.ui.detector import NAMES, detected
-from app_pages.ui.effects import copying, effects, flow, frame_csv, parts_frame, per_position, pick_pair, vocabulary
+from app_pages.ui.effects import (copying, effects, flow, frame_csv, parts_frame, per_position, pick_pair,
+                                  prompt_trace, vocabulary)
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.models import LLM, TRAINED, model_for, scratch_twin
+from app_pages.ui.models import LLM, TRAINED, model_for, twin
 from app_pages.ui.settings import settings
 from app_pages.ui.training import trained_job
 from app_pages.ui.state import bound, choose, flag, fresh_click, head_from_url, head_to_url
@@ -33,7 +33,7 @@ TOP_HEADS = 12  # heads shown position by position
 s = settings()
 st.title("Effects")
 st.caption(ABOUT)
-ref = scratch_twin(s.model) or s.model  # the same weights on our engine, which reads and patches each head
+ref = twin(s.model) or s.model  # the same weights on our engine, which reads and patches each head
 model = model_for(ref)
 stack = getattr(model, "stack", None)
 if stack is None or not stack.language_model:
@@ -134,7 +134,7 @@ at = bound(st.selectbox, "effects_at", len(clean_tokens) - 1, init="index", opti
            help="The head's output at this token through the final norm (its scale frozen at the model's own "
                 "value) and the unembedding: the logits it adds to each token of the vocabulary, the ten it "
                 "raises most and the ten it lowers most.")
-views = [make_view(cached_attention(model, ref, text, False, ()), hide_special=s.hide_special)
+views = [make_view(prompt_trace(ref, text).attention(), hide_special=s.hide_special)
          for text in (pair.clean, pair.corrupted)]
 words = {}
 for v, text, what in ((views[0], pair.clean, "clean"), (views[1], pair.corrupted, "corrupted")):

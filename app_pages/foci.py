@@ -6,7 +6,7 @@ import streamlit as st
 
 from analysis import FOCI, FOCUS_NAMES, focus_tokens, make_view, received
 from analysis.views import set_aside
-from app_pages.ui.caches import attention
+from app_pages.ui.attention import attention
 from app_pages.ui.exports import chart
 from app_pages.ui.long import passage, run_layers
 from app_pages.ui.pickers import pick_sentence

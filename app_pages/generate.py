@@ -1,11 +1,12 @@
 """Generate: a decoder continues a sentence, token by token; then every page shows prompt and continuation."""
 import streamlit as st
 
-from app_pages.ui.caches import attention, view
+from app_pages.ui.attention import attention
+from app_pages.ui.views import view
 from app_pages.ui.exports import chart
 from app_pages.ui.generation import continuations, generated_from
 from app_pages.ui.messages import stop_with
-from app_pages.ui.models import cached_model, model_for, scratch_twin
+from app_pages.ui.models import cached_model, model_for, twin
 from app_pages.ui.pickers import pick_layer, pick_sentence, title_for
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose
@@ -14,8 +15,8 @@ from viz import text_shading
 
 s = settings()
 st.title("Generate")
-twin = scratch_twin(s.model)
-if twin is None or not hasattr(model_for(twin), "generate"):
+ours = twin(s.model)
+if ours is None or not hasattr(model_for(ours), "generate"):
     st.info("Generation is for decoders: choose SmolLM2-135M-Instruct (either engine) or a decoder trained on the "
             "Train page in the sidebar.")
     st.stop()
@@ -35,7 +36,7 @@ if c.button("Continue", type="primary", key="gen_go"):
     shown = st.empty()
     pieces: list[str] = []
     try:
-        for piece in cached_model(twin).generate(prompt, max_new_tokens=n, temperature=temperature):
+        for piece in cached_model(ours).generate(prompt, max_new_tokens=n, temperature=temperature):
             pieces.append(piece)
             shown.code(prompt + "".join(pieces), language=None, wrap_lines=True)  # as written, never as markup
     except HeadLensError as err:

@@ -1,9 +1,10 @@
 """Across layers: which input tokens an output position draws on, by attention rollout and flow."""
-import numpy as np
 import streamlit as st
 
-from analysis import FLOW_MAX_TOKENS, flow, rollout
-from app_pages.ui.caches import attention, causal_note, view
+from analysis import FLOW_MAX_TOKENS, rollout
+from app_pages.ui.attention import attention
+from app_pages.ui.shared import Named
+from app_pages.ui.views import causal_note, view, view_flow
 from app_pages.ui.exports import chart
 from app_pages.ui.long import layers_long
 from app_pages.ui.messages import stop_with
@@ -14,12 +15,6 @@ from analysis import long_view
 from models import HeadLensError
 from models.long import LongAttention
 from viz import head_heatmap, text_shading
-
-
-@st.cache_data(max_entries=32, show_spinner=False)
-def cached_flow(_v, key: tuple, residual: float) -> np.ndarray:
-    """Flow of the view ``_v`` (not hashed: ``key`` names it), seconds at 64 tokens, so kept."""
-    return flow(_v, residual=residual)
 
 
 def layer_range(text: str) -> tuple[int, int]:
@@ -86,8 +81,8 @@ if n > FLOW_MAX_TOKENS:
 else:
     try:
         with st.spinner(f"Computing attention flow over {n} tokens…"):
-            flowed = cached_flow(v, (att.model_name, att.backend, att.text, s.hide_special, s.merge_words,
-                                     s.causal, s.heads_off), residual)
+            flowed = view_flow(Named(v, (att.model_name, att.backend, att.text, s.hide_special, s.merge_words,
+                                         s.causal, s.heads_off, s.moved)), residual)
     except HeadLensError as err:
         stop_with(err)
     left, _ = st.columns(2)

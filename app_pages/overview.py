@@ -3,7 +3,8 @@ import numpy as np
 import streamlit as st
 
 from analysis import head_stats, long_view, reach, special_share
-from app_pages.ui.caches import attention, causal_note, view
+from app_pages.ui.attention import attention
+from app_pages.ui.views import causal_note, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import surveyed
 from app_pages.ui.pickers import pick_sentence, title_for

@@ -13,8 +13,7 @@ from app_pages.ui.messages import stop_with
 from app_pages.ui.models import TRANSFORMERS, model_for
 from app_pages.ui.profiles import profile
 from app_pages.ui.pruning import (ABOUT, MEASURES, METHODS, correlations, curves, curves_csv, engine_model,
-                                  has_curves, importance, measure_of, pruned_zip, proxy_table, pruning_sentences,
-                                  show_point)
+                                  importance, measure_of, pruned_zip, proxy_table, pruning_sentences, show_point)
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound, head_from_url, head_to_url
 from models import HeadLensError, head_label
@@ -60,10 +59,10 @@ values = imp.frame["importance"].to_numpy().reshape(model.n_layers, model.n_head
 grid_title = f"Importance · {len(sentences)} sentences · " + (f"{ablation} ablation" if method == "ablation" else
                                                              "gradient of the loss")
 slot = st.empty()
-if not has_curves(ref, ablation, sentences):  # the grid now, the curves below it once they are computed
+if curves.peek(ref, ablation, sentences, method) is None:  # the grid now, the curves below it once they are computed
     with slot:
         chart(head_values_grid(values, title=grid_title), "prune-grid-first")
-frame = curves(ref, ablation, sentences, imp)
+frame = curves(ref, ablation, sentences, method)
 summary = curve_summary(frame)
 pruned = frame[(frame["order"] == "importance") & (frame["n_pruned"] == at)].iloc[0]["heads"]
 grid = head_values_grid(values, marked=heads_marked(model.n_layers, model.n_heads, pruned), mark_text="✕",

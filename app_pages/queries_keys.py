@@ -3,10 +3,10 @@ once, one head as a scatter, and a clicked token's sentence as a heatmap."""
 import numpy as np
 import streamlit as st
 
-from app_pages.ui.caches import cached_attention
+from app_pages.ui.attention import cached_attention
 from app_pages.ui.exports import chart
 from app_pages.ui.messages import plain, short
-from app_pages.ui.models import model_for, scratch_twin
+from app_pages.ui.models import model_for, twin
 from app_pages.ui.qk import METHODS, pick_corpus, pictures, within_tokens
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, fresh_click, preset
@@ -29,7 +29,7 @@ ABOUT = (
 
 s = settings()
 st.title("Queries & keys")
-ref = scratch_twin(s.model)
+ref = twin(s.model)
 if ref is None:
     st.info("Queries and keys are read inside HeadLens's own attention. Choose a model the from-scratch engine "
             "runs (all-MiniLM-L6-v2, SmolLM2-135M-Instruct, the untrained encoder or your trained decoder).")
@@ -94,7 +94,7 @@ with right:  # drawn first: the scatter rings the token picked here
              and not (frame.attrs["causal"] and p == 0)]  # a decoder's first token is its sink
     q = choose("Query", list(range(len(rows))), "qk_query", default=words[0] if words else 0,
                format_func=lambda p: f"{p}: {labels[p]}")
-    weights = cached_attention(model, ref, sentences[i], False, ()).weights[layer, head]
+    weights = cached_attention(ref, sentences[i], False, ()).weights[layer, head]
     fig = head_heatmap(weights, labels, labels, title=f"{head_label(layer, head)} · {short(sentences[i], 50)}",
                        height=420, visible=np.tri(len(rows), dtype=bool) if frame.attrs["causal"] else None)
     fig.add_shape(type="rect", xref="paper", x0=0, x1=1, yref="y", y0=q - 0.5, y1=q + 0.5,

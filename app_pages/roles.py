@@ -15,7 +15,7 @@ from analysis import (
 from analysis.labels import strongest
 from analysis.long import ZOOM
 from analysis.long_roles import SIMILARITY_ROWS
-from app_pages.ui.caches import attention
+from app_pages.ui.attention import attention
 from app_pages.ui.detector import show_decoder_heads
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import run_layers

@@ -1,7 +1,8 @@
 """Text: the sentence itself, each token shaded by the attention it receives."""
 import streamlit as st
 
-from app_pages.ui.caches import attention, view
+from app_pages.ui.attention import attention
+from app_pages.ui.views import view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import text_long
 from app_pages.ui.pickers import pick_head, pick_layer, pick_query, pick_sentence, title_for

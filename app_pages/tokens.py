@@ -1,7 +1,8 @@
 """Tokens: BertViz's head view, lines from a query token to the keys it attends to."""
 import streamlit as st
 
-from app_pages.ui.caches import attention, view
+from app_pages.ui.attention import attention
+from app_pages.ui.views import view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import tokens_long
 from app_pages.ui.pickers import pick_heads, pick_layer, pick_query, pick_sentence, title_for

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .errors import HeadLensError
+from .mha import outside_window
 
 LONG_TOKENS_CAP = 4096  # the most tokens a long prompt keeps, whatever the model allows
 BLOCK_BYTES = 48 * 2**20  # the weights of one block of query rows, every head asked, while it is computed
@@ -126,6 +127,11 @@ class LongAttention:
         self._qk: tuple = (None, None)                                      # (layer, (q, k)), replaced whole
         self.sink_share = self._sink_share()
 
+    @property
+    def cache_key(self) -> tuple:
+        """What names this prompt in a key of something computed from it (the prompt itself is not hashed)."""
+        return ("long prompt", self.uid)
+
     # --- what Attention says about a text ---------------------------------------------------------
 
     def __len__(self) -> int:
@@ -215,7 +221,7 @@ class LongAttention:
             q, k = q.index_select(0, index), k.index_select(0, index)
         off = torch.tensor([not live for live in on], device=q.device).view(-1, 1, 1)
         size = self.block_rows(len(heads), step)
-        window = getattr(self.stack.layers[layer], "window", None)
+        window = self.stack.layers[layer].attn.window
         later = torch.ones(size, size, dtype=torch.bool, device=q.device).triu_(1) if self.causal else None
         Dh = k.shape[-1]
         k_more = k  # keys, and beside them the columns that every weight row is also multiplied by
@@ -230,11 +236,11 @@ class LongAttention:
                 first = max(0, start - window + 1) if window is not None and self.causal else 0
                 scores = torch.matmul(q[:, start:stop], k[:, first:seen].transpose(-2, -1))  # (h, rows, seen - first)
                 if window is not None and n > window:
-                    query = torch.arange(start, stop, device=q.device).view(-1, 1)
-                    key = torch.arange(first, seen, device=q.device).view(1, -1)
-                    blocked = (query - key) >= window
+                    query = torch.arange(start, stop, device=q.device)
+                    key = torch.arange(first, seen, device=q.device)
+                    blocked = outside_window(query, key, window)
                     if self.causal:
-                        blocked |= key > query
+                        blocked |= key.view(1, -1) > query.view(-1, 1)
                     scores.masked_fill_(blocked, float("-inf"))
                 elif self.causal:  # only the block's own keys can come after one of its queries
                     scores[:, :, start:stop].masked_fill_(later[:stop - start, :stop - start], float("-inf"))

@@ -29,13 +29,15 @@ class MultiHeadAttention(nn.Module):
             rotary rotation (Gemma 3's QK-norm), one module each for every head.
         scale: what the scores are multiplied by, ``1 / sqrt(Dh)`` unless given (Gemma 3's
             ``query_pre_attn_scalar ** -0.5``).
+        window: in causal self-attention, a query sees only the last ``window`` keys, itself included (a
+            sliding-window layer: Mistral's, Gemma 3's local layers); None sees every earlier key.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, head_dim: int | None = None, bias: bool = True,
                  dropout: float = 0.0, kdim: int | None = None, vdim: int | None = None,
                  num_kv_heads: int | None = None, kv_heads: list[int] | None = None, out_bias: bool | None = None,
                  rotary: "Rotary | None" = None, qk_norm: "tuple[nn.Module, nn.Module] | None" = None,
-                 scale: float | None = None):
+                 scale: float | None = None, window: int | None = None):
         super().__init__()
         if head_dim is None:
             if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
@@ -60,7 +62,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.rotary = rotary
         self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
-        self.scale = scale
+        self.scale, self.window = scale, window
         # the softmax's own 1 / sqrt(Dh) turned into ``scale`` by the queries: 1 unless a scale is given
         self.q_factor = 1.0 if scale is None else scale * head_dim ** 0.5
         self.fused = self.kdim == embed_dim and self.vdim == embed_dim
@@ -134,7 +136,7 @@ class MultiHeadAttention(nn.Module):
                           kdim=self.kdim, vdim=self.vdim, num_kv_heads=len(kv_keep),
                           kv_heads=None if self.kv_heads is None else [kv_keep.index(groups[h]) for h in keep],
                           out_bias=self.out_proj.bias is not None, rotary=self.rotary, qk_norm=norms,
-                          scale=self.scale)
+                          scale=self.scale, window=self.window)
         copy.to(device=ref.device, dtype=ref.dtype)
 
         def rows(heads: list[int]) -> torch.Tensor:
@@ -250,11 +252,14 @@ class MultiHeadAttention(nn.Module):
 
         q, k, v = self.heads_qkv(query, key, value)                        # (B, H, L, Dh) each
 
-        only_causal = causal and key_padding_mask is None and attn_mask is None and valid_lens is None
+        window = self.window if causal and self.window is not None and Lk > self.window else None
+        only_causal = (causal and key_padding_mask is None and attn_mask is None and valid_lens is None
+                       and window is None)
         if only_causal and not need_weights:  # the fused kernel masks by itself: no (Lq, Lk) mask to build
             blocked = bias = None
         else:
-            blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens, causal, query)
+            blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens, causal, query,
+                                            window=window)
         dropout = self.dropout if self.training else 0.0
         if need_weights:
             weights = attention_weights(q, k, blocked, bias)               # (B, H, Lq, Lk)
@@ -319,9 +324,16 @@ class Rotary(nn.Module):
         return tuple(x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin for x in xs)  # rotate_half
 
 
+def outside_window(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
+    """``(len(queries), len(keys))`` bool: True where a key lies ``window`` or more positions before the query,
+    beyond what a sliding-window layer's query sees (positions given as 1-D tensors)."""
+    return (queries.view(-1, 1) - keys.view(1, -1)) >= window
+
+
 def attention_masks(B: int, H: int, Lq: int, Lk: int, key_padding_mask=None, attn_mask=None, valid_lens=None,
-                    causal: bool = False, like: torch.Tensor | None = None):
-    """What a query may not see, as one bool mask (True: blocked) and one float bias added to the scores.
+                    causal: bool = False, like: torch.Tensor | None = None, window: int | None = None):
+    """What a query may not see, as one bool mask (True: blocked) and one float bias added to the scores;
+    ``window``: with ``causal``, keys beyond a sliding window are blocked too.
 
     Each is None or broadcasts to ``(B, H, Lq, Lk)``: ``(B | 1, H | 1, Lq | 1, Lk)``.
     """
@@ -356,6 +368,9 @@ def attention_masks(B: int, H: int, Lq: int, Lk: int, key_padding_mask=None, att
         block(torch.arange(Lk, device=device).view(1, 1, 1, Lk) >= lens)
     if causal:
         block(torch.ones(Lq, Lk, dtype=torch.bool, device=device).triu_(1).view(1, 1, Lq, Lk))
+        if window is not None:
+            block(outside_window(torch.arange(Lq, device=device), torch.arange(Lk, device=device), window)
+                  .view(1, 1, Lq, Lk))
     return blocked, bias
 
 

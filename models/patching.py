@@ -61,6 +61,20 @@ def trace(model, ids: torch.Tensor) -> Trace:
     return Trace(ids.view(-1), resid, zs)
 
 
+@torch.inference_mode()
+def trace_weights(stack, t: Trace) -> torch.Tensor:
+    """``(layers, heads, n, n)``: every head's attention weights (zero for a pruned head), each layer's read from
+    the residual stream the trace kept entering it, through that layer's attention alone."""
+    from .stacks.base import place_heads
+
+    out = []
+    for layer, block in enumerate(stack.layers):
+        h = block.attention_input(t.resid[layer].unsqueeze(0))                 # (1, n, E)
+        _, weights = block.attn(h, causal=True, need_weights=True, average_attn_weights=False)
+        out.append(place_heads(weights, stack.kept[layer], stack.n_heads)[0])
+    return torch.stack(out)
+
+
 def head_results(stack, t: Trace, position: int = -1) -> torch.Tensor:
     """``(layers, heads, E)``: each head's ``result`` at ``position``, its ``z`` through its slice of the
     output projection (zero for a pruned head), and through the norm a block puts on its attention's output
@@ -262,22 +276,22 @@ def _proximity(y: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def shares(model, ids: torch.Tensor) -> Shares:
-    """Every residual update of ``ids`` ``(n,)`` split into the shares of what wrote it, in one forward pass:
+def shares(model, t: Trace, weights: torch.Tensor) -> Shares:
+    """Every residual update of a traced prompt (``t``, with its ``trace_weights``) split into the shares of
+    what wrote it, read from the trace with no layer run again:
     each part's proximity to the updated stream, ``max(0, ||y||_1 - ||y - part||_1)``, over the sum of the
     parts' (Ferrando & Voita 2024, "Information flow routes"). The parts of an attention update at token
     ``i`` are the stream before it, each head's weight on each earlier token ``j`` times what it writes
     from there (``head_writes``), and the output bias; those of an MLP update, the stream and the MLP's output."""
     stack = language_stack(model)
     L, H = stack.n_layers, stack.n_heads
-    x = stack.embed(ids.view(1, -1).to(model.device))                          # (1, n, E)
-    n = x.shape[1]
+    n = len(t.ids)
     heads = np.zeros((L, H, n, n))
     attn_residual, attn_bias, mlp, mlp_residual = (np.zeros((L, n)) for _ in range(4))
     for layer in range(L):
         block, kept = stack.layers[layer], stack.kept[layer]
-        after, weights = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=True)
-        A = weights[0][0][kept]                                                # (kept, n, n)
+        x, after = t.resid[layer].unsqueeze(0), t.resid[layer + 1]              # (1, n, E), (n, E)
+        A = weights[layer][kept].to(x.dtype)                                   # (kept, n, n)
         writes = head_writes(block, x[0])                                      # (kept, n, E)
         bias = block.attn.out_proj.bias
         bias = torch.zeros_like(x[0, 0]) if bias is None else bias
@@ -298,11 +312,10 @@ def shares(model, ids: torch.Tensor) -> Shares:
             heads[layer, kept] = (prox / total[None, :, None]).double().cpu().numpy()
         attn_residual[layer] = (from_residual / total).double().cpu().numpy()
         attn_bias[layer] = (from_bias / total).double().cpu().numpy()
-        out = after[0]
+        out = after
         from_mid, from_mlp = _proximity(out, mid), _proximity(out, out - mid)
         total = from_mid + from_mlp
         total = torch.where(total > 0, total, torch.ones_like(total))
         mlp_residual[layer] = (from_mid / total).double().cpu().numpy()
         mlp[layer] = (from_mlp / total).double().cpu().numpy()
-        x = after
     return Shares(heads, attn_residual, attn_bias, mlp, mlp_residual)

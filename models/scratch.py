@@ -34,7 +34,7 @@ class ScratchModel(AttentionModel):
                          causal=stack.causal)
         self.stack = stack
         self.head_dim, self.hidden_size = stack.head_dim, stack.hidden_size
-        windows = tuple(getattr(block, "window", None) for block in stack.layers)
+        windows = tuple(block.attn.window for block in stack.layers)
         self.windows = windows if any(w is not None for w in windows) else None
 
     def twin(self, what: str = "This") -> "ScratchModel":

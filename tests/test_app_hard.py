@@ -123,7 +123,7 @@ def test_a_server_can_keep_custom_models_to_one_folder(new_app, tiny, tmp_path, 
 
 def test_an_unexpected_error_shows_no_details(app, hf_model, monkeypatch):
     """With the repository's config, a bug shows a generic message: no traceback, no paths."""
-    import app_pages.ui.caches as c
+    import app_pages.ui.views as c
 
     def broken(*args, **kwargs):
         raise RuntimeError("secret detail at /srv/private/path")

@@ -47,9 +47,9 @@ def test_compare_trained_with_untrained_and_more_picks(new_app, hf_model, untrai
     assert not at.exception
     assert [f["layout"]["title"]["text"].split(":")[0] for f in figures(at)[:4]] == ["1", "2", "3", "4"]
     # each pick computed its own layer only
-    from app_pages.ui.caches import attention_cache
+    from app_pages.ui.attention import cached_attention
 
-    held = [a for key, a in attention_cache()._items.items() if key[0].choice == "untrained" and key[1] == COFFEE]
+    held = [a for key, a in cached_attention.cache._items.items() if key[1].choice == "untrained" and key[2] == COFFEE]
     assert any(a.layers == (3,) and a.weights.shape[0] == 1 for a in held)
 
 

@@ -77,13 +77,13 @@ def test_sessions_asking_for_the_same_profile_compute_it_once(new_app, monkeypat
 
 
 def test_results_are_shared_read_only_and_kept_within_their_budget(new_app, hf_model):
-    from app_pages.ui.caches import SharedCache, attention_cache
+    from app_pages.ui.attention import cached_attention
+    from app_pages.ui.shared import SharedCache
     from app_pages.ui.models import ModelRef
 
     a = new_app({"text": "A shared sentence."})
     b = new_app({"text": "A shared sentence."})
-    key = (ModelRef("minilm"), "A shared sentence.", False, (), False, None)  # model, text, causal, heads off, moved, layers
-    att = attention_cache().get(key)
+    att = cached_attention.peek(ModelRef("minilm"), "A shared sentence.", False, (), False, None)  # causal, heads off, moved, layers
     assert att is not None and not att.weights.flags.writeable  # one object for both sessions, never written
     with pytest.raises(ValueError):
         att.weights[0, 0, 0, 0] = 1.0

@@ -1,10 +1,10 @@
-"""Results kept on disk across restarts (analysis.store): found again under the same model, code and key;
+"""Results kept on disk across restarts (app_pages.ui.store): found again under the same model, code and key;
 never under another; a damaged file is removed and reported missing."""
 import numpy as np
 import pandas as pd
 
-from analysis import store
-from analysis.store import Store, code_digest, folder_digest
+from app_pages.ui import store
+from app_pages.ui.store import Store, code_digest, folder_digest
 
 
 def test_a_result_is_found_again_under_its_key_only(tmp_path):

@@ -4,7 +4,7 @@ kept on disk, and read back after a restart (each result equal to the one comput
 import pandas as pd
 import pytest
 
-from app_pages.ui import caches, sessions
+from app_pages.ui import shared, warm_up
 from app_pages.ui.models import ModelRef
 
 REF = ModelRef("smollm2_scratch")
@@ -14,14 +14,13 @@ PAGES = ["app_pages/foci.py", "app_pages/roles.py", "app_pages/effects.py", "app
 
 def cleared() -> None:
     """The server as a restart leaves it: no warm-up, and nothing in the caches the warm-up fills."""
-    sessions.warmups().clear()
-    for _, cache, _, _ in sessions.tasks(REF):
-        cache._items.clear()
-        cache._owners.clear()
+    warm_up.warmups().clear()
+    for result, _ in warm_up.steps(REF):
+        result.cache.clear()
 
 
-def finished(at_most_s: float = 900) -> sessions.Warmup:
-    job = sessions.warmups()[REF]
+def finished(at_most_s: float = 900) -> warm_up.Warmup:
+    job = warm_up.warmups()[REF]
     job.thread.join(timeout=at_most_s)
     assert job.state == "done", (job.state, job.error)
     return job
@@ -40,42 +39,62 @@ def test_the_pages_find_what_the_warm_up_computed_and_a_restart_reads_it_from_di
     at = new_app({"model": REF.choice})  # whoever opens the model first starts the warm-up
     assert not at.exception
     job = finished()
-    names = [name for name, _, _, _ in sessions.tasks(REF)]
+    steps = warm_up.steps(REF)
+    names = [result.name for result, _ in steps]
     assert [name for name, _, _ in job.done] == names
     assert {how for _, how, _ in job.done} == {"computed"}
     assert len(list(warm.rglob("*.pkl"))) == len(names)
-    first = {name: cache.get(key) for name, cache, key, _ in sessions.tasks(REF)}
+    first = {result.key(*args): result.peek(*args) for result, args in steps}
     assert all(value is not None for value in first.values())
 
     puts = []
-    real_put = caches.SharedCache.put
-    monkeypatch.setattr(caches.SharedCache, "put", lambda self, key, value: (puts.append(key),
+    real_put = shared.SharedCache.put
+    monkeypatch.setattr(shared.SharedCache, "put", lambda self, key, value: (puts.append(key),
                                                                               real_put(self, key, value)))
     for page in PAGES:  # each page's default view reads the corpus results it needs, and computes none of them
         at.switch_page(page).run()
         assert not at.exception and not at.error, (page, at.exception, [e.value for e in at.error])
-    warmed = {key for _, _, key, _ in sessions.tasks(REF)}
-    assert not warmed & set(puts), [k[0] if isinstance(k[0], str) else "profile" for k in warmed & set(puts)]
-    monkeypatch.setattr(caches.SharedCache, "put", real_put)
+    assert not set(first) & set(puts), [k[0] for k in set(first) & set(puts)]
+    monkeypatch.setattr(shared.SharedCache, "put", real_put)
 
     cleared()  # a restart: the caches are empty, the disk is not
     at = new_app({"model": REF.choice})
     job = finished(at_most_s=120)
     assert {how for _, how, _ in job.done} == {"stored"}
-    again = {name: cache.get(key) for name, cache, key, _ in sessions.tasks(REF)}
-    frame, per_sentence, attentions = again["profile"]
-    pd.testing.assert_frame_equal(frame, first["profile"][0])
-    assert [a.text for a in attentions] == [a.text for a in first["profile"][2]]
-    pd.testing.assert_frame_equal(again["detector"], first["detector"])
-    pd.testing.assert_frame_equal(again["importance"].frame, first["importance"].frame)
-    pd.testing.assert_frame_equal(again["curves"], first["curves"])
-    pictures = again["queries and keys"]
-    assert pictures.png == first["queries and keys"].png
-    for pair, frame in first["queries and keys"].frames.items():
-        pd.testing.assert_frame_equal(pictures.frames[pair], frame)
+    again = {result.key(*args): result.peek(*args) for result, args in warm_up.steps(REF)}
+    assert again.keys() == first.keys()
+    by_name = {}
+    for key in first:
+        by_name.setdefault(key[0], []).append(key)
+    for key in by_name["profile"]:
+        frame, per_sentence, attentions = again[key]
+        pd.testing.assert_frame_equal(frame, first[key][0])
+        assert [a.text for a in attentions] == [a.text for a in first[key][2]]
+    for key in by_name["detector"] + by_name["curves"] + by_name["proxies"]:
+        pd.testing.assert_frame_equal(again[key], first[key])
+    (key,) = by_name["importance"]
+    pd.testing.assert_frame_equal(again[key].frame, first[key].frame)
+    (key,) = by_name["queries and keys"]
+    assert again[key].png == first[key].png
+    for pair, frame in first[key].frames.items():
+        pd.testing.assert_frame_equal(again[key].frames[pair], frame)
 
 
 def test_no_warm_up_unless_a_bundled_decoder_loads(new_app, warm):
     new_app({"model": "minilm"})
-    assert sessions.warmups() == {}
-    assert sessions.warm_up_note(REF) is None
+    assert warm_up.warmups() == {}
+    assert warm_up.warm_up_note(REF) is None
+
+
+def test_the_warm_up_asks_for_what_the_pages_declare(monkeypatch):
+    """Each step is a declared result and the arguments its declaration gives, so that its key is the one a page
+    asking with the same arguments builds (``Shared.key``): no key is written twice."""
+    steps = warm_up.steps(REF)
+    assert [r.name for r, _ in steps] == ["profile", "profile", "detector", "importance", "proxies", "effects",
+                                          "queries and keys", "curves"]
+    from app_pages.ui.pruning import LLM_SAMPLE, corpus_sample, curves, importance
+
+    sample = corpus_sample(LLM_SAMPLE)
+    assert importance.key(REF, "zero", sample, "gradient") in {r.key(*a) for r, a in steps}
+    assert curves.key(REF, "zero", list(sample), "gradient") in {r.key(*a) for r, a in steps}
+    assert importance.key(REF, "zero", sample, "ablation") not in {r.key(*a) for r, a in steps}

@@ -10,10 +10,11 @@ from models import head_label
 from models.catalog import CATALOG, bundled
 from viz import head_heatmap, role_grid
 
-from .caches import Bar, SharedCache, cached_attention, computed_once
+from .attention import cached_attention
 from .exports import chart
-from .models import ModelRef, cached_model
+from .models import ModelRef, cached_model, twin
 from .pruning import corpus_sample
+from .shared import Bar, Warm, shared
 from .state import bound, choose, flag, head_from_url, head_to_url
 
 SENTENCES = 100  # natural sentences for previous-token and sink scores: spread over the built-in corpus
@@ -28,22 +29,20 @@ NAMES = {"previous_token": "previous token", "duplicate_token": "duplicate token
          "sink": "sink"}
 
 
-@st.cache_resource
-def detector_cache() -> SharedCache:
-    return SharedCache(max_entries=8)
+def _engines(ref: ModelRef) -> list[tuple]:
+    """The detector on the sidebar's model and, when that is a transformers one, on its twin: Effects names a
+    head's label on the engine it patches with."""
+    return [(ref,)] if twin(ref) == ref else [(ref,), (twin(ref),)]
 
 
+@shared("detector", entries=8, copy=True, waiting="Detecting this model's heads", warm=Warm(2, _engines))
 def detected(ref: ModelRef) -> pd.DataFrame:
-    """``head_detector`` on the model behind ``ref``, once for every session, with a progress bar."""
-    def compute() -> pd.DataFrame:
-        bar = Bar(f"Running {SEQUENCES} repeated sequences")
-        df = head_detector(cached_model(ref), sentences=corpus_sample(SENTENCES), n_sequences=SEQUENCES, length=LENGTH,
-                           progress=bar)
-        bar.empty()
-        return df.assign(label=detector_labels(df))
-
-    return computed_once(detector_cache(), ("detector", ref), compute,
-                         "Detecting this model's heads, once for every session (already under way):").copy()
+    """``head_detector`` on the model behind ``ref``, with a progress bar."""
+    bar = Bar(f"Running {SEQUENCES} repeated sequences")
+    df = head_detector(cached_model(ref), sentences=corpus_sample(SENTENCES), n_sequences=SEQUENCES, length=LENGTH,
+                       progress=bar)
+    bar.empty()
+    return df.assign(label=detector_labels(df))
 
 
 def show_decoder_heads(ref: ModelRef) -> None:
@@ -67,7 +66,7 @@ def show_decoder_heads(ref: ModelRef) -> None:
                          format_func=lambda h: f"{head_label(*h)} · induction {induction[h]:.2f}")
     model = cached_model(ref)
     text = repeated_sequences(model.tokenizer, 1, LENGTH)[0]
-    v = make_view(cached_attention(model, ref, text, False, ()))
+    v = make_view(cached_attention(ref, text, False, ()))
     chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=760, max_cells=None,
                        visible=v.visible(layer), title=f"{head_label(layer, head)} on a sequence repeated twice"),
           "roles-detector-example")

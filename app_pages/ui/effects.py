@@ -9,23 +9,18 @@ import streamlit as st
 from analysis.effects import (PAIRS, Pair, answer_token, logit_attribution, patch_heads, patch_residual,
                               repeated_pair, token_text, top_predictions)
 from analysis.routes import Flow, prediction_flow
+from analysis.traced import Traced, traced
 from analysis.vocabulary import copying_scores, head_vocabulary
 from models import AttentionModel, HeadLensError
 
-from .caches import Bar, SharedCache, computed_once, spinner
 from .messages import plain, stop_with
-from .models import TRAINED, ModelRef, cached_model
+from .models import TRAINED, ModelRef, cached_model, twin
+from .shared import Bar, Warm, shared, spinner
 from .state import bound
 from .training import trained_job
 
 SOURCES = {"builtin": "A built-in pair", "own": "Your own prompts"}
 CANDIDATES = 8  # each prompt's most likely next tokens offered as the answer and the distractor
-
-
-@st.cache_resource
-def effects_cache() -> SharedCache:
-    """Attribution and patching for every session; values are only ever read."""
-    return SharedCache(max_entries=32)
 
 
 @dataclass(frozen=True)
@@ -74,7 +69,7 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
         st.info("Type a clean prompt and a corrupted one of the same number of tokens.")
         st.stop()
     try:
-        options = candidates(model, ref, clean, corrupted)
+        options = candidates(ref, clean, corrupted)
     except HeadLensError as err:
         stop_with(err)
     ids = list(options)
@@ -94,14 +89,14 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     return pair
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
-def candidates(_model: AttentionModel, ref: ModelRef, clean: str, corrupted: str) -> dict[int, str]:
-    """Token id -> where it comes from: each prompt's most likely next tokens, then every token of the prompts.
-    Kept per model (``ref`` names ``_model``) and prompts: two forward passes that every rerun would repeat."""
-    model = _model
+@shared("answer candidates", entries=64, waiting="Reading these prompts")
+def candidates(ref: ModelRef, clean: str, corrupted: str) -> dict[int, str]:
+    """Token id -> where it comes from: each prompt's most likely next tokens, then every token of the prompts,
+    read from each prompt's one trace."""
+    model = cached_model(ref)
     out: dict[int, str] = {}
     for what, text in (("clean", clean), ("corrupted", corrupted)):
-        for rank, (token, p) in enumerate(top_predictions(model, text, CANDIDATES), start=1):
+        for rank, (token, p) in enumerate(top_predictions(model, prompt_trace(ref, text), CANDIDATES), start=1):
             out.setdefault(token, f"{what} prompt's #{rank} next token, p = {p:.2f}")  # the page reads this prefix
     for what, text in (("clean", clean), ("corrupted", corrupted)):
         for token in model.tokenizer(text, add_special_tokens=False)["input_ids"]:
@@ -124,42 +119,43 @@ def show_pair(model: AttentionModel, pair: Pair) -> None:
                      f"logit(“{token_text(model, answer)}”) − logit(“{token_text(model, distractor)}”)."))
 
 
-def effects_key(kind: str, ref: ModelRef, pair: Pair, method: str) -> tuple:
-    return kind, ref, pair.clean, pair.corrupted, str(pair.answer), str(pair.distractor), method
+@shared("trace", entries=32, waiting="Running this prompt")
+def prompt_trace(ref: ModelRef, text: str) -> Traced:
+    """``text`` run once on ``ref``'s model, for every analysis of it on the page (``analysis.traced``)."""
+    return traced(cached_model(ref), text)
 
 
+def _first_pair(ref: ModelRef) -> list[tuple]:
+    """What Effects shows first: the first built-in pair on the model's twin, patched exactly."""
+    return [(twin(ref), next(iter(PAIRS.values())), "exact")]
+
+
+@shared("effects", entries=32, waiting="Patching these prompts", warm=Warm(6, _first_pair))
 def effects(ref: ModelRef, pair: Pair, method: str) -> Effects:
-    """Attribution of the clean prompt, every head patched and the residual stream patched by position."""
-    def compute() -> Effects:
-        model = cached_model(ref)
-        with spinner("Attributing the logit difference to every head…"):
-            attribution = logit_attribution(model, pair.clean, pair.answer, pair.distractor)
-        n = model.n_layers * model.n_heads
-        bar = Bar(f"Patching each of {n} heads" if method == "exact" else "Estimating every patch")
-        heads = patch_heads(model, pair.clean, pair.corrupted, pair.answer, pair.distractor, method=method,
-                            progress=bar)
-        bar.empty()
-        bar = Bar("Patching the residual stream at each layer and position")
-        residual = patch_residual(model, pair.clean, pair.corrupted, pair.answer, pair.distractor, method=method,
-                                  progress=bar)
-        bar.empty()
-        return Effects(attribution, heads, residual)
-
-    return computed_once(effects_cache(), effects_key("effects", ref, pair, method), compute,
-                         "Patching these prompts, once for every session (already under way):")
+    """Attribution of the clean prompt, every head patched and the residual stream patched by position, each
+    prompt traced once for all three."""
+    model = cached_model(ref)
+    clean, corrupted = prompt_trace(ref, pair.clean), prompt_trace(ref, pair.corrupted)
+    with spinner("Attributing the logit difference to every head…"):
+        attribution = logit_attribution(model, clean, pair.answer, pair.distractor)
+    n = model.n_layers * model.n_heads
+    bar = Bar(f"Patching each of {n} heads" if method == "exact" else "Estimating every patch")
+    heads = patch_heads(model, clean, corrupted, pair.answer, pair.distractor, method=method, progress=bar)
+    bar.empty()
+    bar = Bar("Patching the residual stream at each layer and position")
+    residual = patch_residual(model, clean, corrupted, pair.answer, pair.distractor, method=method, progress=bar)
+    bar.empty()
+    return Effects(attribution, heads, residual)
 
 
+@shared("effects by position", entries=32, waiting="Patching these prompts")
 def per_position(ref: ModelRef, pair: Pair, method: str) -> pd.DataFrame:
     """Every head patched at each position on its own (positions where the prompts agree cost nothing)."""
-    def compute() -> pd.DataFrame:
-        bar = Bar("Patching every head at each position")
-        frame = patch_heads(cached_model(ref), pair.clean, pair.corrupted, pair.answer, pair.distractor,
-                            per_position=True, method=method, progress=bar)
-        bar.empty()
-        return frame
-
-    return computed_once(effects_cache(), effects_key("positions", ref, pair, method), compute,
-                         "Patching these prompts, once for every session (already under way):")
+    bar = Bar("Patching every head at each position")
+    frame = patch_heads(cached_model(ref), prompt_trace(ref, pair.clean), prompt_trace(ref, pair.corrupted),
+                        pair.answer, pair.distractor, per_position=True, method=method, progress=bar)
+    bar.empty()
+    return frame
 
 
 def frame_csv(frame: pd.DataFrame) -> str:
@@ -176,36 +172,24 @@ def parts_frame(attribution: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["part", "layer", "head", "attribution"])
 
 
+@shared("vocabulary", entries=64, waiting="Reading this head")
 def vocabulary(ref: ModelRef, prompt: str, layer: int, head: int, position: int) -> pd.DataFrame:
-    """What a head writes at a position of ``prompt`` (one forward pass), kept for every session."""
-    return computed_once(effects_cache(), ("vocabulary", ref, prompt, layer, head, position),
-                         lambda: head_vocabulary(cached_model(ref), prompt, layer, head, position),
-                         "Reading this head, once for every session (already under way):")
+    """What a head writes at a position of ``prompt``, read from the prompt's trace."""
+    return head_vocabulary(cached_model(ref), prompt_trace(ref, prompt), layer, head, position)
 
 
+@shared("routes", entries=32, waiting="Reading this prompt's routes")
 def flow(ref: ModelRef, prompt: str) -> Flow:
-    """Every residual update of ``prompt`` split into its parts' shares (one forward pass), for every session."""
-    def compute() -> Flow:
-        with spinner("Splitting every update of the residual stream into its parts…"):
-            return prediction_flow(cached_model(ref), prompt)
-
-    return computed_once(effects_cache(), ("flow", ref, prompt), compute,
-                         "Reading this prompt's routes, once for every session (already under way):")
+    """Every residual update of ``prompt`` split into its parts' shares, read from the prompt's trace."""
+    with spinner("Splitting every update of the residual stream into its parts…"):
+        return prediction_flow(cached_model(ref), prompt_trace(ref, prompt))
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def _copying_store() -> SharedCache:
-    return SharedCache(max_entries=4)
-
-
+@shared("copying", entries=4, waiting="Reading every head's OV circuit")
 def copying(ref: ModelRef) -> pd.DataFrame:
     """Every head's OV copying and suppression scores: the model's own, computed once per server."""
-    def compute() -> pd.DataFrame:
-        model = cached_model(ref)
-        bar = Bar(f"Reading the OV circuit of each of {model.n_layers * model.n_heads} heads over the vocabulary")
-        frame = copying_scores(model, progress=bar)
-        bar.empty()
-        return frame
-
-    return computed_once(_copying_store(), ("copying", ref), compute,
-                         "Reading every head's OV circuit, once for every session (already under way):")
+    model = cached_model(ref)
+    bar = Bar(f"Reading the OV circuit of each of {model.n_layers * model.n_heads} heads over the vocabulary")
+    frame = copying_scores(model, progress=bar)
+    bar.empty()
+    return frame

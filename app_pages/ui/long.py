@@ -17,19 +17,15 @@ from models.long import LongAttention
 from viz import head_grid, head_heatmap, text_shading, token_lines
 from viz.figures import HIDDEN_NOTE, block_categories
 
-from .caches import SharedCache, special_words
 from .exports import chart, exports
 from .messages import plain, stop_with
 from .pickers import title_for
+from .shared import shared
 from .state import bound, choose, flag, fresh_click, preset
+from .views import special_words
 
 PROGRESS_EVERY = 1.0  # seconds between two updates of a progress bar
 ZOOM_REGIONS = 16  # click targets along each axis of a head's heatmap
-
-
-@st.cache_resource
-def grid_cache() -> SharedCache:
-    return SharedCache(max_entries=64, owned=True)  # a grid is at most heads x 128 x 128 floats
 
 
 def throttled(update, seconds: float = PROGRESS_EVERY):
@@ -60,11 +56,17 @@ def run_layers(att: LongAttention, layer: int) -> None:
     bar.empty()
 
 
-def grid(v: LongView, layer: int, heads: list[int], last: int | None) -> Grid:
-    """``v.grid``, computed once for every session that shows the same prompt, layer, heads and rows."""
-    run_layers(v.attention, layer)
+@shared("long grid", entries=64, owned=True, waiting="Computing this layer's weights")  # at most heads x 128 x 128
+def pooled(v: LongView, layer: int, heads: list[int], last: int | None) -> Grid:
+    """``v.grid``: the layer's heads pooled into blocks, for every session that shows the same prompt and rows."""
     with st.spinner(f"Computing layer {layer}'s weights, a block of queries at a time…"):
-        return grid_cache().get_or_compute((v.attention.uid, v.hide is not None, layer, tuple(heads), last), lambda: v.grid(layer, heads, last=last))
+        return v.grid(layer, heads, last=last)
+
+
+def grid(v: LongView, layer: int, heads: list[int], last: int | None) -> Grid:
+    """``pooled``, once the prompt has run up to ``layer`` under a progress bar."""
+    run_layers(v.attention, layer)
+    return pooled(v, layer, heads, last)
 
 
 def zoom_targets(fig, v: LongView, g: Grid, heads: list[int], cols: int = 4) -> int:
@@ -165,33 +167,20 @@ def explore_long(s, att: LongAttention, layer: int, focus: int, heads: list[int]
     exports("explore-zoom", zoom, None, sig=f"{att.text}|{layer}|{zoom_head}|{queries}|{keys}|{s}")
 
 
-@st.cache_resource
-def survey_cache() -> SharedCache:
-    return SharedCache(max_entries=8, owned=True)  # a survey is layers x heads x 96 x 96 floats: 10 MB for SmolLM2
-
-
+@shared("long survey", entries=8, owned=True, waiting="Surveying every head")  # layers x heads x 96 x 96: 10 MB
 def surveyed(v: LongView) -> Survey:
-    """``analysis.survey`` of ``v``, computed once for every session, under a progress bar."""
+    """``analysis.survey`` of ``v``, under a progress bar."""
     att = v.attention
-
-    def compute() -> Survey:
-        bar = st.progress(0.0, text=f"Running the prompt's {len(att.tokens):,} tokens through every layer…")
-        run = att.layers_done < att.n_layers
-        try:
-            if run:
-                att.run_to(att.n_layers - 1, progress=throttled(lambda done, total: bar.progress(
-                    done / total / 2, text=f"Running the prompt's {len(att.tokens):,} tokens: layer {done - 1} of "
-                                           f"{total}")))
-            out = survey(v, progress=throttled(lambda done, total: bar.progress(
-                (0.5 if run else 0.0) + done / total * (0.5 if run else 1.0),
-                text=f"Every head's weights, a block of queries at a time: layer {done - 1} of {total}")))
-        except HeadLensError as err:
-            bar.empty()
-            stop_with(err)
-        bar.empty()
-        return out
-
-    return survey_cache().get_or_compute((att.uid, v.hide is not None), compute)
+    bar = st.progress(0.0, text=f"Running the prompt's {len(att.tokens):,} tokens through every layer…")
+    run = att.layers_done < att.n_layers
+    if run:
+        att.run_to(att.n_layers - 1, progress=throttled(lambda done, total: bar.progress(
+            done / total / 2, text=f"Running the prompt's {len(att.tokens):,} tokens: layer {done - 1} of {total}")))
+    out = survey(v, progress=throttled(lambda done, total: bar.progress(
+        (0.5 if run else 0.0) + done / total * (0.5 if run else 1.0),
+        text=f"Every head's weights, a block of queries at a time: layer {done - 1} of {total}")))
+    bar.empty()
+    return out
 
 
 PASSAGE = 400  # tokens of a long prompt that Text shades at once
@@ -249,9 +238,15 @@ def tokens_long(s, att: LongAttention, layer: int, heads: list[int], query: int,
     exports("tokens", fig, None, sig=f"{att.text}|{layer}|{heads}|{query}|{s}")
 
 
-@st.cache_resource
-def rollout_cache() -> SharedCache:
-    return SharedCache(max_entries=64, owned=True)  # one row of a prompt's tokens each
+@shared("long rollout", entries=64, owned=True, waiting="Rolling out")  # one row of a prompt's tokens each
+def rolled(v: LongView, query: int, window: tuple[int, int], residual: float) -> np.ndarray:
+    """``v.rollout`` to ``query`` through the layers of ``window``, one layer's weights at a time, under a bar."""
+    lo, hi = window
+    bar = st.progress(0.0, text=f"Rollout through layers {lo}–{hi}, one layer's weights at a time…")
+    out = v.rollout(query, window, residual, progress=throttled(lambda done, total: bar.progress(
+        done / total, text=f"Rollout through layers {lo}–{hi}: {done} of {total} layers")))
+    bar.empty()
+    return out
 
 
 def layers_long(s, att: LongAttention, v: LongView, query: int, window: tuple[int, int], residual: float) -> None:
@@ -261,21 +256,14 @@ def layers_long(s, att: LongAttention, v: LongView, query: int, window: tuple[in
     run_layers(att, hi)
     with st.spinner(f"Computing layer {hi}'s weights…"):
         raw = v.rows(hi, list(range(att.n_heads)), (query, query + 1))[:, 0].mean(axis=0)
-    bar = st.progress(0.0, text=f"Rollout through layers {lo}–{hi}, one layer's weights at a time…")
-
-    def compute():
-        return v.rollout(query, window, residual, progress=throttled(lambda done, total: bar.progress(
-            done / total, text=f"Rollout through layers {lo}–{hi}: {done} of {total} layers")))
-
-    rolled = rollout_cache().get_or_compute((att.uid, v.hide is not None, query, window, residual), compute)
-    bar.empty()
+    rolled_up = rolled(v, query, window, residual)
     m = len(v)
     start, stop = passage(m, "layers_from", query)
     inside = query - start if start <= query < stop else None
     token = f"“{v.labels[query]}” (token {query})"
     st.subheader(f"What reaches {token}")
     for what, values, key in ((f"Raw attention from {token} · layer {hi}, mean of heads", raw, "layers-raw-text"),
-                              (f"Rollout to {token} through layers {lo}–{hi}", rolled, "layers-rollout-text")):
+                              (f"Rollout to {token} through layers {lo}–{hi}", rolled_up, "layers-rollout-text")):
         chart(text_shading(v.labels[start:stop], values[start:stop], highlight=inside,
                            title=title_for(att, f"{what} · tokens {start}–{stop - 1} of {m:,}")), key)
         strongest = np.argsort(-values, kind="stable")[:10]

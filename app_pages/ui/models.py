@@ -55,8 +55,8 @@ class ModelRef:
         return {**MODELS, **TRAINED}[self.choice].split(" · ")[0]
 
 
-def scratch_twin(ref: ModelRef) -> ModelRef | None:
-    """The model behind ``ref`` on the from-scratch engine (the same weights), which alone gives value norms;
+def twin(ref: ModelRef) -> ModelRef | None:
+    """The model behind ``ref`` on our engine (the same weights), its twin: itself when it runs there;
     None for a custom model."""
     if ref.scratch:
         return ref

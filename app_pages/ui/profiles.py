@@ -15,12 +15,12 @@ from models import AttentionModel, HeadLensError, head_label
 from models.corpus import CORPUS, sentences_of
 from models.long import LongAttention
 
-from .caches import Bar, SharedCache, attention, computed_once
-
+from .attention import attention
 from .long import throttled
 from .messages import plain, stop_with
-from .models import model_for
+from .models import ModelRef, model_for
 from .settings import Settings
+from .shared import Bar, Warm, shared
 from .state import bound
 from .threads import in_background
 
@@ -148,49 +148,40 @@ def uploaded_sentences() -> list[str]:
     return lines[:UPLOAD_SENTENCES]
 
 
-@st.cache_resource
-def profile_cache() -> SharedCache:
-    """Head-role profiles, (frame, per-sentence measures, attentions), for every session.
-
-    st.cache_data cannot drive a progress bar from inside a cached function, so profiles are
-    computed outside it and kept here. Values are only ever read; the frame is copied on the way out.
-    Entries only closed sessions asked for are dropped (``sessions.janitor``); the built-in corpus's,
-    computed by the server, stay.
-    """
-    return SharedCache(max_entries=4, max_bytes=PROFILES_BYTES, size=profile_bytes, owned=True)
-
-
-def profile_key(s: Settings, sentences: list[str]) -> tuple:
-    return s.model, s.causal, s.heads_off, corpus_hash(sentences)[1]
-
-
 def profile(s: Settings, sentences: list[str]):
-    """Head roles over ``sentences`` for the sidebar's model, with a progress bar while it runs.
-
-    Returns the per-head frame, per-sentence measures (``(sentences, layers, heads)`` each, and
-    ``"similarity"``: the heads' Jensen-Shannon divergences), and the attentions.
-    """
-    frame, per_sentence, attentions = computed_once(
-        profile_cache(), profile_key(s, sentences), lambda: _compute_profile(model_for(s.model), s, sentences),
-        "Profiling these sentences, once for every session (already under way):")
-    return frame.copy(), per_sentence, attentions
+    """Head roles over ``sentences`` for the sidebar's model, with a progress bar while it runs (``corpus_profile``)."""
+    return corpus_profile(s.model, s.causal, s.heads_off, sentences)
 
 
-def _compute_profile(model: AttentionModel, s: Settings, sentences: list[str]):
-    sentences = within_budget(model, sentences)
-    bar = Bar(f"Profiling {len(sentences)} sentences")
-    attentions = model.attend(sentences, head_mask=head_mask(model, s.heads_off), causal=s.causal, progress=bar)
-    measures = measure_heads(attentions)
-    per_sentence = {name: measures.per_sentence(name) for name in RANKING_MEASURES}
-    per_sentence["similarity"] = head_similarity(attentions)
-    bar.empty()
-    return measures.frame(), per_sentence, attentions
+def _first(ref: ModelRef) -> list[tuple]:
+    """What pages show first, as the sidebar's model reads it unmasked: the built-in corpus (Foci, Head roles), and
+    the sentences Pruning measures a decoder on by default (its importance against each head's role)."""
+    from .pruning import LLM_SAMPLE, corpus_sample
+
+    return [(ref, False, (), list(CORPUS)), (ref, False, (), corpus_sample(LLM_SAMPLE))]
 
 
 def profile_bytes(value) -> int:
     """What a profile holds: its attention weights, by far its largest part."""
     _, _, attentions = value
     return sum(a.weights.nbytes for a in attentions) if isinstance(attentions, list) else 0
+
+
+@shared("profile", entries=4, max_bytes=PROFILES_BYTES, size=profile_bytes, owned=True, copy=True,
+        waiting="Profiling these sentences", warm=Warm(1, _first))
+def corpus_profile(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]):
+    """Head roles over ``sentences`` on ``ref``'s model: the per-head frame, per-sentence measures (``(sentences,
+    layers, heads)`` each, and ``"similarity"``: the heads' Jensen-Shannon divergences), and the attentions.
+    Entries only closed sessions asked for are dropped; the built-in corpus's, computed by the server, stay."""
+    model = model_for(ref)
+    sentences = within_budget(model, sentences)
+    bar = Bar(f"Profiling {len(sentences)} sentences")
+    attentions = model.attend(sentences, head_mask=head_mask(model, heads_off), causal=causal, progress=bar)
+    measures = measure_heads(attentions)
+    per_sentence = {name: measures.per_sentence(name) for name in RANKING_MEASURES}
+    per_sentence["similarity"] = head_similarity(attentions)
+    bar.empty()
+    return measures.frame(), per_sentence, attentions
 
 
 def long_text(s: Settings) -> str | None:
@@ -220,19 +211,18 @@ def document_profile(s: Settings) -> PageProfile:
                                 "to profile a long text." if s.moved else
                                 "This model reads a long text only through our own engine, which it has no twin in; "
                                 "profile the text's sentences instead."))
-    key = ("document", s.model, s.causal, s.heads_off, corpus_hash([text])[1])
-    profile, frame, per_sentence = computed_once(
-        profile_cache(), key, lambda: _compute_document(att),
-        "Profiling this text, once for every session (already under way):")
+    profile, frame, per_sentence = in_context(att)
     st.caption(plain(f"{len(att.tokens):,} tokens, {len(profile.sentences):,} sentences, each read after the "
                      "text before it" + (f" (the text was cut at {len(att.tokens):,} tokens)" if att.truncated else "")
                      + "."))
     return PageProfile(frame.copy(), profile.measures.n_sentences, per_sentence, None, att, profile)
 
 
-def _compute_document(att: LongAttention):
-    """The document's profile with its per-head frame and per-sentence measures, kept together as a corpus
-    profile keeps them: a rerun reads them instead of labelling every head again."""
+@shared("document profile", entries=4, owned=True, copy=True, waiting="Profiling this text")
+def in_context(att: LongAttention):
+    """The long prompt's profile, each sentence read in its context, with its per-head frame and per-sentence
+    measures, kept together as a corpus profile keeps them: a rerun reads them instead of labelling every
+    head again."""
     bar = st.progress(0.0, text=f"Profiling every head over {len(att.tokens):,} tokens…")
     profile = profile_document(att, progress=throttled(lambda done, total: bar.progress(
         done / total, text=f"Profiling… layer {done} of {total}")))

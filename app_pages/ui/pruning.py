@@ -9,16 +9,14 @@ import streamlit as st
 
 from analysis.importance import (ABLATIONS, NEIGHBOURS, ORDERS, attention_proxies, curve_work, head_importance,
                                  point_comparison, proxy_correlations, prune_counts, pruning_curve)
-from analysis.profile import corpus_hash
 from models import AttentionModel, Head, head_label
-from models.catalog import CATALOG
 from models.corpus import CORPUS
 
-from .caches import Bar, SharedCache, computed_once
 from .exports import model_zip
-from .models import LLM, TRAINED, ModelRef, cached_model, model_for
+from .models import LLM, TRAINED, ModelRef, cached_model, model_for, twin
 from .profiles import uploaded_sentences
 from .settings import Settings
+from .shared import Bar, Warm, shared
 from .state import bound
 from .training import trained_job
 
@@ -63,8 +61,6 @@ MAX_SENTENCES = 400  # more would take many minutes: every step re-measures ever
 SEEDS = (0, 1, 2)
 SOURCES = {"sample": f"{SAMPLE} sentences of the built-in corpus", "corpus": f"The whole built-in corpus ({len(CORPUS)})",
            "sidebar": "The sidebar's sentences", "upload": "An uploaded .txt"}
-ENGINE = {"untrained": "untrained", **{k: b.scratch_key for b in CATALOG for k in b.engines()},  # on our engine
-          **{t: t for t in TRAINED}}
 LLM_SAMPLE = 24  # sentences SmolLM2 is measured on by default: 270 heads, each switched off in turn, take a minute
 METHODS = {"ablation": "Switching it off", "gradient": "Gradient"}
 # per measure: (column, name, help) of the two numbers a pruned model is judged by; the first is better lower for a loss
@@ -114,13 +110,14 @@ def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
 
 
 def engine_model(s: Settings) -> ModelRef:
-    """The sidebar's model on the from-scratch engine, which alone can switch heads off and prune."""
-    if s.model.choice not in ENGINE:
-        st.info(f"Pruning runs on the from-scratch engine, which holds BERT encoders and Llama decoders. The "
-                f"sidebar's model is {s.model.title.lower()}; choose all-MiniLM-L6-v2, SmolLM2 or the untrained "
-                "encoder there.")
+    """The sidebar's model on our engine (its twin), which alone can switch heads off and prune."""
+    ours = twin(s.model)
+    if ours is None:
+        st.info(f"Pruning runs on the from-scratch engine, which holds BERT encoders and the Llama and Gemma 3 "
+                f"decoders. The sidebar's model is {s.model.title.lower()}; choose a bundled model or the "
+                "untrained encoder there.")
         st.stop()
-    return ModelRef(ENGINE[s.model.choice], run=s.model.run, device=s.model.device)
+    return ours
 
 
 @dataclass
@@ -130,73 +127,57 @@ class Importance:
     full: np.ndarray | float     # the full model's embeddings of the sentences, or its next-token loss
 
 
-@st.cache_resource
-def pruning_cache() -> SharedCache:
-    """Importance and curves for every session; values are only ever read."""
-    return SharedCache(max_entries=12)
+def _sample(ref: ModelRef) -> list[tuple]:
+    """What Pruning measures a bundled decoder on first: its twin, by gradient, on the default sentences."""
+    return [(twin(ref), "zero", corpus_sample(LLM_SAMPLE), "gradient")]
 
 
-def pruning_key(kind: str, ref: ModelRef, ablation: str, sentences: list[str]) -> tuple:
-    return kind, ref, ablation, corpus_hash(sentences)[1]
-
-
+@shared("importance", entries=12, waiting="Measuring every head", warm=Warm(3, _sample))
 def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> Importance:
     """Every head's importance on ``sentences`` (by ablation or gradient), with a progress bar while it runs."""
+    model = model_for(ref)
     measure = measure_of(ref)
-
-    def compute() -> Importance:
-        model = cached_model(ref)
-        bar = Bar(f"Switching each of {model.n_layers * model.n_heads} heads off in turn, on {len(sentences)} sentences"
-                  if method == "ablation" else f"Differentiating the loss on {len(sentences)} sentences")
-        means = model.head_means(sentences) if ablation == "mean" else None
-        full = model.predictions(sentences)[0] if measure == "loss" else model.embed(sentences)
-        frame = head_importance(model, sentences, method=method, ablation=ablation, head_means=means,
-                                reference=full, measure=measure, progress=bar)
-        bar.empty()
-        for array in (full, means):
-            if isinstance(array, np.ndarray):
-                array.flags.writeable = False
-        return Importance(frame, means, full)
-
-    model_for(ref)
-    return computed_once(pruning_cache(), pruning_key(f"importance-{method}", ref, ablation, sentences), compute,
-                         "Measuring every head, once for every session (already under way):")
+    bar = Bar(f"Switching each of {model.n_layers * model.n_heads} heads off in turn, on {len(sentences)} sentences"
+              if method == "ablation" else f"Differentiating the loss on {len(sentences)} sentences")
+    means = model.head_means(sentences) if ablation == "mean" else None
+    full = model.predictions(sentences)[0] if measure == "loss" else model.embed(sentences)
+    frame = head_importance(model, sentences, method=method, ablation=ablation, head_means=means,
+                            reference=full, measure=measure, progress=bar)
+    bar.empty()
+    for array in (full, means):
+        if isinstance(array, np.ndarray):
+            array.flags.writeable = False
+    return Importance(frame, means, full)
 
 
-def curves(ref: ModelRef, ablation: str, sentences: list[str], imp: Importance) -> pd.DataFrame:
-    """The pruning curves by importance, at random (``SEEDS``) and by attention alone."""
-    def compute() -> pd.DataFrame:
-        model = cached_model(ref)
-        proxies = proxy_table(ref, sentences)
-        counts = prune_counts(model.n_layers * model.n_heads)
-        n = len(sentences)
-        runs = [("importance", 0), *(("random", seed) for seed in SEEDS), ("proxy", 0)]
-        works = [curve_work(model, n, counts, order, measure_of(ref)) for order, _ in runs]
-        bar = Bar(f"Pruning 10% of the heads at a time, {len(runs)} ways, on {n} sentences")
-        frames = []
-        for i, (order, seed) in enumerate(runs):
-            base = sum(works[:i])
-            frames.append(pruning_curve(model, sentences, order=order, seed=seed, ablation=ablation,
-                                        head_means=imp.means, proxies=proxies, measure=measure_of(ref),
-                                        progress=lambda done, _, base=base: bar(base + done, sum(works))))
-        bar.empty()
-        return pd.concat(frames, ignore_index=True)
-
-    return computed_once(pruning_cache(), pruning_key("curves", ref, ablation, sentences), compute,
-                         "Computing the pruning curves, once for every session (already under way):").copy()
-
-
-def has_curves(ref: ModelRef, ablation: str, sentences: list[str]) -> bool:
-    return pruning_cache().get(pruning_key("curves", ref, ablation, sentences)) is not None
+@shared("curves", entries=12, copy=True, waiting="Computing the pruning curves",
+        warm=Warm(8, _sample))
+def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> pd.DataFrame:
+    """The pruning curves by importance (``importance(ref, ablation, sentences, method)``), at random (``SEEDS``)
+    and by attention alone."""
+    imp = importance(ref, ablation, sentences, method)
+    model = cached_model(ref)
+    proxies = proxy_table(ref, sentences)
+    counts = prune_counts(model.n_layers * model.n_heads)
+    n = len(sentences)
+    runs = [("importance", 0), *(("random", seed) for seed in SEEDS), ("proxy", 0)]
+    works = [curve_work(model, n, counts, order, measure_of(ref)) for order, _ in runs]
+    bar = Bar(f"Pruning 10% of the heads at a time, {len(runs)} ways, on {n} sentences")
+    frames = []
+    for i, (order, seed) in enumerate(runs):
+        base = sum(works[:i])
+        frames.append(pruning_curve(model, sentences, order=order, seed=seed, ablation=ablation,
+                                    head_means=imp.means, proxies=proxies, measure=measure_of(ref),
+                                    progress=lambda done, _, base=base: bar(base + done, sum(works))))
+    bar.empty()
+    return pd.concat(frames, ignore_index=True)
 
 
+@shared("proxies", entries=12, copy=True, waiting="Measuring attention",
+        warm=Warm(4, lambda ref: [(twin(ref), corpus_sample(LLM_SAMPLE))]))
 def proxy_table(ref: ModelRef, sentences: list[str]) -> pd.DataFrame:
     """Attention-only measures of each head on ``sentences`` (entropy, weight on special tokens)."""
-    def compute() -> pd.DataFrame:
-        return attention_proxies(cached_model(ref).attend(sentences))
-
-    return computed_once(pruning_cache(), pruning_key("proxies", ref, "", sentences), compute,
-                         "Measuring attention…").copy()
+    return attention_proxies(cached_model(ref).attend(sentences))
 
 
 def correlations(imp: Importance, proxies: pd.DataFrame, labels: list[str] | None) -> pd.DataFrame:

@@ -5,16 +5,15 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from analysis.profile import corpus_hash
 from analysis.qk import iter_qk_heads, qk_embedding
 from models import AttentionModel
 from models.corpus import CORPUS
 from viz.qk import QkCanvas
 
-from .caches import Bar, SharedCache, computed_once
-from .models import ModelRef, model_for
+from .models import ModelRef, cached_model, model_for, twin
 from .profiles import uploaded_sentences
 from .settings import Settings
+from .shared import Bar, Warm, shared
 from .state import bound
 
 QK_TOKENS = 12_000  # the most tokens of a corpus one page's pictures cover; more are left out with a note
@@ -66,22 +65,18 @@ def _frames_bytes(value: Pictures) -> int:
     return sum(int(f.memory_usage(index=False).sum()) for f in value.frames.values()) + len(value.png[0])
 
 
-@st.cache_resource
-def qk_cache() -> SharedCache:
-    """Every head's ``Pictures`` per model, corpus and projection, for every session: the last 4 within 512 MiB.
-    Frames are only ever read."""
-    return SharedCache(max_entries=4, max_bytes=512 * 2**20, size=_frames_bytes)
+def _corpus(ref: ModelRef) -> list[tuple]:
+    """What the page draws first: every head of the model's twin over the built-in corpus, fitted."""
+    ours = twin(ref)
+    return [(ours, tokens_within(cached_model(ours), list(CORPUS)), "fitted")]
 
 
-def pictures_key(ref: ModelRef, sentences: list[str], method: str) -> tuple:
-    return ref, corpus_hash(sentences)[1], method
-
-
-def pictures(ref: ModelRef, sentences: list[str], method: str, partial=None) -> Pictures:
-    """``qk_embedding`` of every head of ``ref``'s model over ``sentences``, with a progress bar the first time;
-    ``partial(Pictures)`` is called with the heads drawn so far, a layer at a time, while they are computed."""
-    return computed_once(qk_cache(), pictures_key(ref, sentences, method), lambda: _compute(model_for(ref), sentences, method),
-                         "Drawing every head's picture (computed once for every session):", partial=partial)
+@shared("queries and keys", entries=4, max_bytes=512 * 2**20, size=_frames_bytes, waiting="Drawing every head's picture",
+        warm=Warm(7, _corpus))
+def pictures(ref: ModelRef, sentences: list[str], method: str) -> Pictures:
+    """``qk_embedding`` of every head of ``ref``'s model over ``sentences``, with a progress bar; the heads drawn so
+    far are published a layer at a time while they are computed (a page shows them with ``partial=``)."""
+    return _compute(model_for(ref), sentences, method)
 
 
 def _compute(model: AttentionModel, sentences: list[str], method: str) -> Pictures:

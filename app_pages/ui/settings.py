@@ -9,7 +9,7 @@ from models import Head
 from models.corpus import sentences_of
 
 from .generation import with_continuations
-from .models import LLM, ModelRef, ref_for, scratch_twin
+from .models import LLM, ModelRef, ref_for, twin
 
 MAX_CHARS = 32_000  # a 4,096-token prompt is about 18,000 characters of English
 MAX_SENTENCES = 24
@@ -47,4 +47,4 @@ def settings() -> Settings:
                     bool(ss.get("shared_scale", True)),
                     model.scratch and model.choice not in LLM and bool(ss.get("causal")),  # a decoder is causal anyway
                     tuple(ss.get("heads_off") or ()) if model.scratch else (),
-                    bool(ss.get("moved")) and scratch_twin(model) is not None)
+                    bool(ss.get("moved")) and twin(model) is not None)

@@ -98,7 +98,6 @@ class Block(nn.Module):
         self.act = ACTIVATIONS[c.hidden_act]
         self.dropout = c.hidden_dropout_prob
 
-    window = None  # every key is in view
 
     def attention_input(self, x: torch.Tensor) -> torch.Tensor:
         """What the attention reads of the block's input ``x``: ``x`` itself (the norm comes after)."""

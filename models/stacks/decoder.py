@@ -69,7 +69,6 @@ class DecoderBlock(PreNormBlock):
         self.act = ACTIVATIONS[c.activation]
         self.dropout = c.dropout
 
-    window = None  # every earlier key is in view
 
     def attention_input(self, x: torch.Tensor) -> torch.Tensor:
         """What the attention reads of the block's input ``x``: its LayerNorm."""

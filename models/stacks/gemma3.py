@@ -125,14 +125,14 @@ class Gemma3Block(PreNormBlock):
                                        num_kv_heads=len(kv_kept), kv_heads=[kv_kept.index(h // group) for h in kept],
                                        rotary=rotary[kind],
                                        qk_norm=(GemmaRMSNorm(Dh, c.rms_norm_eps), GemmaRMSNorm(Dh, c.rms_norm_eps)),
-                                       scale=c.query_pre_attn_scalar ** -0.5)
+                                       scale=c.query_pre_attn_scalar ** -0.5,
+                                       window=c.sliding_window if kind == SLIDING else None)
         self.ln_attn_out = GemmaRMSNorm(E, c.rms_norm_eps)
         self.ln_mlp = GemmaRMSNorm(E, c.rms_norm_eps)
         self.gate = nn.Linear(E, c.intermediate_size, bias=False)
         self.up = nn.Linear(E, c.intermediate_size, bias=False)
         self.down = nn.Linear(c.intermediate_size, E, bias=False)
         self.ln_mlp_out = GemmaRMSNorm(E, c.rms_norm_eps)
-        self.window = c.sliding_window if kind == SLIDING else None
 
     def attention_input(self, x: torch.Tensor) -> torch.Tensor:
         """What the attention reads of the block's input ``x``: its norm."""
@@ -153,12 +153,7 @@ class Gemma3Block(PreNormBlock):
         """``x`` ``(B, L, E)``, or ``(N, E)`` real tokens when ``packing`` is given; and the weights or None."""
         h = self.ln_attn(x)
         padded = h if packing is None else packing.unpack(h)                  # (B, L, E)
-        L = padded.shape[1]
-        outside = None  # keys further back than the sliding window
-        if self.window is not None and L > self.window:
-            i = torch.arange(L, device=x.device)
-            outside = (i.view(-1, 1) - i.view(1, -1)) >= self.window          # (L, L)
-        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, attn_mask=outside, causal=causal,
+        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal,
                                need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
                                head_fill=head_fill, hook_z=hook_z)
         x = x + self.ln_attn_out(a if packing is None else packing.pack(a))

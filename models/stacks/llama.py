@@ -109,12 +109,11 @@ class LlamaBlock(PreNormBlock):
         self.ln_attn = RMSNorm(E, c.rms_norm_eps)
         self.attn = MultiHeadAttention(E, len(kept), head_dim=Dh, bias=qkv_bias, out_bias=c.attention_bias,
                                        num_kv_heads=len(kv_kept), kv_heads=[kv_kept.index(h // group) for h in kept],
-                                       rotary=rotary)
+                                       rotary=rotary, window=c.sliding_window)
         self.ln_mlp = RMSNorm(E, c.rms_norm_eps)
         self.gate = nn.Linear(E, c.intermediate_size, bias=False)
         self.up = nn.Linear(E, c.intermediate_size, bias=False)
         self.down = nn.Linear(c.intermediate_size, E, bias=False)
-        self.window = c.sliding_window
 
     def attention_input(self, x: torch.Tensor) -> torch.Tensor:
         """What the attention reads of the block's input ``x``: its RMSNorm."""
@@ -125,12 +124,7 @@ class LlamaBlock(PreNormBlock):
         """``x`` ``(B, L, E)``, or ``(N, E)`` real tokens when ``packing`` is given; and the weights or None."""
         h = self.ln_attn(x)
         padded = h if packing is None else packing.unpack(h)                  # (B, L, E)
-        L = padded.shape[1]
-        outside = None  # keys further back than the sliding window
-        if self.window is not None and L > self.window:
-            i = torch.arange(L, device=x.device)
-            outside = (i.view(-1, 1) - i.view(1, -1)) >= self.window          # (L, L)
-        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, attn_mask=outside, causal=causal,
+        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal,
                                need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
                                head_fill=head_fill, hook_z=hook_z)
         x = x + (a if packing is None else packing.pack(a))

@@ -17,7 +17,7 @@ import shutil
 from functools import lru_cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("analysis", "app_pages", "models", "viz")  # the packages whose code decides what a stored result holds
 
 

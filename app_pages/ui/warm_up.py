@@ -1,0 +1,138 @@
+"""The server's warm-up: once a bundled decoder has loaded, a background thread prepares what its slowest
+pages need over the built-in corpus, each result into the cache the page reads, and keeps it on disk
+(``store``) so that a restarted server finds it at once. A page asking for one of them meanwhile waits
+for it under the computation's own progress bar.
+
+What is prepared is what the shared results declare (``shared.Warm``): each declaration names the calls its
+page makes first and where they come in the preparation; nothing here names a page.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pkgutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import streamlit as st
+
+from models.catalog import bundled
+from models.files import resolve_model_dir
+from models.gguf import cache_root
+
+from . import shared as declared
+from .janitor import trim
+from .models import LLM, ModelRef
+from .store import Store, folder_digest
+from .threads import here, lower_priority
+
+log = logging.getLogger("headlens")
+
+
+@dataclass
+class Warmup:
+    """One model's warm-up: what it has done, from the disk or computed, and how long each took."""
+
+    ref: ModelRef
+    state: str = "waiting"  # waiting, running, done, failed
+    done: list = field(default_factory=list)  # (step, how: "stored" (read from disk), "computed" or "found", seconds)
+    current: str = ""  # the step under way
+    total: int = 0
+    error: str | None = None
+    thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("waiting", "running")
+
+
+@st.cache_resource
+def warmups() -> dict:
+    """Every warm-up this server has started, by model."""
+    return {}
+
+
+_started = threading.Lock()
+
+
+def results_root() -> Path:
+    """Where results are kept across restarts: ``HEADLENS_RESULTS``, else ``results`` in HeadLens's cache."""
+    return Path(os.environ.get("HEADLENS_RESULTS") or cache_root() / "results").expanduser()
+
+
+def enabled() -> bool:
+    return os.environ.get("HEADLENS_WARM_UP", "1") != "0"
+
+
+def declarations() -> list[declared.Shared]:
+    """Every declared result, the page helpers that declare them imported first (each module of this package)."""
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        importlib.import_module(f"{__package__}.{module.name}")
+    return list(declared.DECLARED.values())
+
+
+def steps(ref: ModelRef) -> list[tuple[declared.Shared, tuple]]:
+    """(result, arguments) of what ``ref``'s pages ask for first, in the order the declarations give."""
+    found = sorted((d for d in declarations() if d.warm is not None), key=lambda d: d.warm.step)
+    return [(d, tuple(args)) for d in found for args in d.warm.calls(ref)]
+
+
+def warm_up(ref: ModelRef) -> Warmup | None:
+    """Start ``ref``'s warm-up, once per server, when it is a bundled decoder."""
+    if not enabled() or ref.choice not in LLM or ref.run:
+        return None
+    ref = ModelRef(ref.choice, device=ref.device)
+    registry = warmups()
+    with _started:
+        if ref in registry:
+            return registry[ref]
+        job = registry[ref] = Warmup(ref)
+    declarations()  # imported here, in a session's thread, not the warm-up's
+    job.thread = threading.Thread(target=_warm, args=(job,), name=f"headlens-warm-{ref.choice}", daemon=True)
+    job.thread.start()
+    return job
+
+
+def warm_up_note(ref: ModelRef) -> str | None:
+    """What the server is still preparing for ``ref``'s pages, in a sentence; None when nothing is."""
+    job = warmups().get(ModelRef(ref.choice, device=ref.device))
+    if job is None or not job.running:
+        return None
+    return (f"Preparing this model's pages over the built-in corpus in the background ({job.current or 'starting'}, "
+            f"{len(job.done)} of {job.total or '…'} done); a page that needs it shows how far it has got.")
+
+
+def _warm(job: Warmup) -> None:
+    here.background = True
+    # the results' functions are called from this thread, which has no session: Streamlit says so at each call
+    logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
+    lower_priority()
+    job.state = "running"
+    try:
+        folder, _ = resolve_model_dir(bundled(job.ref.choice).name)
+        store = Store(results_root(), folder_digest(folder))
+        todo = steps(job.ref)
+        job.total = len(todo)
+        for result, args in todo:
+            job.current = result.name
+            start = time.perf_counter()
+            value, how = result.peek(*args), "found"  # a session may have asked for it first
+            if value is None:
+                value, how = store.load(result.file_key(*args)), "stored"
+                if value is not None:
+                    result.cache.put(result.key(*args), value)
+            if value is None:
+                result(*args)
+                value, how = result.peek(*args), "computed"
+            if how != "stored" and value is not None:
+                store.save(result.file_key(*args), value)
+            job.done.append((result.name, how, time.perf_counter() - start))
+        job.state = "done"
+        store.drop_stale()
+        trim()  # what the computations held for a while goes back to the system
+    except Exception as err:  # noqa: BLE001 - the pages compute what is missing themselves
+        job.error, job.state = f"{type(err).__name__}: {err}", "failed"
+        log.warning("HeadLens's warm-up of %s stopped: %s", job.ref.choice, job.error)
