@@ -5,7 +5,9 @@ from .vocabulary import copying_scores, head_vocabulary
 from .routes import flow_graph, prediction_flow, strongest_route
 from .flow import FLOW_MAX_TOKENS, agreement, flow, raw_attention, rollout, token_ablation
 from .foci import FOCI, FOCUS_NAMES, content_attention, focus_shares, received, sentiment_lexicon, word_classes
-from .importance import ablate, head_importance, head_mask, heads_marked, neighbour_agreement, pruning_curve
+from .ablation import ablate, head_mask, heads_marked, neighbour_agreement
+from .importance import head_importance
+from .pruning import pruning_curve
 from .long import Grid, LongView, Survey, long_view, reach, survey, zoom_window
 from .labels import RANKING_MEASURES, THRESHOLDS, label_heads, label_measure, strongest_head
 from .qk import QK, qk_embedding, qk_heads, qk_vectors

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from models.long import LayerFigures, LongAttention
+from models.long import LongAttention
+from models.long_scan import LayerFigures
 
 from .views import _marked, set_aside
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.long import LongAttention, release_memory
+from models.long import LongAttention
+from models.memory import release_memory
 
 from .foci import FINAL_MARKS, FOCI, text_key, token_classes, word_classes
 from .roles import (

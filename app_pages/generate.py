@@ -17,8 +17,8 @@ s = settings()
 st.title("Generate")
 ours = twin(s.model)
 if ours is None or not hasattr(model_for(ours), "generate"):
-    st.info("Generation is for decoders: choose SmolLM2-135M-Instruct (either engine) or a decoder trained on the "
-            "Train page in the sidebar.")
+    st.info("Generation is for decoders: choose a bundled decoder (SmolLM2 or Gemma 3, either engine) or a decoder "
+            "trained on the Train page in the sidebar.")
     st.stop()
 st.caption("The model continues the sentence one token at a time, as it is written here. Every page then shows the "
            "sentence with its continuation, each generated token marked ▸; pick one below, or as the query on Text, "

@@ -6,8 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from analysis import ablate, heads_marked
-from analysis.importance import (ABLATIONS, NEIGHBOURS, curve_summary, importance_by_role,
-                                 most_important_with_a_later_layer, prune_counts)
+from analysis.ablation import ABLATIONS, NEIGHBOURS
+from analysis.importance import importance_by_role, most_important_with_a_later_layer
+from analysis.pruning import curve_summary, prune_counts
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.messages import stop_with
 from app_pages.ui.models import TRANSFORMERS, model_for

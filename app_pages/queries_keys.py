@@ -32,7 +32,7 @@ st.title("Queries & keys")
 ref = twin(s.model)
 if ref is None:
     st.info("Queries and keys are read inside HeadLens's own attention. Choose a model the from-scratch engine "
-            "runs (all-MiniLM-L6-v2, SmolLM2-135M-Instruct, the untrained encoder or your trained decoder).")
+            "runs (a bundled model, the untrained encoder or your trained decoder).")
     st.stop()
 model = model_for(ref)
 with st.expander("What this picture shows", expanded=False):

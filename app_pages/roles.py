@@ -1,32 +1,19 @@
 """Head roles: what each head does, measured over many sentences, with the numbers behind each label."""
-import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis import (
-    FOCI,
-    FOCUS_NAMES,
-    THRESHOLDS,
-    label_measure,
-    long_view,
-    make_view,
-    similar_heads,
-)
-from analysis.labels import strongest
-from analysis.long import ZOOM
-from analysis.long_roles import SIMILARITY_ROWS
+from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view
 from app_pages.ui.attention import attention
 from app_pages.ui.detector import show_decoder_heads
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.long import run_layers
-from app_pages.ui.messages import plain
 from app_pages.ui.models import LLM
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile, profile_file
+from app_pages.ui.roles import similar, strongest_in_document, strongest_sentences
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, head_from_url, head_to_url
 from models import head_label
 from models.corpus import DEFAULT_TEXT
-from viz import head_heatmap, role_grid, text_shading
+from viz import role_grid, text_shading
 
 s = settings()
 st.title("Head roles")
@@ -83,65 +70,10 @@ layer, head = choose("Head", picks, "role_head", cast=head_from_url, to_url=head
                      format_func=lambda h: head_label(*h))
 name = head_label(layer, head)
 
-
-def show_strongest_sentences() -> None:
-    values = profiled.per_sentence[measure][:, layer, head]
-    order = strongest(values, higher)[:3]
-    st.markdown(f"**Where {name} is strongest**")
-    for tab, i in zip(st.tabs([f"{measure} {values[i]:.2f}" for i in order]), order):
-        with tab:
-            st.caption(plain(profiled.attentions[i].text))  # a typed or uploaded sentence: shown literally
-            v = make_view(profiled.attentions[i], hide_special=s.hide_special, merge_words=s.merge_words)
-            fig = head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=460, visible=v.visible(layer),
-                               title=f"{name} · {measure} {values[i]:.2f}")
-            chart(fig, f"roles-example-{i}")
-
-
-def show_similar_heads() -> None:
-    st.subheader(f"Heads that behave like {name}")
-    near = similar_heads(profiled.divergences(layer, head), layer, head, n_heads=int(frame["head"].max()) + 1)
-    near = near.merge(frame[["layer", "head", "label"]], on=["layer", "head"], how="left")
-    st.dataframe(near[["layer", "head", "label", "divergence"]]
-                 .rename(columns={"divergence": "Jensen-Shannon divergence (nats)"}).style.format(precision=3),
-                 hide_index=True, key="roles-similar")
-    rows = (f"{SIMILARITY_ROWS} query rows spread over the text" if profiled.document is not None
-            else "the query rows of the first 100 sentences")
-    st.caption("0 means the same pattern on every sentence; ln 2 = 0.69 means the two never look at the same "
-               f"tokens. Averaged over {rows}.")
-
-
-CONTEXT = 32  # tokens before a sentence drawn beside it
-
-
-def show_strongest_in_document() -> None:
-    """The document's sentences where the head's measure is strongest: each sentence's queries (its last 96)
-    against it and the ``CONTEXT`` tokens before it, every weight as the sidebar's view shows it."""
-    values = profiled.per_sentence[measure][:, layer, head]
-    order = strongest(values, higher)[:3]
-    lv = long_view(profiled.document, hide_special=s.hide_special)
-    st.markdown(f"**Where {name} is strongest in the text**")
-    for tab, i in zip(st.tabs([f"{measure} {values[i]:.2f}" for i in order]), order):
-        text, a, b = profiled.spans[i]
-        q0, q1 = (int(x) for x in np.searchsorted(lv.keep, [a, b]))
-        if q1 <= q0:
-            continue
-        q0 = max(q0, q1 - ZOOM + CONTEXT)
-        keys = (max(0, q0 - CONTEXT), q1)                    # the sentence and the tokens just before it
-        with tab:
-            st.caption(plain(f"Sentence {i + 1} of {len(profiled.spans)}: {text}"))
-            run_layers(profiled.document, layer)
-            fig = head_heatmap(lv.exact(layer, head, (q0, q1), keys), lv.labels[q0:q1], lv.labels[keys[0]:keys[1]],
-                               height=460, visible=lv.visible((q0, q1), keys, layer),
-                               title=f"{name} · {measure} {values[i]:.2f} · tokens {keys[0]}–{keys[1] - 1}")
-            chart(fig, f"roles-example-{i}")
-            st.caption(f"Each row is one of the sentence's queries against the sentence and the {CONTEXT} tokens "
-                       "before it; what it gives earlier tokens is not drawn, so a row may sum to less than 1.")
-
-
 if profiled.attentions is not None:
-    show_strongest_sentences()
+    strongest_sentences(s, profiled, layer, head, measure, higher)
 elif profiled.document is not None:
-    show_strongest_in_document()
+    strongest_in_document(s, profiled, layer, head, measure, higher)
 seed = attention(s, DEFAULT_TEXT)  # the coffee-or-tea sentence
 sv = make_view(seed, hide_special=s.hide_special, merge_words=s.merge_words)
 received = sv.head(layer, head).mean(axis=0)
@@ -154,6 +86,6 @@ if profiled.per_sentence is None:
     st.info("A saved profile holds each head's measures, not its sentences: profile sentences here to see where "
             "a head is strongest and which heads behave alike.")
 else:
-    show_similar_heads()
+    similar(profiled, layer, head)
 if s.model.choice in LLM:
     show_decoder_heads(s.model)

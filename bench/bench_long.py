@@ -154,7 +154,7 @@ def main() -> None:
     ours.attend("Which do you like better, coffee or tea?")  # the first forward pass's one-time allocations
     print(f"# Long prompts, SmolLM2-135M-Instruct, on {machine(a.device)}")
     print("\n## Memory: two prompts open at the top layer, each switched to another layer and zoomed")
-    from models.long import release_memory
+    from models.memory import release_memory
 
     for n in a.tokens:
         gc.collect()
@@ -226,7 +226,7 @@ def roles(a) -> None:
     from analysis.roles import load_spacy
     from models import load_model
     from models.gguf import bundled_file, gguf_folder
-    from models.long import release_memory
+    from models.memory import release_memory
 
     ours = load_model(NAME, backend="scratch", device=a.device)
     ours.attend("Which do you like better, coffee or tea?")

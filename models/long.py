@@ -10,19 +10,17 @@ come, cut to a zoom, or summed into per-head figures. No whole layer of weights 
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import itertools
-import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .errors import HeadLensError
-from .mha import outside_window
+from .kernels import outside_window
+from .long_scan import Scans
+from .memory import release_memory
 
 LONG_TOKENS_CAP = 4096  # the most tokens a long prompt keeps, whatever the model allows
 BLOCK_BYTES = 48 * 2**20  # the weights of one block of query rows, every head asked, while it is computed
@@ -33,54 +31,7 @@ Progress = Callable[[int, int], None]
 _ids = itertools.count()
 
 
-def _libc_trim():
-    """glibc's ``malloc_trim``, or None elsewhere. A long forward pass frees hundreds of MB of temporaries
-    between the inputs it keeps; glibc keeps the freed heap until asked to give it back."""
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
-
-
-_TRIM = _libc_trim()
-
-
-def release_memory() -> None:
-    """Give the memory freed by a long computation back to the system (glibc), so that a server's
-    resident memory follows what it holds."""
-    if _TRIM is not None:
-        _TRIM(0)
-
-
-@dataclass(frozen=True)
-class LayerFigures:
-    """Per head of one layer, from every query row. ``(heads,)`` float32 each.
-
-    Attributes:
-        entropy: mean over query rows of each row's entropy (nats), after ``hide``.
-        max_weight: the largest weight, after ``hide``.
-        aside: mean over query rows of the weight on the tokens ``hide`` names (before hiding them).
-        first: mean over query rows after the first of the weight on the first token (a sink's share).
-        distance: mean over query rows of ``sum_j a_ij |i - j|``: how far back (or away) a head looks,
-            in tokens (Vig & Belinkov 2019).
-        received: when asked, ``(heads, keys)``: the mean over query rows of the weight each key gets,
-            after ``hide`` (its keys counted among those left).
-        mixed: when asked with a row vector ``c`` (one entry per row left), ``(heads, keys)``: ``c``
-            times each head's weights after ``hide``, the step of attention rollout.
-    """
-
-    entropy: np.ndarray
-    max_weight: np.ndarray
-    aside: np.ndarray
-    first: np.ndarray
-    distance: np.ndarray
-    received: np.ndarray | None = None
-    mixed: np.ndarray | None = None
-
-
-class LongAttention:
+class LongAttention(Scans):
     """One text's attention on the from-scratch engine, each layer's weights computed when asked.
 
     It carries what ``Attention`` says about the tokens (``tokens``, ``word_ids``, ``special``,
@@ -291,126 +242,6 @@ class LongAttention:
                 out[:, start - q0:stop - q0, :seen - k0] = w[..., k0:seen].to("cpu", torch.float32).numpy()
         return out
 
-    def pooled(self, layer: int, heads: Sequence[int] | None = None, q_step: int = 1, k_step: int = 1,
-               hide: np.ndarray | None = None, rows: tuple[int, int] | None = None) -> np.ndarray:
-        """The largest weight in each block of ``q_step`` query rows by ``k_step`` keys, as
-        ``viz.figures.pool`` takes it of the exact weights: ``(len(heads), blocks, blocks)`` float32.
-
-        ``hide``: bool per token; those rows and columns are dropped first and each row renormalised
-        (a view's "hide special tokens"); blocks then count the tokens left. ``rows``: only these
-        query rows (of the tokens left), such as the last k.
-        """
-        return self.scan(layer, heads, q_step, k_step, hide, rows)[0]
-
-    def figures(self, layer: int, heads: Sequence[int] | None = None, hide: np.ndarray | None = None,
-                aside: np.ndarray | None = None) -> LayerFigures:
-        """Per-head figures of ``layer`` from every query row (see ``LayerFigures``)."""
-        return self.scan(layer, heads, hide=hide, aside=aside, pool=False)[1]
-
-    def scan(self, layer: int, heads: Sequence[int] | None = None, q_step: int = 1, k_step: int = 1,
-             hide: np.ndarray | None = None, rows: tuple[int, int] | None = None, aside: np.ndarray | None = None,
-             pool: bool = True, received: bool = False,
-             times: np.ndarray | None = None) -> tuple[np.ndarray | None, LayerFigures | None]:
-        """``pooled`` and ``figures`` in one pass over the layer's weights; figures only when ``rows`` is None.
-        ``aside`` (bool per token, default ``hide``): the tokens whose share ``LayerFigures.aside`` is.
-        ``received``: figures include what each key receives; ``times`` (one float per row left): figures
-        include ``times`` times each head's weights (``LayerFigures.mixed``)."""
-        heads = self._heads(heads)
-        n, h = len(self.tokens), len(heads)
-        dev = self.stack.layers[0].attn.out_proj.weight.device
-        hide = None if hide is None or not np.any(hide) else np.asarray(hide, dtype=bool)
-        keep = np.arange(n) if hide is None else np.flatnonzero(~hide)
-        if not len(keep):
-            raise HeadLensError("Every token is hidden; show special tokens to see this text's attention.")
-        m = len(keep)
-        r0, r1 = self._range(rows, m, "query")
-        shown = keep[r0:r1]                                   # prompt positions of the rows drawn
-        keep_t = torch.as_tensor(keep, device=dev)
-        hidden = None if hide is None else torch.as_tensor(np.flatnonzero(hide), device=dev)
-        aside = hide if aside is None else np.asarray(aside, dtype=bool)
-        aside_t = None if aside is None or not aside.any() else torch.as_tensor(aside, dtype=torch.float32, device=dev)
-        want = rows is None
-        nqb, nkb = math.ceil((r1 - r0) / q_step), math.ceil(m / k_step)
-        pooled = torch.zeros(h, nqb, nkb, device=dev) if pool else None
-        sums = torch.zeros(4, h, dtype=torch.float64, device=dev)  # entropy, aside, first, distance
-        top = torch.zeros(h, device=dev)
-        taken = torch.zeros(h, m, dtype=torch.float64, device=dev) if received and want else None
-        mixed = torch.zeros(h, m, dtype=torch.float64, device=dev) if times is not None and want else None
-        times_t = None if mixed is None else torch.as_tensor(np.asarray(times, dtype=np.float32), device=dev)
-        on = torch.tensor(self.heads_on(layer, heads), dtype=torch.float32, device=dev).view(-1, 1)
-        position = torch.arange(n, device=dev, dtype=torch.float32)
-        columns = np.stack([np.arange(n, dtype=np.float32),
-                            np.zeros(n, np.float32) if aside is None else aside.astype(np.float32)], axis=1)
-        done, carry = 0, None  # rows drawn so far; rows left over from the last block, fewer than q_step
-        aligned = hide is None
-        with torch.inference_mode():
-            for block in self.blocks(layer, heads, rows=(int(shown[0]), int(shown[-1]) + 1),
-                                     step=q_step if aligned else 1, with_entropy=want, columns=columns):
-                start, stop, w = block[:3]
-                seen = w.shape[-1]
-                if want:
-                    if start == 0 and stop > 1:
-                        sums[2] += w[:, 1:, 0].sum(dim=1)
-                    elif start > 0:
-                        sums[2] += w[:, :, 0].sum(dim=1)
-                    weighted = block[4]                                               # (h, rows, 2): w @ [pos, aside]
-                    if aside_t is not None:
-                        sums[1] += weighted[..., 1].sum(dim=1)
-                    if self.causal:  # every key at or before the query: sum_j w_ij (i - j)
-                        sums[3] += (position[start:stop] * on - weighted[..., 0]).sum(dim=1)
-                    else:
-                        gap = (position[start:stop].view(-1, 1) - position[:seen].view(1, -1)).abs_()
-                        sums[3] += (w * gap).sum(dim=(1, 2))
-                    entropy = block[3]                                                    # (h, rows)
-                # rows and keys of the view: hidden ones left out, rows renormalised over what is left
-                inside = np.flatnonzero((shown >= start) & (shown < stop))
-                row_index = shown[inside] - start
-                if hide is not None:
-                    gone = w.index_select(2, hidden[hidden < seen])                        # (h, rows, few)
-                    left = (1.0 - gone.sum(dim=-1)).clamp_min_(0.0)                        # T, each row's remaining share
-                    scale = torch.where(left > 0, 1.0 / left.clamp_min(1e-30), torch.zeros_like(left))
-                    if want:  # H' = (H + sum_hidden w log w) / T + log T over what is left
-                        entropy = torch.where(left > 0, (entropy + torch.special.xlogy(gone, gone).sum(dim=-1)) * scale
-                                              + torch.log(left.clamp_min(1e-30)), torch.zeros_like(left))
-                    cols = int(np.searchsorted(keep, seen))                                # kept keys it may see
-                    w = _cut(w, 2, keep[:cols], keep_t[:cols])
-                    w = _cut(w, 1, row_index, None)
-                    w = w.mul_(scale.index_select(1, torch.as_tensor(row_index, device=dev)).unsqueeze(-1))
-                elif len(row_index) < w.shape[1]:
-                    w = _cut(w, 1, row_index, None)
-                if taken is not None:
-                    taken[:, :w.shape[-1]] += w.sum(dim=1).double()
-                if mixed is not None:
-                    c = times_t[torch.as_tensor(r0 + inside, device=dev)]
-                    mixed[:, :w.shape[-1]] += torch.matmul(c.view(1, 1, -1), w)[:, 0].double()
-                if want:
-                    sums[0] += entropy.index_select(1, torch.as_tensor(row_index, device=dev)).sum(dim=1).double()
-                    if not pool:
-                        top = torch.maximum(top, w.amax(dim=(1, 2)))
-                if pool and w.shape[1]:
-                    if carry is not None:
-                        w = torch.cat([torch.nn.functional.pad(carry, (0, w.shape[-1] - carry.shape[-1])), w], dim=1)
-                        carry = None
-                    whole = w.shape[1] // q_step * q_step
-                    if done + w.shape[1] < r1 - r0 and whole < w.shape[1]:
-                        carry, w = w[:, whole:], w[:, :whole]
-                    if w.shape[1]:
-                        part = torch.nn.functional.max_pool2d(w.unsqueeze(1), (q_step, k_step), ceil_mode=True)[:, 0]
-                        b0 = done // q_step
-                        pooled[:, b0:b0 + part.shape[1], :part.shape[2]] = part
-                        done += w.shape[1]
-        release_memory()
-        figures = None
-        if want:
-            if pool:
-                top = pooled.amax(dim=(1, 2))
-            sums = sums.float().cpu().numpy()
-            figures = LayerFigures(entropy=sums[0] / m, max_weight=top.cpu().numpy(), aside=sums[1] / n,
-                                   first=sums[2] / max(1, n - 1), distance=sums[3] / n,
-                                   received=None if taken is None else (taken / m).float().cpu().numpy(),
-                                   mixed=None if mixed is None else mixed.cpu().numpy())
-        return (None if pooled is None else pooled.cpu().numpy()), figures
-
     # --- helpers ------------------------------------------------------------------------------------
 
     def _sink_share(self) -> float | None:
@@ -447,12 +278,3 @@ class LongAttention:
         if not 0 <= a < b <= n:
             raise HeadLensError(f"The {what} range {a}–{b} is outside the text's {n} tokens.")
         return a, b
-
-
-def _cut(w: torch.Tensor, dim: int, index: np.ndarray, index_t: torch.Tensor | None) -> torch.Tensor:
-    """``w`` along ``dim`` at ``index`` (sorted): a slice, which copies nothing, when the index is a run."""
-    if len(index) == w.shape[dim] and (not len(index) or index[0] == 0):
-        return w
-    if len(index) and index[-1] - index[0] == len(index) - 1:
-        return w.narrow(dim, int(index[0]), len(index))
-    return w.index_select(dim, index_t if index_t is not None else torch.as_tensor(index, device=w.device))

@@ -7,11 +7,15 @@ against each other number for number.
 """
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .kernels import attention_masks, attention_weights, fused_attention
+from .rotary import Rotary
 
 
 class MultiHeadAttention(nn.Module):
@@ -36,7 +40,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, *, head_dim: int | None = None, bias: bool = True,
                  dropout: float = 0.0, kdim: int | None = None, vdim: int | None = None,
                  num_kv_heads: int | None = None, kv_heads: list[int] | None = None, out_bias: bool | None = None,
-                 rotary: "Rotary | None" = None, qk_norm: "tuple[nn.Module, nn.Module] | None" = None,
+                 rotary: Rotary | None = None, qk_norm: "tuple[nn.Module, nn.Module] | None" = None,
                  scale: float | None = None, window: int | None = None):
         super().__init__()
         if head_dim is None:
@@ -131,13 +135,13 @@ class MultiHeadAttention(nn.Module):
         groups = list(range(H)) if self.kv_heads is None else self.kv_heads
         kv_keep = sorted({groups[h] for h in keep})
         ref = self.out_proj.weight
-        norms = None if self.q_norm is None else (copy_module(self.q_norm), copy_module(self.k_norm))
-        copy = type(self)(E, len(keep), head_dim=Dh, bias=self.in_proj_bias is not None, dropout=self.dropout,
-                          kdim=self.kdim, vdim=self.vdim, num_kv_heads=len(kv_keep),
-                          kv_heads=None if self.kv_heads is None else [kv_keep.index(groups[h]) for h in keep],
-                          out_bias=self.out_proj.bias is not None, rotary=self.rotary, qk_norm=norms,
-                          scale=self.scale, window=self.window)
-        copy.to(device=ref.device, dtype=ref.dtype)
+        norms = None if self.q_norm is None else (copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm))
+        pruned = type(self)(E, len(keep), head_dim=Dh, bias=self.in_proj_bias is not None, dropout=self.dropout,
+                            kdim=self.kdim, vdim=self.vdim, num_kv_heads=len(kv_keep),
+                            kv_heads=None if self.kv_heads is None else [kv_keep.index(groups[h]) for h in keep],
+                            out_bias=self.out_proj.bias is not None, rotary=self.rotary, qk_norm=norms,
+                            scale=self.scale, window=self.window)
+        pruned.to(device=ref.device, dtype=ref.dtype)
 
         def rows(heads: list[int]) -> torch.Tensor:
             return (torch.tensor(heads, dtype=torch.long).view(-1, 1) * Dh + torch.arange(Dh)).reshape(-1).to(ref.device)
@@ -146,20 +150,20 @@ class MultiHeadAttention(nn.Module):
         with torch.no_grad():
             if self.fused:
                 wq, wk, wv = self.in_proj_weight.split(self.sizes)
-                copy.in_proj_weight.copy_(torch.cat([wq[q_rows], wk[kv_rows], wv[kv_rows]]))
+                pruned.in_proj_weight.copy_(torch.cat([wq[q_rows], wk[kv_rows], wv[kv_rows]]))
             else:
                 for name, picked in (("q_proj_weight", q_rows), ("k_proj_weight", kv_rows), ("v_proj_weight", kv_rows)):
-                    getattr(copy, name).copy_(getattr(self, name)[picked])
+                    getattr(pruned, name).copy_(getattr(self, name)[picked])
             if self.in_proj_bias is not None:
                 bq, bk, bv = self.in_proj_bias.split(self.sizes)
-                copy.in_proj_bias.copy_(torch.cat([bq[q_rows], bk[kv_rows], bv[kv_rows]]))
-            copy.out_proj.weight.copy_(ref[:, q_rows])
+                pruned.in_proj_bias.copy_(torch.cat([bq[q_rows], bk[kv_rows], bv[kv_rows]]))
+            pruned.out_proj.weight.copy_(ref[:, q_rows])
             if self.out_proj.bias is not None:
                 bias = self.out_proj.bias.clone()
                 if head_fill is not None and dropped:
                     bias += ref[:, rows(dropped)] @ head_fill[dropped].to(ref).reshape(-1)
-                copy.out_proj.bias.copy_(bias)
-        return copy.train(self.training)
+                pruned.out_proj.bias.copy_(bias)
+        return pruned.train(self.training)
 
     def project(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
         """q ``(B, Lq, H * Dh)``, k and v ``(B, Lk, Hkv * Dh)``; one matrix product for self-attention."""
@@ -282,155 +286,3 @@ class MultiHeadAttention(nn.Module):
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)                                  # (B, Lq, Lk)
         return self.out_proj(out), weights
-
-
-def copy_module(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` with its own parameters (a pruned attention keeps its heads' norms)."""
-    import copy
-
-    return copy.deepcopy(module)
-
-
-class Rotary(nn.Module):
-    """Rotary position embeddings as transformers' Llama applies them: the two halves of each head's
-    vector rotated together, position ``p`` by ``p * base ** (-2i / Dh)`` (``rotate_half``).
-
-    One module serves every layer of a model; the angles of the last length asked for are kept, so
-    they are computed once per forward pass, not twice in each layer.
-    """
-
-    def __init__(self, head_dim: int, base: float = 10000.0):
-        super().__init__()
-        self.head_dim, self.base = head_dim, base  # no buffer: a model built on the meta device needs none filled
-        self._angles = (None, None, None)          # (key, cos, sin), replaced whole: sessions share the module
-
-    def angles(self, L: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of every position's angles, ``(L, Dh)`` each, on ``like``'s device and dtype."""
-        key = (L, like.device, like.dtype, torch.is_inference_mode_enabled())  # inference tensors never reach autograd
-        cached, cos, sin = self._angles
-        if cached != key:
-            Dh = self.head_dim
-            inv_freq = 1.0 / (self.base ** (torch.arange(0, Dh, 2, dtype=torch.int64).float() / Dh))  # (Dh / 2,)
-            freqs = torch.outer(torch.arange(L, dtype=torch.float32), inv_freq)                     # (L, Dh / 2)
-            angles = torch.cat((freqs, freqs), dim=-1).to(like.device)                              # (L, Dh)
-            cos, sin = angles.cos().to(like.dtype), angles.sin().to(like.dtype)
-            self._angles = (key, cos, sin)
-        return cos, sin
-
-    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Each ``x`` ``(B, heads, L, Dh)`` at positions 0 .. L - 1, rotated."""
-        cos, sin = self.angles(xs[0].shape[-2], xs[0])
-        half = xs[0].shape[-1] // 2
-        return tuple(x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin for x in xs)  # rotate_half
-
-
-def outside_window(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
-    """``(len(queries), len(keys))`` bool: True where a key lies ``window`` or more positions before the query,
-    beyond what a sliding-window layer's query sees (positions given as 1-D tensors)."""
-    return (queries.view(-1, 1) - keys.view(1, -1)) >= window
-
-
-def attention_masks(B: int, H: int, Lq: int, Lk: int, key_padding_mask=None, attn_mask=None, valid_lens=None,
-                    causal: bool = False, like: torch.Tensor | None = None, window: int | None = None):
-    """What a query may not see, as one bool mask (True: blocked) and one float bias added to the scores;
-    ``window``: with ``causal``, keys beyond a sliding window are blocked too.
-
-    Each is None or broadcasts to ``(B, H, Lq, Lk)``: ``(B | 1, H | 1, Lq | 1, Lk)``.
-    """
-    device = None if like is None else like.device
-    blocked = bias = None
-
-    def block(mask):
-        nonlocal blocked
-        blocked = mask if blocked is None else blocked | mask
-
-    def add(extra):
-        nonlocal bias
-        extra = extra.to(like.dtype if like is not None else torch.float32)
-        bias = extra if bias is None else bias + extra
-
-    if key_padding_mask is not None:
-        kpm = key_padding_mask.to(device).view(B, 1, 1, Lk)
-        block(kpm) if kpm.dtype == torch.bool else add(kpm)
-    if attn_mask is not None:
-        am = attn_mask.to(device)
-        if am.dim() == 2:
-            am = am.view(1, 1, Lq, Lk)
-        elif am.dim() == 3 and am.shape[0] == B * H:
-            am = am.view(B, H, Lq, Lk)
-        else:
-            raise ValueError(f"attn_mask must be (Lq, Lk) or (B * H, Lq, Lk) = ({B * H}, {Lq}, {Lk}); "
-                             f"it is {tuple(attn_mask.shape)}")
-        block(am) if am.dtype == torch.bool else add(am)
-    if valid_lens is not None:
-        lens = valid_lens.to(device)
-        lens = lens.view(B, 1, 1, 1) if lens.dim() == 1 else lens.view(B, 1, Lq, 1)
-        block(torch.arange(Lk, device=device).view(1, 1, 1, Lk) >= lens)
-    if causal:
-        block(torch.ones(Lq, Lk, dtype=torch.bool, device=device).triu_(1).view(1, 1, Lq, Lk))
-        if window is not None:
-            block(outside_window(torch.arange(Lq, device=device), torch.arange(Lk, device=device), window)
-                  .view(1, 1, Lq, Lk))
-    return blocked, bias
-
-
-def attention_weights(q: torch.Tensor, k: torch.Tensor, blocked: torch.Tensor | None,
-                      bias: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(Dh) + bias) with blocked pairs at zero.
-
-    Args:
-        q: ``(B, H, Lq, Dh)``; k: ``(B, H, Lk, Dh)``; blocked (bool) and bias (float): each None
-        or broadcasting to ``(B, H, Lq, Lk)``.
-
-    Returns:
-        ``(B, H, Lq, Lk)``; rows with every key blocked (or at -inf) are all zeros.
-    """
-    # Scaling q costs B*Lq*E multiplies, scaling the scores B*H*Lq*Lk: H*Lk is usually far larger than E.
-    scores = torch.matmul(q * (q.shape[-1] ** -0.5), k.transpose(-2, -1))  # (B, H, Lq, Lk)
-    if bias is not None:
-        scores = scores + bias
-    if blocked is not None:
-        scores.masked_fill_(blocked, float("-inf"))
-    # rows that may see no key, found before the softmax (which may write into the scores' buffer)
-    if bias is not None:
-        empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
-    else:
-        empty = None if blocked is None else blocked.all(dim=-1, keepdim=True)
-    weights = _softmax_last(scores)
-    if empty is not None and empty.any():
-        weights = weights.masked_fill(empty, 0.0)
-    return weights
-
-
-def fused_attention(q, k, v, blocked, bias, dropout: float, only_causal: bool) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(Dh) + mask) v`` through ``scaled_dot_product_attention``, ``(B, H, Lq, Dh)``:
-    PyTorch picks a fused kernel (flash or memory-efficient attention on CUDA). Rows with no key
-    to see come out zero, as on the weights path."""
-    if only_causal:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-    mask = None
-    if bias is not None:
-        mask = bias if blocked is None else bias.masked_fill(blocked, float("-inf"))
-    elif blocked is not None:
-        mask = ~blocked                                                    # SDPA's bool: True may attend
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-    empty = None
-    if bias is not None:
-        empty = torch.isneginf(mask).all(dim=-1, keepdim=True)
-    elif blocked is not None:
-        empty = blocked.all(dim=-1, keepdim=True)
-    if empty is not None and empty.any():
-        out = out.masked_fill(empty, 0.0)
-    return out
-
-
-def _softmax_last(scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last axis, in place when no gradient is needed.
-
-    Writing into the scores' own buffer spares a fresh (B, H, Lq, Lk) allocation, whose page
-    faults cost more than the softmax itself at 512 tokens. An out= op has no gradient, so
-    training takes the ordinary path.
-    """
-    if torch.is_grad_enabled() and scores.requires_grad:
-        return torch.softmax(scores, dim=-1)
-    return torch.ops.aten._softmax.out(scores, -1, False, out=scores)

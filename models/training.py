@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from .corpus import corpus_text
 from .errors import HeadLensError
 from .files import pick_device
-from .scratch import DecoderModel
+from .language import DecoderModel
 from .stacks.decoder import Decoder, DecoderConfig
 from .vocab import token_tokenizer, word_tokenizer
 

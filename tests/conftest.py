@@ -14,6 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # that open one page at a time would share their cores with it. The tests of the warm-up switch it on.
 os.environ.setdefault("HEADLENS_WARM_UP", "0")
 
+import inspect
+
 import pytest
 import torch
 
@@ -132,6 +134,34 @@ def tiny(tmp_path_factory, minilm_dir):
         return built[family]
 
     return make
+
+
+# --- tiers: each test marked by what it uses (pytest.ini names the markers) ------------------------
+
+TIERS = {  # marker: the fixtures that put a test in it
+    "browser": {"server", "browser", "page", "qk_page"},  # a Streamlit server and Chromium
+    "load": {"load_server"},                                # many sessions on a server for a minute or more
+    "app": {"app", "new_app", "warm"},                      # the app's pages in AppTest
+    "bundled": {"smollm2", "converted", "gemma_cache"},     # a bundled decoder LLM (SmolLM2, Gemma 3)
+}
+BUNDLED = ("SmolLM2-135M", "gemma-3-270m", '"smollm2', '"gemma3')  # a test that opens one by name
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test by the fixtures it uses (and a bundled decoder it names); a test with none of those marks
+    is ``fast``: tiny models built here and the bundled MiniLM, the loop to run while working."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        marks = {mark for mark, fixtures in TIERS.items() if used & fixtures}
+        if "bundled" not in marks and hasattr(item, "function"):
+            try:
+                source = inspect.getsource(item.function)
+            except (OSError, TypeError):
+                source = ""
+            if any(name in source for name in BUNDLED):
+                marks.add("bundled")
+        for mark in sorted(marks) or ["fast"]:
+            item.add_marker(mark)
 
 
 # --- the app -----------------------------------------------------------------------------------
@@ -257,6 +287,14 @@ def server():
 
     with streamlit_server() as (url, proc):
         yield url
+
+
+@pytest.fixture
+def load_server():
+    """``load_server(env=None)``: a server of its own for a load run, as a context manager of ``(url, process)``."""
+    from tests.browser import streamlit_server
+
+    return streamlit_server
 
 
 @pytest.fixture(scope="session")

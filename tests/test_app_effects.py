@@ -155,3 +155,30 @@ def test_a_heads_vocabulary_the_copying_grid_and_the_routes_are_what_they_say(ne
     np.testing.assert_allclose(routes["share"], graph["share"], atol=1e-9)
     written = pd.read_csv(io.BytesIO(files["What L23 H3 writes, both prompts · CSV"]))
     assert set(written["prompt"]) == {"clean", "corrupted"} and len(written) == 40
+
+
+def test_one_view_runs_each_prompt_once_and_a_head_click_none_again(new_app, smollm2, monkeypatch):
+    """Attribution, both patchings, the vocabulary, the routes and the heatmaps read one trace of each prompt
+    (TransformerLens's clean cache): the model embeds the clean prompt once and the corrupted once; the patched
+    copies start from the trace's residual stream. Picking another head runs neither again."""
+    from app_pages.ui import shared
+    from models.stacks.llama import Llama
+
+    pair = PAIRS["Indirect object: Anna and James"]
+    ids = {what: tuple(smollm2.tokenizer(text)["input_ids"]) for what, text in
+           (("clean", pair.clean), ("corrupted", pair.corrupted))}
+    runs, real = [], Llama.embed
+
+    def counting(self, input_ids, token_type_ids=None):
+        runs.extend(tuple(row) for row in input_ids.tolist())
+        return real(self, input_ids, token_type_ids)
+
+    shared.clear_all()  # nothing of this pair computed before
+    monkeypatch.setattr(Llama, "embed", counting)
+    at = new_app({"model": "smollm2", "effects_pair": pair.name}, page=PAGE)
+    assert not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="effects_pair").value == pair.name
+    assert [runs.count(ids["clean"]), runs.count(ids["corrupted"])] == [1, 1]
+    at.selectbox(key="effects_head").set_value((20, 1)).run()
+    assert not at.exception and any(title_text(f) == "L20 H1 · corrupted prompt" for f in figures(at))
+    assert [runs.count(ids["clean"]), runs.count(ids["corrupted"])] == [1, 1]

@@ -61,7 +61,7 @@ def test_training_gradients_flow_through_the_fused_path():
 
 def test_a_decoder_prunes_saves_and_loads(tmp_path):
     from models.vocab import token_tokenizer
-    from models.scratch import DecoderModel
+    from models.language import DecoderModel
 
     config = DecoderConfig(n_layers=2, n_heads=4, d_model=32, vocab_size=22, max_len=16, attention_only=False)
     tok = token_tokenizer(20, 16)

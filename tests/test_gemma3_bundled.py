@@ -18,7 +18,7 @@ UNSEEN = ["Seven purple kites drifted over the harbour while the ferry waited.",
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
+def gemma_cache(tmp_path_factory):
     """A fresh cache for this module's loads, so the file is joined and converted as a first load does."""
     before = os.environ.get("HEADLENS_CACHE")
     os.environ["HEADLENS_CACHE"] = str(tmp_path_factory.mktemp("cache"))
@@ -27,13 +27,13 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(cache):
+def reference(gemma_cache):
     path = bundled_file(NAME)
     return tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager",
                                                    dtype=torch.float32).eval()
 
 
-def test_the_weights_are_transformers_own_reading_of_the_file(cache, reference):
+def test_the_weights_are_transformers_own_reading_of_the_file(gemma_cache, reference):
     from safetensors.torch import load_file
 
     seen = []
@@ -48,6 +48,7 @@ def test_the_weights_are_transformers_own_reading_of_the_file(cache, reference):
     assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, config.head_dim,
             config.hidden_size, config.vocab_size, config.sliding_window) == (18, 4, 1, 256, 640, 262144, 512)
     assert [i for i, t in enumerate(config.layer_types) if t == "full_attention"] == [5, 11, 17]
+    assert config.architectures == [type(reference).__name__] == ["Gemma3ForCausalLM"]  # as a Hub folder names it
     path = bundled_file(NAME)
     tokenizer = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     mine = tf.AutoTokenizer.from_pretrained(folder)
@@ -56,7 +57,7 @@ def test_the_weights_are_transformers_own_reading_of_the_file(cache, reference):
         assert mine(text)["input_ids"][0] == 2  # <bos> first
 
 
-def test_both_engines_equal_transformers_eager_inside_and_past_the_window(cache, reference):
+def test_both_engines_equal_transformers_eager_inside_and_past_the_window(gemma_cache, reference):
     engines = [load_model(NAME, backend=b) for b in ("scratch", "transformers")]
     assert all(m.causal and (m.n_layers, m.n_heads) == (18, 4) for m in engines)
     for text in UNSEEN:
@@ -75,7 +76,7 @@ def test_both_engines_equal_transformers_eager_inside_and_past_the_window(cache,
     assert not want[sliding][..., far].any() and want[[5, 11, 17]][..., far].sum() > 1
 
 
-def test_it_knows_paris_and_parks_attention_on_the_first_token(cache):
+def test_it_knows_paris_and_parks_attention_on_the_first_token(gemma_cache):
     model = load_model(NAME, backend="scratch")
     ids = model.tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.inference_mode():
@@ -139,7 +140,7 @@ def test_a_crafted_gemma3_gguf_gets_a_sentence(craft, message, tmp_path, monkeyp
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
 
 
-def test_compare_puts_a_smollm2_head_beside_a_gemma3_head_each_on_its_own_tokens(cache, new_app):
+def test_compare_puts_a_smollm2_head_beside_a_gemma3_head_each_on_its_own_tokens(gemma_cache, new_app):
     from tests.conftest import figures, tick_text, title_text
 
     text = "Which do you like better, coffee or tea?"
@@ -158,7 +159,7 @@ def test_compare_puts_a_smollm2_head_beside_a_gemma3_head_each_on_its_own_tokens
     assert at.selectbox(key="p2_layer").format_func(5) == "5 global"
 
 
-def test_head_roles_puts_smollm2s_role_grid_beside_gemma3s(cache, new_app):
+def test_head_roles_puts_smollm2s_role_grid_beside_gemma3s(gemma_cache, new_app):
     from analysis.detector import detector_labels
     from app_pages.ui.detector import LENGTH, SENTENCES, SEQUENCES
     from app_pages.ui.pruning import corpus_sample
@@ -180,7 +181,7 @@ def test_head_roles_puts_smollm2s_role_grid_beside_gemma3s(cache, new_app):
         assert counts.loc[label, "Gemma 3 270M"] == n
 
 
-def test_gemma3_generates_on_the_page_and_pruning_runs_on_it(cache, new_app):
+def test_gemma3_generates_on_the_page_and_pruning_runs_on_it(gemma_cache, new_app):
     from tests.conftest import figures
 
     prompt = "The capital of France is"

@@ -4,7 +4,7 @@ The run takes about two minutes (a warm-up tour of every page, then 60 s of eigh
 typing sentences and switching pages) and stops by itself; bench/bench_load.py prints the same
 run's latencies. The report is written to artifacts/load.txt.
 """
-from tests.browser import LOGS, ROOT, streamlit_server
+from tests.browser import LOGS, ROOT
 from tests.load import run_load
 
 SESSIONS, SECONDS = 8, 60
@@ -13,8 +13,8 @@ SESSIONS, SECONDS = 8, 60
 MAX_GROWTH_SECOND_HALF_MIB = 200
 
 
-def test_eight_sessions_for_a_minute():
-    with streamlit_server() as (url, proc):
+def test_eight_sessions_for_a_minute(load_server):
+    with load_server() as (url, proc):
         report = run_load(url, proc.pid, SESSIONS, SECONDS)
         port = url.rsplit(":", 1)[1]
     log = (LOGS / f"streamlit-{port}.log").read_text(errors="replace")

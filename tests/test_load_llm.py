@@ -5,17 +5,17 @@ before they came. bench/bench_load.py --llm runs the full mix and prints its lat
 is written to artifacts/load-llm.txt.
 """
 from models import load_model
-from tests.browser import LOGS, ROOT, streamlit_server
+from tests.browser import LOGS, ROOT
 from tests.load_llm import run_llm_load
 from tests.test_app_long import NAME, prompt
 
 PEAK_MIB, RETURN_MIB = 3 * 1024, 300
 
 
-def test_a_class_on_smollm2_shares_the_server_and_gives_its_memory_back(tmp_path):
+def test_a_class_on_smollm2_shares_the_server_and_gives_its_memory_back(load_server, tmp_path):
     text = prompt(load_model(NAME, backend="transformers").tokenizer, 3000, seed=3)
     env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": str(tmp_path)}
-    with streamlit_server(env=env) as (url, proc):
+    with load_server(env=env) as (url, proc):
         report = run_llm_load(url, proc.pid, "smollm2", [text], 30, visitors=2, long_prompts=1, trainers=1,
                               seconds=90, settle=30)
         port = url.rsplit(":", 1)[1]

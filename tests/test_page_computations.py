@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from analysis import head_mask, heads_marked, similar_heads
-from analysis.importance import importance_by_role, most_important_with_a_later_layer, point_comparison
+from analysis.importance import importance_by_role, most_important_with_a_later_layer
+from analysis.pruning import point_comparison
 from analysis.labels import strongest
 from models import HeadLensError, head_label, load_model
 from models.stacks import architectures, for_model_type

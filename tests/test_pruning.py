@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis.importance import (ablate, attention_change, cosines, head_importance, neighbour_agreement,
-                                 proxy_correlations, proxy_order, prune_counts, pruning_curve, role_scores)
+from analysis.ablation import ablate, attention_change, cosines, neighbour_agreement
+from analysis.importance import head_importance, proxy_correlations, role_scores
+from analysis.pruning import proxy_order, prune_counts, pruning_curve
 from models import HeadLensError, MultiHeadAttention, load_model
 from tests.conftest import SENTENCES
 
@@ -291,6 +292,9 @@ class LossModel:
         real = enc["attention_mask"].unsqueeze(-1).double()
         pooled = (h * real).sum(1) / real.sum(1)
         return ((pooled - self.target) ** 2).sum(1).mean()
+
+    def twin(self, what: str = "This"):
+        return self  # it runs on our engine, as the model it wraps does
 
     def __getattr__(self, name):
         return getattr(self.model, name)

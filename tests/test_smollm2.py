@@ -37,7 +37,8 @@ def test_the_weights_are_transformers_own_dequantization_of_the_file(converted):
     from safetensors.torch import load_file
 
     path = bundled_file(NAME)
-    theirs = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).state_dict()
+    model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    theirs = model.state_dict()
     ours = load_file(str(converted / "model.safetensors"))
     assert set(ours) == set(theirs) - {"lm_head.weight"}  # tied to the embeddings
     for name, tensor in ours.items():
@@ -46,6 +47,7 @@ def test_the_weights_are_transformers_own_dequantization_of_the_file(converted):
     assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
             config.hidden_size, config.intermediate_size, config.vocab_size) == (30, 9, 3, 576, 1536, 49152)
     assert config.tie_word_embeddings and config.rope_parameters["rope_theta"] == 100_000
+    assert config.architectures == [type(model).__name__] == ["LlamaForCausalLM"]  # as a Hub folder names it
     tokenizer = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     ours = tf.AutoTokenizer.from_pretrained(converted)
     for text in UNSEEN:

@@ -86,7 +86,8 @@ def test_no_warm_up_unless_a_bundled_decoder_loads(new_app, warm):
     assert warm_up.warm_up_note(REF) is None
 
 
-def test_the_warm_up_asks_for_what_the_pages_declare(monkeypatch):
+@pytest.mark.bundled  # the steps read SmolLM2's tokenizer
+def test_the_warm_up_asks_for_what_the_pages_declare():
     """Each step is a declared result and the arguments its declaration gives, so that its key is the one a page
     asking with the same arguments builds (``Shared.key``): no key is written twice."""
     steps = warm_up.steps(REF)

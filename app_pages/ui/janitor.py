@@ -3,13 +3,14 @@ asked for (their long prompts, the attention of their sentences, their profiles:
 ``owned``) and hands the memory back to the system."""
 from __future__ import annotations
 
-import ctypes
 import gc
 import logging
 import threading
 import time
 
 import streamlit as st
+
+from models.memory import release_memory
 
 from . import shared as declared
 
@@ -48,7 +49,7 @@ class Janitor:
         gone = sum(cache.release(runtime.is_active_session) for cache in self.caches())
         if gone:
             gc.collect()
-        trim()  # also what closed sessions' runs and trainings freed
+        release_memory()  # also what closed sessions' runs and trainings freed
         self.released += gone
         self.sweeps += 1
         return gone
@@ -60,11 +61,3 @@ class Janitor:
                 self.sweep()
             except Exception as err:  # noqa: BLE001 - the next sweep tries again
                 log.warning("HeadLens's janitor: %s", err)
-
-
-def trim() -> None:
-    """Give the memory the allocator holds free back to the system (glibc); elsewhere, nothing."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -28,9 +28,8 @@ PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
 PROFILES_BYTES = 640 * 2**20  # and all the profiles kept for every session
 CONTENT_ATTENTION = ("Content attention is a head's attention with the special tokens ([CLS], [SEP]) dropped and "
                      "each row rescaled to 1: attention to them works as a no-op (Clark et al. 2019) and hides what "
-                     "the head does with the words. In a decoder such as SmolLM2, which has no BOS token, the first "
-                     "token is dropped too when it is an attention sink (later tokens give it half their attention "
-                     "or more).")
+                     "the head does with the words. In a decoder, the first token is dropped too "
+                     "when it is an attention sink (later tokens give it half their attention or more).")
 UPLOAD_LIMIT = 1_000_000  # bytes
 UPLOAD_SENTENCES = 2000
 SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",
@@ -199,7 +198,7 @@ def document_profile(s: Settings) -> PageProfile:
         if model.long_max_tokens <= model.max_tokens:
             st.info(f"{model.name} reads at most {model.max_tokens:,} tokens, and a text that fits is profiled "
                     "whole as \"The sidebar's sentences\". Long texts, up to 4,096 tokens with each sentence read "
-                    "in its context, open with a decoder such as SmolLM2 (the sidebar's model).")
+                    "in its context, open with a bundled decoder (the sidebar's model).")
         else:
             st.info(f"Type or paste a text longer than {model.max_tokens:,} tokens in the sidebar (a long prompt, "
                     f"up to {model.long_max_tokens:,}) to profile its heads over its sentences, each read in the "

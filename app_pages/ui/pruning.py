@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis.importance import (ABLATIONS, NEIGHBOURS, ORDERS, attention_proxies, curve_work, head_importance,
-                                 point_comparison, proxy_correlations, prune_counts, pruning_curve)
+from analysis.ablation import ABLATIONS, NEIGHBOURS
+from analysis.importance import attention_proxies, head_importance, proxy_correlations
+from analysis.pruning import ORDERS, curve_work, point_comparison, prune_counts, pruning_curve
 from models import AttentionModel, Head, head_label
 from models.corpus import CORPUS
 
@@ -26,12 +27,12 @@ ABOUT = {
             "to the full model's, averaged over the sentences. The curves prune 10% of the heads at a time, as Michel "
             "et al. (2019) do: by importance, recomputed on the pruned model at each step; at random; and by "
             "attention alone.",
-    "llm": "SmolLM2 is measured by what it does, predicting the next token: a head's importance is the rise of the "
-           "next-token loss (nats per token) when it alone is switched off, or by gradient, |dL/d(mask of the head)| "
-           "as Michel et al. (2019) define it, one backward pass for all 270 heads. The curve by importance "
+    "llm": "This model is measured by what it does, predicting the next token: a head's importance is the rise of "
+           "the next-token loss (nats per token) when it alone is switched off, or by gradient, |dL/d(mask of the "
+           "head)| as Michel et al. (2019) define it, one backward pass for every head. The curve by importance "
            "re-measures by gradient after each step. A pruned model is measured by its loss and by top-1 agreement: "
            "the share of next-token predictions equal to the full model's. Pruning removes query heads; a key/value "
-           "head goes only with the last of the three query heads that share it.",
+           "head goes only with the last of the query heads that share it.",
     "engine": "This page runs the from-scratch engine with the same weights: it can remove heads, which "
               "transformers no longer does, and gives the same numbers.",
     "ablation": " ".join(f"{v}." for v in ABLATIONS.values()) + " Mean ablation disturbs the later layers less; a "
@@ -61,7 +62,7 @@ MAX_SENTENCES = 400  # more would take many minutes: every step re-measures ever
 SEEDS = (0, 1, 2)
 SOURCES = {"sample": f"{SAMPLE} sentences of the built-in corpus", "corpus": f"The whole built-in corpus ({len(CORPUS)})",
            "sidebar": "The sidebar's sentences", "upload": "An uploaded .txt"}
-LLM_SAMPLE = 24  # sentences SmolLM2 is measured on by default: 270 heads, each switched off in turn, take a minute
+LLM_SAMPLE = 24  # sentences a bundled decoder is measured on by default: 270 heads, each switched off in turn, take a minute
 METHODS = {"ablation": "Switching it off", "gradient": "Gradient"}
 # per measure: (column, name, help) of the two numbers a pruned model is judged by; the first is better lower for a loss
 MEASURES = {
@@ -78,7 +79,7 @@ def corpus_sample(n: int = SAMPLE) -> list[str]:
 
 
 def measure_of(ref: ModelRef) -> str:
-    """What a pruned model is judged by: SmolLM2 by its next-token loss, the others by their embeddings."""
+    """What a pruned model is judged by: a bundled decoder by its next-token loss, the others by their embeddings."""
     return "loss" if ref.choice in LLM else "embedding"
 
 

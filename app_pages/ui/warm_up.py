@@ -22,9 +22,9 @@ import streamlit as st
 from models.catalog import bundled
 from models.files import resolve_model_dir
 from models.gguf import cache_root
+from models.memory import release_memory
 
 from . import shared as declared
-from .janitor import trim
 from .models import LLM, ModelRef
 from .store import Store, folder_digest
 from .threads import here, lower_priority
@@ -132,7 +132,7 @@ def _warm(job: Warmup) -> None:
             job.done.append((result.name, how, time.perf_counter() - start))
         job.state = "done"
         store.drop_stale()
-        trim()  # what the computations held for a while goes back to the system
+        release_memory()  # what the computations held for a while goes back to the system
     except Exception as err:  # noqa: BLE001 - the pages compute what is missing themselves
         job.error, job.state = f"{type(err).__name__}: {err}", "failed"
         log.warning("HeadLens's warm-up of %s stopped: %s", job.ref.choice, job.error)

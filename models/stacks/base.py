@@ -91,25 +91,6 @@ class Packing:
         return out.index_copy_(0, self.index, x).view(self.B, self.L, -1)      # (B, L, E)
 
 
-class PreNormBlock(nn.Module):
-    """What a pre-norm language model's block says of how its attention writes into the residual stream:
-    as it is (a decoder here, Llama), or through a norm of its own (Gemma 3, whose blocks override these)."""
-
-    def attention_scale(self, a: torch.Tensor) -> torch.Tensor | None:
-        """``(..., E)``: what the attention's output ``a`` (its output projection's, bias included) is multiplied
-        by on its way into the stream, frozen at ``a``'s own value, so that a part of ``a`` times it is that
-        part's share of the write; None when ``a`` is written as it is."""
-        return None
-
-    def write_alone(self, a: torch.Tensor) -> torch.Tensor:
-        """What the block would write of ``a`` were it the attention's whole output."""
-        return a
-
-    def write_linear(self, a: torch.Tensor) -> torch.Tensor:
-        """The linear part of ``write_alone``: ``write_alone(a)`` is it times a positive number per vector."""
-        return a
-
-
 class Stack(nn.Module):
     """Embeddings, blocks and a finish; a block whose heads were pruned (``config.pruned_heads``) holds fewer."""
 

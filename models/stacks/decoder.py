@@ -16,7 +16,8 @@ from torch import nn
 
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention
-from .base import Packing, PreNormBlock, Stack, StackConfig, initialised
+from .base import Packing, Stack, StackConfig, initialised
+from .blocks import PreNormBlock
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 

@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import HeadLensError
-from ..mha import MultiHeadAttention, Rotary
-from .base import Packing, PreNormBlock, Stack, StackConfig, TransformersSizes
+from ..mha import MultiHeadAttention
+from ..rotary import Rotary
+from .base import Stack, StackConfig, TransformersSizes
+from .blocks import GatedBlock
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -104,61 +106,28 @@ class GemmaRMSNorm(nn.Module):
         return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
 
     def gain(self) -> torch.Tensor:
-        return 1.0 + self.weight.float()
+        """What a normalised vector is multiplied by: ``1 + weight``."""
+        return 1.0 + self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x if x.dtype == torch.float64 else x.float()
         return (h * self.inverse_rms(h) * (1.0 + self.weight.to(h.dtype))).to(x.dtype)
 
 
-class Gemma3Block(PreNormBlock):
-    """``x + norm(Attn(norm(x)))``, then ``x + norm(MLP(norm(x)))``, with the query heads ``kept``."""
-
-    def __init__(self, c: Gemma3Config, kept: list[int], layer: int, rotary: dict[str, Rotary]):
-        super().__init__()
-        E, Dh = c.hidden_size, c.head_dim
-        group = c.num_attention_heads // c.num_key_value_heads
-        kv_kept = sorted({h // group for h in kept})
-        kind = c.layer_types[layer]
-        self.ln_attn = GemmaRMSNorm(E, c.rms_norm_eps)
-        self.attn = MultiHeadAttention(E, len(kept), head_dim=Dh, bias=False, out_bias=False,
-                                       num_kv_heads=len(kv_kept), kv_heads=[kv_kept.index(h // group) for h in kept],
-                                       rotary=rotary[kind],
-                                       qk_norm=(GemmaRMSNorm(Dh, c.rms_norm_eps), GemmaRMSNorm(Dh, c.rms_norm_eps)),
-                                       scale=c.query_pre_attn_scalar ** -0.5,
-                                       window=c.sliding_window if kind == SLIDING else None)
-        self.ln_attn_out = GemmaRMSNorm(E, c.rms_norm_eps)
-        self.ln_mlp = GemmaRMSNorm(E, c.rms_norm_eps)
-        self.gate = nn.Linear(E, c.intermediate_size, bias=False)
-        self.up = nn.Linear(E, c.intermediate_size, bias=False)
-        self.down = nn.Linear(c.intermediate_size, E, bias=False)
-        self.ln_mlp_out = GemmaRMSNorm(E, c.rms_norm_eps)
-
-    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
-        """What the attention reads of the block's input ``x``: its norm."""
-        return self.ln_attn(x)
-
-    def attention_scale(self, a: torch.Tensor) -> torch.Tensor:
-        norm = self.ln_attn_out
-        return (1.0 + norm.weight.to(a.dtype)) * norm.inverse_rms(a).to(a.dtype)
-
-    def write_alone(self, a: torch.Tensor) -> torch.Tensor:
-        return self.ln_attn_out(a)
-
-    def write_linear(self, a: torch.Tensor) -> torch.Tensor:
-        return a * (1.0 + self.ln_attn_out.weight.to(a.dtype))
-
-    def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = True,
-                need_weights: bool = False, head_mask=None, head_fill=None, hook_z=None):
-        """``x`` ``(B, L, E)``, or ``(N, E)`` real tokens when ``packing`` is given; and the weights or None."""
-        h = self.ln_attn(x)
-        padded = h if packing is None else packing.unpack(h)                  # (B, L, E)
-        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal,
-                               need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
-                               head_fill=head_fill, hook_z=hook_z)
-        x = x + self.ln_attn_out(a if packing is None else packing.pack(a))
-        h = self.ln_mlp(x)
-        return x + self.ln_mlp_out(self.down(F.gelu(self.gate(h), approximate="tanh") * self.up(h))), weights
+def gemma3_block(c: Gemma3Config, kept: list[int], layer: int, rotary: dict[str, Rotary]) -> GatedBlock:
+    """``x + norm(Attn(norm(x)))``, then ``x + norm(MLP(norm(x)))`` (GeGLU), with the query heads ``kept``: QK-norm,
+    the query scale, and in a sliding layer the window and the local rotary base."""
+    group = c.num_attention_heads // c.num_key_value_heads
+    kv_kept = sorted({h // group for h in kept})
+    kind = c.layer_types[layer]
+    attn = MultiHeadAttention(c.hidden_size, len(kept), head_dim=c.head_dim, bias=False, out_bias=False,
+                              num_kv_heads=len(kv_kept), kv_heads=[kv_kept.index(h // group) for h in kept],
+                              rotary=rotary[kind],
+                              qk_norm=(GemmaRMSNorm(c.head_dim, c.rms_norm_eps), GemmaRMSNorm(c.head_dim, c.rms_norm_eps)),
+                              scale=c.query_pre_attn_scalar ** -0.5,
+                              window=c.sliding_window if kind == SLIDING else None)
+    return GatedBlock(attn, lambda: GemmaRMSNorm(c.hidden_size, c.rms_norm_eps), c.intermediate_size,
+                      lambda x: F.gelu(x, approximate="tanh"), post_norms=True)
 
 
 class Gemma3(Stack):
@@ -175,7 +144,7 @@ class Gemma3(Stack):
         rotary = {FULL: Rotary(config.head_dim, config.rope_theta),
                   SLIDING: Rotary(config.head_dim, config.rope_local_base_freq)}
         self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Gemma3Block(config, kept, i, rotary) for i, kept in enumerate(self.kept))
+        self.layers = nn.ModuleList(gemma3_block(config, kept, i, rotary) for i, kept in enumerate(self.kept))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

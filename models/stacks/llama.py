@@ -17,8 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import HeadLensError
-from ..mha import MultiHeadAttention, Rotary
-from .base import Packing, PreNormBlock, Stack, StackConfig, TransformersSizes
+from ..mha import MultiHeadAttention
+from ..rotary import Rotary
+from .base import Stack, StackConfig, TransformersSizes
+from .blocks import GatedBlock
 
 
 @dataclass(frozen=True)
@@ -92,44 +94,25 @@ class RMSNorm(nn.Module):
         h = x if x.dtype == torch.float64 else x.float()
         return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
 
+    def gain(self) -> torch.Tensor:
+        """What a normalised vector is multiplied by."""
+        return self.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x if x.dtype == torch.float64 else x.float()
         return self.weight * (h * self.inverse_rms(h)).to(x.dtype)
 
 
-class LlamaBlock(PreNormBlock):
-    """``x + Attn(RMSNorm(x))``, then ``x + MLP(RMSNorm(x))``, with the query heads ``kept`` of the config's."""
-
-    def __init__(self, c: LlamaConfig, kept: list[int], rotary: Rotary):
-        super().__init__()
-        E, Dh = c.hidden_size, c.dim_per_head
-        group = c.num_attention_heads // c.kv_heads
-        kv_kept = sorted({h // group for h in kept})
-        qkv_bias = c.attention_bias or c.model_type == "qwen2"
-        self.ln_attn = RMSNorm(E, c.rms_norm_eps)
-        self.attn = MultiHeadAttention(E, len(kept), head_dim=Dh, bias=qkv_bias, out_bias=c.attention_bias,
-                                       num_kv_heads=len(kv_kept), kv_heads=[kv_kept.index(h // group) for h in kept],
-                                       rotary=rotary, window=c.sliding_window)
-        self.ln_mlp = RMSNorm(E, c.rms_norm_eps)
-        self.gate = nn.Linear(E, c.intermediate_size, bias=False)
-        self.up = nn.Linear(E, c.intermediate_size, bias=False)
-        self.down = nn.Linear(c.intermediate_size, E, bias=False)
-
-    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
-        """What the attention reads of the block's input ``x``: its RMSNorm."""
-        return self.ln_attn(x)
-
-    def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = True,
-                need_weights: bool = False, head_mask=None, head_fill=None, hook_z=None):
-        """``x`` ``(B, L, E)``, or ``(N, E)`` real tokens when ``packing`` is given; and the weights or None."""
-        h = self.ln_attn(x)
-        padded = h if packing is None else packing.unpack(h)                  # (B, L, E)
-        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal,
-                               need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
-                               head_fill=head_fill, hook_z=hook_z)
-        x = x + (a if packing is None else packing.pack(a))
-        h = self.ln_mlp(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h)), weights
+def llama_block(c: LlamaConfig, kept: list[int], rotary: Rotary) -> GatedBlock:
+    """``x + Attn(RMSNorm(x))``, then ``x + MLP(RMSNorm(x))`` (SwiGLU), with the query heads ``kept`` of the config's."""
+    group = c.num_attention_heads // c.kv_heads
+    kv_kept = sorted({h // group for h in kept})
+    attn = MultiHeadAttention(c.hidden_size, len(kept), head_dim=c.dim_per_head,
+                              bias=c.attention_bias or c.model_type == "qwen2", out_bias=c.attention_bias,
+                              num_kv_heads=len(kv_kept), kv_heads=[kv_kept.index(h // group) for h in kept],
+                              rotary=rotary, window=c.sliding_window)
+    return GatedBlock(attn, lambda: RMSNorm(c.hidden_size, c.rms_norm_eps), c.intermediate_size, F.silu,
+                      post_norms=False)
 
 
 class Llama(Stack):
@@ -145,7 +128,7 @@ class Llama(Stack):
         super().__init__(config)
         rotary = Rotary(config.dim_per_head, config.rope_theta)
         self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaBlock(config, kept, rotary) for kept in self.kept)
+        self.layers = nn.ModuleList(llama_block(config, kept, rotary) for kept in self.kept)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

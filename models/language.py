@@ -1,0 +1,110 @@
+"""A language model on our engine: ``ScratchModel`` with its next-token loss, predictions and generation."""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .base import Progress
+from .errors import HeadLensError
+from .scratch import ScratchModel
+from .stacks import Stack
+
+
+class DecoderModel(ScratchModel):
+    """A language model on our engine (such as a decoder trained in HeadLens): attend, embed, ablate,
+    prune, and its next-token loss."""
+
+    @property
+    def decoder(self) -> Stack:
+        return self.stack
+
+    def loss(self, texts: Sequence[str], head_mask=None, head_means=None) -> torch.Tensor:
+        """Mean next-token cross-entropy over ``texts``, every predicted token counted once."""
+        enc = self._tokenize(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
+                             return_tensors="pt")
+        ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        fill = None if head_means is None else self._head_fill(head_means, head_mask)
+        h = self.stack(ids, mask, need_weights=False, need_logits=False, head_mask=head_mask,
+                       head_fill=fill).last_hidden_state
+        total, count, _ = self.next_token_sums(h, ids, mask)
+        return total / max(count, 1)
+
+    def next_token_sums(self, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, rows: int = 2048):
+        """``(summed cross-entropy, predicted tokens, top-1 predictions)`` of a batch's last hidden state
+        ``h`` ``(B, L, E)``: each real token but the last predicting the next, the vocabulary's logits
+        made ``rows`` positions at a time (49,152 of them per position in SmolLM2)."""
+        predicting = (mask[:, :-1] * mask[:, 1:]).bool()
+        states, targets = h[:, :-1][predicting], ids[:, 1:][predicting]    # (N, E), (N,)
+        total, top = h.new_zeros(()), []
+        for i in range(0, len(targets), rows):
+            logits = self.stack.logits(states[i:i + rows]).float()
+            total = total + F.cross_entropy(logits, targets[i:i + rows], reduction="sum")
+            top.append(logits.argmax(dim=-1))
+        top = torch.cat(top) if top else targets.new_zeros(0)
+        return total, len(targets), top
+
+    def generate_ids(self, ids: Sequence[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
+                     seed: int = 0) -> Iterator[int]:
+        """The next token ids after ``ids``, one at a time: the most likely (``temperature`` 0, greedy) or drawn
+        from the softmax at ``temperature``, reproducibly for ``seed``; it stops at the end-of-text token."""
+        if not 1 <= max_new_tokens <= self.max_tokens:
+            raise HeadLensError(f"Generate between 1 and {self.max_tokens} tokens.")
+        if temperature < 0:
+            raise HeadLensError("The temperature must be 0 (greedy) or more.")
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        for _ in range(min(max_new_tokens, self.max_tokens - ids.shape[1])):
+            with torch.inference_mode():
+                h = self.stack(ids, need_weights=False, need_logits=False).last_hidden_state[:, -1]
+                logits = self.stack.logits(h)[0].float().cpu()
+            if temperature == 0:
+                token = int(logits.argmax())
+            else:
+                token = int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=gen))
+            yield token
+            if token == self.tokenizer.eos_token_id:
+                return
+            ids = torch.cat([ids, torch.tensor([[token]], device=self.device)], dim=1)
+
+    def generate(self, text: str, **options) -> Iterator[str]:
+        """The continuation of ``text`` as it is written, piece by piece (``generate_ids``' options); the
+        pieces joined are the continuation's text, end-of-text token left out."""
+        self.token_counts([text])
+        prompt = self._tokenize(text)["input_ids"]
+        new, shown = [], ""
+        for token in self.generate_ids(prompt, **options):
+            if token == self.tokenizer.eos_token_id:
+                return
+            new.append(token)
+            now = self.tokenizer.decode(new)
+            if not now.endswith("\ufffd"):  # a character split across tokens waits for its last byte
+                yield now[len(shown):]
+                shown = now
+
+    def loss_variants(self, texts: Sequence[str], head_masks, *, head_means=None, batch_size: int = 32,
+                      progress: Progress | None = None) -> np.ndarray:
+        """``loss(texts, head_mask=m)`` for every ``m`` in ``head_masks``, ``(masks,)``, the layers before a
+        mask's first switched-off head run once for all masks."""
+        sums, counts = np.zeros(len(head_masks)), np.zeros(len(head_masks))
+        for k, _, inputs, h in self._variant_states(texts, head_masks, head_means, batch_size, self.max_tokens,
+                                                    progress):
+            total, count, _ = self.next_token_sums(h, inputs["input_ids"], inputs["attention_mask"])
+            sums[k] += float(total)
+            counts[k] += count
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)  # a one-token text predicts nothing
+
+    def predictions(self, texts: Sequence[str], *, batch_size: int = 32) -> tuple[float, np.ndarray]:
+        """``(mean next-token loss, top-1 prediction at every predicted token)`` over ``texts``, in a fixed order."""
+        items, total, count = list(texts), 0.0, 0
+        top = [None] * len(items)
+        for chunk, inputs in self._padded_batches(items, batch_size, self.max_tokens):
+            with torch.inference_mode():
+                h = self._hidden(inputs)
+                ids, mask = inputs["input_ids"], inputs["attention_mask"]
+                for j, i in enumerate(chunk):  # one text at a time: its predictions stay apart from the others'
+                    s, n, t = self.next_token_sums(h[j:j + 1], ids[j:j + 1], mask[j:j + 1])
+                    total, count, top[i] = total + float(s), count + n, t.cpu().numpy()
+        return total / max(count, 1), np.concatenate(top)

@@ -1,0 +1,72 @@
+"""The blocks of a pre-norm language model, and the one block Llama and Gemma 3 share.
+
+``GatedBlock`` is ``x + post(Attn(norm(x)))``, then ``x + post(MLP(norm(x)))`` with a gated feed-forward
+``down(act(gate(x)) * up(x))``: Llama's with no norm after each part (``post_norms=False``), SiLU and RMSNorm;
+Gemma 3's with norms after both parts, tanh GELU and its ``1 + weight`` RMSNorm. Their attentions differ only
+in how ``MultiHeadAttention`` is built (biases, QK-norm, a scale, a sliding window).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..mha import MultiHeadAttention
+
+
+class PreNormBlock(nn.Module):
+    """What a pre-norm language model's block says of how its attention writes into the residual stream: as it
+    is, or through the norm ``ln_attn_out`` it puts after the attention (Gemma 3), when it has one."""
+
+    ln_attn_out: nn.Module | None = None
+
+    def attention_scale(self, a: torch.Tensor) -> torch.Tensor | None:
+        """``(..., E)``: what the attention's output ``a`` (its output projection's, bias included) is multiplied
+        by on its way into the stream, frozen at ``a``'s own value, so that a part of ``a`` times it is that
+        part's share of the write; None when ``a`` is written as it is."""
+        norm = self.ln_attn_out
+        return None if norm is None else norm.gain().to(a.dtype) * norm.inverse_rms(a).to(a.dtype)
+
+    def write_alone(self, a: torch.Tensor) -> torch.Tensor:
+        """What the block would write of ``a`` were it the attention's whole output."""
+        return a if self.ln_attn_out is None else self.ln_attn_out(a)
+
+    def write_linear(self, a: torch.Tensor) -> torch.Tensor:
+        """The linear part of ``write_alone``: ``write_alone(a)`` is it times a positive number per vector."""
+        return a if self.ln_attn_out is None else a * self.ln_attn_out.gain().to(a.dtype)
+
+
+class GatedBlock(PreNormBlock):
+    """``x + post(Attn(norm(x)))``, then ``x + post(MLP(norm(x)))``; ``norm()`` makes each norm of size E."""
+
+    def __init__(self, attn: MultiHeadAttention, norm: Callable[[], nn.Module], intermediate_size: int,
+                 act: Callable[[torch.Tensor], torch.Tensor], post_norms: bool):
+        super().__init__()
+        E = attn.embed_dim
+        self.ln_attn = norm()
+        self.attn = attn
+        self.ln_attn_out = norm() if post_norms else None
+        self.ln_mlp = norm()
+        self.gate = nn.Linear(E, intermediate_size, bias=False)
+        self.up = nn.Linear(E, intermediate_size, bias=False)
+        self.down = nn.Linear(intermediate_size, E, bias=False)
+        self.ln_mlp_out = norm() if post_norms else None
+        self.act = act
+
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the attention reads of the block's input ``x``: its norm."""
+        return self.ln_attn(x)
+
+    def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing=None, causal: bool = True,
+                need_weights: bool = False, head_mask=None, head_fill=None, hook_z=None):
+        """``x`` ``(B, L, E)``, or ``(N, E)`` real tokens when ``packing`` is given; and the weights or None."""
+        h = self.ln_attn(x)
+        padded = h if packing is None else packing.unpack(h)                  # (B, L, E)
+        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal,
+                               need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
+                               head_fill=head_fill, hook_z=hook_z)
+        x = x + self.write_alone(a if packing is None else packing.pack(a))
+        h = self.ln_mlp(x)
+        m = self.down(self.act(self.gate(h)) * self.up(h))
+        return x + (m if self.ln_mlp_out is None else self.ln_mlp_out(m)), weights
