@@ -56,6 +56,42 @@ def attention_masks(B: int, H: int, Lq: int, Lk: int, key_padding_mask=None, att
     return blocked, bias
 
 
+BLOCK_ROWS = 128  # query rows of one block of ``causal_attention``
+BLOCKED_FROM = 256  # the fewest tokens ``causal_attention`` is used for: below, the whole matrix costs less
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
+                     rows: int = BLOCK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal self-attention with its weights, a block of ``rows`` query rows at a time, each block scored only
+    against the keys one of its queries sees: none after the block, none beyond a sliding ``window``. No score
+    outside them is formed; the weights there are zero, as the masked softmax gives them.
+
+    Args:
+        q, k, v: ``(B, H, L, Dh)``, q not yet scaled by ``1 / sqrt(Dh)``.
+
+    Returns:
+        the weights ``(B, H, L, L)`` and the output ``(B, H, L, Dh)``. For inference (no gradient).
+    """
+    B, H, L, Dh = q.shape
+    weights = q.new_zeros(B, H, L, L)
+    out = q.new_empty(B, H, L, Dh)
+    q = q * Dh ** -0.5
+    for start in range(0, L, rows):
+        stop = min(L, start + rows)
+        first = 0 if window is None else max(0, start - window + 1)
+        scores = torch.matmul(q[:, :, start:stop], k[:, :, first:stop].transpose(-2, -1))  # (B, H, rows, seen)
+        query = torch.arange(start, stop, device=q.device)
+        key = torch.arange(first, stop, device=q.device)
+        blocked = key.view(1, -1) > query.view(-1, 1)
+        if window is not None:
+            blocked |= outside_window(query, key, window)
+        scores.masked_fill_(blocked, float("-inf"))                      # a query always sees itself
+        w = _softmax_last(scores)
+        weights[:, :, start:stop, first:stop] = w
+        out[:, :, start:stop] = torch.matmul(w, v[:, :, first:stop])
+    return weights, out
+
+
 def attention_weights(q: torch.Tensor, k: torch.Tensor, blocked: torch.Tensor | None,
                       bias: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(Dh) + bias) with blocked pairs at zero.

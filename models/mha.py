@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import attention_masks, attention_weights, fused_attention
+from .kernels import BLOCKED_FROM, attention_masks, attention_weights, causal_attention, fused_attention
 from .rotary import Rotary
 
 
@@ -257,15 +257,22 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.heads_qkv(query, key, value)                        # (B, H, L, Dh) each
 
         window = self.window if causal and self.window is not None and Lk > self.window else None
-        only_causal = (causal and key_padding_mask is None and attn_mask is None and valid_lens is None
-                       and window is None)
-        if only_causal and not need_weights:  # the fused kernel masks by itself: no (Lq, Lk) mask to build
+        plain = causal and key_padding_mask is None and attn_mask is None and valid_lens is None  # causal alone
+        only_causal = plain and window is None
+        dropout = self.dropout if self.training else 0.0
+        blockwise = (need_weights and plain and Lq == Lk >= BLOCKED_FROM and dropout == 0
+                     and not torch.is_grad_enabled())
+        if only_causal and not need_weights or blockwise:  # the fused kernel, or causal_attention, masks by itself
             blocked = bias = None
         else:
             blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens, causal, query,
                                             window=window)
-        dropout = self.dropout if self.training else 0.0
-        if need_weights:
+        if blockwise:  # no score beyond what a query sees is formed: a long text's later keys, a window's older ones
+            weights, out = causal_attention(q, k, v, window)               # (B, H, L, L), (B, H, L, Dh)
+            if head_mask is not None:
+                weights = weights * head_mask.to(weights.dtype).view(1, H, 1, 1)
+                out = out * head_mask.to(out.dtype).view(1, H, 1, 1)
+        elif need_weights:
             weights = attention_weights(q, k, blocked, bias)               # (B, H, Lq, Lk)
             if head_mask is not None:
                 weights = weights * head_mask.to(weights.dtype).view(1, H, 1, 1)

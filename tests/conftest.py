@@ -143,6 +143,7 @@ TIERS = {  # marker: the fixtures that put a test in it
     "load": {"load_server"},                                # many sessions on a server for a minute or more
     "app": {"app", "new_app", "warm"},                      # the app's pages in AppTest
     "bundled": {"smollm2", "converted", "gemma_cache"},     # a bundled decoder LLM (SmolLM2, Gemma 3)
+    "slow": {"induction_run", "local_ray"},                 # a training run to induction heads, a Ray cluster
 }
 BUNDLED = ("SmolLM2-135M", "gemma-3-270m", '"smollm2', '"gemma3')  # a test that opens one by name
 
@@ -152,7 +153,8 @@ def pytest_collection_modifyitems(config, items):
     is ``fast``: tiny models built here and the bundled MiniLM, the loop to run while working."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
-        marks = {mark for mark, fixtures in TIERS.items() if used & fixtures}
+        marks = {mark for mark, fixtures in TIERS.items() if used & fixtures} | {m.name for m in item.iter_markers()
+                                                                                 if m.name in TIERS}
         if "bundled" not in marks and hasattr(item, "function"):
             try:
                 source = inspect.getsource(item.function)

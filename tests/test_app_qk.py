@@ -1,5 +1,6 @@
 """The Queries & keys page: every head's picture, a head's scatter and a sentence's heatmap, against
 analysis.qk and attend() on the same model."""
+import pytest
 import numpy as np
 
 from analysis.qk import qk_embedding, qk_vectors
@@ -64,6 +65,7 @@ def test_a_model_our_engine_does_not_run_gets_a_sentence(new_app, tiny):
     assert not at.get("plotly_chart")
 
 
+@pytest.mark.slow
 def test_the_pictures_are_shown_a_layer_at_a_time_while_they_are_computed(scratch_model):
     """What the page draws before the last head is ready: after each layer, that layer's heads and every one
     before it, each the very picture the finished grid holds (a session waiting on another's computation

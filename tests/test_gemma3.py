@@ -220,6 +220,7 @@ def test_patching_and_the_routes_on_gemma3(gemma):
 
 # --- the sliding window, drawn: keys a window or more back are not visible, as later ones are ------------------
 
+@pytest.mark.slow
 def test_a_sliding_layers_keys_beyond_its_window_are_not_visible_in_every_view(gemma):
     from analysis import make_view
     from analysis.long import long_view

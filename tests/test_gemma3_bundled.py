@@ -12,6 +12,8 @@ import transformers as tf
 from models import HeadLensError, load_model
 from models.gguf import bundled_file, gguf_folder
 
+pytestmark = pytest.mark.bundled  # every test opens the bundled decoder
+
 NAME = "google/gemma-3-270m"
 UNSEEN = ["Seven purple kites drifted over the harbour while the ferry waited.",
           " ".join(f"Line {i}: the lighthouse keeper counted {i * 7} gulls and wrote the number down." for i in range(40))]

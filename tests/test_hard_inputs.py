@@ -94,6 +94,7 @@ def test_one_text_attention_is_capped(monkeypatch, minilm_dir):
     assert len(att.tokens) == 100 and att.truncated and att.weights.nbytes <= limits.MAX_ATTENTION_BYTES
 
 
+@pytest.mark.slow
 def test_batches_stay_within_the_memory_budget(monkeypatch, hf_model):
     texts = ["short one", "word " * 200, "a medium sentence about the cat on the mat", "word " * 60, "x"] * 3
     single = [hf_model.attend(t) for t in texts]

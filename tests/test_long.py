@@ -235,6 +235,7 @@ def _view_of_4096_tokens(folder) -> tuple[int, int, tuple, bool]:
     return long.nbytes, max(peak) - base, g.weights.shape, bool(np.isfinite(g.figures.entropy).all())
 
 
+@pytest.mark.slow
 def test_a_view_of_4096_tokens_never_holds_a_whole_layer_of_weights(tmp_path):
     """8 heads x 4,096² float32 is 512 MiB a layer; a pooled view with its figures, and a zoom, stay far below.
     Measured in a fresh process: threads that earlier tests left in this one would count in its memory."""

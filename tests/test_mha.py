@@ -254,3 +254,32 @@ def test_masks_and_weights_as_pytorch_takes_them(attn_mask, kpm, cross):
                 torch.testing.assert_close(w, want_w, **TOL)
             else:
                 assert w is None and want_w is None
+
+
+@pytest.mark.parametrize("window", [None, 100])
+def test_a_long_causal_text_scores_only_the_keys_its_queries_see(window, monkeypatch):
+    """Past ``BLOCKED_FROM`` tokens, causal weights come a block of query rows at a time, scored only against
+    keys before the block's end and within the window: equal to the masked whole, and no larger score matrix."""
+    from models import kernels
+
+    torch.manual_seed(0)
+    m = MultiHeadAttention(32, 4, window=window).eval()
+    x = torch.randn(2, 3 * kernels.BLOCK_ROWS + 17, 32)
+    L = x.shape[1]
+    mask = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    formed, matmul = [], torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda a, b: formed.append(tuple(a.shape[:-1]) + (b.shape[-1],)) or matmul(a, b))
+    with torch.inference_mode():
+        out, weights = m(x, causal=True, average_attn_weights=False, head_mask=mask)
+    monkeypatch.setattr(torch, "matmul", matmul)
+    seen = kernels.BLOCK_ROWS + (L if window is None else window - 1)
+    assert max(s[-1] for s in formed if len(s) == 4) <= min(L, seen)  # no (L, L) matrix of scores
+    i = torch.arange(L)
+    blocked = i.view(1, -1) > i.view(-1, 1)
+    if window is not None:
+        blocked |= (i.view(-1, 1) - i.view(1, -1)) >= window
+    q, k, v = m.heads_qkv(x, x, x)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(m.head_dim)).masked_fill(blocked, float("-inf"))
+    want = torch.softmax(scores, dim=-1) * mask.view(1, 4, 1, 1)
+    torch.testing.assert_close(weights, want, **TOL)
+    torch.testing.assert_close(out, m.out_proj((want @ v).transpose(1, 2).reshape(2, L, 32)), **TOL)

@@ -28,6 +28,7 @@ def check_against_attend(model, sentences, atol=1e-5, heads=None):
             np.testing.assert_allclose(qk.weights(i), att.weights[layer, head], atol=atol)
 
 
+@pytest.mark.slow
 def test_minilm_vectors_give_attends_weights(scratch_model):
     check_against_attend(scratch_model, SENTENCES)
     qk = qk_vectors(scratch_model, SENTENCES[:1], 0, 0)

@@ -178,6 +178,7 @@ def test_head_similarity_samples_the_rows_of_long_sentences(monkeypatch, hf_mode
     assert S[3, 60] == pytest.approx(js.mean(), abs=1e-9)
 
 
+@pytest.mark.slow
 def test_a_truncated_text_is_measured_on_the_words_the_model_read(hf_model, nlp):
     """spaCy parses all 2,000 words; the model read 510. Word measures use those 510 (a 2,000-word
     matrix per head took 2.3 GB and 30 s)."""

@@ -12,6 +12,8 @@ import transformers as tf
 from models import HeadLensError, load_model
 from models.gguf import bundled_file, gguf_folder
 
+pytestmark = pytest.mark.bundled  # every test opens the bundled decoder
+
 NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 UNSEEN = ["Attention heads sometimes look back at the very first token of a prompt.",
           "Seven purple kites drifted over the harbour while the ferry waited."]

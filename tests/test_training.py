@@ -101,6 +101,7 @@ def test_history_scores_agree_with_scores_recomputed_from_attend(induction_run):
     np.testing.assert_allclose(first.induction.to_numpy(), again["induction"].ravel(), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_run_is_deterministic_for_a_seed():
     a, b = train(SMALL, device="cpu"), train(SMALL, device="cpu")
     c = train(TrainConfig(steps=40, log_every=10, seed=1), device="cpu")
@@ -148,6 +149,7 @@ def test_snapshots_are_thinned_to_at_most_the_cap(monkeypatch):
     assert len(run.snapshots) <= 3 and run.snapshots[-1][0] == 50
 
 
+@pytest.mark.slow
 def test_text_task_trains_on_the_corpus_or_a_given_text():
     text = "the cat sat on the mat . the dog sat on the log . " * 30
     run = train(TrainConfig(task="text", steps=120, log_every=40, vocab_size=32, seq_len=16), device="cpu",

@@ -46,6 +46,7 @@ def test_a_config_asking_for_absurd_sizes_is_refused(name, backend, tmp_path, mi
         load_model(folder, backend=backend)
 
 
+@pytest.mark.slow
 def test_refusing_an_absurd_model_allocates_nothing(tmp_path, minilm_dir):
     """In a fresh process: the peak memory of refusing 161 billion parameters stays that of the imports."""
     folder = model_copy(minilm_dir, tmp_path, **ABSURD["161 billion parameters"][0])
