@@ -211,7 +211,7 @@ def patch_heads(model: AttentionModel, clean: str | Traced, corrupted: str | Tra
     s = _setup(model, clean, corrupted, answer, distractor)
     L, H, n = s.ours.n_layers, s.ours.n_heads, len(s.tokens)
     if method == "attribution":
-        estimate = P.attribution_gradients(s.ours, s.clean, s.corrupted, s.toward)[0] / s.span   # (L, H, n)
+        estimate = P.attribution_estimates(s.ours, s.clean, s.corrupted, s.toward)[0] / s.span   # (L, H, n)
         values = estimate if per_position else estimate.sum(-1)
     else:
         values = _exact_heads(s, L, H, n, per_position, progress)
@@ -224,15 +224,16 @@ def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress
     stack = s.ours.stack
     if not per_position:
         layers, heads = np.divmod(np.arange(L * H), H)
-        patched = P.patched(s.ours, s.clean, s.corrupted, layers, heads, np.full(L * H, -1), s.toward,
-                            progress=progress)
+        patched = P.patched_differences(s.ours, s.clean, s.corrupted, layers, heads, np.full(L * H, -1), s.toward,
+                                        progress=progress)
         return ((patched - s.ld_corrupted) / s.span).reshape(L, H)
     values = np.zeros((L, H, n))  # a patch that changes nothing recovers nothing: only differing z's are run
     edits = [(layer, h, p) for layer in range(L) for k, h in enumerate(stack.kept[layer]) for p in range(n)
              if not torch.equal(s.clean.z[layer][k, p], s.corrupted.z[layer][k, p])]
     if edits:
         layers, heads, positions = (np.array(c) for c in zip(*edits))
-        patched = P.patched(s.ours, s.clean, s.corrupted, layers, heads, positions, s.toward, progress=progress)
+        patched = P.patched_differences(s.ours, s.clean, s.corrupted, layers, heads, positions, s.toward,
+                                        progress=progress)
         values[layers, heads, positions] = (patched - s.ld_corrupted) / s.span
     elif progress is not None:
         progress(1, 1)
@@ -248,15 +249,15 @@ def patch_residual(model: AttentionModel, clean: str | Traced, corrupted: str | 
     s = _setup(model, clean, corrupted, answer, distractor)
     L, n = s.ours.n_layers, len(s.tokens)
     if method == "attribution":
-        values = P.attribution_gradients(s.ours, s.clean, s.corrupted, s.toward)[1] / s.span
+        values = P.attribution_estimates(s.ours, s.clean, s.corrupted, s.toward)[1] / s.span
     else:
         values = np.zeros((L, n))
         edits = [(layer, p) for layer in range(L) for p in range(n)
                  if not torch.equal(s.clean.resid[layer][p], s.corrupted.resid[layer][p])]
         if edits:
             layers, positions = (np.array(c) for c in zip(*edits))
-            patched = P.patched(s.ours, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions, s.toward,
-                                progress=progress)
+            patched = P.patched_differences(s.ours, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions,
+                                            s.toward, progress=progress)
             values[layers, positions] = (patched - s.ld_corrupted) / s.span
         elif progress is not None:
             progress(1, 1)

@@ -80,10 +80,17 @@ def traced(model: AttentionModel, text: str, noun: str = "prompt") -> Traced:
                   [tuple(o) for o in enc["offset_mapping"]])
 
 
+def _same_weights(a: AttentionModel, b: AttentionModel) -> bool:
+    """Whether two models on our engine are the same network: the same object, or one loaded again from the
+    same folder (a model cache may drop one and load it anew) with the same heads."""
+    return a is b or (a.name == b.name and a.stack.config == b.stack.config and str(a.device) == str(b.device))
+
+
 def as_traced(model: AttentionModel, prompt: "str | Traced", noun: str = "prompt") -> Traced:
     """``prompt`` when it is traced already (on ``model`` or its twin), else ``traced(model, prompt)``."""
     if isinstance(prompt, Traced):
-        if prompt.model is not twin_language_model(model, "What a head adds to a prediction is read"):
+        ours = twin_language_model(model, "What a head adds to a prediction is read")
+        if not _same_weights(prompt.model, ours):
             raise HeadLensError(f"That {noun} was traced on {prompt.model.name}, not on {model.name}.")
         return prompt
     return traced(model, prompt, noun)

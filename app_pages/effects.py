@@ -6,7 +6,7 @@ from app_pages.ui.effects import effects, pick_pair
 from app_pages.ui.effects_view import (EffectsView, copying_section, downloads, flow_section, grids, head_section,
                                        metrics, open_clicked, parts_and_residual, pick_head, positions_section)
 from app_pages.ui.exports import exports
-from app_pages.ui.models import model_for, twin
+from app_pages.ui.models import DECODERS, model_for, twin
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound
 
@@ -26,8 +26,8 @@ model = model_for(ref)
 stack = getattr(model, "stack", None)
 if stack is None or not stack.language_model:
     st.info(f"Effects are read through a language model's unembedding, and {s.model.title} has none: it is an "
-            "encoder. Choose a bundled decoder (SmolLM2 or Gemma 3) in the sidebar, or a decoder you trained on the "
-            "Train page.")
+            f"encoder. Choose a bundled decoder ({DECODERS}) in the sidebar, or a decoder you trained on the Train "
+            "page.")
     st.stop()
 pair = pick_pair(ref, model)
 method = bound(st.segmented_control, "effects_method", "exact", init="default", options=list(METHODS), cast=str,

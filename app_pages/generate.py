@@ -6,7 +6,7 @@ from app_pages.ui.views import view
 from app_pages.ui.exports import chart
 from app_pages.ui.generation import continuations, generated_from
 from app_pages.ui.messages import stop_with
-from app_pages.ui.models import cached_model, model_for, twin
+from app_pages.ui.models import DECODERS, cached_model, model_for, twin
 from app_pages.ui.pickers import pick_layer, pick_sentence, title_for
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose
@@ -17,7 +17,7 @@ s = settings()
 st.title("Generate")
 ours = twin(s.model)
 if ours is None or not hasattr(model_for(ours), "generate"):
-    st.info("Generation is for decoders: choose a bundled decoder (SmolLM2 or Gemma 3, either engine) or a decoder "
+    st.info(f"Generation is for decoders: choose a bundled decoder ({DECODERS}, either engine) or a decoder "
             "trained on the Train page in the sidebar.")
     st.stop()
 st.caption("The model continues the sentence one token at a time, as it is written here. Every page then shows the "

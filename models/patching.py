@@ -3,7 +3,7 @@
 A pre-norm decoder's last residual is the sum of what wrote into it: the embeddings, each head's
 ``result`` (its output ``z`` through its slice of the output projection), each attention's bias and each
 MLP's output. ``trace`` runs one prompt and keeps, per layer, the residual entering it (``resid_pre``)
-and every head's ``z``; ``patched`` then runs many edited copies of a corrupted prompt at once, a
+and every head's ``z``; ``patched_differences`` then runs many edited copies of a corrupted prompt at once, a
 clean activation put in place of the corrupted one in each, recomputing only the layers above the
 edit: every copy that starts at a layer joins the batch there, so a layer runs once for all the
 copies that have reached it.
@@ -109,8 +109,8 @@ def direction(stack, answer: int, distractor: int | None) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def patched(model, clean: Trace, corrupted: Trace, layers: np.ndarray, heads: np.ndarray, positions: np.ndarray,
-            toward: torch.Tensor, *, progress: Progress | None = None) -> np.ndarray:
+def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarray, heads: np.ndarray,
+                        positions: np.ndarray, toward: torch.Tensor, *, progress: Progress | None = None) -> np.ndarray:
     """The corrupted prompt run once per edit, each copy with one clean activation in place of its own;
     ``(edits,)`` float64: ``toward`` (``direction``) read from each copy's last position.
 
@@ -138,8 +138,8 @@ def patched(model, clean: Trace, corrupted: Trace, layers: np.ndarray, heads: np
 
 
 def _run_chunk(stack, clean, corrupted, layers, heads, positions, toward, n, E, ran) -> np.ndarray:
-    """One chunk of ``patched``'s copies, sorted by layer: each joins the batch at its layer; ``ran(copies)``
-    after each layer."""
+    """One chunk of ``patched_differences``' copies, sorted by layer: each joins the batch at its layer;
+    ``ran(copies)`` after each layer."""
     x = corrupted.resid[0].new_zeros(0, n, E)
     for layer in range(int(layers.min()), stack.n_layers):
         new = np.flatnonzero(layers == layer)
@@ -183,7 +183,7 @@ def _z_patch(kept: list[int], clean_z: torch.Tensor, rows: np.ndarray, heads: np
     return hook
 
 
-def attribution_gradients(model, clean: Trace, corrupted: Trace, toward: torch.Tensor):
+def attribution_estimates(model, clean: Trace, corrupted: Trace, toward: torch.Tensor):
     """Attribution patching (Nanda 2023): the corrupted prompt's gradient of ``toward`` with respect to every
     head's ``z`` and every ``resid_pre``, in one forward and one backward pass, times the clean minus the
     corrupted activation: a first-order estimate of each patch.

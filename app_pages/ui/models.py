@@ -33,6 +33,7 @@ TRAINED = {
 TRANSFORMERS = {b.key for b in CATALOG}  # the bundled models on the transformers engine
 SCRATCH = {"untrained", *(b.scratch_key for b in CATALOG), *TRAINED}  # the choices that run our engine
 LLM = {k for b in CATALOG if b.decoder for k in b.engines()}  # the bundled decoder LLMs, on either engine
+DECODERS = " or ".join(b.title for b in CATALOG if b.decoder)  # their names, for a sentence
 
 
 @dataclass(frozen=True)

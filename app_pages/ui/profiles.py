@@ -18,7 +18,7 @@ from models.long import LongAttention
 from .attention import attention
 from .long import throttled
 from .messages import plain, stop_with
-from .models import ModelRef, model_for
+from .models import DECODERS, ModelRef, model_for
 from .settings import Settings
 from .shared import Bar, Warm, shared
 from .state import bound
@@ -198,7 +198,7 @@ def document_profile(s: Settings) -> PageProfile:
         if model.long_max_tokens <= model.max_tokens:
             st.info(f"{model.name} reads at most {model.max_tokens:,} tokens, and a text that fits is profiled "
                     "whole as \"The sidebar's sentences\". Long texts, up to 4,096 tokens with each sentence read "
-                    "in its context, open with a bundled decoder (the sidebar's model).")
+                    f"in its context, open with a bundled decoder ({DECODERS}, the sidebar's model).")
         else:
             st.info(f"Type or paste a text longer than {model.max_tokens:,} tokens in the sidebar (a long prompt, "
                     f"up to {model.long_max_tokens:,}) to profile its heads over its sentences, each read in the "
