@@ -137,8 +137,11 @@ async def _long_prompt(n: int, page, n_layers: int, clock: dict, report: LlmLoad
         await _switch_layer(page, n, rng.randrange(1, n_layers), "layer switch", report)
 
 
-async def _trainer(n: int, page, url: str, clock: dict, report: LlmLoadReport) -> None:
-    await page.goto(f"{url}/train?train_task=text&train_steps=20000")
+TRAINING = "train_task=text&train_steps=20000"  # the Train page's URL: its default decoder on the text task
+
+
+async def _trainer(n: int, page, url: str, clock: dict, report: LlmLoadReport, training: str) -> None:
+    await page.goto(f"{url}/train?{training}")
     await page.wait_for_selector("h1:has-text('Train')", timeout=120_000)
     start = time.perf_counter()
     await page.get_by_role("button", name="Start").click()
@@ -166,7 +169,7 @@ async def _quiet(pid: int, below: float = 0.1, for_s: float = 6.0, timeout: floa
 
 
 async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, visitors: int, long_prompts: int,
-               trainers: int, seconds: float, settle: float) -> LlmLoadReport:
+               trainers: int, seconds: float, settle: float, training: str) -> LlmLoadReport:
     from playwright.async_api import async_playwright
 
     sessions = visitors + long_prompts + trainers
@@ -201,7 +204,7 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
             cpu, ticks = cpu_seconds(pid), machine_ticks()
             for n, page in enumerate(pages):
                 if n < trainers:
-                    work = _trainer(n, page, url, clock, report)
+                    work = _trainer(n, page, url, clock, report, training)
                 elif n < trainers + long_prompts:
                     work = _long_prompt(n, page, n_layers, clock, report)
                 else:
@@ -224,7 +227,9 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
 
 
 def run_llm_load(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, *, visitors: int = 3,
-                 long_prompts: int = 2, trainers: int = 1, seconds: float = 240, settle: float = 60) -> LlmLoadReport:
+                 long_prompts: int = 2, trainers: int = 1, seconds: float = 240, settle: float = 60,
+                 training: str = TRAINING) -> LlmLoadReport:
+    """``training``: the Train page's URL query for the sessions that train."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, _run(url, pid, model, long_texts, n_layers, visitors, long_prompts, trainers,
-                                             seconds, settle)).result()
+                                             seconds, settle, training)).result()

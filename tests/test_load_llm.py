@@ -6,10 +6,13 @@ is written to artifacts/load-llm.txt.
 """
 from models import load_model
 from tests.browser import LOGS, ROOT
-from tests.load_llm import run_llm_load
+from tests.load_llm import TRAINING, run_llm_load
 from tests.test_app_long import NAME, prompt
 
 PEAK_MIB, RETURN_MIB = 3 * 1024, 300
+# a one-layer decoder of width 16: at the low priority trainings run at, the default decoder's first logged step
+# (every 20 steps) could take longer than the run on a machine the sessions keep busy
+SMALL = TRAINING + "&train_layers=1&train_width=16&train_seq=16"
 
 
 def test_a_class_on_smollm2_shares_the_server_and_gives_its_memory_back(load_server, tmp_path):
@@ -17,7 +20,7 @@ def test_a_class_on_smollm2_shares_the_server_and_gives_its_memory_back(load_ser
     env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": str(tmp_path)}
     with load_server(env=env) as (url, proc):
         report = run_llm_load(url, proc.pid, "smollm2", [text], 30, visitors=2, long_prompts=1, trainers=1,
-                              seconds=90, settle=30)
+                              seconds=90, settle=30, training=SMALL)
         port = url.rsplit(":", 1)[1]
     log = (LOGS / f"streamlit-{port}.log").read_text(errors="replace")
     lines = [report.summary(), "by action: " + report.by_kind(), report.memory(), *report.errors]
