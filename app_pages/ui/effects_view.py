@@ -82,15 +82,15 @@ def grids(v: EffectsView, selected: tuple[int, int]) -> None:
     """Attribution and patching as two grids centred on zero, and the ten heads that recover most."""
     att = v.found.attribution
     label = "Patching, estimated" if v.method == "attribution" else "Patching"
-    for col, key, values, name, title in zip(
-            st.columns(2), ("effects-attribution", "effects-patching"), (v.attribution, v.recovered),
-            ("logits", "recovered"),
-            (f"Direct logit attribution · logit(“{att.attrs['answer']}”) − logit(“{att.attrs['distractor']}”)",
-             f"{label} · share of the logit difference recovered")):
+    grids_drawn = (("effects-attribution", "Attribution grid", v.attribution, "logits",
+                    f"Direct logit attribution · logit(“{att.attrs['answer']}”) − logit(“{att.attrs['distractor']}”)"),
+                   ("effects-patching", "Patching grid", v.recovered, "recovered",
+                    f"{label} · share of the logit difference recovered"))
+    for col, (key, name, values, value_name, title) in zip(st.columns(2), grids_drawn):
         with col:
-            fig = effect_grid(values, value_name=name, selected=selected, title=title)
+            fig = effect_grid(values, value_name=value_name, selected=selected, title=title)
             v.events.append((key, chart(fig, key, on_select="rerun", selection_mode="points")))
-            v.figures[key] = ("Attribution grid" if name == "logits" else "Patching grid", fig, "")
+            v.figures[key] = (name, fig, "")
     st.caption("Both grids are centred on zero: red raises the answer over the distractor, blue lowers it. Hover a "
                "cell for its value; click a head to open it below.")
     strongest = v.ranked.head(10)
