@@ -61,19 +61,20 @@ BLOCKED_FROM = 256  # the fewest tokens ``causal_attention`` is used for: below,
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
-                     rows: int = BLOCK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+                     rows: int = BLOCK_ROWS, into: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal self-attention with its weights, a block of ``rows`` query rows at a time, each block scored only
     against the keys one of its queries sees: none after the block, none beyond a sliding ``window``. No score
     outside them is formed; the weights there are zero, as the masked softmax gives them.
 
     Args:
         q, k, v: ``(B, H, L, Dh)``, q not yet scaled by ``1 / sqrt(Dh)``.
+        into: ``(B, H, L, L)`` zeros the weights are written into (a slice of a larger buffer), or None.
 
     Returns:
         the weights ``(B, H, L, L)`` and the output ``(B, H, L, Dh)``. For inference (no gradient).
     """
     B, H, L, Dh = q.shape
-    weights = q.new_zeros(B, H, L, L)
+    weights = q.new_zeros(B, H, L, L) if into is None else into
     out = q.new_empty(B, H, L, Dh)
     q = q * Dh ** -0.5
     for start in range(0, L, rows):

@@ -222,7 +222,7 @@ class MultiHeadAttention(nn.Module):
                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
                 attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True, *,
                 valid_lens: torch.Tensor | None = None, causal: bool = False, head_mask: torch.Tensor | None = None,
-                head_fill: torch.Tensor | None = None, hook_z=None):
+                head_fill: torch.Tensor | None = None, hook_z=None, into: torch.Tensor | None = None):
         """Attend from ``query`` to ``key``/``value``; the arguments PyTorch's module takes mean what they mean there.
 
         Args:
@@ -244,6 +244,9 @@ class MultiHeadAttention(nn.Module):
             hook_z: called with each head's output before the output projection, ``z`` ``(B, H, Lq, Dh)``
                 (TransformerLens's ``hook_z``); what it returns goes on in its place: a hook reads ``z``, or
                 patches it, for this call alone (the module holds no hook).
+            into: ``(B, H, Lq, Lk)`` zeros that the per-head weights are written into and returned as (a
+                slice of a buffer holding every layer's), so that they are not copied again; without a
+                gradient only.
 
         Returns:
             output ``(B, Lq, E)`` and the weights (or None). A query whose keys are all masked gets
@@ -268,9 +271,9 @@ class MultiHeadAttention(nn.Module):
             blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens, causal, query,
                                             window=window)
         if blockwise:  # no score beyond what a query sees is formed: a long text's later keys, a window's older ones
-            weights, out = causal_attention(q, k, v, window)               # (B, H, L, L), (B, H, L, Dh)
+            weights, out = causal_attention(q, k, v, window, into=into)    # (B, H, L, L), (B, H, L, Dh)
             if head_mask is not None:
-                weights = weights * head_mask.to(weights.dtype).view(1, H, 1, 1)
+                weights.mul_(head_mask.to(weights.dtype).view(1, H, 1, 1))
                 out = out * head_mask.to(out.dtype).view(1, H, 1, 1)
         elif need_weights:
             weights = attention_weights(q, k, blocked, bias)               # (B, H, Lq, Lk)
@@ -279,6 +282,8 @@ class MultiHeadAttention(nn.Module):
             if dropout > 0:
                 weights = F.dropout(weights, dropout)
             out = torch.matmul(weights, v)                                 # (B, H, Lq, Dh)
+            if into is not None:
+                weights = into.copy_(weights)
         else:
             weights = None
             out = fused_attention(q, k, v, blocked, bias, dropout, only_causal=only_causal)

@@ -249,26 +249,10 @@ class ScratchModel(AttentionModel):
         inputs = self._inputs(enc)
         causal = causal or self.causal
         with torch.inference_mode():
-            if layers is None:
-                attentions = self.stack(**self._stack_inputs(inputs), causal=causal, need_logits=False,
-                                        head_mask=head_mask, head_fill=head_fill).attentions
-            else:
-                attentions = self._some_layers(inputs, layers, causal, head_mask, head_fill)
+            weights = self.stack.attention_weights(**self._stack_inputs(inputs), layers=layers, causal=causal,
+                                                   head_mask=head_mask, head_fill=head_fill)
         pruned = self.pruned_heads if self.stack.pruned else None
-        return self._results(texts, enc, lengths, originals, torch.stack(attentions, dim=1), causal=causal,
-                             pruned=pruned, layers=layers)
-
-    def _some_layers(self, inputs, layers: tuple[int, ...], causal: bool, head_mask, head_fill) -> list[torch.Tensor]:
-        """The weights of ``layers`` (in that order), running no layer above the highest and computing
-        weights for those alone."""
-        x, padding, packing = self.stack.embed_tokens(**self._stack_inputs(inputs))
-        wanted, found = set(layers), {}
-        for i in range(max(layers) + 1):
-            x, weights = self.stack.run_layers(x, padding, packing, start=i, stop=i + 1, causal=causal,
-                                               need_weights=i in wanted, head_mask=head_mask, head_fill=head_fill)
-            if weights:
-                found[i] = weights[0]
-        return [found[i] for i in layers]
+        return self._results(texts, enc, lengths, originals, weights, causal=causal, pruned=pruned, layers=layers)
 
     def attend_long(self, text: str, *, head_mask=None, head_means=None, causal: bool = False):
         """``text`` as a ``LongAttention``: up to ``long_max_tokens`` tokens (4,096 for SmolLM2), the forward

@@ -64,6 +64,30 @@ def test_every_weight_and_logit_equals_transformers(tiny_decoder):
     assert weights.max() > 0.5  # sharp enough heads for the comparison to mean something
 
 
+def test_the_weights_alone_run_nothing_past_the_highest_layers_attention(tiny_decoder):
+    """``attend`` forms each layer's weights into one buffer, as transformers gives them, and runs no feed-forward of
+    the highest layer asked for (it changes no weight); a layer asked for twice is given twice."""
+    family, folder, hf, tok = tiny_decoder
+    ours = load_model(folder, backend="scratch")
+    ran = []
+    hooks = [layer.down.register_forward_hook(lambda *_, n=n: ran.append(n)) for n, layer in enumerate(ours.stack.layers)]
+    try:
+        every = ours.attend(TEXTS)  # one padded batch
+        assert ran == [0]
+        picked = ours.attend(TEXTS, layers=[1, 0, 1])
+        assert ran == [0, 0]
+        first = ours.attend(TEXTS, layers=[0])
+        assert ran == [0, 0]  # layer 0 alone: its attention, and nothing after it
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for res, some, low in zip(every, picked, first):
+        weights, _ = reference(hf, tok, res.text)
+        np.testing.assert_allclose(res.weights, weights, atol=1e-4)
+        np.testing.assert_array_equal(some.weights, res.weights[[1, 0, 1]])
+        np.testing.assert_array_equal(low.weights, res.weights[[0]])
+
+
 def test_the_sliding_window_hides_keys_further_back(tmp_path):
     _, folder, hf, tok = build("mistral", tmp_path)
     res = load_model(folder, backend="scratch").attend(TEXTS[1])

@@ -283,3 +283,8 @@ def test_a_long_causal_text_scores_only_the_keys_its_queries_see(window, monkeyp
     want = torch.softmax(scores, dim=-1) * mask.view(1, 4, 1, 1)
     torch.testing.assert_close(weights, want, **TOL)
     torch.testing.assert_close(out, m.out_proj((want @ v).transpose(1, 2).reshape(2, L, 32)), **TOL)
+    into = torch.zeros(2, 4, L, L)  # a stack's buffer of every layer's weights: written in place, not copied
+    with torch.inference_mode():
+        _, written = m(x, causal=True, average_attn_weights=False, head_mask=mask, into=into)
+    assert written.data_ptr() == into.data_ptr()
+    torch.testing.assert_close(into, want, **TOL)

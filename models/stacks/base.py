@@ -10,8 +10,9 @@ modules and a few small pieces:
 - ``embed(input_ids, token_type_ids)``: the input of the first block, ``(B, L, E)``;
 - ``finish(x)``: the last hidden state from the last block's output; ``logits(h)`` for a language model;
 - ``to_file(state)`` and ``from_file(weights, config)`` when its file names differ from its own;
-- blocks called as ``block(x, key_padding_mask=, packing=, causal=, need_weights=, head_mask=, head_fill=)``,
-  each with an ``attn`` (``MultiHeadAttention``) returning ``(x, weights or None)``.
+- blocks called as ``block(x, key_padding_mask=, packing=, causal=, need_weights=, head_mask=, head_fill=,
+  hook_z=, weights_into=)``, returning ``(x, weights or None)``, each with an ``attn`` (``MultiHeadAttention``)
+  and ``attention_input(x)``, what that attention reads of the block's input.
 """
 from __future__ import annotations
 
@@ -219,6 +220,36 @@ class Stack(nn.Module):
             if need_weights:
                 attentions.append(place_heads(weights, self.kept[i], H))
         return x, tuple(attentions)
+
+    def attention_weights(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                          token_type_ids: torch.Tensor | None = None, *, layers=None, causal: bool = False,
+                          head_mask=None, head_fill=None) -> torch.Tensor:
+        """``(B, len(layers), H, L, L)``: the weights of ``layers`` (every layer by default), in that order, written
+        into one buffer as each layer forms them. The pass runs no block above the highest of them, and that one
+        only as far as its attention: what comes after it changes no weight. Arguments as ``forward``'s."""
+        x, padding, packing = self.embed_tokens(input_ids, attention_mask, token_type_ids)
+        order = list(range(self.n_layers)) if layers is None else list(layers)
+        (B, L), H = input_ids.shape, self.n_heads
+        out = x.new_zeros(B, len(order), H, L, L)
+        for i in range(max(order) + 1):
+            slots = [j for j, layer in enumerate(order) if layer == i]
+            whole = len(self.kept[i]) == H  # no head pruned: the weights go straight into the buffer
+            into = out[:, slots[0]] if slots and whole else None
+            mask = None if head_mask is None else select_heads(head_mask[i], self.kept[i], H)
+            fill = None if head_fill is None else select_heads(head_fill[i], self.kept[i], H)
+            options = dict(key_padding_mask=padding, causal=causal or self.causal, need_weights=bool(slots),
+                           head_mask=mask, head_fill=fill)
+            block = self.layers[i]
+            if i < max(order):
+                x, weights = block(x, packing=packing, weights_into=into, **options)
+            else:
+                h = block.attention_input(x)
+                _, weights = block.attn(h if packing is None else packing.unpack(h), average_attn_weights=False,
+                                        into=into, **options)
+            for j in slots:
+                if j != slots[0] or into is None:
+                    out[:, j] = place_heads(weights, self.kept[i], H)
+        return out
 
     def pruned_copy(self, heads, head_fill: torch.Tensor | None = None) -> "Stack":
         """A new stack without ``heads`` (``(layer, head)`` pairs of the unpruned numbering), this one untouched.
