@@ -80,6 +80,25 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+SETTLED = """n => {
+  const busy = document.querySelector('[data-testid="stStatusWidgetRunningIcon"], [data-stale="true"]');
+  const plots = [...document.querySelectorAll('.js-plotly-plot')];
+  if (busy || plots.length < n || plots.some(p => !p.querySelector('.main-svg'))) { window.__headlensDrawn = null; return false; }
+  const drawn = plots.map(p => { const r = p.getBoundingClientRect();
+    return [r.width, r.height, p.querySelectorAll('text').length].join(','); }).join(';') + ';' + document.body.scrollHeight;
+  const same = window.__headlensDrawn === drawn;
+  window.__headlensDrawn = drawn;
+  return same;
+}"""
+
+
+def settled(page, charts: int = 0, timeout: float = 60_000) -> None:
+    """Wait until the page's run has finished, at least ``charts`` charts are drawn, and what is drawn (each
+    chart's size and labels, the page's height) is the same at two polls in a row: every chart laid out."""
+    page.evaluate("() => { window.__headlensDrawn = null; }")
+    page.wait_for_function(SETTLED, arg=charts, timeout=timeout, polling=250)
+
+
 def plot_title(page) -> str:
     """The first chart's title as one line: a wrapped title is drawn as one tspan a line."""
     return page.evaluate(

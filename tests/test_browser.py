@@ -3,7 +3,7 @@ import io
 
 import numpy as np
 
-from tests.browser import PLOT, commit_text, every_kth, plot_title, shot, wait_title, x_ticks
+from tests.browser import PLOT, commit_text, every_kth, plot_title, settled, shot, wait_title, x_ticks
 
 PAGES = [("Explore", "", "Layer 0 · Which do you like better"), ("Foci", "foci", "Sentence type · L3 H11"),
          ("Compare", "compare", "1: all-MiniLM-L6-v2 · L0 H0"),
@@ -88,7 +88,7 @@ def test_markup_in_text_shows_as_text(page, hf_model):
     tokens = hf_model.attend(text).tokens  # 33 tokens: plotly labels as many as fit under a cell
     assert every_kth(ticks, tokens)
     assert "<" in ticks and ">" in ticks and "script" in ticks
-    page.wait_for_timeout(500)
+    settled(page, 1)
     assert not page.dialogs
     shot(page, "markup")
 

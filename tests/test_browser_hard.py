@@ -12,7 +12,7 @@ import pytest
 
 from analysis.views import token_label
 from app_pages.ui.messages import short
-from tests.browser import ROOT, commit_text, every_kth, plot_title, shot, wait_title, x_ticks
+from tests.browser import ROOT, commit_text, every_kth, plot_title, settled, shot, wait_title, x_ticks
 from tests.test_hard_inputs import HARD
 from viz.figures import visible
 
@@ -37,7 +37,7 @@ def test_hard_text_typed_into_the_browser(page, hf_model):
         assert every_kth(x_ticks(page), [visible(t) for t in cut]), name
         assert not page.locator("[data-testid='stException']").count()
     shot(page, "hard-text")
-    page.wait_for_timeout(500)
+    settled(page, 1)
     assert not page.dialogs
 
 
@@ -65,7 +65,7 @@ def test_exported_html_shows_markup_as_text(page, browser, tmp_path):
     exported.wait_for_selector(".js-plotly-plot .gtitle", timeout=30_000)
     assert plot_title(exported) == f"Layer 0 · {short(MARKUP, 70)}"
     assert exported.locator("img[src='x']").count() == 0
-    exported.wait_for_timeout(500)
+    settled(exported, 1)
     assert not dialogs
     exported.close()
 

@@ -5,7 +5,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.browser import PLOT, assert_readable, shot
+from tests.browser import PLOT, assert_readable, settled, shot
 
 LONG_WORD = "Pneumonoultramicroscopicsilico"  # 30 characters: one label once pieces are merged into words
 LONG = (f"The {LONG_WORD} samples were sealed in glass before the long winter, and every technician in the "
@@ -27,9 +27,7 @@ def test_every_label_inside_its_chart_and_no_titles_overlap(width, browser, serv
                 page.goto(f"{server}/{path}?{query}")
                 page.wait_for_selector(PLOT, timeout=120_000)
                 n_charts = 2 if path == "compare" and params["picks"] == "1" else 1
-                page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n",
-                                       arg=n_charts, timeout=60_000)
-                page.wait_for_timeout(1500)  # every chart of the page drawn
+                settled(page, n_charts)  # every chart of the page drawn
                 r = assert_readable(page, f"{path or 'home'} {params} · {name} · {width} px")
                 checked.append(r["labels"])
                 if name != "3 tokens":

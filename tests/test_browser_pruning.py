@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from models import load_model
-from tests.browser import GEOMETRY, shot
+from tests.browser import GEOMETRY, settled, shot
 from tests.test_app_pruning import SENTENCES
 
 LINK = {"prune_on": "sidebar", "text": "\n".join(SENTENCES)}
@@ -17,9 +17,7 @@ def open_pruning(page, server, **params):
     page.goto(f"{server}/pruning?{urlencode({**LINK, **params})}")
     page.wait_for_selector("h1:has-text('Pruning')", timeout=120_000)
     page.get_by_text("Heads to switch off together").wait_for(timeout=300_000)
-    page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n", arg=3,
-                           timeout=60_000)
-    page.wait_for_timeout(1500)
+    settled(page, 3)
 
 
 def cell_texts(page, chart: int) -> list[str]:

@@ -1,7 +1,7 @@
 """The Train page in Chromium: it updates live while it trains, stops, and every label is readable."""
 import re
 
-from tests.browser import GEOMETRY, shot
+from tests.browser import GEOMETRY, settled, shot
 
 
 def progress_step(page) -> int:
@@ -18,7 +18,7 @@ def test_training_updates_live_then_stops_and_reads_well(browser, server):
         steps = page.get_by_label("Steps")
         steps.fill("20000")
         steps.press("Enter")
-        page.wait_for_timeout(500)
+        settled(page)
         page.get_by_role("button", name="Start").click()
         page.get_by_text(re.compile(r"^Step [\d,]+ of 20,000")).first.wait_for(timeout=60_000)
         page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n", arg=3,
@@ -29,14 +29,14 @@ def test_training_updates_live_then_stops_and_reads_well(browser, server):
                                timeout=60_000)  # the page updated itself, no click
         page.get_by_role("button", name="Stop").click()
         page.get_by_text(re.compile(r"^Stopped after")).wait_for(timeout=60_000)
-        page.wait_for_timeout(1500)
+        settled(page, 3)
         r = page.evaluate(GEOMETRY)
         assert not r["outside"], f"drawn outside the chart: {r['outside'][:5]}"
         assert not r["overlaps"], f"titles overlap: {r['overlaps'][:3]}"
         assert not page.locator("[data-testid='stException']").count()
         assert page.get_by_role("button", name="Explore this model").count() == 1
         page.set_viewport_size({"width": 1400, "height": 3000})
-        page.wait_for_timeout(1500)
+        settled(page, 3)
         shot(page, "train-1400")
     finally:
         context.close()
