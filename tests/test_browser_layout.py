@@ -26,8 +26,7 @@ def test_every_label_inside_its_chart_and_no_titles_overlap(width, browser, serv
                 query = urlencode({"text": text, **options, **params})
                 page.goto(f"{server}/{path}?{query}")
                 page.wait_for_selector(PLOT, timeout=120_000)
-                n_charts = 2 if path == "compare" and params["picks"] == "1" else 1
-                settled(page, n_charts)  # every chart of the page drawn
+                settled(page, 1)  # every chart of the page drawn
                 r = assert_readable(page, f"{path or 'home'} {params} · {name} · {width} px")
                 checked.append(r["labels"])
                 if name != "3 tokens":

@@ -29,14 +29,14 @@ def test_training_updates_live_then_stops_and_reads_well(browser, server):
                                timeout=60_000)  # the page updated itself, no click
         page.get_by_role("button", name="Stop").click()
         page.get_by_text(re.compile(r"^Stopped after")).wait_for(timeout=60_000)
-        settled(page, 3)
+        settled(page, 1)
         r = page.evaluate(GEOMETRY)
         assert not r["outside"], f"drawn outside the chart: {r['outside'][:5]}"
         assert not r["overlaps"], f"titles overlap: {r['overlaps'][:3]}"
         assert not page.locator("[data-testid='stException']").count()
         assert page.get_by_role("button", name="Explore this model").count() == 1
         page.set_viewport_size({"width": 1400, "height": 3000})
-        settled(page, 3)
+        settled(page, 1)
         shot(page, "train-1400")
     finally:
         context.close()
