@@ -20,22 +20,33 @@ def cleared() -> None:
 
 
 def finished(at_most_s: float = 900) -> warm_up.Warmup:
-    job = warm_up.warmups()[REF]
+    job = warm_up.job(REF)
     job.thread.join(timeout=at_most_s)
     assert job.state == "done", (job.state, job.error)
     return job
 
 
+def _warm_in(monkeypatch, folder):
+    monkeypatch.setenv("HEADLENS_WARM_UP", "1")
+    monkeypatch.setenv("HEADLENS_RESULTS", str(folder))
+    cleared()
+    yield folder
+    cleared()
+
+
 @pytest.fixture
 def warm(monkeypatch, tmp_path):
-    monkeypatch.setenv("HEADLENS_WARM_UP", "1")
-    monkeypatch.setenv("HEADLENS_RESULTS", str(tmp_path))
-    cleared()
-    yield tmp_path
-    cleared()
+    yield from _warm_in(monkeypatch, tmp_path)
 
 
-def test_the_pages_find_what_the_warm_up_computed_and_a_restart_reads_it_from_disk(new_app, warm, monkeypatch):
+@pytest.fixture
+def warm_kept(monkeypatch, smollm2_results):
+    """As ``warm``, into the folder the class on SmolLM2 (test_load_llm) reads afterwards."""
+    yield from _warm_in(monkeypatch, smollm2_results)
+
+
+def test_the_pages_find_what_the_warm_up_computed_and_a_restart_reads_it_from_disk(new_app, warm_kept, monkeypatch):
+    warm = warm_kept
     at = new_app({"model": REF.choice})  # whoever opens the model first starts the warm-up
     assert not at.exception
     job = finished()
@@ -46,6 +57,9 @@ def test_the_pages_find_what_the_warm_up_computed_and_a_restart_reads_it_from_di
     assert len(list(warm.rglob("*.pkl"))) == len(names)
     first = {result.key(*args): result.peek(*args) for result, args in steps}
     assert all(value is not None for value in first.values())
+    other = ModelRef("smollm2")  # the transformers engine of the same weights finds every result
+    assert warm_up.warm_up(other) is job
+    assert all(result.peek(*args) is first[result.key(*args)] for result, args in warm_up.steps(other))
 
     puts = []
     real_put = shared.SharedCache.put
@@ -99,3 +113,17 @@ def test_the_warm_up_asks_for_what_the_pages_declare():
     assert importance.key(REF, "zero", sample, "gradient") in {r.key(*a) for r, a in steps}
     assert curves.key(REF, "zero", list(sample), "gradient") in {r.key(*a) for r, a in steps}
     assert importance.key(REF, "zero", sample, "ablation") not in {r.key(*a) for r, a in steps}
+
+
+@pytest.mark.bundled
+def test_both_engines_of_a_model_ask_for_one_result_and_share_one_warm_up(warm, monkeypatch):
+    """SmolLM2 on transformers and on our engine give the same weights' numbers: their pages' keys are the same
+    (the detector asked for on both engines once), and opening the other engine joins the running warm-up."""
+    other = ModelRef("smollm2")
+    assert [r.key(*a) for r, a in warm_up.steps(other)] == [r.key(*a) for r, a in warm_up.steps(REF)]
+    assert warm_up.steps(other)[2][0].name == "detector" and warm_up.steps(other)[3][0].name != "detector"
+    assert ModelRef("minilm").cache_key == ModelRef("scratch").cache_key != ModelRef("untrained").cache_key
+    assert ModelRef("custom", folder="a").cache_key != ModelRef("custom", folder="b").cache_key
+    monkeypatch.setattr(warm_up, "_warm", lambda job: None)  # the registry alone: nothing computed
+    job = warm_up.warm_up(REF)
+    assert job is not None and warm_up.warm_up(other) is job and len(warm_up.warmups()) == 1

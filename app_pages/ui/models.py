@@ -51,6 +51,16 @@ class ModelRef:
         return self.choice in SCRATCH
 
     @property
+    def cache_key(self) -> tuple:
+        """What a result computed from this model is kept under (``shared.key_of``): a bundled model's weights,
+        whichever engine runs them (both give the same numbers), so that both engines read one result; any
+        other model (custom, untrained, trained in a session) as itself."""
+        model = bundled(self.choice)
+        if model is None or self.choice == "untrained":
+            return ("model", self.choice, self.folder, self.run, self.device, self.download)
+        return ("weights", model.key, self.device)
+
+    @property
     def title(self) -> str:
         """The model's name without its engine: "all-MiniLM-L6-v2"."""
         return {**MODELS, **TRAINED}[self.choice].split(" · ")[0]

@@ -34,7 +34,7 @@ log = logging.getLogger("headlens")
 
 @dataclass
 class Warmup:
-    """One model's warm-up: what it has done, from the disk or computed, and how long each took."""
+    """One model's warm-up (for both its engines): what it has done, from the disk or computed, and how long each took."""
 
     ref: ModelRef
     state: str = "waiting"  # waiting, running, done, failed
@@ -51,7 +51,7 @@ class Warmup:
 
 @st.cache_resource
 def warmups() -> dict:
-    """Every warm-up this server has started, by model."""
+    """Every warm-up this server has started, by model (``ModelRef.cache_key``)."""
     return {}
 
 
@@ -75,9 +75,21 @@ def declarations() -> list[declared.Shared]:
 
 
 def steps(ref: ModelRef) -> list[tuple[declared.Shared, tuple]]:
-    """(result, arguments) of what ``ref``'s pages ask for first, in the order the declarations give."""
+    """(result, arguments) of what ``ref``'s pages ask for first, in the order the declarations give, each
+    result once (both engines of a model ask for the same one)."""
     found = sorted((d for d in declarations() if d.warm is not None), key=lambda d: d.warm.step)
-    return [(d, tuple(args)) for d in found for args in d.warm.calls(ref)]
+    out, keys = [], set()
+    for d in found:
+        for args in d.warm.calls(ref):
+            if d.key(*args) not in keys:
+                keys.add(d.key(*args))
+                out.append((d, tuple(args)))
+    return out
+
+
+def job(ref: ModelRef) -> "Warmup | None":
+    """The warm-up this server runs for ``ref``'s model (one for both of its engines), or None."""
+    return warmups().get(ref.cache_key)
 
 
 def warm_up(ref: ModelRef) -> Warmup | None:
@@ -87,22 +99,22 @@ def warm_up(ref: ModelRef) -> Warmup | None:
     ref = ModelRef(ref.choice, device=ref.device)
     registry = warmups()
     with _started:
-        if ref in registry:
-            return registry[ref]
-        job = registry[ref] = Warmup(ref)
+        if ref.cache_key in registry:
+            return registry[ref.cache_key]
+        started = registry[ref.cache_key] = Warmup(ref)
     declarations()  # imported here, in a session's thread, not the warm-up's
-    job.thread = threading.Thread(target=_warm, args=(job,), name=f"headlens-warm-{ref.choice}", daemon=True)
-    job.thread.start()
-    return job
+    started.thread = threading.Thread(target=_warm, args=(started,), name=f"headlens-warm-{ref.choice}", daemon=True)
+    started.thread.start()
+    return started
 
 
 def warm_up_note(ref: ModelRef) -> str | None:
     """What the server is still preparing for ``ref``'s pages, in a sentence; None when nothing is."""
-    job = warmups().get(ModelRef(ref.choice, device=ref.device))
-    if job is None or not job.running:
+    running = job(ref)
+    if running is None or not running.running:
         return None
-    return (f"Preparing this model's pages over the built-in corpus in the background ({job.current or 'starting'}, "
-            f"{len(job.done)} of {job.total or '…'} done); a page that needs it shows how far it has got.")
+    return (f"Preparing this model's pages over the built-in corpus in the background ({running.current or 'starting'}, "
+            f"{len(running.done)} of {running.total or '…'} done); a page that needs it shows how far it has got.")
 
 
 def _warm(job: Warmup) -> None:
