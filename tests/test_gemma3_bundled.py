@@ -2,6 +2,7 @@
 against transformers' own reading of the same file, every attention weight and the logits against
 transformers' eager Gemma3ForCausalLM on unseen text inside and past the 512-token window, what it
 predicts, and crafted Gemma 3 GGUF files refused with a sentence."""
+import copy
 import os
 
 import numpy as np
@@ -60,17 +61,24 @@ def test_the_weights_are_transformers_own_reading_of_the_file(gemma_cache, refer
 
 
 def test_both_engines_equal_transformers_eager_inside_and_past_the_window(gemma_cache, reference):
+    """The weights within 1e-4 of transformers' eager ones; the logits, through 18 layers of float32, within 1e-3 of
+    transformers' own run in float64, or no further from it than transformers' float32 run is (past the window,
+    either float32 run is about 1e-3 from it and 2e-3 from the other)."""
     engines = [load_model(NAME, backend=b) for b in ("scratch", "transformers")]
     assert all(m.causal and (m.n_layers, m.n_heads) == (18, 4) for m in engines)
+    exact = copy.deepcopy(reference).double()
     for text in UNSEEN:
         ids = engines[0].tokenizer(text, return_tensors="pt")["input_ids"]
         with torch.inference_mode():
             out = reference(ids, output_attentions=True)
             logits = engines[0].stack(ids).logits
+            truth = exact(ids).logits
         want = torch.stack(out.attentions, dim=1)[0].numpy()
         for model in engines:
             np.testing.assert_allclose(model.attend(text).weights, want, atol=1e-4)
-        np.testing.assert_allclose(logits.numpy(), out.logits.numpy(), atol=1e-3)
+        ours, theirs = ((x.double() - truth).abs().max().item() for x in (logits, out.logits))
+        assert ours <= max(theirs, 1e-3), (ours, theirs)
+        np.testing.assert_allclose(logits.numpy(), out.logits.numpy(), atol=3e-3)
     n = ids.shape[1]
     assert n > 600
     far = np.tril(np.ones((n, n), dtype=bool), -512)       # keys 512 or more tokens behind the query
