@@ -260,17 +260,22 @@ def chance(spans, causal: bool) -> float:
 
 
 def _principal_plane(x: np.ndarray) -> np.ndarray:
+    """``(D, 2)``: the first two principal directions of the rows of ``x``, from their ``(D, D)`` covariance (a
+    corpus has thousands of rows and a head tens of dimensions)."""
     centred = x - x.mean(axis=0)
-    return np.linalg.svd(centred, full_matrices=False)[2][:2].T                 # (D, 2)
+    values, vectors = np.linalg.eigh(centred.T @ centred)                       # ascending
+    return vectors[:, [-1, -2]]
 
 
-def _fitted_plane(q: np.ndarray, k: np.ndarray, target: np.ndarray, spans, causal: bool, seed: int,
-                  weights: np.ndarray | None = None) -> np.ndarray:
-    """The linear map ``(D, 2)`` under which each query's nearest key tends to be ``target``'s; ``weights``:
-    how much each query counts (default: each alike)."""
-    plane = _principal_plane(np.vstack([q, k]))
-    plane = plane / (np.abs(q @ plane).std() + 1e-12)                              # unit spread to start
-    n = len(q)
+def _fitted_planes(q: list[np.ndarray], k: list[np.ndarray], targets: list[np.ndarray], spans, causal: bool,
+                   seed: int, weights: list[np.ndarray | None]) -> list[np.ndarray]:
+    """For each head (queries ``q[h]``, keys ``k[h]``, each ``(N, D)``, over the same tokens), the linear map ``(D, 2)``
+    under which each query's nearest key tends to be ``targets[h]``'s; ``weights[h]``: how much each query
+    counts (None: each alike). The heads are fitted side by side, one batched step for all: each has its own
+    map, loss and Adam state (Adam's update is elementwise), so each is fitted as it would be alone."""
+    planes = [_principal_plane(np.vstack([qh, kh])) for qh, kh in zip(q, k)]
+    planes = [plane / (np.abs(qh @ plane).std() + 1e-12) for qh, plane in zip(q, planes)]  # unit spread to start
+    H, n = len(q), len(q[0])
     rows = None
     sizes = np.array([end - start for start, end in spans])
     if (sizes ** 2).sum() > FIT_PAIRS:
@@ -278,22 +283,26 @@ def _fitted_plane(q: np.ndarray, k: np.ndarray, target: np.ndarray, spans, causa
         rows = np.sort(np.random.default_rng(seed).choice(n, max(1, int(n * share)), replace=False))
     qi, kj = _visible_pairs(spans, causal, rows)
     qi_t, kj_t = torch.from_numpy(qi), torch.from_numpy(kj)
-    hit = torch.from_numpy(np.flatnonzero(kj == target[qi]))                     # one pair per query read
-    qt, kt = torch.from_numpy(q).float(), torch.from_numpy(k).float()
-    counts = torch.ones(n) if weights is None else torch.as_tensor(weights, dtype=torch.float32)
-    counts = counts[qi_t[hit]] / counts[qi_t[hit]].sum()
-    w = torch.tensor(plane, dtype=torch.float32, requires_grad=True)
+    hit = torch.from_numpy(np.stack([np.flatnonzero(kj == t[qi]) for t in targets]))  # (H, queries read)
+    asked = qi_t[hit]                                                            # (H, queries read)
+    qt = torch.from_numpy(np.stack(q)).float()                                   # (H, N, D)
+    kt = torch.from_numpy(np.stack(k)).float()
+    counts = torch.stack([torch.ones(n) if w is None else torch.as_tensor(w, dtype=torch.float32) for w in weights])
+    counts = counts.gather(1, asked)
+    counts = counts / counts.sum(dim=1, keepdim=True)
+    w = torch.tensor(np.stack(planes), dtype=torch.float32, requires_grad=True)  # (H, D, 2)
     opt = torch.optim.Adam([w], lr=0.05)
     with torch.enable_grad():
         for _ in range(FIT_STEPS):
-            d = -((qt @ w)[qi_t] - (kt @ w)[kj_t]).square().sum(dim=1)             # (pairs,) minus distance²
-            top = torch.full((n,), -torch.inf).scatter_reduce(0, qi_t, d.detach(), "amax")
-            log_z = torch.log(torch.zeros(n).index_add(0, qi_t, torch.exp(d - top[qi_t]))[qi_t[hit]])
-            loss = ((log_z + top[qi_t[hit]] - d[hit]) * counts).sum()            # cross-entropy of the target key
+            d = -(torch.bmm(qt, w)[:, qi_t] - torch.bmm(kt, w)[:, kj_t]).square().sum(dim=2)  # (H, pairs)
+            top = torch.full((H, n), -torch.inf).scatter_reduce(1, qi_t.expand(H, -1), d.detach(), "amax")
+            z = torch.zeros(H, n).index_add(1, qi_t, torch.exp(d - top[:, qi_t]))
+            log_z = torch.log(z.gather(1, asked))
+            loss = ((log_z + top.gather(1, asked) - d.gather(1, hit)) * counts).sum()  # each head's cross-entropy
             opt.zero_grad()
             loss.backward()
             opt.step()
-    return w.detach().double().numpy()
+    return list(w.detach().double().numpy())
 
 
 def qk_embedding(qk: QK, *, method: str = "fitted", seed: int = 0) -> pd.DataFrame:
@@ -307,33 +316,51 @@ def qk_embedding(qk: QK, *, method: str = "fitted", seed: int = 0) -> pd.DataFra
     every query on one key is drawn faithfully with little effort; this says how the rest are drawn.
     ``misleads``: why the picture should not be read by nearness (``misleads``), or "".
     """
+    return qk_embeddings([qk], method=method, seed=seed)[0]
+
+
+def qk_embeddings(qks: Sequence[QK], *, method: str = "fitted", seed: int = 0) -> list[pd.DataFrame]:
+    """``qk_embedding`` of several heads over the same sentences (a layer's, as ``iter_qk_heads`` reads them),
+    their planes fitted side by side."""
     if method not in METHODS:
         raise HeadLensError(f"The projection is one of {', '.join(METHODS)}; {method!r} is not.")
-    q, k = normalised(qk.queries, qk.keys)
-    spans, target = qk.spans, most_attended(qk)
-    words = word_queries(qk, target)
+    if not qks:
+        return []
+    spans, causal = qks[0].spans, qks[0].causal
+    q, k = map(list, zip(*(normalised(qk.queries, qk.keys) for qk in qks)))
+    targets = [most_attended(qk) for qk in qks]
+    words = [word_queries(qk, target) for qk, target in zip(qks, targets)]
     if method == "fitted":
-        q, k = lifted(q, k)
-        plane = _fitted_plane(q, k, target, spans, qk.causal, seed, fit_weights(words))
-        xy_q, xy_k = q @ plane, k @ plane
-    elif method == "pca":
-        plane = _principal_plane(np.vstack([q, k]))
-        xy_q, xy_k = q @ plane, k @ plane
+        q, k = map(list, zip(*(lifted(qh, kh) for qh, kh in zip(q, k))))
+    if method != "tsne":
+        planes = (_fitted_planes(q, k, targets, spans, causal, seed, [fit_weights(w) for w in words]) if method == "fitted"
+                  else [_principal_plane(np.vstack([qh, kh])) for qh, kh in zip(q, k)])
+        drawn = [(qh @ plane, kh @ plane) for qh, kh, plane in zip(q, k, planes)]
     else:
         from sklearn.manifold import TSNE
 
-        both = np.vstack([q, k])
-        perplexity = min(30.0, max(1.0, (len(both) - 1) / 3))  # t-SNE needs fewer neighbours than points
-        xy = TSNE(n_components=2, init="pca", perplexity=perplexity, random_state=seed).fit_transform(both)
-        xy_q, xy_k = xy[:len(q)], xy[len(q):]
+        drawn = []
+        for qh, kh in zip(q, k):
+            both = np.vstack([qh, kh])
+            perplexity = min(30.0, max(1.0, (len(both) - 1) / 3))  # t-SNE needs fewer neighbours than points
+            xy = TSNE(n_components=2, init="pca", perplexity=perplexity, random_state=seed).fit_transform(both)
+            drawn.append((xy[:len(qh)], xy[len(qh):]))
+    return [_picture(qk, xy_q, xy_k, target, w, method)
+            for qk, (xy_q, xy_k), target, w in zip(qks, drawn, targets, words)]
+
+
+def _picture(qk: QK, xy_q: np.ndarray, xy_k: np.ndarray, target: np.ndarray, words: np.ndarray,
+             method: str) -> pd.DataFrame:
+    """``qk_embedding``'s frame of one head drawn at ``xy_q`` and ``xy_k``."""
+    spans = qk.spans
     near = nearest_keys(xy_q, xy_k, spans, qk.causal) == target
     both = pd.concat([qk.tokens, qk.tokens], ignore_index=True)
     frame = pd.DataFrame({
         "x": np.concatenate([xy_q[:, 0], xy_k[:, 0]]).astype(np.float32),
         "y": np.concatenate([xy_q[:, 1], xy_k[:, 1]]).astype(np.float32),
-        "kind": np.repeat(["query", "key"], len(q)),
+        "kind": np.repeat(["query", "key"], len(xy_q)),
         **{c: both[c] for c in ("sentence", "position", "token", "word_class")},
-        "near": pd.array([*near.tolist(), *[None] * len(k)], dtype="boolean"),
+        "near": pd.array([*near.tolist(), *[None] * len(xy_k)], dtype="boolean"),
     })
     frame.attrs.update(faithfulness=float(near.mean()), chance=chance(spans, qk.causal), method=method,
                        layer=qk.layer, head=qk.head, causal=qk.causal, word_share=float(words.mean()),

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 
 import streamlit as st
 
-from analysis.qk import iter_qk_heads, qk_embedding
+from analysis.qk import iter_qk_heads, qk_embeddings
 from models import AttentionModel
 from models.corpus import CORPUS
 from viz.qk import QkCanvas
@@ -89,11 +90,13 @@ def _compute(model: AttentionModel, sentences: list[str], method: str) -> Pictur
     def reading(done: int, total: int) -> None:  # each group of layers is read, then its heads drawn
         bar(len(frames) * total + done, count * total)
 
-    for (layer, head), qk in iter_qk_heads(model, sentences, progress=reading):
-        frames[layer, head] = qk_embedding(qk, method=method)
-        canvas.paint(layer, head, frames[layer, head])
+    for _, read in groupby(iter_qk_heads(model, sentences, progress=reading), key=lambda item: item[0][0]):
+        qks = [qk for _, qk in read]  # a layer's heads, their planes fitted side by side
+        for qk, frame in zip(qks, qk_embeddings(qks, method=method)):
+            frames[qk.layer, qk.head] = frame
+            canvas.paint(qk.layer, qk.head, frame)
         bar(len(frames), count)
-        if head == model.n_heads - 1 and len(frames) < count:
+        if len(frames) < count:
             bar.partial(Pictures(dict(frames), canvas.png()))
     bar.empty()
     return Pictures(frames, canvas.png())
