@@ -152,6 +152,11 @@ def test_pruning_removes_exactly_those_weights_and_leaves_the_shared_model_alone
     assert torch.equal(pruned.encoder.layers[2].attn.out_proj.weight,
                        scratch_model.encoder.layers[2].attn.out_proj.weight[:, [h * Dh + i for h in kept for i in range(Dh)]])
     assert pruned.pruned_heads.sum() == 3 and pruned.pruned_heads[2, 7]
+    # what pruning leaves as it was is shared, not copied: a layer that lost no head, the feed-forwards, the embeddings
+    for mine, theirs in ((pruned.encoder.layers[1].attn.in_proj_weight, scratch_model.encoder.layers[1].attn.in_proj_weight),
+                         (pruned.encoder.layers[2].ffn_in.weight, scratch_model.encoder.layers[2].ffn_in.weight)):
+        assert mine.data_ptr() == theirs.data_ptr()
+    assert w.data_ptr() != full.data_ptr()
     assert "pruned: 3 of 72 heads" in pruned.name
     for k, v in scratch_model.encoder.state_dict().items():
         assert torch.equal(v, before[k]), k

@@ -258,11 +258,15 @@ class Stack(nn.Module):
         projection with it, as transformers 4's ``prune_heads`` did. With ``head_fill``
         (``(layers, heads, Dh)``), a removed head's constant output is folded into the output
         projection's bias, so the copy equals this stack with those heads mean-ablated.
+
+        The copy shares with this stack every tensor pruning leaves as it was (the embeddings, the feed-forwards, the
+        attentions of layers that lose no head): neither is ever changed in place (masks, pruning and training make
+        new objects), and a pruning curve holds two copies at a time, which took 1 GiB more on SmolLM2.
         """
         config = replace(self.config, pruned_heads=with_pruned(self.config.pruned_heads, heads))
         with torch.device("meta"):  # built empty and given the weights below: initialising SmolLM2 took a second
             copy = type(self)(config)
-        state = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        state = self.state_dict()  # detached views of these weights, not copies
         for i, block in enumerate(self.layers):
             old, new = self.kept[i], copy.kept[i]
             if old != new:
