@@ -164,8 +164,6 @@ def pytest_collection_modifyitems(config, items):
                 marks.add("bundled")
         for mark in sorted(marks) or ["fast"]:
             item.add_marker(mark)
-    # the load runs last: a class on SmolLM2 reads the preparation the warm-up test stores (``smollm2_results``)
-    items.sort(key=lambda item: item.get_closest_marker("load") is not None)
 
 
 # --- the app -----------------------------------------------------------------------------------
@@ -299,13 +297,6 @@ def load_server():
     from tests.browser import streamlit_server
 
     return streamlit_server
-
-
-@pytest.fixture(scope="session")
-def smollm2_results(tmp_path_factory):
-    """A results folder (``HEADLENS_RESULTS``) for SmolLM2 that the warm-up test fills and a class on a server then
-    reads, as a restarted server finds its preparation on disk; empty when that test has not run."""
-    return tmp_path_factory.mktemp("smollm2-results")
 
 
 @pytest.fixture(scope="session")

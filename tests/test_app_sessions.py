@@ -59,6 +59,15 @@ def test_sessions_asking_for_the_same_profile_compute_it_once(new_app, monkeypat
         return real(attentions)
 
     monkeypatch.setattr(c, "measure_heads", counting)
+    # one script cache for both sessions, as a server keeps one: AppTest makes one per run, and two runs compiling a
+    # page at once in two threads can hit a CPython 3.11 race in its parser ("AST constructor recursion depth")
+    import streamlit.testing.v1.app_test as app_test
+    import streamlit.testing.v1.local_script_runner as local_runner
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+
+    one = ScriptCache()
+    for module in (app_test, local_runner):
+        monkeypatch.setattr(module, "ScriptCache", lambda: one)
     text = "Two sessions profile this line.\nAnd this second one, together."
     sessions = [new_app({"text": "Start."}, page="app_pages/roles.py") for _ in range(2)]
     for at in sessions:

@@ -1,6 +1,6 @@
 """A class on the LLM, shortened: one session training a decoder, one on a 3,000-token prompt switching
 layers, two typing sentences and opening pages, all on SmolLM2 on one server for 90 s, once the server has
-its preparation (read from the results folder the warm-up test filled, when it ran first). No errors, the
+prepared its pages from nothing. No errors, the
 server's peak within 3 GiB, and once the sessions close it returns within 300 MiB of where it was
 before they came. bench/bench_load.py --llm runs the full mix and prints its latencies; the report
 is written to artifacts/load-llm.txt.
@@ -16,11 +16,9 @@ PEAK_MIB, RETURN_MIB = 3 * 1024, 300
 SMALL = TRAINING + "&train_layers=1&train_width=16&train_seq=16"
 
 
-def test_a_class_on_smollm2_shares_the_server_and_gives_its_memory_back(load_server, smollm2_results):
+def test_a_class_on_smollm2_shares_the_server_and_gives_its_memory_back(load_server, tmp_path):
     text = prompt(load_model(NAME, backend="transformers").tokenizer, 3000, seed=3)
-    # the preparation test_warm_up stored on our engine serves this server's transformers engine too, as a
-    # restarted server finds it (run alone, the server computes it first)
-    env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": str(smollm2_results)}
+    env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": str(tmp_path)}  # a new server: it prepares from nothing
     with load_server(env=env) as (url, proc):
         report = run_llm_load(url, proc.pid, "smollm2", [text], 30, visitors=2, long_prompts=1, trainers=1,
                               seconds=90, settle=30, training=SMALL)

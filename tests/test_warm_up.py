@@ -26,27 +26,16 @@ def finished(at_most_s: float = 900) -> warm_up.Warmup:
     return job
 
 
-def _warm_in(monkeypatch, folder):
-    monkeypatch.setenv("HEADLENS_WARM_UP", "1")
-    monkeypatch.setenv("HEADLENS_RESULTS", str(folder))
-    cleared()
-    yield folder
-    cleared()
-
-
 @pytest.fixture
 def warm(monkeypatch, tmp_path):
-    yield from _warm_in(monkeypatch, tmp_path)
+    monkeypatch.setenv("HEADLENS_WARM_UP", "1")
+    monkeypatch.setenv("HEADLENS_RESULTS", str(tmp_path))
+    cleared()
+    yield tmp_path
+    cleared()
 
 
-@pytest.fixture
-def warm_kept(monkeypatch, smollm2_results):
-    """As ``warm``, into the folder the class on SmolLM2 (test_load_llm) reads afterwards."""
-    yield from _warm_in(monkeypatch, smollm2_results)
-
-
-def test_the_pages_find_what_the_warm_up_computed_and_a_restart_reads_it_from_disk(new_app, warm_kept, monkeypatch):
-    warm = warm_kept
+def test_the_pages_find_what_the_warm_up_computed_and_a_restart_reads_it_from_disk(new_app, warm, monkeypatch):
     at = new_app({"model": REF.choice})  # whoever opens the model first starts the warm-up
     assert not at.exception
     job = finished()
