@@ -51,7 +51,7 @@ class CurvePoint:
 
 def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str = "importance",
                   step: float = 0.1, seed: int = 0, ablation: str = "zero", head_means=None,
-                  proxies: pd.DataFrame | None = None, measure: str = "embedding",
+                  proxies: pd.DataFrame | None = None, measure: str = "embedding", full=None,
                   progress: Progress | None = None) -> pd.DataFrame:
     """Prune ``step`` of the heads at a time in ``order`` and measure each pruned model on ``sentences``.
 
@@ -64,6 +64,9 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     measures (``fidelity`` and neighbour ``agreement``; for ``measure="loss"``, ``loss`` and top-1
     ``agreement``), ``forward_s`` (seconds to run the sentences) and ``heads`` (the pruned heads,
     ``(layer, head)`` pairs).
+
+    ``full``: the full model's run of the sentences and its seconds, ``full_run(model, sentences, measure)``,
+    for several curves over the same sentences to share; computed here when not given.
     """
     model = model.twin("Pruning switches heads off")
     check_measure(model, measure)
@@ -77,7 +80,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     means = ablation_means(model, sentences, ablation, head_means)
     total_heads = model.n_layers * model.n_heads
     counts = prune_counts(total_heads, step)
-    work = curve_work(model, len(sentences), counts, order, measure)
+    work = curve_work(model, len(sentences), counts, order, measure, shared_full=full is not None)
     done = 0
 
     def tick(n: int) -> None:
@@ -86,19 +89,15 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
         if progress is not None:
             progress(min(done, work), work)
 
-    def run(m: AttentionModel):
-        return m.predictions(sentences) if measure == "loss" else m.embed(sentences)
-
     if order == "random":
         rng = np.random.default_rng(seed)
         fixed = [(int(i) // model.n_heads, int(i) % model.n_heads) for i in rng.permutation(total_heads)]
     elif order == "proxy":
         fixed = proxy_order(proxies if proxies is not None else attention_proxies(model.attend(sentences)))
-    full = run(model)
-    start = time.perf_counter()  # timed on a second run, as every pruned model is timed after the first has run
-    run(model)
-    full_s = time.perf_counter() - start
-    tick(len(sentences))
+    if full is None:
+        full = full_run(model, sentences, measure)
+        tick(len(sentences))
+    full, full_s = full
     pruned: list[tuple[int, int]] = []
     current = model
     rows = []
@@ -122,7 +121,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
             out, seconds = full, full_s
         else:
             start = time.perf_counter()
-            out = run(current)
+            out = _run(current, sentences, measure)
             seconds = time.perf_counter() - start
             tick(len(sentences))
         measured = ({"loss": out[0], "agreement": float(np.mean(out[1] == full[1]))} if measure == "loss" else
@@ -132,10 +131,25 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     return pd.DataFrame(rows)
 
 
+def _run(model: AttentionModel, sentences: list[str], measure: str):
+    return model.predictions(sentences) if measure == "loss" else model.embed(sentences)
+
+
+def full_run(model: AttentionModel, sentences: Sequence[str], measure: str = "embedding") -> tuple:
+    """The full model's run of ``sentences`` (its embeddings, or its loss and predictions) and the seconds it
+    took, timed on a second run as every pruned model is timed after the first has run."""
+    model, sentences = model.twin("Pruning switches heads off"), list(sentences)
+    out = _run(model, sentences, measure)
+    start = time.perf_counter()
+    _run(model, sentences, measure)
+    return out, time.perf_counter() - start
+
+
 def curve_work(model: AttentionModel, n_sentences: int, counts: list[int], order: str,
-               measure: str = "embedding") -> int:
-    """Units of work of ``pruning_curve`` (sentences run, once per variant), for a progress bar."""
-    evals = (len(counts) + 1) * n_sentences  # the full model runs twice, once to be timed
+               measure: str = "embedding", shared_full: bool = False) -> int:
+    """Units of work of ``pruning_curve`` (sentences run, once per variant), for a progress bar; with
+    ``shared_full``, the full model's two runs are given."""
+    evals = (len(counts) - 1 if shared_full else len(counts) + 1) * n_sentences  # the full model runs twice
     if order != "importance":
         return evals
     if measure == "loss":  # gradient importance: one pass over the sentences per step

@@ -9,7 +9,7 @@ import torch
 
 from analysis.ablation import ablate, attention_change, cosines, neighbour_agreement
 from analysis.importance import head_importance, proxy_correlations, role_scores
-from analysis.pruning import proxy_order, prune_counts, pruning_curve
+from analysis.pruning import curve_work, full_run, proxy_order, prune_counts, pruning_curve
 from models import HeadLensError, MultiHeadAttention, load_model
 from tests.conftest import SENTENCES
 
@@ -410,6 +410,15 @@ def test_pruning_curves_measure_each_pruned_model(tiny_scratch):
     a = pruning_curve(tiny_scratch, TEXTS, order="random", seed=4)
     assert a["heads"].tolist() == pruning_curve(tiny_scratch, TEXTS, order="random", seed=4)["heads"].tolist()
     assert a["heads"].tolist() != pruning_curve(tiny_scratch, TEXTS, order="random", seed=5)["heads"].tolist()
+    # the full model's run shared by several curves: the same curve, and the progress counts only what is run
+    shared, ticks = full_run(tiny_scratch, TEXTS), []
+    np.testing.assert_array_equal(shared[0], full)
+    for order in ("random", "importance"):
+        again = pruning_curve(tiny_scratch, TEXTS, order=order, seed=4, full=shared, progress=lambda *t: ticks.append(t))
+        want = a if order == "random" else curve
+        pd.testing.assert_frame_equal(again.drop(columns="forward_s"), want.drop(columns="forward_s"))
+        work = curve_work(tiny_scratch, len(TEXTS), prune_counts(8), order, shared_full=True)
+        assert ticks[-1] == (work, work) and again["forward_s"].iloc[0] == shared[1]
     means = tiny_scratch.head_means(TEXTS)
     mean_curve = pruning_curve(tiny_scratch, TEXTS, order="proxy", ablation="mean", head_means=means)
     last = mean_curve.iloc[-1]

@@ -9,7 +9,7 @@ import streamlit as st
 
 from analysis.ablation import ABLATIONS, NEIGHBOURS
 from analysis.importance import attention_proxies, head_importance, proxy_correlations
-from analysis.pruning import ORDERS, curve_work, point_comparison, prune_counts, pruning_curve
+from analysis.pruning import ORDERS, curve_work, full_run, point_comparison, prune_counts, pruning_curve
 from models import AttentionModel, Head, head_label
 from models.corpus import CORPUS
 
@@ -162,13 +162,14 @@ def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ab
     counts = prune_counts(model.n_layers * model.n_heads)
     n = len(sentences)
     runs = [("importance", 0), *(("random", seed) for seed in SEEDS), ("proxy", 0)]
-    works = [curve_work(model, n, counts, order, measure_of(ref)) for order, _ in runs]
+    works = [curve_work(model, n, counts, order, measure_of(ref), shared_full=True) for order, _ in runs]
     bar = Bar(f"Pruning 10% of the heads at a time, {len(runs)} ways, on {n} sentences")
+    full = full_run(model, sentences, measure_of(ref))  # the unpruned model's run, shared by every curve
     frames = []
     for i, (order, seed) in enumerate(runs):
         base = sum(works[:i])
         frames.append(pruning_curve(model, sentences, order=order, seed=seed, ablation=ablation,
-                                    head_means=imp.means, proxies=proxies, measure=measure_of(ref),
+                                    head_means=imp.means, proxies=proxies, measure=measure_of(ref), full=full,
                                     progress=lambda done, _, base=base: bar(base + done, sum(works))))
     bar.empty()
     return pd.concat(frames, ignore_index=True)
