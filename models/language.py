@@ -104,7 +104,10 @@ class DecoderModel(ScratchModel):
             with torch.inference_mode():
                 h = self._hidden(inputs)
                 ids, mask = inputs["input_ids"], inputs["attention_mask"]
-                for j, i in enumerate(chunk):  # one text at a time: its predictions stay apart from the others'
-                    s, n, t = self.next_token_sums(h[j:j + 1], ids[j:j + 1], mask[j:j + 1])
-                    total, count, top[i] = total + float(s), count + n, t.cpu().numpy()
+                # the batch's logits in one product (the unembedding read once, not once a text), split by text
+                s, n, t = self.next_token_sums(h, ids, mask)
+                total, count = total + float(s), count + n
+                per_text = (mask[:, :-1] * mask[:, 1:]).sum(dim=1).tolist()
+                for i, part in zip(chunk, torch.split(t, per_text)):
+                    top[i] = part.cpu().numpy()
         return total / max(count, 1), np.concatenate(top)
