@@ -263,7 +263,7 @@ def _principal_plane(x: np.ndarray) -> np.ndarray:
     """``(D, 2)``: the first two principal directions of the rows of ``x``, from their ``(D, D)`` covariance (a
     corpus has thousands of rows and a head tens of dimensions)."""
     centred = x - x.mean(axis=0)
-    values, vectors = np.linalg.eigh(centred.T @ centred)                       # ascending
+    _, vectors = np.linalg.eigh(centred.T @ centred)                            # ascending eigenvalues
     return vectors[:, [-1, -2]]
 
 
@@ -332,21 +332,22 @@ def qk_embeddings(qks: Sequence[QK], *, method: str = "fitted", seed: int = 0) -
     words = [word_queries(qk, target) for qk, target in zip(qks, targets)]
     if method == "fitted":
         q, k = map(list, zip(*(lifted(qh, kh) for qh, kh in zip(q, k))))
-    if method != "tsne":
-        planes = (_fitted_planes(q, k, targets, spans, causal, seed, [fit_weights(w) for w in words]) if method == "fitted"
-                  else [_principal_plane(np.vstack([qh, kh])) for qh, kh in zip(q, k)])
-        drawn = [(qh @ plane, kh @ plane) for qh, kh, plane in zip(q, k, planes)]
-    else:
-        from sklearn.manifold import TSNE
-
-        drawn = []
-        for qh, kh in zip(q, k):
-            both = np.vstack([qh, kh])
-            perplexity = min(30.0, max(1.0, (len(both) - 1) / 3))  # t-SNE needs fewer neighbours than points
-            xy = TSNE(n_components=2, init="pca", perplexity=perplexity, random_state=seed).fit_transform(both)
-            drawn.append((xy[:len(qh)], xy[len(qh):]))
+        planes = _fitted_planes(q, k, targets, spans, causal, seed, [fit_weights(w) for w in words])
+    elif method == "pca":
+        planes = [_principal_plane(np.vstack([qh, kh])) for qh, kh in zip(q, k)]
+    drawn = ([_tsne(qh, kh, seed) for qh, kh in zip(q, k)] if method == "tsne"
+             else [(qh @ plane, kh @ plane) for qh, kh, plane in zip(q, k, planes)])
     return [_picture(qk, xy_q, xy_k, target, w, method)
             for qk, (xy_q, xy_k), target, w in zip(qks, drawn, targets, words)]
+
+
+def _tsne(q: np.ndarray, k: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.manifold import TSNE
+
+    both = np.vstack([q, k])
+    perplexity = min(30.0, max(1.0, (len(both) - 1) / 3))  # t-SNE needs fewer neighbours than points
+    xy = TSNE(n_components=2, init="pca", perplexity=perplexity, random_state=seed).fit_transform(both)
+    return xy[:len(q)], xy[len(q):]
 
 
 def _picture(qk: QK, xy_q: np.ndarray, xy_k: np.ndarray, target: np.ndarray, words: np.ndarray,

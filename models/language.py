@@ -36,7 +36,7 @@ class DecoderModel(ScratchModel):
         """``(summed cross-entropy, predicted tokens, top-1 predictions)`` of a batch's last hidden state
         ``h`` ``(B, L, E)``: each real token but the last predicting the next, the vocabulary's logits
         made ``rows`` positions at a time (49,152 of them per position in SmolLM2)."""
-        predicting = (mask[:, :-1] * mask[:, 1:]).bool()
+        predicting = _predicting(mask)
         states, targets = h[:, :-1][predicting], ids[:, 1:][predicting]    # (N, E), (N,)
         total, top = h.new_zeros(()), []
         for i in range(0, len(targets), rows):
@@ -107,7 +107,11 @@ class DecoderModel(ScratchModel):
                 # the batch's logits in one product (the unembedding read once, not once a text), split by text
                 s, n, t = self.next_token_sums(h, ids, mask)
                 total, count = total + float(s), count + n
-                per_text = (mask[:, :-1] * mask[:, 1:]).sum(dim=1).tolist()
-                for i, part in zip(chunk, torch.split(t, per_text)):
+                for i, part in zip(chunk, torch.split(t, _predicting(mask).sum(dim=1).tolist())):
                     top[i] = part.cpu().numpy()
         return total / max(count, 1), np.concatenate(top)
+
+
+def _predicting(mask: torch.Tensor) -> torch.Tensor:
+    """bool ``(B, L - 1)``: the positions of a padded batch whose next token is a real one, in order."""
+    return (mask[:, :-1] * mask[:, 1:]).bool()

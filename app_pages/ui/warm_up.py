@@ -81,8 +81,9 @@ def steps(ref: ModelRef) -> list[tuple[declared.Shared, tuple]]:
     out, keys = [], set()
     for d in found:
         for args in d.warm.calls(ref):
-            if d.key(*args) not in keys:
-                keys.add(d.key(*args))
+            key = d.key(*args)
+            if key not in keys:
+                keys.add(key)
                 out.append((d, tuple(args)))
     return out
 

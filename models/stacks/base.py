@@ -212,8 +212,7 @@ class Stack(nn.Module):
         ``x`` and the weights."""
         H, attentions = self.n_heads, []
         for i in range(start, self.n_layers if stop is None else stop):
-            mask = None if head_mask is None else select_heads(head_mask[i], self.kept[i], H)
-            fill = None if head_fill is None else select_heads(head_fill[i], self.kept[i], H)
+            mask, fill = self._kept_heads(i, head_mask, head_fill)
             x, weights = self.layers[i](x, key_padding_mask=padding, packing=packing, causal=causal or self.causal,
                                         need_weights=need_weights, head_mask=mask, head_fill=fill,
                                         hook_z=None if hook_z is None else hook_z.get(i))
@@ -229,27 +228,30 @@ class Stack(nn.Module):
         only as far as its attention: what comes after it changes no weight. Arguments as ``forward``'s."""
         x, padding, packing = self.embed_tokens(input_ids, attention_mask, token_type_ids)
         order = list(range(self.n_layers)) if layers is None else list(layers)
-        (B, L), H = input_ids.shape, self.n_heads
+        (B, L), H, top = input_ids.shape, self.n_heads, max(order)
         out = x.new_zeros(B, len(order), H, L, L)
-        for i in range(max(order) + 1):
+        for i in range(top + 1):
             slots = [j for j, layer in enumerate(order) if layer == i]
             whole = len(self.kept[i]) == H  # no head pruned: the weights go straight into the buffer
             into = out[:, slots[0]] if slots and whole else None
-            mask = None if head_mask is None else select_heads(head_mask[i], self.kept[i], H)
-            fill = None if head_fill is None else select_heads(head_fill[i], self.kept[i], H)
+            mask, fill = self._kept_heads(i, head_mask, head_fill)
             options = dict(key_padding_mask=padding, causal=causal or self.causal, need_weights=bool(slots),
                            head_mask=mask, head_fill=fill)
-            block = self.layers[i]
-            if i < max(order):
-                x, weights = block(x, packing=packing, weights_into=into, **options)
+            if i < top:
+                x, weights = self.layers[i](x, packing=packing, weights_into=into, **options)
             else:
-                h = block.attention_input(x)
-                _, weights = block.attn(h if packing is None else packing.unpack(h), average_attn_weights=False,
-                                        into=into, **options)
+                h = self.layers[i].attention_input(x)
+                _, weights = self.layers[i].attn(h if packing is None else packing.unpack(h),
+                                                 average_attn_weights=False, into=into, **options)
             for j in slots:
                 if j != slots[0] or into is None:
                     out[:, j] = place_heads(weights, self.kept[i], H)
         return out
+
+    def _kept_heads(self, i: int, head_mask, head_fill):
+        """Layer ``i``'s entries of ``head_mask`` and ``head_fill`` (each None or naming every head) for its kept heads."""
+        return tuple(None if per_head is None else select_heads(per_head[i], self.kept[i], self.n_heads)
+                     for per_head in (head_mask, head_fill))
 
     def pruned_copy(self, heads, head_fill: torch.Tensor | None = None) -> "Stack":
         """A new stack without ``heads`` (``(layer, head)`` pairs of the unpruned numbering), this one untouched.
@@ -259,9 +261,8 @@ class Stack(nn.Module):
         (``(layers, heads, Dh)``), a removed head's constant output is folded into the output
         projection's bias, so the copy equals this stack with those heads mean-ablated.
 
-        The copy shares with this stack every tensor pruning leaves as it was (the embeddings, the feed-forwards, the
-        attentions of layers that lose no head): neither is ever changed in place (masks, pruning and training make
-        new objects), and a pruning curve holds two copies at a time, which took 1 GiB more on SmolLM2.
+        The copy shares every tensor pruning leaves as it was (embeddings, feed-forwards, layers that lose no head):
+        neither is changed in place, and a pruning curve holds two copies at a time (1 GiB more on SmolLM2).
         """
         config = replace(self.config, pruned_heads=with_pruned(self.config.pruned_heads, heads))
         with torch.device("meta"):  # built empty and given the weights below: initialising SmolLM2 took a second
