@@ -5,10 +5,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 
 from models.result import Attention
-
-from .views import row_entropy
 
 SIMILARITY_CHUNK_BYTES = 64 * 2**20  # the largest temporary array of head_similarity
 SIMILARITY_ROW_KEYS = 4096  # query rows x keys used per sentence: every row up to 64 tokens
@@ -18,27 +17,36 @@ def head_similarity(attentions: Sequence[Attention], max_sentences: int = 100) -
     """``(layers * heads, layers * heads)`` Jensen-Shannon divergence (nats) between heads' patterns,
     averaged over query rows of up to ``max_sentences`` sentences. 0 means identical patterns.
 
-    JS(a, b) = H((a + b) / 2) - (H(a) + H(b)) / 2, computed a few query rows at a time so that
-    memory stays within ``SIMILARITY_CHUNK_BYTES`` whatever the sentence length. A sentence
-    longer than 64 tokens contributes evenly spaced query rows, ``SIMILARITY_ROW_KEYS // tokens``
-    of them, so that one long text costs no more than a short one (work grows as rows x keys).
+    JS(a, b) = H((a + b) / 2) - (H(a) + H(b)) / 2, one query row at a time, each pair of heads once (the
+    divergence is symmetric), over the keys some head attends to in that row (a decoder's row q reads q + 1
+    of them), a block of pairs at a time so that memory stays within ``SIMILARITY_CHUNK_BYTES`` whatever the
+    sentence length. A sentence longer than 64 tokens contributes evenly spaced query rows,
+    ``SIMILARITY_ROW_KEYS // tokens`` of them, so that one long text costs no more than a short one.
     """
     total, rows = None, 0
     for att in list(attentions)[:max_sentences]:
         L, H, n, _ = att.weights.shape
         keep = np.unique(np.linspace(0, n - 1, max(1, min(n, SIMILARITY_ROW_KEYS // n))).round().astype(int))
-        P = att.weights.reshape(L * H, n, n)[:, keep].astype(np.float64).transpose(1, 0, 2)  # (rows, LH, n)
-        own = row_entropy(P)  # (rows, LH)
-        step = max(1, SIMILARITY_CHUNK_BYTES // (8 * (L * H) ** 2 * n))
-        js = np.zeros((L * H, L * H))
-        for i in range(0, len(keep), step):
-            p = P[i:i + step]
-            mixed = row_entropy((p[:, :, None, :] + p[:, None, :, :]) / 2)  # (rows, LH, LH)
-            h = own[i:i + step]
-            js += (mixed - (h[:, :, None] + h[:, None, :]) / 2).sum(0)  # summed over query rows
-        total = js if total is None else total + js
+        P = torch.from_numpy(att.weights.reshape(L * H, n, n)[:, keep]).to(torch.float64).transpose(0, 1)  # (rows, LH, n)
+        first, second = torch.triu_indices(L * H, L * H, offset=1)  # each pair of heads once
+        js = torch.zeros(len(first), dtype=torch.float64)
+        for p in P:
+            p = p[:, p.any(dim=0)]  # (LH, keys read in this row)
+            own = _entropy(p)
+            step = max(1, SIMILARITY_CHUNK_BYTES // (8 * p.shape[1]))
+            for i in range(0, len(first), step):
+                a, b = first[i:i + step], second[i:i + step]
+                js[i:i + step] += _entropy((p[a] + p[b]) * 0.5) - (own[a] + own[b]) * 0.5
+        pairs = torch.zeros(L * H, L * H, dtype=torch.float64)
+        pairs[first, second] = js
+        total = (pairs + pairs.T) if total is None else total + pairs + pairs.T
         rows += len(keep)
-    return np.maximum(total / max(rows, 1), 0.0)
+    return np.maximum(total.numpy() / max(rows, 1), 0.0)
+
+
+def _entropy(p: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each row of ``p``; 0 log 0 counts as 0."""
+    return -torch.special.xlogy(p, p).sum(dim=-1)
 
 
 def similar_heads(similarity: np.ndarray, layer: int, head: int, n_heads: int, k: int = 6) -> pd.DataFrame:
