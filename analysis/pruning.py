@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from models import AttentionModel, HeadLensError
+from models.memory import release_memory
 
 from .ablation import ablation_means, cosines, neighbour_agreement
 from .importance import attention_proxies, check_measure, head_importance
@@ -105,6 +106,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
         if count > len(pruned):
             need = count - len(pruned)
             if order == "importance" and count < total_heads:
+                release_memory()
                 before = done
                 imp = head_importance(current, sentences, method="gradient" if measure == "loss" else "ablation",
                                       ablation="mean" if means is not None else "zero", head_means=means,
@@ -116,10 +118,12 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
             else:
                 chosen = fixed[len(pruned):count]
             pruned += chosen
+            current = None  # the last pruned copy goes before the next is made
             current = model.pruned(pruned, head_means=means)
         if count == 0:
             out, seconds = full, full_s
         else:
+            release_memory()  # what the last run and importance freed, scattered through the heap, goes back first
             start = time.perf_counter()
             out = _run(current, sentences, measure)
             seconds = time.perf_counter() - start

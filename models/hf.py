@@ -55,7 +55,7 @@ def _load_hf_model(folder: Path, allow_pickle: bool):
                                           trust_remote_code=False, use_safetensors=None if allow_pickle else True)
     except Exception as err:  # noqa: BLE001 - a broken folder can raise almost anything
         raise HeadLensError(f"The model in {folder} could not be loaded: {err}") from err
-    return model.eval()
+    return model.eval().requires_grad_(False)  # read, never trained: no gradient of a weight is ever taken
 
 
 def config_windows(c, n_layers: int) -> tuple[int | None, ...] | None:

@@ -5,12 +5,15 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .base import Progress
 from .errors import HeadLensError
 from .scratch import ScratchModel
 from .stacks import Stack
+
+LOGIT_ELEMENTS = 2**26  # logits made at a time: 256 MiB of float32 (Gemma 3: 256 positions, SmolLM2: 1,365)
+BACKWARD_BLOCKS = 8  # under autograd a block's backward holds its logits about four times over: blocks an eighth
 
 
 class DecoderModel(ScratchModel):
@@ -32,19 +35,35 @@ class DecoderModel(ScratchModel):
         total, count, _ = self.next_token_sums(h, ids, mask)
         return total / max(count, 1)
 
-    def next_token_sums(self, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, rows: int = 2048):
+    def next_token_sums(self, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor):
         """``(summed cross-entropy, predicted tokens, top-1 predictions)`` of a batch's last hidden state
-        ``h`` ``(B, L, E)``: each real token but the last predicting the next, the vocabulary's logits
-        made ``rows`` positions at a time (49,152 of them per position in SmolLM2)."""
+        ``h`` ``(B, L, E)``: each real token but the last predicting the next. The vocabulary's logits are made
+        a block of positions at a time, within ``LOGIT_ELEMENTS`` (262,144 logits per position in Gemma 3);
+        under autograd the blocks are smaller, and each is made again for the backward pass rather than kept."""
         predicting = _predicting(mask)
         states, targets = h[:, :-1][predicting], ids[:, 1:][predicting]    # (N, E), (N,)
+        kept = torch.is_grad_enabled() and states.requires_grad
+        rows = max(1, LOGIT_ELEMENTS // self.stack.unembedding().shape[0] // (BACKWARD_BLOCKS if kept else 1))
         total, top = h.new_zeros(()), []
         for i in range(0, len(targets), rows):
-            logits = self.stack.logits(states[i:i + rows]).float()
-            total = total + F.cross_entropy(logits, targets[i:i + rows], reduction="sum")
-            top.append(logits.argmax(dim=-1))
+            part = (states[i:i + rows], targets[i:i + rows])
+            loss, best = checkpoint(self._block_loss, *part, use_reentrant=False) if kept else self._block_loss(*part)
+            total = total + loss
+            top.append(best)
         top = torch.cat(top) if top else targets.new_zeros(0)
         return total, len(targets), top
+
+    def _block_loss(self, states: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed cross-entropy of ``states``' next-token predictions of ``targets``, and their top-1
+        predictions: log-sum-exp minus the target's logit. Outside autograd the log-sum-exp is taken in the
+        logits' own memory, so that a block holds nothing else as large."""
+        logits = self.stack.logits(states).float()                          # (n, vocab)
+        wanted, best = logits.gather(-1, targets[:, None])[:, 0], logits.argmax(dim=-1)
+        if torch.is_grad_enabled():
+            return (torch.logsumexp(logits, dim=-1) - wanted).sum(), best
+        top = logits.amax(dim=-1, keepdim=True)
+        summed = logits.sub_(top).exp_().sum(dim=-1).log_() + top[:, 0]
+        return (summed - wanted).sum(), best
 
     def generate_ids(self, ids: Sequence[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                      seed: int = 0) -> Iterator[int]:

@@ -294,7 +294,7 @@ def open_scratch(folder: Path, config: dict, display: str, device: torch.device,
     from .language import DecoderModel  # a language model's: it builds on this module's ScratchModel
 
     model_class = DecoderModel if stack.language_model else ScratchModel
-    return model_class(stack.eval().to(device), tokenizer, display, device)
+    return model_class(stack.eval().requires_grad_(False).to(device), tokenizer, display, device)  # read, not trained
 
 
 @contextmanager

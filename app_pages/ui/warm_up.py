@@ -142,10 +142,10 @@ def _warm(job: Warmup) -> None:
                 value, how = result.peek(*args), "computed"
             if how != "stored" and value is not None:
                 store.save(result.file_key(*args), value)
+            release_memory()  # what the step held for a while goes back to the system before the next
             job.done.append((result.name, how, time.perf_counter() - start))
         job.state = "done"
         store.drop_stale()
-        release_memory()  # what the computations held for a while goes back to the system
     except Exception as err:  # noqa: BLE001 - the pages compute what is missing themselves
         job.error, job.state = f"{type(err).__name__}: {err}", "failed"
         log.warning("HeadLens's warm-up of %s stopped: %s", job.ref.choice, job.error)
