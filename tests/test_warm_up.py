@@ -1,11 +1,15 @@
 """A server's warm-up on SmolLM2: once the model loads, what the slow pages need over the built-in corpus is
 computed in the background under the very keys the pages ask for (each page then computes none of it),
 kept on disk, and read back after a restart (each result equal to the one computed)."""
+import threading
+import time
+
 import pandas as pd
 import pytest
 
 from app_pages.ui import shared, warm_up
 from app_pages.ui.models import ModelRef
+from app_pages.ui.threads import here
 
 REF = ModelRef("smollm2_scratch")
 PAGES = ["app_pages/foci.py", "app_pages/roles.py", "app_pages/effects.py", "app_pages/pruning.py",
@@ -116,3 +120,60 @@ def test_both_engines_of_a_model_ask_for_one_result_and_share_one_warm_up(warm, 
     monkeypatch.setattr(warm_up, "_warm", lambda job: None)  # the registry alone: nothing computed
     job = warm_up.warm_up(REF)
     assert job is not None and warm_up.warm_up(other) is job and len(warm_up.warmups()) == 1
+
+
+def _preparing(cache, ticks: list, started: threading.Event, steps: int = 40) -> threading.Thread:
+    """The server's preparation computing "prepared" in its own thread, a progress point every 20 ms."""
+    def prepare():
+        here.background = here.steps_aside = True
+
+        def compute():
+            bar = shared.Bar("Preparing")
+            for i in range(steps):
+                bar(i, steps)
+                ticks.append(time.perf_counter())
+                started.set()
+                time.sleep(0.02)
+            return "prepared"
+
+        cache.get_or_compute("prepared", compute)
+
+    thread = threading.Thread(target=prepare, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_preparation_steps_aside_while_a_session_computes():
+    """A page opened while the server prepares is computed first: the preparation pauses at its next progress
+    point until the session's computation is done, then goes on."""
+    cache, ticks, started = shared.SharedCache(4), [], threading.Event()
+    thread = _preparing(cache, ticks, started)
+    assert started.wait(10)
+    spans = []
+
+    def page():
+        begin = time.perf_counter()
+        time.sleep(1.0)
+        spans.append((begin, time.perf_counter()))
+        return "page"
+
+    assert shared.computed_once(cache, "page", page, "Waiting") == "page"
+    thread.join(30)
+    (begin, end), = spans
+    assert not [t for t in ticks if begin + 0.1 < t < end]  # at most the tick under way when the page began
+    assert len(ticks) == 40 and cache.get("prepared") == "prepared" and ticks[-1] > end
+    assert (shared.SESSIONS.computing, shared.SESSIONS.waiting, shared.SESSIONS.aside) == (0, 0, 0)
+
+
+def test_the_preparation_never_pauses_for_a_session_that_waits_on_it():
+    """A session whose computation needs what the preparation is computing waits for it, and the preparation
+    goes on meanwhile (pausing would leave both waiting, up to a minute)."""
+    cache, ticks, started = shared.SharedCache(4), [], threading.Event()
+    thread = _preparing(cache, ticks, started)
+    assert started.wait(10)
+    begin = time.perf_counter()
+    needs = shared.computed_once(cache, "page", lambda: shared.computed_once(cache, "prepared", lambda: "again",
+                                                                             "Waiting"), "Waiting")
+    assert needs == "prepared" and time.perf_counter() - begin < 5
+    thread.join(30)
+    assert len(ticks) == 40 and (shared.SESSIONS.computing, shared.SESSIONS.waiting) == (0, 0)

@@ -37,6 +37,50 @@ from .messages import stop_with
 from .threads import here, in_background, session_id
 
 
+class Sessions:
+    """How many sessions are computing a shared result now, and how many wait on another's computation. The
+    server's preparation steps aside for them (``step_aside``, at each of its progress points): a page a session
+    opens while the server prepares is computed first, on the cores the preparation leaves it, whether or not
+    its result was queued. It never waits while a session waits, which may be on the preparation itself."""
+
+    def __init__(self):
+        self.computing = self.waiting = self.aside = 0
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def counted(self, what: str):
+        with self._changed:
+            setattr(self, what, getattr(self, what) + 1)
+        try:
+            yield
+        finally:
+            with self._changed:
+                setattr(self, what, getattr(self, what) - 1)
+                self._changed.notify_all()
+
+    def step_aside(self, at_most_s: float = 60.0) -> float:
+        """In the server's preparation: wait while some session computes and none waits, ``at_most_s`` at a time;
+        the seconds waited."""
+        start = time.perf_counter()
+        with self._changed:
+            if not self.computing or self.waiting:
+                return 0.0
+            self.aside += 1
+            while self.computing and not self.waiting and time.perf_counter() - start < at_most_s:
+                self._changed.wait(0.25)
+            self.aside -= 1
+        return time.perf_counter() - start
+
+
+SESSIONS = Sessions()
+
+
+def step_aside() -> None:
+    """Where the server's preparation may pause for the sessions (``Sessions``); elsewhere nothing."""
+    if getattr(here, "steps_aside", False):
+        SESSIONS.step_aside()
+
+
 class Bar:
     """A progress bar that redraws at most every quarter second, with the time left estimated. What it shows is
     also published under the key being computed, for the sessions waiting on it; in the server's own threads
@@ -61,6 +105,7 @@ class Bar:
             shown(value)
 
     def __call__(self, done: int, total: int) -> None:
+        step_aside()
         now = time.perf_counter()
         if now - self.shown < 0.25 and done < total:
             return
@@ -191,21 +236,22 @@ def computed_once(cache: SharedCache, key, compute, waiting: str, partial=None):
     lock = cache.computing(key)
     if not lock.acquire(blocking=False):
         bar, shown, drawn = st.progress(0.0, text=waiting), None, None
-        while not lock.acquire(timeout=0.5):
-            share, text = cache.progress.get(key, (0.0, ""))
-            if (share, text) != shown:
-                shown = (share, text)
-                bar.progress(share, text=f"{waiting} {text}".strip())
-            ready = cache.partial.get(key)
-            if partial is not None and ready is not None and ready is not drawn:
-                drawn = ready
-                partial(ready)
+        with SESSIONS.counted("waiting"):
+            while not lock.acquire(timeout=0.5):
+                share, text = cache.progress.get(key, (0.0, ""))
+                if (share, text) != shown:
+                    shown = (share, text)
+                    bar.progress(share, text=f"{waiting} {text}".strip())
+                ready = cache.partial.get(key)
+                if partial is not None and ready is not None and ready is not drawn:
+                    drawn = ready
+                    partial(ready)
         bar.empty()
     try:
         value = cache.get(key)
         if value is None:
             try:
-                with computing_as(cache, key, partial):
+                with computing_as(cache, key, partial), SESSIONS.counted("computing"):
                     value = compute()
             except HeadLensError as err:
                 stop_with(err)

@@ -114,12 +114,14 @@ def warm_up_note(ref: ModelRef) -> str | None:
     running = job(ref)
     if running is None or not running.running:
         return None
+    paused = ", paused while pages compute" if declared.SESSIONS.aside else ""
     return (f"Preparing this model's pages over the built-in corpus in the background ({running.current or 'starting'}, "
-            f"{len(running.done)} of {running.total or '…'} done); a page that needs it shows how far it has got.")
+            f"{len(running.done)} of {running.total or '…'} done{paused}); a page that needs it shows how far it has "
+            "got.")
 
 
 def _warm(job: Warmup) -> None:
-    here.background = True
+    here.background = here.steps_aside = True  # pausing for the sessions' own computations (shared.Sessions)
     # the results' functions are called from this thread, which has no session: Streamlit says so at each call
     logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
     lower_priority()
@@ -130,6 +132,7 @@ def _warm(job: Warmup) -> None:
         todo = steps(job.ref)
         job.total = len(todo)
         for result, args in todo:
+            declared.step_aside()
             job.current = result.name
             start = time.perf_counter()
             value, how = result.peek(*args), "found"  # a session may have asked for it first
