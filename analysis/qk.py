@@ -137,8 +137,8 @@ def _pairs(model, heads) -> list[tuple[int, int]]:
 
 def iter_qk_heads(model, sentences: Sequence[str], heads: Sequence[tuple[int, int]] | None = None, *,
                   progress: Progress | None = None, nlp=None, max_bytes: int = 256 * 2**20):
-    """``qk_heads`` as ``((layer, head), QK)`` pairs, layer by layer, one group of layers read at a time: a
-    caller that keeps less than the vectors (a picture) holds one group's vectors at most."""
+    """``qk_heads`` as ``((layer, head), QK)`` pairs, layer by layer, a group of layers read at a time (the first
+    alone, then as many as ``max_bytes`` holds): a caller keeping less (a picture) holds one group's at most."""
     items = list(sentences)
     if not items:
         raise HeadLensError("There are no sentences to read queries and keys from.")
@@ -151,7 +151,8 @@ def iter_qk_heads(model, sentences: Sequence[str], heads: Sequence[tuple[int, in
     n_tokens = sum(model.token_counts(items))
     per_layer = 2 * 4 * n_tokens * model.n_heads * getattr(model, "head_dim", 64)
     step = max(1, max_bytes // max(1, per_layer))
-    groups = [layers[i:i + step] for i in range(0, len(layers), step)]
+    # the first layer alone, so that a page has its first heads to show after one layer's forward pass
+    groups = layers[:1] and [layers[:1]] + [layers[i:i + step] for i in range(1, len(layers), step)]
     total = len(items) * len(groups)
     frame = None
     for g, group in enumerate(groups):

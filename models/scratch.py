@@ -181,7 +181,8 @@ class ScratchModel(AttentionModel):
 
     def queries_keys(self, texts: Sequence[str], layers: Sequence[int], *, batch_size: int = 32,
                      progress: Progress | None = None) -> list[tuple[Attention, np.ndarray, np.ndarray]]:
-        """For each text, ``(attention, queries, keys)``: its attention as ``attend`` gives it, and the queries
+        """For each text, ``(attention, queries, keys)``: its attention up to the highest of ``layers`` (the pass goes
+        no higher), and the queries
         and keys of ``layers`` exactly as each head's softmax sees them, float32 ``(len(layers), heads, n, Dh)``
         each: queries scaled by ``1 / sqrt(Dh)``, both after the rotary rotation, a grouped-query head given
         its group's keys. Row ``i`` of a head's weights is the softmax of ``queries[i] @ keys.T`` over the keys
@@ -193,6 +194,7 @@ class ScratchModel(AttentionModel):
         if not wanted or any(not 0 <= layer < self.n_layers for layer in wanted):
             raise HeadLensError(f"Name layers from 0 to {self.n_layers - 1}; {list(layers)} asks for others.")
         H, Dh = self.n_heads, self.head_dim
+        below = list(range(max(wanted) + 1))  # each layer run as attend runs it, so that any grouping reads alike
         caught: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
         def keep(layer):
@@ -204,7 +206,7 @@ class ScratchModel(AttentionModel):
         done = 0
         with pre_hooks((self.stack.layers[layer].attn, keep(layer)) for layer in set(wanted)):
             for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
-                atts = self._attend_batch([items[i] for i in chunk], None, None, False)
+                atts = self._attend_batch([items[i] for i in chunk], None, None, False, layers=below)
                 for b, (i, att) in enumerate(zip(chunk, atts)):
                     n = len(att.tokens)
                     q = np.zeros((len(wanted), H, n, Dh), dtype=np.float32)
