@@ -46,7 +46,11 @@ def llm(args) -> None:
     print(report.summary())
     print("by action:", report.by_kind())
     slow = [x for x in report.latencies if x > 60]
-    print(f"actions past 60 s: {len(slow)} of {len(report.latencies)}; trained {report.trained_steps:,} steps")
+    print(f"actions past 60 s: {len(slow)} of {len(report.latencies)}")
+    if report.idle_steps_s:
+        share = report.class_steps_s / report.idle_steps_s
+        print(f"training: {report.idle_steps_s:.1f} steps/s alone, {report.class_steps_s:.1f} with the class "
+              f"({share:.2f} of it; aim >= 1/3: {'met' if share >= 1 / 3 else 'NOT met'}), {report.trained_steps:,} steps")
     print(report.memory())
     timeline = [f"{t:.0f} s {m:.0f}" for t, m in report.rss_mib[::15]]
     print("server memory over the run (MiB, every 15 s):", ", ".join(timeline))

@@ -5,7 +5,6 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from .base import Progress
 from .errors import HeadLensError
@@ -13,7 +12,7 @@ from .scratch import ScratchModel
 from .stacks import Stack
 
 LOGIT_ELEMENTS = 2**26  # logits made at a time: 256 MiB of float32 (Gemma 3: 256 positions, SmolLM2: 1,365)
-BACKWARD_BLOCKS = 8  # under autograd a block's backward holds its logits about four times over: blocks an eighth
+BACKWARD_BLOCKS = 4  # under autograd a block's backward holds its logits several times over: blocks a quarter
 
 
 class DecoderModel(ScratchModel):
@@ -38,18 +37,30 @@ class DecoderModel(ScratchModel):
     def next_token_sums(self, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor):
         """``(summed cross-entropy, predicted tokens, top-1 predictions)`` of a batch's last hidden state
         ``h`` ``(B, L, E)``: each real token but the last predicting the next. The vocabulary's logits are made
-        a block of positions at a time, within ``LOGIT_ELEMENTS`` (262,144 logits per position in Gemma 3);
-        under autograd the blocks are smaller, and each is made again for the backward pass rather than kept."""
+        a block of positions at a time, within ``LOGIT_ELEMENTS`` (262,144 logits per position in Gemma 3).
+        Under autograd, with the unembedding fixed (as in every model opened to be read), the blocks are smaller
+        and none is kept for the backward pass: each block's gradient by the states is made as the block is,
+        and handed to autograd with the sum (``_WithGradient``)."""
         predicting = _predicting(mask)
         states, targets = h[:, :-1][predicting], ids[:, 1:][predicting]    # (N, E), (N,)
         kept = torch.is_grad_enabled() and states.requires_grad
         rows = max(1, LOGIT_ELEMENTS // self.stack.unembedding().shape[0] // (BACKWARD_BLOCKS if kept else 1))
-        total, top = h.new_zeros(()), []
+        eager = kept and not self.stack.unembedding().requires_grad
+        total, top, grads = h.new_zeros(()), [], []
         for i in range(0, len(targets), rows):
             part = (states[i:i + rows], targets[i:i + rows])
-            loss, best = checkpoint(self._block_loss, *part, use_reentrant=False) if kept else self._block_loss(*part)
+            if eager:  # the block's gradient made now, while its logits are at hand: two passes, nothing kept
+                with torch.enable_grad():
+                    alone = part[0].detach().requires_grad_()
+                    loss, best = self._block_loss(alone, part[1])
+                    grads.append(torch.autograd.grad(loss, alone)[0])
+                loss = loss.detach()
+            else:
+                loss, best = self._block_loss(*part)
             total = total + loss
             top.append(best)
+        if eager and grads:
+            total = _WithGradient.apply(states, total, torch.cat(grads))
         top = torch.cat(top) if top else targets.new_zeros(0)
         return total, len(targets), top
 
@@ -129,6 +140,21 @@ class DecoderModel(ScratchModel):
                 for i, part in zip(chunk, torch.split(t, _predicting(mask).sum(dim=1).tolist())):
                     top[i] = part.cpu().numpy()
         return total / max(count, 1), np.concatenate(top)
+
+
+class _WithGradient(torch.autograd.Function):
+    """``total``, whose gradient by ``states`` is ``gradient``, already made: the loss's backward pass reads no
+    logits."""
+
+    @staticmethod
+    def forward(ctx, states: torch.Tensor, total: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gradient)
+        return total.clone()
+
+    @staticmethod
+    def backward(ctx, upstream: torch.Tensor):
+        (gradient,) = ctx.saved_tensors
+        return upstream * gradient, None, None
 
 
 def _predicting(mask: torch.Tensor) -> torch.Tensor:

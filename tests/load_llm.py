@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
+from models.catalog import bundled
 from models.corpus import CORPUS
 from tests.browser import CHROMIUM, CHROMIUM_ARGS
 from tests.load import LoadReport, _sample_memory, cpu_seconds, finished, machine_ticks, rss_mib
@@ -46,7 +47,9 @@ class LlmLoadReport(LoadReport):
     sessions_at: float = 0.0  # when the sessions started (seconds since the start)
     before_mib: float = 0.0  # and once its warm-up had finished, before the sessions
     after_mib: list = field(default_factory=list)  # (seconds after the sessions closed, MiB)
-    trained_steps: int = 0
+    trained_steps: int = 0  # the training's steps while the class worked
+    idle_steps_s: float = 0.0  # its steps per second alone, before the class
+    class_steps_s: float = 0.0  # and while the class worked
 
     @property
     def peak_mib(self) -> float:
@@ -140,7 +143,16 @@ async def _long_prompt(n: int, page, n_layers: int, clock: dict, report: LlmLoad
 TRAINING = "train_task=text&train_steps=20000"  # the Train page's URL: its default decoder on the text task
 
 
-async def _trainer(n: int, page, url: str, clock: dict, report: LlmLoadReport, training: str) -> None:
+async def _steps(page) -> int:
+    """The step the Train page shows ("Step 1,234 of 20,000"), or 0 before the first."""
+    shown = await page.get_by_text("of 20,000").first.inner_text()
+    return int(shown.split()[1].replace(",", "")) if shown.startswith("Step") else 0
+
+
+async def _trainer(n: int, page, url: str, clock: dict, report: LlmLoadReport, training: str,
+                   alone: asyncio.Event, idle_s: float) -> None:
+    """Starts a training, measures its speed alone for ``idle_s`` (then sets ``alone``: the class may start),
+    and its speed while the class works."""
     await page.goto(f"{url}/train?{training}")
     await page.wait_for_selector("h1:has-text('Train')", timeout=120_000)
     start = time.perf_counter()
@@ -149,10 +161,19 @@ async def _trainer(n: int, page, url: str, clock: dict, report: LlmLoadReport, t
     report.latencies.append(time.perf_counter() - start)
     report.kinds.append("start training")
     report.actions += 1
+    await asyncio.sleep(2)  # its first steps, which build the model
+    first, t0 = await _steps(page), time.monotonic()
+    await asyncio.sleep(idle_s)
+    steps, t1 = await _steps(page), time.monotonic()
+    report.idle_steps_s = (steps - first) / (t1 - t0)
+    alone.set()
+    while clock["end"] == float("inf"):
+        await asyncio.sleep(0.5)
+    begin, t2 = await _steps(page), time.monotonic()
     while time.monotonic() < clock["end"]:
         await asyncio.sleep(2)
-    shown = await page.get_by_text("of 20,000").first.inner_text()
-    report.trained_steps = int(shown.split()[1].replace(",", "")) if shown.startswith("Step") else 0
+    end, t3 = await _steps(page), time.monotonic()
+    report.trained_steps, report.class_steps_s = end - begin, (end - begin) / (t3 - t2)
     await _errors_shown(page, n, "training", report)
 
 
@@ -169,7 +190,7 @@ async def _quiet(pid: int, below: float = 0.1, for_s: float = 6.0, timeout: floa
 
 
 async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, visitors: int, long_prompts: int,
-               trainers: int, seconds: float, settle: float, training: str) -> LlmLoadReport:
+               trainers: int, seconds: float, settle: float, training: str, idle_s: float) -> LlmLoadReport:
     from playwright.async_api import async_playwright
 
     sessions = visitors + long_prompts + trainers
@@ -190,11 +211,16 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
             await _quiet(pid)
             report.warm_up_s = report.sessions_at = time.monotonic() - start
             report.before_mib = rss_mib(pid)
-            contexts, pages, tasks = [], [], []
+            contexts, pages = [], []
             for n in range(sessions):
                 contexts.append(await browser.new_context(viewport={"width": 1280, "height": 900}))
                 pages.append(await contexts[-1].new_page())
                 pages[-1].on("pageerror", lambda e, n=n: report.errors.append(f"session {n}: page error {e}"))
+            alone, tasks = asyncio.Event(), []
+            for n in range(trainers):  # each training alone first: its steps per second before the class
+                tasks.append(asyncio.create_task(_trainer(n, pages[n], url, clock, report, training, alone, idle_s)))
+            if trainers:
+                await alone.wait()
             if long_prompts:  # the long prompts open, and one switches layers alone: what a switch costs when idle
                 for i, n in enumerate(range(trainers, trainers + long_prompts)):
                     await _open_long(pages[n], n, url, model, long_texts[i % len(long_texts)], report)
@@ -202,13 +228,12 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
                     await _switch_layer(pages[trainers], trainers, layer, "idle layer switch", report)
             clock["end"] = time.monotonic() + seconds
             cpu, ticks = cpu_seconds(pid), machine_ticks()
-            for n, page in enumerate(pages):
-                if n < trainers:
-                    work = _trainer(n, page, url, clock, report, training)
-                elif n < trainers + long_prompts:
+            engines = list(bundled(model).engines())  # the visitors take both engines of the model in turn
+            for n, page in enumerate(pages[trainers:], trainers):
+                if n < trainers + long_prompts:
                     work = _long_prompt(n, page, n_layers, clock, report)
                 else:
-                    work = _visitor(n, page, url, model, clock, report)
+                    work = _visitor(n, page, url, engines[n % len(engines)], clock, report)
                 tasks.append(asyncio.create_task(work))
                 await asyncio.sleep(1.0)
             report.warm_at = time.monotonic() - start
@@ -228,8 +253,9 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
 
 def run_llm_load(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, *, visitors: int = 3,
                  long_prompts: int = 2, trainers: int = 1, seconds: float = 240, settle: float = 60,
-                 training: str = TRAINING) -> LlmLoadReport:
-    """``training``: the Train page's URL query for the sessions that train."""
+                 training: str = TRAINING, idle_s: float = 20) -> LlmLoadReport:
+    """``training``: the Train page's URL query for the sessions that train; ``idle_s``: how long a training
+    runs alone first, for its speed before the class."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, _run(url, pid, model, long_texts, n_layers, visitors, long_prompts, trainers,
-                                             seconds, settle, training)).result()
+                                             seconds, settle, training, idle_s)).result()
