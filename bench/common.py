@@ -51,18 +51,23 @@ def machine(device="cpu") -> str:
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
-def memory_mib(field: str = "Pss:") -> float:
+def memory_mib(*fields: str) -> float:
     """This process's memory in MiB: ``Pss`` (each page it maps counted once, however many of its mappings
-    share it: two engines mapping one weights file count it once) or another field of
-    ``/proc/self/smaps_rollup`` (``Pss_Anon:``), or a field of ``/proc/self/status`` such as ``VmRSS:`` (which
-    counts such a page once per mapping) or ``RssAnon:``."""
+    share it: two engines mapping one weights file count it once) or other fields of ``/proc/self/smaps_rollup``
+    (``Pss_Anon:``), or fields of ``/proc/self/status`` such as ``VmRSS:`` (which counts such a page once per
+    mapping) or ``RssAnon:``; with several fields, the first minus the others, read at once."""
+    fields = fields or ("Pss:",)
+    found = {}
     try:
-        for line in open("/proc/self/smaps_rollup" if field.startswith("Pss") else "/proc/self/status"):
-            if line.startswith(field):
-                return int(line.split()[1]) / 1024
+        for line in open("/proc/self/smaps_rollup" if fields[0].startswith("Pss") else "/proc/self/status"):
+            name = line.split(maxsplit=1)[0] if line.strip() else ""
+            if name in fields:
+                found[name] = int(line.split()[1]) / 1024
     except OSError:
         pass
-    return float("nan")
+    if len(found) < len(fields):
+        return float("nan")
+    return found[fields[0]] - sum(found[f] for f in fields[1:])
 
 
 class PeakMemory:
@@ -79,7 +84,7 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _now(self) -> float:
-        self._rest = memory_mib() - memory_mib("Pss_Anon:")
+        self._rest = memory_mib("Pss:", "Pss_Anon:")  # one walk of the mappings
         return self._rest + memory_mib("RssAnon:")
 
     def _sample(self) -> None:

@@ -43,9 +43,9 @@ class DecoderModel(ScratchModel):
         and handed to autograd with the sum (``_WithGradient``)."""
         predicting = _predicting(mask)
         states, targets = h[:, :-1][predicting], ids[:, 1:][predicting]    # (N, E), (N,)
-        kept = torch.is_grad_enabled() and states.requires_grad
-        rows = max(1, LOGIT_ELEMENTS // self.stack.unembedding().shape[0] // (BACKWARD_BLOCKS if kept else 1))
-        eager = kept and not self.stack.unembedding().requires_grad
+        unembedding = self.stack.unembedding()
+        eager = torch.is_grad_enabled() and states.requires_grad and not unembedding.requires_grad
+        rows = max(1, LOGIT_ELEMENTS // unembedding.shape[0] // (BACKWARD_BLOCKS if eager else 1))
         total, top, grads = h.new_zeros(()), [], []
         for i in range(0, len(targets), rows):
             part = (states[i:i + rows], targets[i:i + rows])

@@ -181,9 +181,9 @@ class ScratchModel(AttentionModel):
 
     def queries_keys(self, texts: Sequence[str], layers: Sequence[int], *, batch_size: int = 32,
                      progress: Progress | None = None) -> list[tuple[Attention, np.ndarray, np.ndarray]]:
-        """For each text, ``(attention, queries, keys)``: its attention up to the highest of ``layers`` (the pass goes
-        no higher), and the queries
-        and keys of ``layers`` exactly as each head's softmax sees them, float32 ``(len(layers), heads, n, Dh)``
+        """For each text, ``(attention, queries, keys)``: its attention up to the highest of ``layers`` (the pass
+        goes no higher), and the queries and keys of ``layers`` exactly as each head's softmax sees them, float32
+        ``(len(layers), heads, n, Dh)``
         each: queries scaled by ``1 / sqrt(Dh)``, both after the rotary rotation, a grouped-query head given
         its group's keys. Row ``i`` of a head's weights is the softmax of ``queries[i] @ keys.T`` over the keys
         query ``i`` may see. Pruned heads are zero."""
