@@ -52,7 +52,7 @@ def llm(args) -> None:
         print(f"training: {report.idle_steps_s:.1f} steps/s alone, {report.class_steps_s:.1f} with the class "
               f"({share:.2f} of it; aim >= 1/3: {'met' if share >= 1 / 3 else 'NOT met'}), {report.trained_steps:,} steps")
     print(report.memory())
-    timeline = [f"{t:.0f} s {m:.0f}" for t, m in report.rss_mib[::15]]
+    timeline = [f"{t:.0f} s {m:.0f}" for t, m in report.memory_mib[::15]]
     print("server memory over the run (MiB, every 15 s):", ", ".join(timeline))
     for line in report.errors:
         print("error:", line)
@@ -81,7 +81,7 @@ def main() -> None:
         report = run_load(url, proc.pid, args.sessions, args.seconds)
     print(report.summary())
     print("by action:", report.by_kind())
-    thirds = [report.rss_at(report.warm_at + f * (report.rss_mib[-1][0] - report.warm_at)) for f in (0, 1 / 3, 2 / 3, 1)]
+    thirds = [report.memory_at(report.warm_at + f * (report.memory_mib[-1][0] - report.warm_at)) for f in (0, 1 / 3, 2 / 3, 1)]
     print("server memory at 0, 1/3, 2/3 and the end of the run (MiB):", ", ".join(f"{m:.0f}" for m in thirds))
     for line in report.errors:
         print("error:", line)

@@ -45,6 +45,12 @@ class AttentionModel:
         # a long prompt (``attend_long``) keeps no weights, so only the model's own limits and the cap apply
         self.long_max_tokens = max(self.max_tokens, min([LONG_TOKENS_CAP, *limits]))
 
+    def __getstate__(self) -> dict:  # a pickled model (a training sent from its process) gets a lock of its own
+        return {k: v for k, v in self.__dict__.items() if k != "_tokenizer_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _tokenizer_lock=threading.Lock())
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.name!r}, backend={self.backend!r}, device={str(self.device)!r}, "
                 f"layers={self.n_layers}, heads={self.n_heads})")

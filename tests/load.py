@@ -46,7 +46,7 @@ class LoadReport:
     latencies: list[float] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)  # what each latency was: "type" or the page opened
     errors: list[str] = field(default_factory=list)
-    rss_mib: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, MiB)
+    memory_mib: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, MiB)
     warm_at: float = 0.0  # when every session had its first page
     warm_up_s: float = 0.0  # the first visitor's tour of every page, before the sessions start
     server_cpu_s: float = 0.0  # CPU the server used while the sessions ran
@@ -60,17 +60,17 @@ class LoadReport:
         return "; ".join(f"{k} p50 {self.percentile(50, k):.2f} s p95 {self.percentile(95, k):.2f} s "
                          f"({self.kinds.count(k)})" for k in sorted(set(self.kinds)))
 
-    def rss_at(self, t: float) -> float:
-        return min(self.rss_mib, key=lambda s: abs(s[0] - t))[1]
+    def memory_at(self, t: float) -> float:
+        return min(self.memory_mib, key=lambda s: abs(s[0] - t))[1]
 
     @property
     def rss_growth_second_half(self) -> float:
         """MiB gained between the middle of the measured run and its end."""
-        mid = (self.warm_at + self.rss_mib[-1][0]) / 2
-        return self.rss_mib[-1][1] - self.rss_at(mid)
+        mid = (self.warm_at + self.memory_mib[-1][0]) / 2
+        return self.memory_mib[-1][1] - self.memory_at(mid)
 
     def summary(self) -> str:
-        warm, end, peak = self.rss_at(self.warm_at), self.rss_mib[-1][1], max(m for _, m in self.rss_mib)
+        warm, end, peak = self.memory_at(self.warm_at), self.memory_mib[-1][1], max(m for _, m in self.memory_mib)
         return (f"{self.sessions} sessions x {self.seconds:.0f} s after a {self.warm_up_s:.0f} s warm-up: "
                 f"{self.actions} reruns, {len(self.errors)} errors; "
                 f"rerun latency p50 {self.percentile(50):.2f} s, p95 {self.percentile(95):.2f} s, "
@@ -93,19 +93,43 @@ def machine_ticks() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+def server_mib(pid: int) -> float:
+    """The server's memory with its children's (a training runs in a process of its own): each one's
+    proportional set (a page of a file that two engines map counts once; resident memory counts it per
+    mapping), read from ``/proc/PID/smaps_rollup``."""
+    total = 0.0
+    for p in [pid, *_children(pid)]:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024
+        except (OSError, StopIteration):  # a child that has just ended
+            pass
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid``."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in os.listdir(f"/proc/{p}/task") if os.path.isdir(f"/proc/{p}/task") else []:
+            try:
+                kids = [int(k) for k in open(f"/proc/{p}/task/{task}/children").read().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
 
 
 async def _sample_memory(pid: int, report: LoadReport, start: float, stop: asyncio.Event) -> None:
     while not stop.is_set():
-        report.rss_mib.append((time.monotonic() - start, rss_mib(pid)))
+        report.memory_mib.append((time.monotonic() - start, server_mib(pid)))
         try:
             await asyncio.wait_for(stop.wait(), timeout=1.0)
         except asyncio.TimeoutError:
             pass
-    report.rss_mib.append((time.monotonic() - start, rss_mib(pid)))
+    report.memory_mib.append((time.monotonic() - start, server_mib(pid)))
 
 
 async def _session(n: int, browser, url: str, clock: dict, report: LoadReport, opened: list) -> None:

@@ -19,7 +19,7 @@ from urllib.parse import quote
 from models.catalog import bundled
 from models.corpus import CORPUS
 from tests.browser import CHROMIUM, CHROMIUM_ARGS
-from tests.load import LoadReport, _sample_memory, cpu_seconds, finished, machine_ticks, rss_mib
+from tests.load import LoadReport, _sample_memory, cpu_seconds, finished, machine_ticks, server_mib
 
 ACTION_TIMEOUT = 120_000  # ms: an action slower than this is an error (the target is 60 s)
 # the pages a visitor opens, by their link's name and heading
@@ -54,11 +54,11 @@ class LlmLoadReport(LoadReport):
     @property
     def peak_mib(self) -> float:
         """The server's peak while the sessions ran (the warm-up before them is the server's own)."""
-        return max(m for t, m in self.rss_mib if t >= self.sessions_at)
+        return max(m for t, m in self.memory_mib if t >= self.sessions_at)
 
     @property
     def warm_up_peak_mib(self) -> float:
-        return max((m for t, m in self.rss_mib if t < self.sessions_at), default=float("nan"))
+        return max((m for t, m in self.memory_mib if t < self.sessions_at), default=float("nan"))
 
     @property
     def returned_mib(self) -> float:
@@ -207,10 +207,10 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
             await page.goto(f"{url}/?model={model}")
             await _wait(page, "Explore", "", timeout=600_000)
             await context.close()
-            report.loaded_mib = rss_mib(pid)
+            report.loaded_mib = server_mib(pid)
             await _quiet(pid)
             report.warm_up_s = report.sessions_at = time.monotonic() - start
-            report.before_mib = rss_mib(pid)
+            report.before_mib = server_mib(pid)
             contexts, pages = [], []
             for n in range(sessions):
                 contexts.append(await browser.new_context(viewport={"width": 1280, "height": 900}))
@@ -245,7 +245,7 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
         closed = time.monotonic()
         while time.monotonic() - closed < settle:
             await asyncio.sleep(5.0)
-            report.after_mib.append((time.monotonic() - closed, rss_mib(pid)))
+            report.after_mib.append((time.monotonic() - closed, server_mib(pid)))
         stop.set()
         await sampler
     return report

@@ -5,6 +5,7 @@ import torch
 
 from models import HeadLensError, load_model
 from models.training import TrainConfig, head_scores, induction_batch, repeated_batch, train
+from models.training_apart import train_apart
 
 SMALL = TrainConfig(steps=40, log_every=10)
 
@@ -174,3 +175,31 @@ def test_a_trained_model_saves_and_opens_with_the_scratch_engine(induction_run, 
     np.testing.assert_allclose(again.attend(text).weights, run.model.attend(text).weights, atol=1e-6)
     pruned = run.model.pruned([(1, 0)])
     assert run.model.n_heads == 2 and pruned.attend(text).pruned is not None
+
+
+def test_a_training_in_its_own_process_gives_the_run_trained_here_and_follows_it_as_it_grows():
+    config = TrainConfig(steps=40, log_every=10, n_layers=2, n_heads=2, d_model=16)
+    seen = []
+    apart = train_apart(config, device="cpu", threads=torch.get_num_threads(),
+                        on_step=lambda step, run: seen.append((step, len(run.rows), [s for s, _ in run.snapshots])))
+    here = train(config, device="cpu")
+    assert apart.history.equals(here.history) and not apart.stopped and apart.steps_done == 40
+    assert [s for s, _ in apart.snapshots] == [s for s, _ in here.snapshots]
+    for (_, a), (_, b) in zip(apart.snapshots, here.snapshots):
+        np.testing.assert_array_equal(a, b)
+    for name, weight in here.model.decoder.state_dict().items():
+        torch.testing.assert_close(apart.model.decoder.state_dict()[name], weight, rtol=0, atol=0)
+    text = here.held_out[3]
+    np.testing.assert_array_equal(apart.model.attend(text).weights, here.model.attend(text).weights)
+    # each logged step arrived as it was made: the rows and kept snapshots of that step
+    assert [(s, n) for s, n, _ in seen] == [(0, 4), (10, 8), (20, 12), (30, 16), (40, 20)]
+    assert seen[-1][2] == [0, 10, 20, 30, 40]
+
+
+def test_a_training_in_its_own_process_stops_when_asked_and_says_why_it_failed():
+    asked = []
+    run = train_apart(TrainConfig(steps=20_000, log_every=5, d_model=16), device="cpu",
+                      should_stop=lambda: bool(asked), on_step=lambda step, r: asked.append(step) if step else None)
+    assert run.stopped and 5 <= run.steps_done < 20_000 and run.snapshots[-1][0] == run.steps_done
+    with pytest.raises(HeadLensError, match="too short"):
+        train_apart(TrainConfig(task="text", steps=2), device="cpu", text="hi")

@@ -21,7 +21,7 @@ def session_id() -> str | None:
     return None if ctx is None else ctx.session_id
 
 
-BACKGROUND_NICE = 10  # the server's own work and the trainings yield the cores to the sessions' reruns
+BACKGROUND_NICE = 10  # the server's own work yields the cores to the sessions' reruns
 
 
 def lower_priority(nice: int = BACKGROUND_NICE) -> None:

@@ -1,8 +1,10 @@
-"""Trainings in background threads: one per session, at most ``MAX_RUNNING`` at once on the server;
-and what the Train page shows of a run (its words, its summary, its snapshots).
+"""Trainings, one per session, at most ``MAX_RUNNING`` at once on the server; and what the Train page
+shows of a run (its words, its summary, its snapshots).
 
-The thread only trains and writes to its ``Job``; the page reads the job on each run of its
-fragment. Nothing here is called from the thread but the training and the checks it makes.
+Each training runs in a process of its own (``train_apart``: its own interpreter lock, so a class's
+reruns and the training do not wait on each other), watched by a background thread that writes to
+its ``Job``; the page reads the job on each run of its fragment. Nothing here is called from the
+thread but the training and the checks it makes.
 """
 from __future__ import annotations
 
@@ -13,14 +15,16 @@ import uuid
 import streamlit as st
 
 from models import HeadLensError, head_label
-from models.training import TrainConfig, TrainRun, train
+from models.training import TrainConfig, TrainRun
+from models.training_apart import train_apart
 from viz import head_grid
 
 from .exports import chart
-from .threads import lower_priority
 
 MAX_RUNNING = 2        # trainings at once on this server; more wait for a slot
 MAX_SECONDS = 600      # each training's time budget
+TRAINING_THREADS = 1   # each training's torch threads: a small model gains little from more, and the sessions
+                       # keep a core (a training runs in its own process, at the sessions' priority)
 GONE_AFTER = 15.0      # seconds a session may be disconnected before its training stops
 
 TASK_NAMES = {"induction": "Induction: random tokens with a repeated segment",
@@ -99,7 +103,6 @@ class Job:
         return now - self._gone_since > GONE_AFTER
 
     def _work(self) -> None:
-        lower_priority()  # the sessions' reruns come first
         slot = slots()
         while not slot.acquire(timeout=0.2):
             if self.should_stop():
@@ -107,8 +110,8 @@ class Job:
                 return
         try:
             self.state = "training"
-            run = train(self.config, device=self.device, text=self.text, should_stop=self.should_stop,
-                        on_step=self._logged, max_seconds=self.max_seconds)
+            run = train_apart(self.config, device=self.device, text=self.text, should_stop=self.should_stop,
+                              on_step=self._logged, max_seconds=self.max_seconds, threads=TRAINING_THREADS)
             self.run = run
             self.state = "stopped" if run.stopped else "done"
         except HeadLensError as err:
