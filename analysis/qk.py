@@ -153,14 +153,8 @@ def iter_qk_heads(model, sentences: Sequence[str], heads: Sequence[tuple[int, in
     step = max(1, max_bytes // max(1, per_layer))
     # the first layer alone, so that a page has its first heads to show after one layer's forward pass
     groups = layers[:1] and [layers[:1]] + [layers[i:i + step] for i in range(1, len(layers), step)]
-    total = len(items) * len(groups)
     frame = None
-    for g, group in enumerate(groups):
-        def tick(done, _total, g=g):
-            if progress is not None:
-                progress(g * len(items) + done, total)
-
-        read = model.queries_keys(items, group, progress=tick)
+    for group, read in zip(groups, model.queries_keys_groups(items, groups, progress=progress)):
         if frame is None:
             atts = [att for att, _, _ in read]
             classes = _word_classes(atts, nlp)
@@ -197,10 +191,12 @@ def normalised(queries: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.nd
     k = keys.astype(np.float64)
     centred, q_mean = k - k.mean(axis=0), q.mean(axis=0)
     q_len = np.linalg.norm(q, axis=1).mean()
+    # |c / a + a m|² = |c|² / a² + 2 c · m + a² |m|²: each step of the search reads three numbers per key
+    cc, cm, mm = (centred ** 2).sum(axis=1), centred @ q_mean, q_mean @ q_mean
 
     def gap(log_a: float) -> float:
         a = np.exp(log_a)
-        return np.linalg.norm(centred / a + a * q_mean, axis=1).mean() - a * q_len
+        return np.sqrt(np.maximum(cc / a ** 2 + 2 * cm + a ** 2 * mm, 0.0)).mean() - a * q_len
 
     # the keys' mean length falls from +inf to |q_mean| (< the queries') as a grows: one crossing
     lo, hi = -1.0, 1.0
@@ -286,16 +282,16 @@ def _fitted_planes(q: list[np.ndarray], k: list[np.ndarray], targets: list[np.nd
     qi_t, kj_t = torch.from_numpy(qi), torch.from_numpy(kj)
     hit = torch.from_numpy(np.stack([np.flatnonzero(kj == t[qi]) for t in targets]))  # (H, queries read)
     asked = qi_t[hit]                                                            # (H, queries read)
-    qt = torch.from_numpy(np.stack(q)).float()                                   # (H, N, D)
-    kt = torch.from_numpy(np.stack(k)).float()
+    qt = torch.from_numpy(np.stack(q)).float().transpose(1, 2).contiguous()      # (H, D, N): w^T x, 6x X w's speed
+    kt = torch.from_numpy(np.stack(k)).float().transpose(1, 2).contiguous()
     counts = torch.stack([torch.ones(n) if w is None else torch.as_tensor(w, dtype=torch.float32) for w in weights])
     counts = counts.gather(1, asked)
     counts = counts / counts.sum(dim=1, keepdim=True)
-    w = torch.tensor(np.stack(planes), dtype=torch.float32, requires_grad=True)  # (H, D, 2)
+    w = torch.tensor(np.stack(planes).transpose(0, 2, 1), dtype=torch.float32, requires_grad=True)  # (H, 2, D)
     opt = torch.optim.Adam([w], lr=0.05)
     with torch.enable_grad():
         for _ in range(FIT_STEPS):
-            d = -(torch.bmm(qt, w)[:, qi_t] - torch.bmm(kt, w)[:, kj_t]).square().sum(dim=2)  # (H, pairs)
+            d = -(torch.bmm(w, qt).index_select(2, qi_t) - torch.bmm(w, kt).index_select(2, kj_t)).square().sum(dim=1)
             top = torch.full((H, n), -torch.inf).scatter_reduce(1, qi_t.expand(H, -1), d.detach(), "amax")
             z = torch.zeros(H, n).index_add(1, qi_t, torch.exp(d - top[:, qi_t]))
             log_z = torch.log(z.gather(1, asked))
@@ -303,7 +299,7 @@ def _fitted_planes(q: list[np.ndarray], k: list[np.ndarray], targets: list[np.nd
             opt.zero_grad()
             loss.backward()
             opt.step()
-    return list(w.detach().double().numpy())
+    return list(w.detach().double().numpy().transpose(0, 2, 1))
 
 
 def qk_embedding(qk: QK, *, method: str = "fitted", seed: int = 0) -> pd.DataFrame:

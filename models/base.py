@@ -219,6 +219,10 @@ class AttentionModel:
         """Each head's queries and keys as its softmax sees them (on the ``twin``)."""
         return self.twin("Queries and keys are read").queries_keys(texts, layers, **options)
 
+    def queries_keys_groups(self, texts, groups, **options):
+        """``queries_keys`` of each group of layers in turn, the layers below run once (on the ``twin``)."""
+        return self.twin("Queries and keys are read").queries_keys_groups(texts, groups, **options)
+
     def _head_mask(self, head_mask):
         if head_mask is None:
             return None

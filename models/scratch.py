@@ -244,6 +244,62 @@ class ScratchModel(AttentionModel):
                                 f"head_means returns them; these have {tuple(fill.shape)}.")
         return fill.to(self.device)
 
+    def queries_keys_groups(self, texts: Sequence[str], groups: Sequence[Sequence[int]], *, batch_size: int = 32,
+                            progress: Progress | None = None):
+        """``queries_keys`` of each group of layers in turn (groups in ascending order, one above the other), a
+        list per group: the first group's as ``queries_keys`` reads it, attention included; each later group's as
+        ``(None, queries, keys)``, its pass going on from the hidden states where the one before stopped, so
+        that every layer below runs once in all. The same numbers as ``queries_keys`` of each group alone.
+        ``progress(done, total)`` counts texts read, once per group."""
+        items = [texts] if isinstance(texts, str) else list(texts)
+        groups = [[int(layer) for layer in group] for group in groups]
+        if any(not group for group in groups) or any(min(b) <= max(a) for a, b in zip(groups, groups[1:])):
+            raise HeadLensError(f"Name groups of layers in ascending order, each above the one before; {groups} is not.")
+        n = len(items)
+
+        def ticker(g: int):
+            return None if progress is None else (lambda done, _total: progress(g * n + done, n * len(groups)))
+
+        yield self.queries_keys(items, groups[0], batch_size=batch_size, progress=ticker(0))
+        if len(groups) == 1:
+            return
+        H, Dh = self.n_heads, self.head_dim
+        states = []  # per batch: the texts, the hidden states where the last pass stopped, and that layer
+        for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
+            enc, lengths, _ = self._encode([items[i] for i in chunk])
+            with torch.inference_mode():
+                x, padding, packing = self.stack.embed_tokens(**self._stack_inputs(self._inputs(enc)))
+            states.append({"chunk": chunk, "lengths": lengths, "x": x, "padding": padding, "packing": packing, "at": 0})
+        for g, wanted in enumerate(groups[1:], 1):
+            caught: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+            def keep(layer):
+                def hook(module, args):
+                    caught[layer] = tuple(t.to("cpu", torch.float32) for t in module.queries_keys(args[0]))
+                return hook
+
+            out: list = [None] * n
+            done, tick = 0, ticker(g)
+            with pre_hooks((self.stack.layers[layer].attn, keep(layer)) for layer in set(wanted)):
+                for state in states:
+                    with torch.inference_mode():  # each layer run as attend runs it (weights made, not kept)
+                        state["x"], _ = self.stack.run_layers(state["x"], state["padding"], state["packing"],
+                                                              start=state["at"], stop=max(wanted) + 1,
+                                                              causal=self.causal, need_weights=True)
+                    state["at"] = max(wanted) + 1
+                    for b, (i, length) in enumerate(zip(state["chunk"], state["lengths"])):
+                        q = np.zeros((len(wanted), H, length, Dh), dtype=np.float32)
+                        k = np.zeros_like(q)
+                        for j, layer in enumerate(wanted):
+                            kept = self.stack.kept[layer]
+                            q[j, kept] = caught[layer][0][b, :, :length].numpy()
+                            k[j, kept] = caught[layer][1][b, :, :length].numpy()
+                        out[i] = (None, q, k)
+                    done += len(state["chunk"])
+                    if tick is not None:
+                        tick(done, n)
+            yield out
+
     def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None, layers=None):
         if targets is not None:
             raise HeadLensError("A target text is for encoder-decoder models; this model has one stack.")

@@ -97,6 +97,6 @@ def _compute(model: AttentionModel, sentences: list[str], method: str) -> Pictur
             canvas.paint(qk.layer, qk.head, frame)
         bar(len(frames), count)
         if len(frames) < count:
-            bar.partial(Pictures(dict(frames), canvas.png()))
+            bar.partial(lambda: Pictures(dict(frames), canvas.png()))  # a PNG only for a page that waits
     bar.empty()
     return Pictures(frames, canvas.png())

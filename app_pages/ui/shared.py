@@ -97,7 +97,13 @@ class Bar:
             self.cache.progress[self.key] = (share, text)
 
     def partial(self, value) -> None:
-        """Publish what is ready so far, for a page to show while the rest is computed (``computed_once``)."""
+        """Publish what is ready so far, for a page to show while the rest is computed (``computed_once``). A
+        callable gives the value when called, and is called only when a page may show it: in a session's own
+        computation, or in the server's while some session waits."""
+        if callable(value):
+            if in_background() and not SESSIONS.waiting:
+                return
+            value = value()
         if self.cache is not None:
             self.cache.partial[self.key] = value
         shown = getattr(here, "show_partial", None)

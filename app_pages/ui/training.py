@@ -23,8 +23,9 @@ from .exports import chart
 
 MAX_RUNNING = 2        # trainings at once on this server; more wait for a slot
 MAX_SECONDS = 600      # each training's time budget
-TRAINING_THREADS = 1   # each training's torch threads: a small model gains little from more, and the sessions
-                       # keep a core (a training runs in its own process, at the sessions' priority)
+TRAINING_THREADS = 1   # each training's torch threads: a small model gains little from more
+TRAINING_NICE = 2      # a training runs in its own process, a little below the sessions: beside a class that keeps
+                       # both cores busy it keeps a third of its speed alone (bench_load --llm), they the rest
 GONE_AFTER = 15.0      # seconds a session may be disconnected before its training stops
 
 TASK_NAMES = {"induction": "Induction: random tokens with a repeated segment",
@@ -111,7 +112,8 @@ class Job:
         try:
             self.state = "training"
             run = train_apart(self.config, device=self.device, text=self.text, should_stop=self.should_stop,
-                              on_step=self._logged, max_seconds=self.max_seconds, threads=TRAINING_THREADS)
+                              on_step=self._logged, max_seconds=self.max_seconds, threads=TRAINING_THREADS,
+                              nice=TRAINING_NICE)
             self.run = run
             self.state = "stopped" if run.stopped else "done"
         except HeadLensError as err:
