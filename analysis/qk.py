@@ -282,7 +282,7 @@ def _fitted_planes(q: list[np.ndarray], k: list[np.ndarray], targets: list[np.nd
     qi_t, kj_t = torch.from_numpy(qi), torch.from_numpy(kj)
     hit = torch.from_numpy(np.stack([np.flatnonzero(kj == t[qi]) for t in targets]))  # (H, queries read)
     asked = qi_t[hit]                                                            # (H, queries read)
-    qt = torch.from_numpy(np.stack(q)).float().transpose(1, 2).contiguous()      # (H, D, N): w^T x, 6x X w's speed
+    qt = torch.from_numpy(np.stack(q)).float().transpose(1, 2).contiguous()      # (H, D, N): w^T x is 6x as fast as x w
     kt = torch.from_numpy(np.stack(k)).float().transpose(1, 2).contiguous()
     counts = torch.stack([torch.ones(n) if w is None else torch.as_tensor(w, dtype=torch.float32) for w in weights])
     counts = counts.gather(1, asked)
@@ -291,7 +291,8 @@ def _fitted_planes(q: list[np.ndarray], k: list[np.ndarray], targets: list[np.nd
     opt = torch.optim.Adam([w], lr=0.05)
     with torch.enable_grad():
         for _ in range(FIT_STEPS):
-            d = -(torch.bmm(w, qt).index_select(2, qi_t) - torch.bmm(w, kt).index_select(2, kj_t)).square().sum(dim=1)
+            d = -torch.stack([(w[h] @ qt[h]).index_select(1, qi_t) - (w[h] @ kt[h]).index_select(1, kj_t)
+                              for h in range(H)]).square().sum(dim=1)  # (H, pairs); head by head, as alone
             top = torch.full((H, n), -torch.inf).scatter_reduce(1, qi_t.expand(H, -1), d.detach(), "amax")
             z = torch.zeros(H, n).index_add(1, qi_t, torch.exp(d - top[:, qi_t]))
             log_z = torch.log(z.gather(1, asked))
