@@ -53,7 +53,7 @@ class CurvePoint:
 def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str = "importance",
                   step: float = 0.1, seed: int = 0, ablation: str = "zero", head_means=None,
                   proxies: pd.DataFrame | None = None, measure: str = "embedding", full=None,
-                  progress: Progress | None = None) -> pd.DataFrame:
+                  runs: dict | None = None, progress: Progress | None = None) -> pd.DataFrame:
     """Prune ``step`` of the heads at a time in ``order`` and measure each pruned model on ``sentences``.
 
     ``order``: "importance" (recomputed on the pruned model before each step: ablation importance
@@ -67,7 +67,9 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     ``(layer, head)`` pairs).
 
     ``full``: the full model's run of the sentences and its seconds, ``full_run(model, sentences, measure)``,
-    for several curves over the same sentences to share; computed here when not given.
+    for several curves over the same sentences to share; computed here when not given. ``runs``: a dict that
+    several curves with the same ablation share, each pruned model's run kept under its set of heads, so that
+    a set two curves reach (every head, at the end) is run once.
     """
     model = model.twin("Pruning switches heads off")
     check_measure(model, measure)
@@ -122,12 +124,17 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
             current = model.pruned(pruned, head_means=means)
         if count == 0:
             out, seconds = full, full_s
+        elif runs is not None and frozenset(pruned) in runs:
+            out, seconds = runs[frozenset(pruned)]
+            tick(len(sentences))
         else:
             release_memory()  # what the last run and importance freed, scattered through the heap, goes back first
             start = time.perf_counter()
             out = _run(current, sentences, measure)
             seconds = time.perf_counter() - start
             tick(len(sentences))
+            if runs is not None:
+                runs[frozenset(pruned)] = (out, seconds)
         measured = ({"loss": out[0], "agreement": float(np.mean(out[1] == full[1]))} if measure == "loss" else
                     {"fidelity": float(cosines(full, out).mean()), "agreement": neighbour_agreement(full, out)})
         rows.append({"order": order, "seed": seed if order == "random" else None, "n_pruned": count,

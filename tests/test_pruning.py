@@ -419,6 +419,14 @@ def test_pruning_curves_measure_each_pruned_model(tiny_scratch):
         pd.testing.assert_frame_equal(again.drop(columns="forward_s"), want.drop(columns="forward_s"))
         work = curve_work(tiny_scratch, len(TEXTS), prune_counts(8), order, shared_full=True)
         assert ticks[-1] == (work, work) and again["forward_s"].iloc[0] == shared[1]
+    # curves sharing their runs: the same curves, and the set both reach (every head) run once
+    measured, ticks = {}, []
+    counted = [pruning_curve(tiny_scratch, TEXTS, order=order, seed=4, full=shared, runs=measured,
+                             progress=lambda *t: ticks.append(t)) for order in ("random", "importance")]
+    for got, want in zip(counted, (a, curve)):
+        pd.testing.assert_frame_equal(got.drop(columns="forward_s"), want.drop(columns="forward_s"))
+    assert counted[1]["forward_s"].iloc[-1] == counted[0]["forward_s"].iloc[-1]
+    assert len(measured) == 2 * (len(prune_counts(8)) - 1) - 1 and frozenset(a["heads"].iloc[-1]) in measured
     means = tiny_scratch.head_means(TEXTS)
     mean_curve = pruning_curve(tiny_scratch, TEXTS, order="proxy", ablation="mean", head_means=means)
     last = mean_curve.iloc[-1]

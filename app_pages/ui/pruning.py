@@ -165,12 +165,12 @@ def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ab
     works = [curve_work(model, n, counts, order, measure_of(ref), shared_full=True) for order, _ in runs]
     bar = Bar(f"Pruning 10% of the heads at a time, {len(runs)} ways, on {n} sentences")
     full = full_run(model, sentences, measure_of(ref))  # the unpruned model's run, shared by every curve
-    frames = []
+    frames, measured = [], {}  # each pruned set's run, for the curves that reach it (every head, at the end)
     for i, (order, seed) in enumerate(runs):
         base = sum(works[:i])
         frames.append(pruning_curve(model, sentences, order=order, seed=seed, ablation=ablation,
                                     head_means=imp.means, proxies=proxies, measure=measure_of(ref), full=full,
-                                    progress=lambda done, _, base=base: bar(base + done, sum(works))))
+                                    runs=measured, progress=lambda done, _, base=base: bar(base + done, sum(works))))
     bar.empty()
     return pd.concat(frames, ignore_index=True)
 

@@ -256,13 +256,11 @@ class Stack(nn.Module):
     def pruned_copy(self, heads, head_fill: torch.Tensor | None = None) -> "Stack":
         """A new stack without ``heads`` (``(layer, head)`` pairs of the unpruned numbering), this one untouched.
 
-        Each removed head takes its rows of the q, k and v projections and its columns of the output
-        projection with it, as transformers 4's ``prune_heads`` did. With ``head_fill``
-        (``(layers, heads, Dh)``), a removed head's constant output is folded into the output
-        projection's bias, so the copy equals this stack with those heads mean-ablated.
-
-        The copy shares every tensor pruning leaves as it was (embeddings, feed-forwards, layers that lose no head):
-        neither is changed in place, and a pruning curve holds two copies at a time (1 GiB more on SmolLM2).
+        Each removed head takes its rows of the q, k and v projections and its columns of the output projection
+        with it, as transformers 4's ``prune_heads`` did. With ``head_fill`` (``(layers, heads, Dh)``), a removed
+        head's constant output is folded into the output projection's bias: the copy equals this stack with those
+        heads mean-ablated. The copy shares every tensor pruning leaves as it was (embeddings, feed-forwards,
+        layers that lose no head; neither is changed in place) and takes gradients where this stack does.
         """
         config = replace(self.config, pruned_heads=with_pruned(self.config.pruned_heads, heads))
         with torch.device("meta"):  # built empty and given the weights below: initialising SmolLM2 took a second
@@ -275,6 +273,8 @@ class Stack(nn.Module):
                 smaller = block.attn.pruned([old.index(h) for h in new], fill)
                 state.update({f"layers.{i}.attn.{k}": v for k, v in smaller.state_dict().items()})
         copy.load_state_dict(state, assign=True)
+        for name, weight in copy.named_parameters():  # assigned weights would take the new module's wish for
+            weight.requires_grad_(self.get_parameter(name).requires_grad)  # gradients: an opened model's takes none
         return copy.train(self.training)
 
     def to_file(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
