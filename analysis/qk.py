@@ -123,7 +123,7 @@ def _word_classes(atts, nlp=None) -> list[list[str]]:
 
 
 def qk_heads(model, sentences: Sequence[str], heads: Sequence[tuple[int, int]] | None = None, *,
-             progress: Progress | None = None, nlp=None, max_bytes: int = 256 * 2**20) -> dict[tuple[int, int], QK]:
+             progress: Progress | None = None, nlp=None, max_bytes: int = 64 * 2**20) -> dict[tuple[int, int], QK]:
     """``qk_vectors`` of several heads (default: every head), reading each layer's vectors once; layers are
     read in groups whose vectors stay within ``max_bytes``. ``progress(done, total)`` counts sentences read."""
     found = dict(iter_qk_heads(model, sentences, heads, progress=progress, nlp=nlp, max_bytes=max_bytes))
@@ -136,7 +136,7 @@ def _pairs(model, heads) -> list[tuple[int, int]]:
 
 
 def iter_qk_heads(model, sentences: Sequence[str], heads: Sequence[tuple[int, int]] | None = None, *,
-                  progress: Progress | None = None, nlp=None, max_bytes: int = 256 * 2**20):
+                  progress: Progress | None = None, nlp=None, max_bytes: int = 64 * 2**20):
     """``qk_heads`` as ``((layer, head), QK)`` pairs, layer by layer, a group of layers read at a time (the first
     alone, then as many as ``max_bytes`` holds): a caller keeping less (a picture) holds one group's at most."""
     items = list(sentences)

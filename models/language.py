@@ -12,7 +12,7 @@ from .scratch import ScratchModel
 from .stacks import Stack
 
 LOGIT_ELEMENTS = 2**26  # logits made at a time: 256 MiB of float32 (Gemma 3: 256 positions, SmolLM2: 1,365)
-BACKWARD_BLOCKS = 4  # under autograd a block's backward holds its logits several times over: blocks a quarter
+BACKWARD_BLOCKS = 8  # under autograd a block's backward holds its logits several times over: blocks an eighth
 
 
 class DecoderModel(ScratchModel):
