@@ -3,8 +3,10 @@ import streamlit as st
 
 from app_pages.ui.janitor import janitor
 from app_pages.ui.sidebar import sidebar
+from app_pages.ui.threads import share_the_lock
 
 st.set_page_config(page_title="HeadLens", page_icon=":material/visibility:", layout="wide")
+share_the_lock()  # the sessions' torch work takes the interpreter lock back quickly beside others' Python
 
 EXPLORE = "app_pages/explore.py"
 PAGES = [

@@ -9,7 +9,8 @@ is measured in turn in this one process, with a round of no training before and 
 figure is the session's median time with the training over its median time alone (1.0: not slowed),
 and the training's steps per second (what it gives up). Ways: as it was (same priority, every core),
 a lower priority (``os.setpriority``, nice 10, of the training's thread: Linux gives each thread its
-own), one thread for its tensor work, and a pause after every step.
+own), one thread for its tensor work, a pause after every step, and in a process of its own
+(``train_apart``, as the Train page trains now: its own interpreter lock, threads and priority).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from bench.common import machine
 from models import load_model
 from models.corpus import CORPUS
 from models.training import TrainConfig, train
+from models.training_apart import train_apart
 
 WAYS = {
     "same priority": {},
@@ -33,6 +35,9 @@ WAYS = {
     "pause 20 ms a step": {"pause": 0.02},
     "nice 5, one thread": {"nice": 5, "threads": 1},
     "nice 10, one thread": {"nice": 10, "threads": 1},
+    "apart, one thread": {"apart": True, "threads": 1},
+    "apart, nice 2, one thread": {"apart": True, "nice": 2, "threads": 1},
+    "apart, nice 5, one thread": {"apart": True, "nice": 5, "threads": 1},
 }
 
 
@@ -46,7 +51,13 @@ def session_times(model, seconds: float) -> list[float]:
     return times
 
 
-def training(stop: threading.Event, out: dict, nice: int = 0, threads: int | None = None, pause: float = 0.0):
+def training(stop: threading.Event, out: dict, nice: int = 0, threads: int | None = None, pause: float = 0.0,
+             apart: bool = False):
+    config = TrainConfig(task="text", steps=20_000, seed=1)
+    if apart:  # in a process of its own, as the Train page trains: its thread count and priority are its own
+        run = train_apart(config, device="cpu", should_stop=stop.is_set, threads=threads or 1, nice=nice)
+        out["steps_per_s"] = run.steps_per_second()
+        return
     if nice:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     if threads is not None:
@@ -56,7 +67,7 @@ def training(stop: threading.Event, out: dict, nice: int = 0, threads: int | Non
             time.sleep(pause)
         return stop.is_set()
 
-    run = train(TrainConfig(task="text", steps=20_000, seed=1), device="cpu", should_stop=should_stop)
+    run = train(config, device="cpu", should_stop=should_stop)
     out["steps_per_s"] = run.steps_per_second()
 
 
@@ -76,7 +87,7 @@ def main() -> None:
         stop, out = threading.Event(), {}
         worker = threading.Thread(target=training, args=(stop, out), kwargs=way, daemon=True)
         worker.start()
-        time.sleep(2)  # the training under way
+        time.sleep(5 if way.get("apart") else 2)  # the training under way (a new process starts in about 3 s)
         seen = torch.get_num_threads()  # the session's own threads, while the training runs
         shared = session_times(model, args.seconds)
         stop.set()

@@ -11,8 +11,8 @@ from tests.load_llm import TRAINING, run_llm_load
 from tests.test_app_long import NAME, prompt
 
 PEAK_MIB, RETURN_MIB = 3 * 1024, 300
-# a one-layer decoder of width 16: at the low priority trainings run at, the default decoder's first logged step
-# (every 20 steps) could take longer than the run on a machine the sessions keep busy
+# a one-layer decoder of width 16: its first logged step (every 20 steps) comes within seconds however busy the
+# sessions keep the machine; the server's memory is its proportional set with the training's process
 SMALL = TRAINING + "&train_layers=1&train_width=16&train_seq=16"
 
 
