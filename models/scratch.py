@@ -193,7 +193,6 @@ class ScratchModel(AttentionModel):
             raise HeadLensError("There is no text to read queries and keys from.")
         if not wanted or any(not 0 <= layer < self.n_layers for layer in wanted):
             raise HeadLensError(f"Name layers from 0 to {self.n_layers - 1}; {list(layers)} asks for others.")
-        H, Dh = self.n_heads, self.head_dim
         below = list(range(max(wanted) + 1))  # each layer run as attend runs it, so that any grouping reads alike
         caught: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -208,14 +207,7 @@ class ScratchModel(AttentionModel):
             for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
                 atts = self._attend_batch([items[i] for i in chunk], None, None, False, layers=below)
                 for b, (i, att) in enumerate(zip(chunk, atts)):
-                    n = len(att.tokens)
-                    q = np.zeros((len(wanted), H, n, Dh), dtype=np.float32)
-                    k = np.zeros_like(q)
-                    for j, layer in enumerate(wanted):
-                        kept = self.stack.kept[layer]
-                        q[j, kept] = caught[layer][0][b, :, :n].numpy()
-                        k[j, kept] = caught[layer][1][b, :, :n].numpy()
-                    out[i] = (att, q, k)
+                    out[i] = (att, *self._caught_rows(caught, wanted, b, len(att.tokens)))
                 done += len(chunk)
                 if progress is not None:
                     progress(done, len(items))
@@ -244,6 +236,17 @@ class ScratchModel(AttentionModel):
                                 f"head_means returns them; these have {tuple(fill.shape)}.")
         return fill.to(self.device)
 
+    def _caught_rows(self, caught: dict, wanted: list[int], b: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Text ``b`` of a batch: the queries and keys the hooks caught for ``wanted`` layers, float32
+        ``(len(wanted), heads, n, Dh)`` each, a pruned head's zero."""
+        q = np.zeros((len(wanted), self.n_heads, n, self.head_dim), dtype=np.float32)
+        k = np.zeros_like(q)
+        for j, layer in enumerate(wanted):
+            kept = self.stack.kept[layer]
+            q[j, kept] = caught[layer][0][b, :, :n].numpy()
+            k[j, kept] = caught[layer][1][b, :, :n].numpy()
+        return q, k
+
     def queries_keys_groups(self, texts: Sequence[str], groups: Sequence[Sequence[int]], *, batch_size: int = 32,
                             progress: Progress | None = None):
         """``queries_keys`` of each group of layers in turn (groups in ascending order, one above the other), a
@@ -263,7 +266,6 @@ class ScratchModel(AttentionModel):
         yield self.queries_keys(items, groups[0], batch_size=batch_size, progress=ticker(0))
         if len(groups) == 1:
             return
-        H, Dh = self.n_heads, self.head_dim
         states = []  # per batch: the texts, the hidden states where the last pass stopped, and that layer
         for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
             enc, lengths, _ = self._encode([items[i] for i in chunk])
@@ -288,13 +290,7 @@ class ScratchModel(AttentionModel):
                                                               causal=self.causal, need_weights=True)
                     state["at"] = max(wanted) + 1
                     for b, (i, length) in enumerate(zip(state["chunk"], state["lengths"])):
-                        q = np.zeros((len(wanted), H, length, Dh), dtype=np.float32)
-                        k = np.zeros_like(q)
-                        for j, layer in enumerate(wanted):
-                            kept = self.stack.kept[layer]
-                            q[j, kept] = caught[layer][0][b, :, :length].numpy()
-                            k[j, kept] = caught[layer][1][b, :, :length].numpy()
-                        out[i] = (None, q, k)
+                        out[i] = (None, *self._caught_rows(caught, wanted, b, length))
                     done += len(state["chunk"])
                     if tick is not None:
                         tick(done, n)
