@@ -124,7 +124,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
             current = model.pruned(pruned, head_means=means)
         if count == 0:
             out, seconds = full, full_s
-        elif runs is not None and frozenset(pruned) in runs:
+        elif runs is not None and frozenset(pruned) in runs:  # run by an earlier curve
             out, seconds = runs[frozenset(pruned)]
             tick(len(sentences))
         else:

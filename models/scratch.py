@@ -195,15 +195,9 @@ class ScratchModel(AttentionModel):
             raise HeadLensError(f"Name layers from 0 to {self.n_layers - 1}; {list(layers)} asks for others.")
         below = list(range(max(wanted) + 1))  # each layer run as attend runs it, so that any grouping reads alike
         caught: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-        def keep(layer):
-            def hook(module, args):
-                caught[layer] = tuple(t.to("cpu", torch.float32) for t in module.queries_keys(args[0]))
-            return hook
-
         out: list[tuple[Attention, np.ndarray, np.ndarray] | None] = [None] * len(items)
         done = 0
-        with pre_hooks((self.stack.layers[layer].attn, keep(layer)) for layer in set(wanted)):
+        with self._catching(caught, wanted):
             for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
                 atts = self._attend_batch([items[i] for i in chunk], None, None, False, layers=below)
                 for b, (i, att) in enumerate(zip(chunk, atts)):
@@ -235,6 +229,15 @@ class ScratchModel(AttentionModel):
             raise HeadLensError(f"Head means must have shape ({self.n_layers}, {self.n_heads}, {Dh}), as "
                                 f"head_means returns them; these have {tuple(fill.shape)}.")
         return fill.to(self.device)
+
+    def _catching(self, caught: dict, layers: Sequence[int]):
+        """Hooks that put each of ``layers``' queries and keys, as its attention reads them, in ``caught``."""
+        def keep(layer):
+            def hook(module, args):
+                caught[layer] = tuple(t.to("cpu", torch.float32) for t in module.queries_keys(args[0]))
+            return hook
+
+        return pre_hooks((self.stack.layers[layer].attn, keep(layer)) for layer in set(layers))
 
     def _caught_rows(self, caught: dict, wanted: list[int], b: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Text ``b`` of a batch: the queries and keys the hooks caught for ``wanted`` layers, float32
@@ -274,15 +277,9 @@ class ScratchModel(AttentionModel):
             states.append({"chunk": chunk, "lengths": lengths, "x": x, "padding": padding, "packing": packing, "at": 0})
         for g, wanted in enumerate(groups[1:], 1):
             caught: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-            def keep(layer):
-                def hook(module, args):
-                    caught[layer] = tuple(t.to("cpu", torch.float32) for t in module.queries_keys(args[0]))
-                return hook
-
             out: list = [None] * n
             done, tick = 0, ticker(g)
-            with pre_hooks((self.stack.layers[layer].attn, keep(layer)) for layer in set(wanted)):
+            with self._catching(caught, wanted):
                 for state in states:
                     with torch.inference_mode():  # each layer run as attend runs it (weights made, not kept)
                         state["x"], _ = self.stack.run_layers(state["x"], state["padding"], state["packing"],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import struct
 import subprocess
 import sys
@@ -56,8 +57,14 @@ def _child() -> None:
         except (AttributeError, OSError):
             pass
     torch.set_num_threads(threads)
-    stop = threading.Event()  # set when the caller says stop or goes away: its end of the input closes
-    threading.Thread(target=lambda: (all(iter(lambda: os.read(0, 4096), b"")), stop.set()), daemon=True).start()
+    stop = threading.Event()
+
+    def watch_input() -> None:  # the caller says stop, or goes away, by closing its end of the input
+        while os.read(0, 4096):
+            pass
+        stop.set()
+
+    threading.Thread(target=watch_input, daemon=True).start()
     sent = {"rows": 0, "snapshots": set()}
 
     def on_step(step: int, run: TrainRun) -> None:
@@ -96,39 +103,40 @@ def train_apart(config: TrainConfig, *, device: str = "auto", text: str | None =
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     process = subprocess.Popen([sys.executable, "-c", "from models.training_apart import _child; _child()"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=root)
-    messages: list = []
-    reader = threading.Thread(target=lambda: messages.extend(iter(lambda: _receive(process.stdout), None)) or
-                              messages.append(None), daemon=True)
+    messages: queue.Queue = queue.Queue()
+
+    def read() -> None:  # every message, then None once the process has closed its output
+        while (message := _receive(process.stdout)) is not None:
+            messages.put(message)
+        messages.put(None)
+
     try:
         _send(process.stdin, config.check(), device, text, max_seconds, threads, nice)
-        reader.start()
-        run, snapshots, seen = None, {}, 0
+        threading.Thread(target=read, daemon=True).start()
+        run = None
         while True:
             if should_stop is not None and should_stop() and not process.stdin.closed:
                 process.stdin.close()  # the training stops at its next step and sends what it has
-            reader.join(timeout=poll) if seen == len(messages) else None
-            while seen < len(messages):
-                message, seen = messages[seen], seen + 1
-                if message is None:
-                    raise HeadLensError(f"The training's process ended without a result (exit code "
-                                        f"{process.wait()}).")
-                kind, *rest = message
-                if kind == "failed":
-                    raise HeadLensError(rest[0])
-                if kind == "done":
-                    return rest[0]
-                if kind == "start":
-                    run = rest[0]
-                    snapshots = dict(run.snapshots)
-                else:
-                    rows, kept, new, run.snapshot_every, steps_done, seconds = rest
-                    run.rows.extend(rows)
-                    snapshots.update(new)
-                    run.snapshots = [(s, snapshots[s]) for s in kept]  # replaced whole, as the training does
-                    snapshots = dict(run.snapshots)
-                    run.steps_done, run.seconds = steps_done, seconds
-                if on_step is not None:
-                    on_step(run.steps_done, run)
+            try:
+                message = messages.get(timeout=poll)
+            except queue.Empty:
+                continue
+            if message is None:
+                raise HeadLensError(f"The training's process ended without a result (exit code {process.wait()}).")
+            kind, *rest = message
+            if kind == "failed":
+                raise HeadLensError(rest[0])
+            if kind == "done":
+                return rest[0]
+            if kind == "start":
+                run = rest[0]
+            else:
+                rows, kept, new, run.snapshot_every, run.steps_done, run.seconds = rest
+                run.rows.extend(rows)
+                arrays = {**dict(run.snapshots), **dict(new)}
+                run.snapshots = [(s, arrays[s]) for s in kept]  # replaced whole, as the training does
+            if on_step is not None:
+                on_step(run.steps_done, run)
     finally:
         if not process.stdin.closed:
             process.stdin.close()
