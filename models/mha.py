@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import BLOCKED_FROM, attention_masks, attention_weights, causal_attention, fused_attention
+from .kernels import (BLOCKED_FROM, attention_masks, attention_weights, causal_attention, fused_attention,
+                      outside_window)
 from .rotary import Rotary
 
 
@@ -177,10 +178,11 @@ class MultiHeadAttention(nn.Module):
             wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
         return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
 
-    def heads_qkv(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    def heads_qkv(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, offset: int = 0):
         """Each head's queries, keys and values as its scores read them, ``(B, H, L, Dh)`` each: normed (with a
-        ``qk_norm``), after the rotary rotation, and with each query head given its group's key and value; q not
-        yet multiplied by ``1 / sqrt(Dh)`` (but by ``scale * sqrt(Dh)`` when a ``scale`` is given)."""
+        ``qk_norm``), after the rotary rotation (the first vector at position ``offset``), and with each query
+        head given its group's key and value; q not yet multiplied by ``1 / sqrt(Dh)`` (but by
+        ``scale * sqrt(Dh)`` when a ``scale`` is given)."""
         B, Lq, _ = query.shape
         Lk, H, Dh = key.shape[1], self.num_heads, self.head_dim
         q, k, v = self.project(query, key, value)                         # (B, L, H * Dh), (B, L, Hkv * Dh) x 2
@@ -192,7 +194,7 @@ class MultiHeadAttention(nn.Module):
         if self.q_factor != 1.0:
             q = q * self.q_factor
         if self.rotary is not None:
-            q, k = self.rotary(q, k)
+            q, k = self.rotary(q, k, offset=offset)
         if self.kv_heads is not None:                                      # each query head reads its group's k, v
             index = torch.tensor(self.kv_heads, dtype=torch.long, device=k.device)
             k, v = k.index_select(1, index), v.index_select(1, index)      # (B, H, Lk, Dh)
@@ -222,7 +224,8 @@ class MultiHeadAttention(nn.Module):
                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
                 attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True, *,
                 valid_lens: torch.Tensor | None = None, causal: bool = False, head_mask: torch.Tensor | None = None,
-                head_fill: torch.Tensor | None = None, hook_z=None, into: torch.Tensor | None = None):
+                head_fill: torch.Tensor | None = None, hook_z=None, into: torch.Tensor | None = None,
+                prefix: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Attend from ``query`` to ``key``/``value``; the arguments PyTorch's module takes mean what they mean there.
 
         Args:
@@ -247,6 +250,9 @@ class MultiHeadAttention(nn.Module):
             into: ``(B, H, Lq, Lk)`` zeros that the per-head weights are written into and returned as (a
                 slice of a buffer holding every layer's), so that they are not copied again; without a
                 gradient only.
+            prefix: in causal self-attention, the keys and values ``(B, H, P, Dh)`` of ``P`` tokens before
+                ``query`` (as ``heads_qkv`` gives them): ``query`` is the text's tokens from position ``P`` on,
+                and sees those keys too (the weights are ``(B, H, Lq, P + Lq)``).
 
         Returns:
             output ``(B, Lq, E)`` and the weights (or None). A query whose keys are all masked gets
@@ -257,10 +263,15 @@ class MultiHeadAttention(nn.Module):
         B, Lq, _ = query.shape
         Lk, H, Dh = key.shape[1], self.num_heads, self.head_dim
 
-        q, k, v = self.heads_qkv(query, key, value)                        # (B, H, L, Dh) each
+        offset = 0 if prefix is None else prefix[0].shape[2]
+        q, k, v = self.heads_qkv(query, key, value, offset)                # (B, H, L, Dh) each
+        if prefix is not None:
+            k, v = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)
+            Lk = offset + Lk
 
         window = self.window if causal and self.window is not None and Lk > self.window else None
-        plain = causal and key_padding_mask is None and attn_mask is None and valid_lens is None  # causal alone
+        plain = (causal and key_padding_mask is None and attn_mask is None and valid_lens is None
+                 and prefix is None)  # causal alone
         only_causal = plain and window is None
         dropout = self.dropout if self.training else 0.0
         blockwise = (need_weights and plain and Lq == Lk >= BLOCKED_FROM and dropout == 0
@@ -268,8 +279,11 @@ class MultiHeadAttention(nn.Module):
         if only_causal and not need_weights or blockwise:  # the fused kernel, or causal_attention, masks by itself
             blocked = bias = None
         else:
-            blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens, causal, query,
-                                            window=window)
+            blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens,
+                                            causal and prefix is None, query, window=window)
+            if prefix is not None:
+                blocked = _after_prefix(offset, Lq, window, query.device) if blocked is None else \
+                    blocked | _after_prefix(offset, Lq, window, query.device)
         if blockwise:  # no score beyond what a query sees is formed: a long text's later keys, a window's older ones
             weights, out = causal_attention(q, k, v, window, into=into)    # (B, H, L, L), (B, H, L, Dh)
             if head_mask is not None:
@@ -298,3 +312,14 @@ class MultiHeadAttention(nn.Module):
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)                                  # (B, Lq, Lk)
         return self.out_proj(out), weights
+
+
+def _after_prefix(offset: int, Lq: int, window: int | None, device) -> torch.Tensor:
+    """``(1, 1, Lq, offset + Lq)`` bool, True where query ``i`` (at position ``offset + i``) may not see a key: a
+    later one, or one beyond its window."""
+    queries = torch.arange(offset, offset + Lq, device=device)
+    keys = torch.arange(offset + Lq, device=device)
+    blocked = keys.view(1, -1) > queries.view(-1, 1)
+    if window is not None:
+        blocked |= outside_window(queries, keys, window)
+    return blocked.view(1, 1, Lq, offset + Lq)

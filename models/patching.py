@@ -108,7 +108,6 @@ def direction(stack, answer: int, distractor: int | None) -> torch.Tensor:
     return rows[0] if distractor is None else rows[0] - rows[1]
 
 
-@torch.inference_mode()
 def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarray, heads: np.ndarray,
                         positions: np.ndarray, toward: torch.Tensor, *, progress: Progress | None = None) -> np.ndarray:
     """The corrupted prompt run once per edit, each copy with one clean activation in place of its own;
@@ -116,71 +115,18 @@ def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarra
 
     Edit ``i`` puts at layer ``layers[i]`` the clean run's ``z`` of head ``heads[i]`` (or, where that is
     -1, the clean residual entering the layer), at position ``positions[i]`` (or, where that is -1, at
-    every position). Copies run together from the layer of their edit up, a chunk of copies at a time.
+    every position). Copies run together from the layer of their edit up, a chunk of copies at a time, and only
+    the tokens after those the two prompts share (``models.pairs.patched_measures``, for one pair).
     """
-    stack = language_stack(model)
-    n, E = corrupted.resid[0].shape
-    order = np.argsort(layers, kind="stable")
-    out = np.empty(len(order), dtype=np.float64)
-    per_chunk = max(1, ROWS_PER_CHUNK // n)
-    work = {"done": 0, "total": int((stack.n_layers - layers).sum())}  # a copy's layers run, summed
+    from .pairs import Measure, patched_measures
 
-    def ran(copies: int) -> None:
-        work["done"] += copies
-        if progress is not None:
-            progress(work["done"], work["total"])
+    def batch(t: Trace) -> Trace:
+        return Trace(t.ids.view(1, -1), [r.unsqueeze(0) for r in t.resid], [z.unsqueeze(0) for z in t.z])
 
-    for start in range(0, len(order), per_chunk):
-        chunk = order[start:start + per_chunk]
-        out[chunk] = _run_chunk(stack, clean, corrupted, layers[chunk], heads[chunk], positions[chunk], toward, n, E,
-                                ran)
-    return out
-
-
-def _run_chunk(stack, clean, corrupted, layers, heads, positions, toward, n, E, ran) -> np.ndarray:
-    """One chunk of ``patched_differences``' copies, sorted by layer: each joins the batch at its layer;
-    ``ran(copies)`` after each layer."""
-    x = corrupted.resid[0].new_zeros(0, n, E)
-    for layer in range(int(layers.min()), stack.n_layers):
-        new = np.flatnonzero(layers == layer)
-        hook = None
-        if len(new):
-            added = corrupted.resid[layer].expand(len(new), n, E).clone()        # (new, n, E)
-            resid = new[heads[new] < 0]
-            for i in resid:  # the residual stream at one position, or all of it
-                at = slice(None) if positions[i] < 0 else int(positions[i])
-                added[int(np.searchsorted(new, i)), at] = clean.resid[layer][at]
-            rows = len(x) + np.searchsorted(new, new[heads[new] >= 0])
-            hook = _z_patch(stack.kept[layer], clean.z[layer], rows, heads[new][heads[new] >= 0],
-                            positions[new][heads[new] >= 0])
-            x = torch.cat([x, added])
-        x, _ = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=False,
-                                hook_z=None if hook is None else {layer: hook})
-        ran(len(x))
-    return (stack.finish(x[:, -1]) @ toward).double().cpu().numpy()
-
-
-def _z_patch(kept: list[int], clean_z: torch.Tensor, rows: np.ndarray, heads: np.ndarray, positions: np.ndarray):
-    """A ``hook_z`` that puts the clean ``z`` of ``heads[i]`` into batch row ``rows[i]``, at ``positions[i]``
-    (-1: every position); None when there is nothing to put."""
-    if not len(rows):
-        return None
-    index = {h: k for k, h in enumerate(kept)}
-    slots = np.array([index.get(int(h), -1) for h in heads])
-    live = slots >= 0  # a pruned head has no z to patch: its copy runs as the corrupted prompt
-    every = live & (positions < 0)
-    one = live & (positions >= 0)
-
-    def hook(z):                                                             # (B, kept, n, Dh)
-        if every.any():
-            r, s = torch.as_tensor(rows[every]), torch.as_tensor(slots[every])
-            z[r, s] = clean_z[s]
-        if one.any():
-            r, s, p = (torch.as_tensor(a[one]) for a in (rows, slots, positions))
-            z[r, s, p] = clean_z[s, p]
-        return z
-
-    return hook
+    measure = Measure("direction", torch.zeros(1, 0, dtype=torch.long), toward.view(1, -1))
+    return patched_measures(model, batch(clean), batch(corrupted), measure, torch.zeros(1, dtype=torch.long),
+                            np.zeros(len(layers), dtype=np.int64), np.asarray(layers), np.asarray(heads),
+                            np.asarray(positions), progress=progress)
 
 
 def attribution_estimates(model, clean: Trace, corrupted: Trace, toward: torch.Tensor):

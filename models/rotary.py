@@ -31,8 +31,9 @@ class Rotary(nn.Module):
             self._angles = (key, cos, sin)
         return cos, sin
 
-    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Each ``x`` ``(B, heads, L, Dh)`` at positions 0 .. L - 1, rotated."""
-        cos, sin = self.angles(xs[0].shape[-2], xs[0])
+    def forward(self, *xs: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, ...]:
+        """Each ``x`` ``(B, heads, L, Dh)`` at positions ``offset`` .. ``offset + L - 1``, rotated."""
+        cos, sin = self.angles(offset + xs[0].shape[-2], xs[0])
+        cos, sin = cos[offset:], sin[offset:]
         half = xs[0].shape[-1] // 2
         return tuple(x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin for x in xs)  # rotate_half

@@ -1,9 +1,8 @@
 """What the from-scratch engine runs: a stack of blocks on our MultiHeadAttention.
 
-``BertEncoder`` and ``Decoder`` subclass ``Stack``, and so does any architecture added later. The
-base holds what they share: the config and the heads each layer still has, the loop over the
-blocks, the forward pass, pruning, and reading and writing safetensors. A subclass gives its
-modules and a few small pieces:
+``BertEncoder`` and ``Decoder`` subclass ``Stack``, and so does any architecture added later. The base holds what
+they share: the config and the heads each layer still has, the loop over the blocks, the forward pass, pruning,
+and reading and writing safetensors. A subclass gives its modules and a few small pieces:
 
 - ``config_class``, a frozen dataclass with ``pruned_heads``, ``from_dict``, ``to_dict`` and the sizes
   ``n_layers``, ``n_heads`` and ``max_positions`` (properties where its own names differ);
@@ -11,7 +10,7 @@ modules and a few small pieces:
 - ``finish(x)``: the last hidden state from the last block's output; ``logits(h)`` for a language model;
 - ``to_file(state)`` and ``from_file(weights, config)`` when its file names differ from its own;
 - blocks called as ``block(x, key_padding_mask=, packing=, causal=, need_weights=, head_mask=, head_fill=,
-  hook_z=, weights_into=)``, returning ``(x, weights or None)``, each with an ``attn`` (``MultiHeadAttention``)
+  hook_z=, weights_into=)`` (a causal language model's also ``prefix=``), returning ``(x, weights or None)``, each with an ``attn`` (``MultiHeadAttention``)
   and ``attention_input(x)``, what that attention reads of the block's input.
 """
 from __future__ import annotations
@@ -205,17 +204,18 @@ class Stack(nn.Module):
         return packing.pack(x), attention_mask == 0, packing                   # (N, E)
 
     def run_layers(self, x, padding=None, packing=None, *, start: int = 0, stop: int | None = None,
-                   causal: bool = False, need_weights: bool = True, head_mask=None, head_fill=None, hook_z=None):
-        """Blocks ``start`` to ``stop`` (exclusive) on ``x`` as ``embed_tokens`` gives it, or as an earlier
-        call left it; ``head_mask`` and ``head_fill`` cover every layer; ``hook_z`` maps a layer to the
-        ``hook_z`` of its attention (``MultiHeadAttention.forward``; its heads are the kept ones). Returns
-        ``x`` and the weights."""
+                   causal: bool = False, need_weights: bool = True, head_mask=None, head_fill=None, hook_z=None,
+                   prefix=None):
+        """Blocks ``start`` to ``stop`` (exclusive) on ``x`` as ``embed_tokens`` gives it, or as an earlier call left
+        it; ``head_mask``, ``head_fill`` cover every layer; ``hook_z``, ``prefix`` map a layer to its attention's
+        (``MultiHeadAttention.forward``; its heads are the kept ones). Returns ``x`` and the weights."""
         H, attentions = self.n_heads, []
         for i in range(start, self.n_layers if stop is None else stop):
             mask, fill = self._kept_heads(i, head_mask, head_fill)
             x, weights = self.layers[i](x, key_padding_mask=padding, packing=packing, causal=causal or self.causal,
                                         need_weights=need_weights, head_mask=mask, head_fill=fill,
-                                        hook_z=None if hook_z is None else hook_z.get(i))
+                                        hook_z=None if hook_z is None else hook_z.get(i),
+                                        **({} if prefix is None else {"prefix": prefix.get(i)}))
             if need_weights:
                 attentions.append(place_heads(weights, self.kept[i], H))
         return x, tuple(attentions)

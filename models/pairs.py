@@ -1,0 +1,236 @@
+"""Many prompt pairs at once, inside our own stack: each batch a set of pairs of one token length (no padding).
+
+``trace_batch`` runs a batch of prompts once, keeping every layer's ``resid_pre`` and every head's ``z`` as
+``models.patching.Trace`` does for one (``one`` takes a row out, for the per-prompt functions there).
+``Measure`` reads a task's metric from each row's last position: a weighted sum of some tokens' logits (the
+logit difference) or of their probabilities (a probability difference, greater-than's mass).
+``patched_measures`` runs copies of the corrupted prompts, each with one clean activation in place of its own,
+the copies of every pair of the batch together from the layer of their edit up (a layer runs once for all the
+copies that have reached it); ``attribution_batch`` estimates every patch of every pair of the batch from one
+forward and one backward pass.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .patching import ROWS_PER_CHUNK, Trace, language_stack
+
+Progress = Callable[[int, int], None]
+
+
+@torch.inference_mode()
+def trace_batch(model, ids: torch.Tensor) -> Trace:
+    """``ids`` ``(B, n)`` run once: ``resid[l]`` ``(B, n, E)``, ``z[l]`` ``(B, kept heads, n, Dh)``."""
+    stack = language_stack(model)
+    x = stack.embed(ids.to(model.device))
+    resid, zs = [], []
+
+    def keep(z):
+        zs.append(z)
+        return z
+
+    for layer in range(stack.n_layers):
+        resid.append(x)
+        x, _ = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=False, hook_z={layer: keep})
+    resid.append(x)
+    return Trace(ids, resid, zs)
+
+
+def one(t: Trace, b: int) -> Trace:
+    """Row ``b`` of a batched trace, as ``models.patching.trace`` gives one prompt's."""
+    return Trace(t.ids[b], [r[b] for r in t.resid], [z[b] for z in t.z])
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A metric on each pair of a batch: ``sum_k weights[p, k] * s(tokens[p, k])``, ``s`` the logit (``kind``
+    "logit", read through the unembedding's rows alone) or the probability ("prob"); or (kind "direction") the
+    final hidden state's dot product with ``weights[p]`` ``(E,)``."""
+
+    kind: str
+    tokens: torch.Tensor    # (pairs, K) long
+    weights: torch.Tensor   # (pairs, K)
+
+    def __call__(self, stack, x_last: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``(N,)``: the metric of each final residual ``x_last`` ``(N, E)``, row ``i`` belonging to pair
+        ``rows[i]``."""
+        h = stack.finish(x_last)
+        if self.kind == "direction":
+            return h @ self.weights[0] if len(self.weights) == 1 else (h * self.weights[rows].to(h.dtype)).sum(-1)
+        tokens, weights = self.tokens[rows], self.weights[rows].to(h.dtype)         # (N, K)
+        if self.kind == "logit":
+            u = stack.unembedding_rows(tokens.reshape(-1)).view(*tokens.shape, -1).to(h.dtype)   # (N, K, E)
+            return torch.einsum("ne,nke,nk->n", h, u, weights)
+        probs = torch.softmax(stack.logits(h).float(), dim=-1).to(h.dtype)        # (N, vocab)
+        return (probs.gather(1, tokens.to(probs.device)) * weights).sum(-1)
+
+    def direction(self, stack, p: int) -> torch.Tensor:
+        """``(E,)``: pair ``p``'s weighted unembedding rows, what a final hidden state is read along for its
+        direct attribution (a probability metric's weights scaled so that each sign's sum to 1 in size)."""
+        w = self.weights[p].double()
+        if self.kind == "prob":
+            pos, neg = w.clamp_min(0), (-w).clamp_min(0)
+            w = pos / max(float(pos.sum()), 1e-12) - neg / max(float(neg.sum()), 1e-12)
+        u = stack.unembedding_rows(self.tokens[p])
+        return (w.to(u.dtype).unsqueeze(-1) * u).sum(0)
+
+
+@torch.inference_mode()
+def final_measures(stack, t: Trace, measure: Measure, rows: torch.Tensor) -> np.ndarray:
+    """``(B,)`` float64: the metric of each prompt of a batched trace, row ``b`` belonging to pair ``rows[b]``."""
+    return measure(stack, t.resid[-1][:, -1], rows).double().cpu().numpy()
+
+
+def shared_prefix(clean: Trace, corrupted: Trace) -> int:
+    """How many first tokens every clean prompt of a batch shares with its corrupted one (at most ``n - 1``)."""
+    differ = (clean.ids != corrupted.ids).any(0)
+    n = clean.ids.shape[1]
+    return min(int(differ.int().argmax()) if bool(differ.any()) else n - 1, n - 1)
+
+
+@torch.inference_mode()
+def patched_measures(model, clean: Trace, corrupted: Trace, measure: Measure, rows: torch.Tensor, pair: np.ndarray,
+                     layers: np.ndarray, heads: np.ndarray, positions: np.ndarray, *,
+                     progress: Progress | None = None) -> np.ndarray:
+    """``(edits,)`` float64: the metric of corrupted prompt ``pair[i]`` (a row of the batched traces) run with edit
+    ``i``: at layer ``layers[i]``, the clean ``z`` of head ``heads[i]`` (-1: the clean residual entering the
+    layer), at position ``positions[i]`` (-1: every position). ``rows`` maps a batch row to its pair for
+    ``measure``.
+
+    The tokens every pair shares before the prompts differ are the same in every copy as in the corrupted run,
+    at every layer: the copies run only the tokens after them, attending to those tokens' keys and values as
+    the corrupted run formed them (an edit there changes nothing: its copy is the corrupted prompt)."""
+    stack = language_stack(model)
+    B, n, E = corrupted.resid[0].shape
+    f = shared_prefix(clean, corrupted)
+    out = np.empty(len(pair), dtype=np.float64)
+    idle = (positions >= 0) & (positions < f)
+    base = final_measures(stack, corrupted, measure, rows)
+    out[idle] = base[pair[idle]]
+    live = np.flatnonzero(~idle)
+    order = live[np.lexsort((pair[live], layers[live]))]
+    per_chunk = max(1, ROWS_PER_CHUNK // (n - f))
+    work = {"done": 0, "total": int((stack.n_layers - layers[live]).sum())}
+
+    def ran(copies: int) -> None:
+        work["done"] += copies
+        if progress is not None:
+            progress(work["done"], work["total"])
+
+    prefixes = _prefixes(stack, corrupted, f, int(layers[live].min()) if len(live) else stack.n_layers)
+    for start in range(0, len(order), per_chunk):
+        chunk = order[start:start + per_chunk]
+        x = _run_copies(stack, clean, corrupted, prefixes, f, pair[chunk], layers[chunk], heads[chunk],
+                        positions[chunk], ran)
+        out[chunk] = measure(stack, x[:, -1], rows[torch.as_tensor(pair[chunk])]).double().cpu().numpy()
+    if progress is not None and not len(live):
+        progress(1, 1)
+    return out
+
+
+def _prefixes(stack, corrupted: Trace, f: int, lowest: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer from ``lowest`` up, the keys and values ``(B, H, f, Dh)`` of the first ``f`` tokens of each
+    corrupted prompt, as that layer's attention formed them (none when ``f`` is 0)."""
+    if f == 0:
+        return {}
+    out = {}
+    for layer in range(lowest, stack.n_layers):
+        block = stack.layers[layer]
+        h = block.attention_input(corrupted.resid[layer][:, :f])
+        _, k, v = block.attn.heads_qkv(h, h, h)
+        out[layer] = (k, v)
+    return out
+
+
+def _run_copies(stack, clean: Trace, corrupted: Trace, prefixes, f: int, pair, layers, heads, positions,
+                ran) -> torch.Tensor:
+    """The copies of one chunk (sorted by layer), tokens ``f`` on, run to the top, each joining at its layer; the
+    last residuals."""
+    B, n, E = corrupted.resid[0].shape
+    x = corrupted.resid[0].new_zeros(0, n - f, E)
+    rows = []
+    for layer in range(int(layers.min()), stack.n_layers):
+        new = np.flatnonzero(layers == layer)
+        hook = None
+        if len(new):
+            p = torch.as_tensor(pair[new])
+            added = corrupted.resid[layer][p, f:].clone()                           # (new, n - f, E)
+            for k in np.flatnonzero(heads[new] < 0):  # the residual stream at one position, or all of it
+                at = slice(None) if positions[new[k]] < 0 else int(positions[new[k]]) - f
+                added[k, at] = clean.resid[layer][int(pair[new[k]]), f:][at]
+            z_rows = np.flatnonzero(heads[new] >= 0)
+            hook = _z_patch(stack.kept[layer], clean.z[layer][:, :, f:], len(x) + z_rows, pair[new][z_rows],
+                            heads[new][z_rows], np.where(positions[new][z_rows] < 0, -1, positions[new][z_rows] - f))
+            x = torch.cat([x, added])
+            rows.append(p)
+        prefix = None
+        if f:
+            k, v = prefixes[layer]
+            at = torch.cat(rows)
+            prefix = {layer: (k[at], v[at])}
+        x, _ = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=False,
+                                hook_z=None if hook is None else {layer: hook}, prefix=prefix)
+        ran(len(x))
+    return x
+
+
+def _z_patch(kept: list[int], clean_z: torch.Tensor, rows, pairs, heads, positions):
+    """A ``hook_z`` putting into batch row ``rows[i]`` the clean ``z`` ``(B, kept, n, Dh)`` of pair ``pairs[i]``'s
+    head ``heads[i]``, at ``positions[i]`` (-1: every position); None when there is nothing to put (a pruned
+    head's copy runs as the corrupted prompt)."""
+    if not len(rows):
+        return None
+    index = {h: k for k, h in enumerate(kept)}
+    slots = np.array([index.get(int(h), -1) for h in heads])
+    live = slots >= 0
+    every, single = live & (positions < 0), live & (positions >= 0)
+
+    def hook(z):                                                                 # (copies, kept, n, Dh)
+        if every.any():
+            r, b, s = (torch.as_tensor(a[every]) for a in (rows, pairs, slots))
+            z[r, s] = clean_z[b, s]
+        if single.any():
+            r, b, s, q = (torch.as_tensor(a[single]) for a in (rows, pairs, slots, positions))
+            z[r, s, q] = clean_z[b, s, q]
+        return z
+
+    return hook
+
+
+def attribution_batch(model, clean: Trace, corrupted: Trace, measure: Measure, rows: torch.Tensor):
+    """Attribution patching (Nanda 2023) of every pair of a batch: the gradient of each corrupted prompt's metric
+    with respect to every head's ``z`` and every ``resid_pre``, from one forward and one backward pass of the
+    batch, times the clean minus the corrupted activation. Returns ``(heads, resid)``: ``(B, layers, heads, n)``
+    (zero for a pruned head) and ``(B, layers, n)`` float64."""
+    stack = language_stack(model)
+    L, H = stack.n_layers, stack.n_heads
+    B, n = corrupted.ids.shape
+    with torch.enable_grad():
+        x = stack.embed(corrupted.ids.to(model.device)).detach()
+        resid_taps, z_taps = [], []
+
+        def tap(z):
+            d = torch.zeros_like(z, requires_grad=True)
+            z_taps.append(d)
+            return z + d
+
+        for layer in range(L):
+            d = torch.zeros_like(x, requires_grad=True)
+            resid_taps.append(d)
+            x, _ = stack.run_layers(x + d, start=layer, stop=layer + 1, need_weights=False, hook_z={layer: tap})
+        value = measure(stack, x[:, -1], rows).sum()   # each prompt's metric depends on its own row alone
+        grads = torch.autograd.grad(value, resid_taps + z_taps)
+    heads, resid = np.zeros((B, L, H, n)), np.zeros((B, L, n))
+    with torch.no_grad():
+        for layer in range(L):
+            diff = clean.resid[layer] - corrupted.resid[layer]
+            resid[:, layer] = (diff * grads[layer]).sum(-1).double().cpu().numpy()
+            kept = stack.kept[layer]
+            if kept:
+                dz = clean.z[layer] - corrupted.z[layer]                               # (B, kept, n, Dh)
+                heads[:, layer, kept] = (dz * grads[L + layer]).sum(-1).double().cpu().numpy()
+    return heads, resid
