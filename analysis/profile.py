@@ -183,28 +183,9 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
     Check ``model`` first (``check_model``): a model that cannot load otherwise surfaces as an
     actor's death in Ray's log.
     """
-    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # the bar says how far it is; Ray's lines repeat it
-    import ray
-
+    ray, on_gpu, resources = start_ray(address, device)
     from .roles import HeadProfiler
 
-    if not ray.is_initialized():
-        address = address or os.environ.get("RAY_ADDRESS") or None
-        try:
-            reachable(address)
-            ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level="ERROR")
-        except ConnectionError as err:
-            raise HeadLensError(f"No Ray cluster answered at {address}: check the address, and for a cluster with "
-                             "token authentication set RAY_AUTH_MODE=token and its token (`ray get-auth-token`) "
-                             "here.") from err
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.print_on_execution_start = False
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if device == "cuda" and not gpus:
-        raise HeadLensError("CUDA was asked for, but the Ray cluster has no GPU; choose 'auto' or 'cpu'.")
-    on_gpu = device == "cuda" or (device == "auto" and gpus > 0)
-    resources = {"num_gpus": 1} if on_gpu else {"num_cpus": ACTOR_CPUS}
     lines = ray.data.read_text([str(f.resolve()) for f in files], encoding="utf-8-sig")
     with warnings.catch_warnings():  # Ray 2.60 warns that remote-args functions go in 2.64; ours is pinned
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -212,7 +193,7 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
             ProfileBatches, batch_size=CHUNK, compute=ray.data.ActorPoolStrategy(size=actors),
             fn_constructor_kwargs={"model": model, "backend": backend, "device": "cuda" if on_gpu else "cpu",
                                    "batch_size": batch_size},
-            ray_remote_args_fn=_no_restarts, **resources)
+            ray_remote_args_fn=no_restarts, **resources)
     profiler, skipped, name, used = HeadProfiler(keep_sentences=False), 0, None, backend
     try:
         for row in partials.iter_rows():
@@ -222,11 +203,36 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
             if progress is not None:
                 progress(int(row["lines"]))
     except Exception as err:  # a worker's error arrives wrapped; a HeadLens one is a sentence for the user
-        cause = _root_cause(err)
+        cause = root_cause(err)
         if isinstance(cause, HeadLensError):
             raise cause from None
         raise
     return profiler, skipped, name, used
+
+
+def start_ray(address: str | None, device: str):
+    """``(ray, on_gpu, resources)``: Ray joined at ``address`` (or ``RAY_ADDRESS``, or a local instance started),
+    whether the actors run on a GPU, and what each asks for; a sentence for an address nothing answers at."""
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")  # the bar says how far it is; Ray's lines repeat it
+    import ray
+
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        try:
+            reachable(address)
+            ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level="ERROR")
+        except ConnectionError as err:
+            raise HeadLensError(f"No Ray cluster answered at {address}: check the address, and for a cluster with "
+                                "token authentication set RAY_AUTH_MODE=token and its token (`ray get-auth-token`) "
+                                "here.") from err
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if device == "cuda" and not gpus:
+        raise HeadLensError("CUDA was asked for, but the Ray cluster has no GPU; choose 'auto' or 'cpu'.")
+    on_gpu = device == "cuda" or (device == "auto" and gpus > 0)
+    return ray, on_gpu, {"num_gpus": 1} if on_gpu else {"num_cpus": ACTOR_CPUS}
 
 
 def reachable(address: str | None, timeout: float = 5.0) -> None:
@@ -248,12 +254,12 @@ def check_model(name: str | None) -> None:
     check_model_dir(resolve_model_dir(name)[0])
 
 
-def _no_restarts() -> dict:
+def no_restarts() -> dict:
     """Actors that fail report their error at once instead of restarting."""
     return {"max_restarts": 0}
 
 
-def _root_cause(err: BaseException) -> BaseException:
+def root_cause(err: BaseException) -> BaseException:
     seen = set()
     while id(err) not in seen:
         seen.add(id(err))

@@ -119,9 +119,9 @@ class TaskEffects:
 
 
 def run_task(model: AttentionModel, task: Task, metric: str | None = None, method: str = "exact", *,
-             batch_pairs: int = BATCH_PAIRS, progress: Progress | None = None) -> TaskEffects:
+             residual: bool = True, batch_pairs: int = BATCH_PAIRS, progress: Progress | None = None) -> TaskEffects:
     """Every pair of ``task`` traced clean and corrupted in batches, its heads attributed and patched (``method``)
-    and its residual stream patched at each role's token."""
+    and (``residual``) its residual stream patched at each role's token (zeros otherwise)."""
     if method not in METHODS:
         raise HeadLensError(f"Unknown patching method '{method}': choose {' or '.join(map(repr, METHODS))}.")
     ours = twin_language_model(model, "Patching replaces a head's output")
@@ -141,48 +141,47 @@ def run_task(model: AttentionModel, task: Task, metric: str | None = None, metho
             if progress is not None:
                 progress(int(1000 * (_done + _size * d / max(t, 1))), 1000 * N)
 
-        _run_batch(ours, task, measure, idx, roles, method, out, part)
+        _run_batch(ours, task, measure, idx, roles, method, residual, out, part)
         done += len(idx)
         if progress is not None:
             progress(1000 * done, 1000 * N)
     return TaskEffects(task, metric, method, roles, **out)
 
 
-def _run_batch(ours, task: Task, measure: B.Measure, idx: np.ndarray, roles, method: str, out: dict, progress) -> None:
+def _run_batch(ours, task: Task, measure: B.Measure, idx: np.ndarray, roles, method: str, residual: bool,
+               out: dict, progress) -> None:
     stack = ours.stack
     L, H = stack.n_layers, stack.n_heads
     pairs = [task.pairs[i] for i in idx]
-    rows = torch.as_tensor(idx)
+    b, rows = len(pairs), torch.as_tensor(idx)
     clean = B.trace_batch(ours, torch.tensor([p.clean_ids for p in pairs]))
     corrupted = B.trace_batch(ours, torch.tensor([p.corrupted_ids for p in pairs]))
-    out["clean"][idx] = B.final_measures(stack, clean, measure, rows)
-    out["corrupted"][idx] = B.final_measures(stack, corrupted, measure, rows)
+    base = B.final_measures(stack, corrupted, measure, rows)
+    out["clean"][idx], out["corrupted"][idx] = B.final_measures(stack, clean, measure, rows), base
     out["attribution"][idx] = _attribution(stack, clean, measure, idx)
     positions = np.array([[p.role(r) for r in roles] for p in pairs])                  # (b, R)
     out["role_attention"][idx] = _role_attention(stack, clean, positions)
-    b = len(pairs)
     if method == "attribution":
         heads, resid = B.attribution_batch(ours, clean, corrupted, measure, rows)
         out["heads"][idx] = heads.sum(-1)
-        out["residual"][idx] = np.take_along_axis(resid, positions[:, None, :].repeat(L, 1), axis=2)
+        if residual:
+            out["residual"][idx] = np.take_along_axis(resid, positions[:, None, :].repeat(L, 1), axis=2)
         progress(1, 1)
         return
     kept = [(layer, h) for layer in range(L) for h in stack.kept[layer]]
-    k_layers = np.array([layer for layer, _ in kept])
-    k_heads = np.array([h for _, h in kept])
-    pair = np.repeat(np.arange(b), len(kept))
-    layers = np.concatenate([np.tile(k_layers, b), np.tile(np.repeat(np.arange(L), len(roles)), b)])
-    heads = np.concatenate([np.tile(k_heads, b), np.full(b * L * len(roles), -1)])
-    pair = np.concatenate([pair, np.repeat(np.arange(b), L * len(roles))])
-    where = np.concatenate([np.full(b * len(kept), -1), np.tile(positions[:, None, :], (1, L, 1)).reshape(-1)])
+    k_layers, k_heads = np.array([k[0] for k in kept]), np.array([k[1] for k in kept])
+    R = len(roles) if residual else 0
+    pair = np.concatenate([np.repeat(np.arange(b), len(kept)), np.repeat(np.arange(b), L * R)])
+    layers = np.concatenate([np.tile(k_layers, b), np.tile(np.repeat(np.arange(L), R), b)])
+    heads = np.concatenate([np.tile(k_heads, b), np.full(b * L * R, -1)])
+    where = np.concatenate([np.full(b * len(kept), -1), np.tile(positions[:, None, :R], (1, L, 1)).reshape(-1)])
     values = B.patched_measures(ours, clean, corrupted, measure, rows, pair, layers, heads, where, progress=progress)
-    base = out["corrupted"][idx]
-    head_part, resid_part = values[:b * len(kept)], values[b * len(kept):]
     effect = np.zeros((b, L, H))
-    effect[np.repeat(np.arange(b), len(kept)), np.tile(k_layers, b), np.tile(k_heads, b)] = \
-        head_part - base[np.repeat(np.arange(b), len(kept))]
+    effect[pair[:b * len(kept)], np.tile(k_layers, b), np.tile(k_heads, b)] = \
+        values[:b * len(kept)] - base[pair[:b * len(kept)]]
     out["heads"][idx] = effect
-    out["residual"][idx] = resid_part.reshape(b, L, len(roles)) - base[:, None, None]
+    if residual:
+        out["residual"][idx] = values[b * len(kept):].reshape(b, L, R) - base[:, None, None]
 
 
 @torch.inference_mode()

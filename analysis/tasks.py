@@ -382,7 +382,7 @@ def from_rows(model: AttentionModel, rows: Iterable[dict], name: str = "yours", 
             pairs.append(why)
     if over:
         problems.append(f"Rows {over[0]:,} to {over[-1]:,} are past the limit of {limit:,} pairs; split the file "
-                        "or run it from the command line (python -m analysis.task_effects).")
+                        "or run it from the command line (python -m analysis.task_run).")
     if not pairs:
         raise HeadLensError("No row could be made a pair. " + " ".join(problems[:5]))
     return Task(name, "Your pairs", tuple(pairs), problems=tuple(problems))

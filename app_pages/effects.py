@@ -9,6 +9,8 @@ from app_pages.ui.exports import exports
 from app_pages.ui.models import DECODERS, model_for, twin
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound
+from app_pages.ui import task_view as over_task
+from app_pages.ui.tasks import chosen, pick_task, task_effects, task_or_stop
 
 ABOUT = ("Which heads make this prediction? Direct logit attribution splits the clean prompt's logit difference, "
          "logit(answer) − logit(distractor) at its last token, into what each head writes there, read through the "
@@ -17,6 +19,7 @@ ABOUT = ("Which heads make this prediction? Direct logit attribution splits the 
          "clean run and reports the share of the difference that comes back: 1 brings the clean answer back whole, "
          "0 changes nothing, below 0 pushes further away.")
 SHORT = {"exact": "Exact patching", "attribution": "Attribution patching (a fast estimate)"}
+SCOPES = {"pair": "One prompt pair", "task": "A task of many pairs"}
 
 s = settings()
 st.title("Effects")
@@ -28,6 +31,29 @@ if stack is None or not stack.language_model:
     st.info(f"Effects are read through a language model's unembedding, and {s.model.title} has none: it is an "
             f"encoder. Choose a bundled decoder ({DECODERS}) in the sidebar, or a decoder you trained on the Train "
             "page.")
+    st.stop()
+scope = bound(st.segmented_control, "effects_scope", "pair", init="default", options=list(SCOPES), cast=str,
+              label="Explain", format_func=SCOPES.get, required=True,
+              help="One prompt pair: exactly what each head does to one prediction. A task: the same averaged over many "
+                   "pairs built from templates (or your CSV), with 95% intervals and p-values, as a claim about a head "
+                   "needs.")
+if scope == "task":
+    choice = pick_task()
+    task = task_or_stop(ref, choice.spec)
+    over_task.problems(task)
+    everyone = task_effects(ref, choice.spec, choice.metric, choice.method)
+    view = over_task.TaskView(ref, model, choice, everyone, chosen(everyone, choice.correct_only))
+    over_task.metrics(view)
+    layer, head = over_task.pick_head(view)
+    over_task.grids(view, (layer, head))
+    over_task.residual_section(view)
+    per_pair = over_task.head_section(view, layer, head)
+    curve = over_task.curve_section(view)
+    over_task.open_clicked(view)
+    over_task.downloads(view, layer, head, per_pair, curve)
+    for key, (name, fig, more) in view.figures.items():
+        st.caption(name)
+        exports(key, fig, None, sig=over_task.task_signature(choice) + more)
     st.stop()
 pair = pick_pair(ref, model)
 method = bound(st.segmented_control, "effects_method", "exact", init="default", options=list(METHODS), cast=str,

@@ -136,6 +136,15 @@ def tiny(tmp_path_factory, minilm_dir):
     return make
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """Ray, shut down after the module's tests (which start a local instance)."""
+    import ray
+
+    yield ray
+    ray.shutdown()
+
+
 # --- tiers: each test marked by what it uses (pytest.ini names the markers) ------------------------
 
 TIERS = {  # marker: the fixtures that put a test in it

@@ -190,14 +190,6 @@ def test_read_profile_refuses_what_is_not_a_profile(tmp_path, reference):
         cli.read_profile(damaged)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    yield ray
-    ray.shutdown()
-
-
 def test_the_ray_engine_equals_profile_heads(tmp_path, monkeypatch, reference, local_ray, capsys):
     write_corpus(tmp_path / "texts", [CORPUS[:25], CORPUS[25:] + ["   ", "\u0301"]])
     monkeypatch.setattr(cli, "CHUNK", 9)  # several batches, so several partial sums to merge

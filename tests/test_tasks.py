@@ -168,3 +168,50 @@ def test_a_probability_metric_is_the_softmaxs_difference(tiny):
             x, _ = stack.run_layers(stack.embed(torch.tensor([p.clean_ids])), need_weights=False)
             probs = torch.softmax(stack.logits(stack.finish(x))[0, -1], -1)
         assert effects.clean[i] == pytest.approx(float(probs[p.answer] - probs[p.distractor]), abs=1e-9)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tasks-cli")
+    test_llama.build("llama", folder)
+    csv = folder / "pairs.csv"
+    csv.write_text("clean,corrupted,answer,distractor\n" + "".join(
+        f"\"{r['clean']}\",\"{r['corrupted']}\",{r['answer']},{r['distractor']}\n" for r in ROWS * 3)
+        + "\"Hello world!\",\"Hi there world!\", the, you\n")
+    return folder, csv
+
+
+def _cli_values(folder, out, *extra):
+    from analysis import task_run
+
+    assert task_run.main([str(folder / "pairs.csv"), "--out", str(out), "--model", str(folder), "--device", "cpu",
+                          *extra]) == 0
+    return np.load(out / "values.npz")
+
+
+def test_the_command_line_writes_the_tasks_values_and_tables(tiny_folder, tmp_path, capsys):
+    folder, _ = tiny_folder
+    got = _cli_values(folder, tmp_path / "local", "--method", "attribution")
+    printed = capsys.readouterr()
+    assert "Row 17: the clean prompt is" in printed.err and "15 pairs; the model gets" in printed.out
+    model = load_model(folder, backend="scratch")
+    expected = run_task(model, from_rows(model, ROWS * 3), method="attribution")
+    for field in ("clean", "corrupted", "heads", "residual", "attribution"):
+        np.testing.assert_allclose(got[field], getattr(expected, field), atol=1e-5)
+    import pandas as pd
+
+    heads = pd.read_csv(tmp_path / "local" / "heads.csv")
+    np.testing.assert_allclose(heads["mean"], table(expected)["mean"], atol=1e-5)
+    assert list(pd.read_csv(tmp_path / "local" / "residual.csv")["role"].unique()) == ["DIFF", "END"]
+
+
+def test_the_ray_engine_gives_the_local_result_for_the_same_pairs(tiny_folder, tmp_path, local_ray, monkeypatch):
+    from analysis import task_run
+
+    folder, _ = tiny_folder
+    monkeypatch.setattr(task_run, "CHUNK", 4)  # several batches, each of several lengths
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    local = _cli_values(folder, tmp_path / "local")
+    ray = _cli_values(folder, tmp_path / "ray", "--engine", "ray")
+    for field in task_run.FIELDS:
+        np.testing.assert_allclose(ray[field], local[field], atol=1e-6)

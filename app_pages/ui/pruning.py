@@ -128,12 +128,12 @@ class Importance:
     full: np.ndarray | float     # the full model's embeddings of the sentences, or its next-token loss
 
 
-def _sample(ref: ModelRef) -> list[tuple]:
+def first_measured(ref: ModelRef) -> list[tuple]:
     """What Pruning measures a bundled decoder on first: its twin, by gradient, on the default sentences."""
     return [(twin(ref), "zero", corpus_sample(LLM_SAMPLE), "gradient")]
 
 
-@shared("importance", entries=12, waiting="Measuring every head", warm=Warm(3, _sample))
+@shared("importance", entries=12, waiting="Measuring every head", warm=Warm(3, first_measured))
 def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> Importance:
     """Every head's importance on ``sentences`` (by ablation or gradient), with a progress bar while it runs."""
     model = model_for(ref)
@@ -152,7 +152,7 @@ def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str =
 
 
 @shared("curves", entries=12, copy=True, waiting="Computing the pruning curves",
-        warm=Warm(8, _sample))
+        warm=Warm(8, first_measured))
 def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> pd.DataFrame:
     """The pruning curves by importance (``importance(ref, ablation, sentences, method)``), at random (``SEEDS``)
     and by attention alone."""
