@@ -190,7 +190,8 @@ def _attribution(stack, clean, measure: B.Measure, idx: np.ndarray) -> np.ndarra
     frozen at the prompt's own) and along the pair's direction."""
     L, H = stack.n_layers, stack.n_heads
     b = len(idx)
-    results = torch.zeros(b, L, H, clean.resid[0].shape[-1], dtype=clean.resid[0].dtype)
+    like = clean.resid[0]
+    results = like.new_zeros(b, L, H, like.shape[-1])
     biases = attention_biases(stack, clean.resid[0][0, -1])
     for layer in range(L):
         block, kept = stack.layers[layer], stack.kept[layer]

@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=100)
     parser.add_argument("--theirs", type=int, default=3, help="pairs TransformerLens runs (0: none)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default=NAME, help="a Llama folder shaped as SmolLM2 (default: SmolLM2 itself)")
     parser.add_argument("--memory", type=int, default=0, help="also the peak memory over this many pairs")
     args = parser.parse_args()
     from analysis.task_effects import run_task, table
@@ -96,9 +97,9 @@ def main() -> None:
     from models import load_model
     from models.files import resolve_model_dir
 
-    model = load_model(NAME, backend="scratch", device=args.device)
+    model = load_model(args.model, backend="scratch", device=args.device)
     task = ioi(model, n=args.pairs, seed=0)
-    print(f"SmolLM2-135M-Instruct, {model.n_layers} x {model.n_heads} heads · {machine(args.device)} · "
+    print(f"{model.name}, {model.n_layers} x {model.n_heads} heads · {machine(args.device)} · "
           f"{len(task)} ioi pairs of {min(map(len, task.pairs))} to {max(map(len, task.pairs))} tokens")
     run_task(model, task.subset(range(2)), method="exact", residual=False)  # warm up
     t_attr, attr = timed(lambda: run_task(model, task, method="attribution", residual=False), args.device)
@@ -112,7 +113,7 @@ def main() -> None:
     est, ex = attr.recovered().reshape(-1), exact.recovered().reshape(-1)
     print(f"attribution against exact over every head and pair: Pearson {np.corrcoef(est, ex)[0, 1]:.3f}")
     if args.theirs:
-        folder = str(resolve_model_dir(NAME)[0])
+        folder = str(resolve_model_dir(args.model)[0])
         per_pair, grids = theirs_per_pair(folder, model, task, args.theirs, args.device)
         diff = np.abs(grids - exact.recovered()[:args.theirs]).max()
         theirs = per_pair * len(task)

@@ -65,7 +65,8 @@ class Measure:
         if self.kind == "logit":
             u = stack.unembedding_rows(tokens.reshape(-1)).view(*tokens.shape, -1).to(h.dtype)   # (N, K, E)
             return torch.einsum("ne,nke,nk->n", h, u, weights)
-        probs = torch.softmax(stack.logits(h).float(), dim=-1).to(h.dtype)        # (N, vocab)
+        logits = stack.logits(h)
+        probs = torch.softmax(logits if logits.dtype == torch.float64 else logits.float(), -1).to(h.dtype)  # (N, V)
         return (probs.gather(1, tokens.to(probs.device)) * weights).sum(-1)
 
     def direction(self, stack, p: int) -> torch.Tensor:

@@ -181,7 +181,8 @@ def test_the_only_path_recovers_everything_and_a_silent_head_nothing(tmp_path, p
     clean, corrupted = "cat sat on the mat", "book sat on the mat"
     assert len(model.tokenizer(clean)["input_ids"]) == len(model.tokenizer(corrupted)["input_ids"])
     with torch.inference_mode():
-        logits = [model.stack(torch.tensor([model.tokenizer(t)["input_ids"]])).logits[0, -1] for t in (clean, corrupted)]
+        logits = [model.stack(torch.tensor([model.tokenizer(t)["input_ids"]], device=model.device)).logits[0, -1]
+                  for t in (clean, corrupted)]
     answer, distractor = int((logits[0] - logits[1]).argmax()), int((logits[0] - logits[1]).argmin())
     seen = []
     frame = patch_heads(model, clean, corrupted, answer, distractor, progress=lambda done, total: seen.append(done / total))
@@ -210,7 +211,7 @@ def test_attribution_patching_is_the_derivative_along_each_patch(decoder):
     assert estimate.attrs["method"] == "attribution"
     span = estimate.attrs["ld_clean"] - estimate.attrs["ld_corrupted"]
     stack = exact64.stack
-    ids = [torch.tensor([tok(t)["input_ids"]]) for t in (CLEAN, CORRUPTED)]
+    ids = [torch.tensor([tok(t)["input_ids"]], device=exact64.device) for t in (CLEAN, CORRUPTED)]
     toward = stack.unembedding_rows(torch.tensor([answer])) - stack.unembedding_rows(torch.tensor([distractor]))
     zs = []
     with torch.inference_mode():

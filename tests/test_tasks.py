@@ -165,7 +165,7 @@ def test_a_probability_metric_is_the_softmaxs_difference(tiny):
     stack = tiny.stack
     for i, p in enumerate(task.pairs):
         with torch.inference_mode():
-            x, _ = stack.run_layers(stack.embed(torch.tensor([p.clean_ids])), need_weights=False)
+            x, _ = stack.run_layers(stack.embed(torch.tensor([p.clean_ids], device=tiny.device)), need_weights=False)
             probs = torch.softmax(stack.logits(stack.finish(x))[0, -1], -1)
         assert effects.clean[i] == pytest.approx(float(probs[p.answer] - probs[p.distractor]), abs=1e-9)
 
@@ -214,4 +214,4 @@ def test_the_ray_engine_gives_the_local_result_for_the_same_pairs(tiny_folder, t
     local = _cli_values(folder, tmp_path / "local")
     ray = _cli_values(folder, tmp_path / "ray", "--engine", "ray")
     for field in task_run.FIELDS:
-        np.testing.assert_allclose(ray[field], local[field], atol=1e-6)
+        np.testing.assert_allclose(ray[field], local[field], rtol=1e-5, atol=1e-5)  # float32, other batches
