@@ -155,19 +155,20 @@ def _run_batch(ours, task: Task, measure: B.Measure, idx: np.ndarray, roles, met
     pairs = [task.pairs[i] for i in idx]
     b, rows = len(pairs), torch.as_tensor(idx)
     clean = B.trace_batch(ours, torch.tensor([p.clean_ids for p in pairs]))
-    corrupted = B.trace_batch(ours, torch.tensor([p.corrupted_ids for p in pairs]))
-    base = B.final_measures(stack, corrupted, measure, rows)
-    out["clean"][idx], out["corrupted"][idx] = B.final_measures(stack, clean, measure, rows), base
+    out["clean"][idx] = B.final_measures(stack, clean, measure, rows)
     out["attribution"][idx] = _attribution(stack, clean, measure, idx)
     positions = np.array([[p.role(r) for r in roles] for p in pairs])                  # (b, R)
     out["role_attention"][idx] = _role_attention(stack, clean, positions)
-    if method == "attribution":
-        heads, resid = B.attribution_batch(ours, clean, corrupted, measure, rows)
+    bad_ids = torch.tensor([p.corrupted_ids for p in pairs])
+    if method == "attribution":  # the corrupted prompts' one forward pass is the estimate's own
+        heads, resid, _, out["corrupted"][idx] = B.attribution_batch(ours, clean, bad_ids, measure, rows)
         out["heads"][idx] = heads.sum(-1)
         if residual:
             out["residual"][idx] = np.take_along_axis(resid, positions[:, None, :].repeat(L, 1), axis=2)
         progress(1, 1)
         return
+    corrupted = B.trace_batch(ours, bad_ids)
+    base = out["corrupted"][idx] = B.final_measures(stack, corrupted, measure, rows)
     kept = [(layer, h) for layer in range(L) for h in stack.kept[layer]]
     k_layers, k_heads = np.array([k[0] for k in kept]), np.array([k[1] for k in kept])
     R = len(roles) if residual else 0

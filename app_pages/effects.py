@@ -59,7 +59,8 @@ pair = pick_pair(ref, model)
 method = bound(st.segmented_control, "effects_method", "exact", init="default", options=list(METHODS), cast=str,
                label="Patching", format_func=SHORT.get, required=True,
                help="Exact: the corrupted prompt rerun once per head, all the heads of a layer at once, each copy "
-                    "recomputing only the layers above it (about 3 s for SmolLM2's 270 heads on two cores). "
+                    "recomputing only the layers above it and the tokens after those both prompts share (about 2 s "
+                    "for SmolLM2's 270 heads on two cores). "
                     "Attribution patching (Nanda 2023): one forward and one backward pass, a first-order estimate "
                     "of every patch.")
 view = EffectsView(ref, model, pair, method, effects(ref, pair, method))

@@ -202,29 +202,35 @@ def _z_patch(kept: list[int], clean_z: torch.Tensor, rows, pairs, heads, positio
     return hook
 
 
-def attribution_batch(model, clean: Trace, corrupted: Trace, measure: Measure, rows: torch.Tensor):
+def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure: Measure, rows: torch.Tensor):
     """Attribution patching (Nanda 2023) of every pair of a batch: the gradient of each corrupted prompt's metric
     with respect to every head's ``z`` and every ``resid_pre``, from one forward and one backward pass of the
-    batch, times the clean minus the corrupted activation. Returns ``(heads, resid)``: ``(B, layers, heads, n)``
-    (zero for a pruned head) and ``(B, layers, n)`` float64."""
+    corrupted prompts ``(B, n)``, times the clean minus the corrupted activation. Returns ``(heads, resid,
+    corrupted, values)``: ``(B, layers, heads, n)`` (zero for a pruned head) and ``(B, layers, n)`` float64, the
+    corrupted prompts' trace (read from the same forward pass) and their metric ``(B,)``."""
     stack = language_stack(model)
     L, H = stack.n_layers, stack.n_heads
-    B, n = corrupted.ids.shape
+    B, n = corrupted_ids.shape
+    resid_seen, z_seen = [], []
     with torch.enable_grad():
-        x = stack.embed(corrupted.ids.to(model.device)).detach()
+        x = stack.embed(corrupted_ids.to(model.device)).detach()
         resid_taps, z_taps = [], []
 
         def tap(z):
+            z_seen.append(z.detach())
             d = torch.zeros_like(z, requires_grad=True)
             z_taps.append(d)
             return z + d
 
         for layer in range(L):
+            resid_seen.append(x.detach())
             d = torch.zeros_like(x, requires_grad=True)
             resid_taps.append(d)
             x, _ = stack.run_layers(x + d, start=layer, stop=layer + 1, need_weights=False, hook_z={layer: tap})
-        value = measure(stack, x[:, -1], rows).sum()   # each prompt's metric depends on its own row alone
-        grads = torch.autograd.grad(value, resid_taps + z_taps)
+        resid_seen.append(x.detach())
+        values = measure(stack, x[:, -1], rows)   # each prompt's metric depends on its own row alone
+        grads = torch.autograd.grad(values.sum(), resid_taps + z_taps)
+    corrupted = Trace(corrupted_ids, resid_seen, z_seen)
     heads, resid = np.zeros((B, L, H, n)), np.zeros((B, L, n))
     with torch.no_grad():
         for layer in range(L):
@@ -234,4 +240,4 @@ def attribution_batch(model, clean: Trace, corrupted: Trace, measure: Measure, r
             if kept:
                 dz = clean.z[layer] - corrupted.z[layer]                               # (B, kept, n, Dh)
                 heads[:, layer, kept] = (dz * grads[L + layer]).sum(-1).double().cpu().numpy()
-    return heads, resid
+    return heads, resid, corrupted, values.detach().double().cpu().numpy()

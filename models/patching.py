@@ -120,52 +120,31 @@ def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarra
     """
     from .pairs import Measure, patched_measures
 
-    def batch(t: Trace) -> Trace:
-        return Trace(t.ids.view(1, -1), [r.unsqueeze(0) for r in t.resid], [z.unsqueeze(0) for z in t.z])
-
     measure = Measure("direction", torch.zeros(1, 0, dtype=torch.long), toward.view(1, -1))
-    return patched_measures(model, batch(clean), batch(corrupted), measure, torch.zeros(1, dtype=torch.long),
+    return patched_measures(model, _batch(clean), _batch(corrupted), measure, torch.zeros(1, dtype=torch.long),
                             np.zeros(len(layers), dtype=np.int64), np.asarray(layers), np.asarray(heads),
                             np.asarray(positions), progress=progress)
+
+
+def _batch(t: Trace) -> Trace:
+    """One prompt's trace as a batch of one (``models.pairs``)."""
+    return Trace(t.ids.view(1, -1), [r.unsqueeze(0) for r in t.resid], [z.unsqueeze(0) for z in t.z])
 
 
 def attribution_estimates(model, clean: Trace, corrupted: Trace, toward: torch.Tensor):
     """Attribution patching (Nanda 2023): the corrupted prompt's gradient of ``toward`` with respect to every
     head's ``z`` and every ``resid_pre``, in one forward and one backward pass, times the clean minus the
-    corrupted activation: a first-order estimate of each patch.
+    corrupted activation: a first-order estimate of each patch (``models.pairs.attribution_batch``, for one pair).
 
     Returns ``(heads, resid)``: ``(layers, heads, n)`` (zero for a pruned head) and ``(layers, n)`` float64.
     No gradient is left on the model's parameters.
     """
-    stack = language_stack(model)
-    L, H = stack.n_layers, stack.n_heads
-    n = len(corrupted.ids)
-    with torch.enable_grad():
-        x = stack.embed(corrupted.ids.view(1, -1).to(model.device)).detach()
-        resid_taps, z_taps = [], []
+    from .pairs import Measure, attribution_batch
 
-        def tap(z):
-            d = torch.zeros_like(z, requires_grad=True)
-            z_taps.append(d)
-            return z + d
-
-        for layer in range(L):
-            d = torch.zeros_like(x, requires_grad=True)
-            resid_taps.append(d)
-            x, _ = stack.run_layers(x + d, start=layer, stop=layer + 1, need_weights=False, hook_z={layer: tap})
-        value = stack.finish(x[:, -1])[0] @ toward
-        grads = torch.autograd.grad(value, resid_taps + z_taps)
-    heads = np.zeros((L, H, n))
-    resid = np.zeros((L, n))
-    with torch.no_grad():
-        for layer in range(L):
-            g = grads[layer][0]                                                # (n, E)
-            resid[layer] = ((clean.resid[layer] - corrupted.resid[layer]) * g).sum(-1).double().cpu().numpy()
-            gz = grads[L + layer][0]                                           # (kept, n, Dh)
-            kept = stack.kept[layer]
-            if kept:
-                heads[layer, kept] = ((clean.z[layer] - corrupted.z[layer]) * gz).sum(-1).double().cpu().numpy()
-    return heads, resid
+    measure = Measure("direction", torch.zeros(1, 0, dtype=torch.long), toward.view(1, -1))
+    heads, resid, _, _ = attribution_batch(model, _batch(clean), corrupted.ids.view(1, -1), measure,
+                                           torch.zeros(1, dtype=torch.long))
+    return heads[0], resid[0]
 
 
 def head_values(block, x: torch.Tensor) -> torch.Tensor:

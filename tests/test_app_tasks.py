@@ -34,7 +34,7 @@ def test_a_task_is_averaged_on_the_page_as_run_task_averages_it(new_app, expecte
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Pairs"] == "10" and metrics["Model right"] == f"{effects.accuracy:.0%}"
     assert metrics["Clean"] == f"{effects.clean.mean():+.3f}"
-    assert metrics["Heads that pass"] == str(int(heads["significant"].sum()))
+    assert metrics["Passing"] == str(int(heads["significant"].sum()))
     patching = _figure(at, "mean share recovered over 10 pairs")
     np.testing.assert_allclose(decode(heatmaps(patching)[0]["z"]), heads["mean"].to_numpy().reshape(30, 9), atol=1e-6)
     dots = next(t for t in patching["data"] if t.get("name") == "significant")

@@ -161,3 +161,18 @@ def test_effects_reads_and_a_click_on_a_head_or_a_route_opens_it(width, browser,
         page.wait_for_function("s => location.search.includes(s)", arg="effects_head=23.0", timeout=60_000)
         settled(page, 10)
         shot(page, f"llm-effects-{width}")
+
+
+@pytest.mark.parametrize("width", [1024, 1600])
+def test_effects_over_a_task_reads_and_a_click_on_a_head_opens_it(width, browser, server):
+    with opened(browser, server, "effects", {"effects_scope": "task", "task_pairs": "10"}, width=width) as page:
+        settled(page, 5)  # the two grids, the residual stream by role, the head's strip and its role attention
+        assert_readable(page, f"effects over a task · {width} px")
+        heading(page, "L23 H3 over the task")  # the head of largest mean effect opens first
+        page.locator(".js-plotly-plot").nth(0).scroll_into_view_if_needed()
+        target = page.evaluate(HEAD_TARGET, [0, 29, 1])
+        page.mouse.click(target["x"], target["y"])
+        heading(page, "L29 H1 over the task")
+        page.wait_for_function("s => location.search.includes(s)", arg="task_head=29.1", timeout=60_000)
+        settled(page, 5)
+        shot(page, f"llm-effects-task-{width}")

@@ -62,7 +62,7 @@ def metrics(v: TaskView) -> None:
     name = SHORT_METRICS[f.metric]
     cols[2].metric("Clean", f"{f.clean.mean():+.3f}", help=f"Mean {METRICS[f.metric]} after the clean prompts.")
     cols[3].metric("Corrupted", f"{f.corrupted.mean():+.3f}", help=f"The mean {name.lower()} after the corrupted ones.")
-    cols[4].metric("Heads that pass", f"{int(v.heads['significant'].sum())}",
+    cols[4].metric("Passing", f"{int(v.heads['significant'].sum())}",
                    help="Heads whose patching effect is non-zero at a false discovery rate of 5%: sign-flip "
                         "permutation p-values, Benjamini-Hochberg corrected over every head.")
 

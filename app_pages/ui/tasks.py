@@ -23,7 +23,7 @@ from .state import bound, flag
 SOURCES = {**{k: v for k, v in TASKS.items()}, "csv": "Your pairs (a CSV file)"}
 SHORT_METRICS = {"logit_diff": "Logit difference", "prob_diff": "Probability difference",
                  "greater_than": "Greater-than mass"}
-METHOD_LABELS = {"attribution": "Attribution patching (seconds)", "exact": "Exact patching (minutes)"}
+METHOD_LABELS = {"attribution": "Attribution", "exact": "Exact"}
 PAIR_COUNTS = [10, 20, 50, 100, 200, 500, 1000]
 TEMPLATE_CSV = ("clean,corrupted,answer,distractor\n"
                 "\"When Mary and John went to the store, John gave a drink to\","
@@ -97,7 +97,8 @@ def pick_task() -> TaskChoice:
                                        "every head patched in every pair (about 1.5 s a pair), and the residual "
                                        "stream at each role's token.")
     normalise = bound(cols[2].segmented_control, "task_normalise", "set", init="default", options=list(NORMALISE),
-                      cast=str, label="Recovered share", format_func=lambda n: f"Over the {n}", required=True,
+                      cast=str, label="Recovered share", format_func={"set": "Over the set", "pair": "Per pair"}.get,
+                      required=True,
                       help=f"Over the set: {NORMALISE['set'].split(': ')[1]} (robust when one pair's span is near "
                            f"zero). Per pair: {NORMALISE['pair'].split(': ')[1]}.")
     correct_only = bound(st.toggle, "task_correct", False, cast=flag, label="Only the pairs the model gets right",
@@ -127,7 +128,7 @@ def task_or_stop(ref: ModelRef, spec: TaskSpec) -> Task:
 def task_effects(ref: ModelRef, spec: TaskSpec, metric: str, method: str) -> TaskEffects:
     """Every pair of the task traced, attributed and patched, in batches, with a progress bar."""
     model, task = cached_model(ref), built_task(ref, spec)
-    bar = Bar(f"Running {len(task)} pairs: {METHOD_LABELS[method].split(' (')[0].lower()}")
+    bar = Bar(f"Running {len(task)} pairs: {METHOD_LABELS[method].lower()} patching")
     effects = run_task(model, task, metric, method, progress=bar)
     bar.empty()
     return effects
