@@ -65,6 +65,7 @@ def kept_curve(curves: dict[str, tuple[np.ndarray, np.ndarray]], *, value_name: 
         fig.add_hline(y=full, line=dict(color="#888", dash="dot", width=1), annotation_text="every head",
                       annotation_position="bottom right")
     head = wrapped_title(title)
+    fig.update_xaxes(type="category")  # 0, 1, 2, 5 … every head: evenly spaced, as the counts are chosen
     fig.update_layout(title=head, height=380, xaxis_title="heads kept (the rest mean-ablated)",
                       yaxis_title=safe(value_name), legend=dict(orientation="h", y=-0.25),
                       margin=dict(t=top_margin(head), l=60, r=10, b=90), plot_bgcolor="white")

@@ -126,7 +126,8 @@ def head_section(v: TaskView, layer: int, head: int) -> pd.DataFrame:
     with left:
         column = "recovered" if v.choice.normalise == "pair" else "effect"
         fig = strip_figure(pairs[column].to_numpy(), groups, texts=[p[:80] for p in pairs["clean"]],
-                           value_name="recovered share" if column == "recovered" else f"effect on the {f.metric}",
+                           value_name="recovered share" if column == "recovered" else
+                           f"effect on the {SHORT_METRICS[f.metric].lower()}",
                            title=f"{head_label(layer, head)} patched, pair by pair")
         chart(fig, "task-strip")
         v.figures["task-strip"] = ("Per-pair strip", fig, f"|{layer}.{head}")
@@ -161,12 +162,11 @@ def curve_section(v: TaskView) -> pd.DataFrame | None:
     said = []
     for name, g in frame.groupby("order", sort=False):
         enough = g[(g["share"] >= 0.8) & (g["kept"] < g["kept"].max())]
-        said.append(f"{name}, {int(enough['kept'].iloc[0])} heads give" if len(enough) else
-                    f"{name}, no fewer than every head gives")
-    st.caption(f"Kept {'; kept '.join(said)} at least 80% of the whole model's mean "
-               f"{SHORT_METRICS[frame.attrs['metric']].lower()} ({frame.attrs['full']:+.3f}). The other heads output "
-               "their mean over the task's tokens, which removes what they do on these prompts, the general work of "
-               "a layer included.")
+        said.append(f"{name}, {int(enough['kept'].iloc[0])} heads" if len(enough) else f"{name}, only every head")
+    st.caption(f"80% of the whole model's mean {SHORT_METRICS[frame.attrs['metric']].lower()} "
+               f"({frame.attrs['full']:+.3f}) is reached with: {'; '.join(said)}. The other heads output their mean "
+               "over the task's tokens, which removes what they do on these prompts, the general work of a layer "
+               "included.")
     return frame
 
 

@@ -84,7 +84,7 @@ def pick_task() -> TaskChoice:
         if source == "ioi":
             corruption = bound(st.segmented_control, "task_corruption", "s2", init="default",
                                options=list(CORRUPTIONS), cast=str, label="Corrupted by",
-                               format_func=lambda c: CORRUPTIONS[c].capitalize(), required=True)
+                               format_func=lambda c: CORRUPTIONS[c][0].upper() + CORRUPTIONS[c][1:], required=True)
     metrics = [m for m in METRICS if m != "greater_than" or source == "greater_than"]
     cols = st.columns(3)
     metric = bound(cols[0].selectbox, "task_metric", metrics[-1] if source == "greater_than" else metrics[0],
