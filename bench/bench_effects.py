@@ -15,14 +15,13 @@ backward pass): its time and how well it ranks the heads exact patching finds, o
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 from scipy.stats import pearsonr, spearmanr
 
 from analysis.effects import PAIRS, patch_heads, patch_residual
-from bench.common import machine, sync
+from bench.common import machine, timed
 from models import load_model
 from models.files import resolve_model_dir
 
@@ -69,14 +68,6 @@ def answer_token_ids(tok, text: str) -> int:
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == 1, text
     return ids[0]
-
-
-def timed(fn, device):
-    sync(device)
-    start = time.perf_counter()
-    value = fn()
-    sync(device)
-    return time.perf_counter() - start, value
 
 
 def main() -> None:

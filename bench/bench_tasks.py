@@ -21,22 +21,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import torch
 
-from bench.common import machine, sync
+from bench.common import machine, timed
 
 NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def timed(fn, device):
-    sync(device)
-    start = time.perf_counter()
-    value = fn()
-    sync(device)
-    return time.perf_counter() - start, value
 
 
 def theirs_per_pair(folder: str, model, task, k: int, device: str) -> tuple[float, np.ndarray]:

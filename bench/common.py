@@ -13,6 +13,15 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def timed(fn, device="cpu"):
+    """``(seconds, value)`` of one call of ``fn``, the device synchronised before and after."""
+    sync(device)
+    start = time.perf_counter()
+    value = fn()
+    sync(device)
+    return time.perf_counter() - start, value
+
+
 def best_time(fn, device="cpu", repeat: int = 3) -> float:
     """Shortest wall time of ``repeat`` calls, in seconds."""
     times = []

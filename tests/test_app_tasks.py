@@ -84,6 +84,9 @@ def test_a_csvs_bad_row_is_named_and_the_others_run(new_app, smollm2):
     warning = " ".join(w.value for w in at.warning)
     assert "1 row left out" in warning and "Row 3" in warning and "same number of tokens" in warning
     assert {m.label: m.value for m in at.metric}["Pairs"] == "2"
+    one = "clean,corrupted,answer,distractor\n" + text.splitlines()[1] + "\n"
+    at.get("file_uploader")[0].upload("one.csv", one.encode(), "text/csv").run()
+    assert not at.exception and "needs at least two pairs" in " ".join(e.value for e in at.error)
 
 
 def test_the_heads_kept_curve_is_the_metric_with_the_rest_mean_ablated(new_app, expected, smollm2):

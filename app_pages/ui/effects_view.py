@@ -22,7 +22,7 @@ from .effects import Effects, copying, flow, frame_csv, parts_frame, per_positio
 from .exports import chart
 from .models import LLM, TRAINED, ModelRef
 from .settings import Settings
-from .state import bound, choose, flag, fresh_click, head_from_url, head_to_url
+from .state import bound, choose_head, click_head, flag, fresh_click
 from .training import trained_job
 
 TOP_HEADS = 12  # heads shown position by position
@@ -68,14 +68,11 @@ def metrics(v: EffectsView) -> None:
 def pick_head(v: EffectsView) -> tuple[int, int]:
     """The head the page opens: from a click on a grid in the run before, the picker or the URL."""
     picks = list(zip(v.ranked["layer"].tolist(), v.ranked["head"].tolist()))
-    clicked = st.session_state.pop("_effects_click", None)  # a click on a grid, made in the run before
-    if clicked in picks:
-        st.session_state["effects_head"] = clicked
-    return choose("Head", picks, "effects_head", cast=head_from_url, to_url=head_to_url,
-                  format_func=lambda h: f"{head_label(*h)} · recovered {v.recovered[h]:+.2f} · attribution "
-                                        f"{v.attribution[h]:+.2f}",
-                  help="Heads in order of the share patching recovers, largest in size first; a click on either "
-                       "grid picks one too.")
+    return choose_head("effects_head", picks,
+                       format_func=lambda h: f"{head_label(*h)} · recovered {v.recovered[h]:+.2f} · attribution "
+                                             f"{v.attribution[h]:+.2f}",
+                       help="Heads in order of the share patching recovers, largest in size first; a click on either "
+                            "grid picks one too.")
 
 
 def grids(v: EffectsView, selected: tuple[int, int]) -> None:
@@ -267,11 +264,9 @@ def open_clicked(v: EffectsView) -> None:
         trace = v.figures[key][1].data[int(point.get("curve_number", -1))]
         index = int(point["point_index"])
         if trace.name == "heads":
-            st.session_state["_effects_click"] = tuple(int(x) for x in divmod(index, H))
-            st.rerun()
+            click_head("effects_head", divmod(index, H))
         if trace.name == "edges" and trace.customdata[index][0] >= 0:
-            st.session_state["_effects_click"] = tuple(int(x) for x in trace.customdata[index])
-            st.rerun()
+            click_head("effects_head", trace.customdata[index])
 
 
 def positions_section(v: EffectsView, tokens: list[str]) -> None:

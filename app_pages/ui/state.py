@@ -124,3 +124,31 @@ def fresh_click(event, key: str):
     signature = None if point is None else (point.get("curve_number"), point.get("point_index"))
     st.session_state[f"_{key}_handled"] = signature
     return point if signature is not None and signature != seen else None
+
+
+def choose_head(key: str, picks: list, **kwargs) -> Head:
+    """A head picker kept in the session and the URL, set first by a click a chart made in the run before
+    (``click_head``)."""
+    clicked = st.session_state.pop(f"_{key}_click", None)
+    if clicked in picks:
+        st.session_state[key] = clicked
+    return choose("Head", picks, key, cast=head_from_url, to_url=head_to_url, **kwargs)
+
+
+def click_head(key: str, head: Head) -> None:
+    """Open ``head`` in the picker ``key`` (``choose_head``) in a rerun."""
+    st.session_state[f"_{key}_click"] = tuple(int(x) for x in head)
+    st.rerun()
+
+
+def clicked_grid_head(events, figures: dict, n_heads: int):
+    """The head of a fresh click on a head grid's "heads" trace among ``events`` (``(key, event)``, each key's
+    figure in ``figures`` as ``(name, figure, …)``), or None."""
+    for key, event in events:
+        point = fresh_click(event, key)
+        if point is None or "point_index" not in point:
+            continue
+        trace = figures[key][1].data[int(point.get("curve_number", -1))]
+        if trace.name == "heads":
+            return divmod(int(point["point_index"]), n_heads)
+    return None

@@ -15,7 +15,7 @@ from .effects import frame_csv
 from .exports import chart
 from .messages import plain
 from .models import ModelRef
-from .state import bound, choose, flag, fresh_click, head_from_url, head_to_url
+from .state import bound, choose_head, click_head, clicked_grid_head, flag
 from .tasks import SHORT_METRICS, TaskChoice, role_attention_summary, task_curve
 
 MAX_PROBLEMS = 12  # a CSV's bad rows listed on the page (the rest counted)
@@ -69,14 +69,11 @@ def metrics(v: TaskView) -> None:
 
 def pick_head(v: TaskView) -> tuple[int, int]:
     picks = list(zip(v.ranked["layer"].tolist(), v.ranked["head"].tolist()))
-    clicked = st.session_state.pop("_task_click", None)
-    if clicked in picks:
-        st.session_state["task_head"] = clicked
-    return choose("Head", picks, "task_head", cast=head_from_url, to_url=head_to_url,
-                  format_func=lambda h: f"{head_label(*h)} · recovered {v.grid['mean'][h]:+.3f} "
-                                        f"[{v.grid['low'][h]:+.3f}, {v.grid['high'][h]:+.3f}]",
-                  help="Heads in order of their mean recovered share, largest in size first; a click on a grid picks "
-                       "one too.")
+    return choose_head("task_head", picks,
+                       format_func=lambda h: f"{head_label(*h)} · recovered {v.grid['mean'][h]:+.3f} "
+                                             f"[{v.grid['low'][h]:+.3f}, {v.grid['high'][h]:+.3f}]",
+                       help="Heads in order of their mean recovered share, largest in size first; a click on a grid "
+                            "picks one too.")
 
 
 def grids(v: TaskView, selected: tuple[int, int]) -> None:
@@ -171,15 +168,9 @@ def curve_section(v: TaskView) -> pd.DataFrame | None:
 
 
 def open_clicked(v: TaskView) -> None:
-    H = v.model.n_heads
-    for key, event in v.events:
-        point = fresh_click(event, key)
-        if point is None or "point_index" not in point:
-            continue
-        trace = v.figures[key][1].data[int(point.get("curve_number", -1))]
-        if trace.name == "heads":
-            st.session_state["_task_click"] = tuple(int(x) for x in divmod(int(point["point_index"]), H))
-            st.rerun()
+    head = clicked_grid_head(v.events, v.figures, v.model.n_heads)
+    if head is not None:
+        click_head("task_head", head)
 
 
 def downloads(v: TaskView, layer: int, head: int, pairs: pd.DataFrame, curve: pd.DataFrame | None) -> None:

@@ -152,13 +152,17 @@ def task_curve(ref: ModelRef, spec: TaskSpec, metric: str, method: str, normalis
 
 
 def chosen(effects: TaskEffects, correct_only: bool) -> TaskEffects:
-    """The effects over every pair, or over those the model gets right."""
-    if not correct_only:
-        return effects
-    if not effects.correct.any():
-        stop_with(HeadLensError("The model gets none of these pairs right, so none is left to average over; "
-                                "switch off “Only the pairs the model gets right”."))
-    return effects.only(effects.correct)
+    """The effects over every pair, or over those the model gets right; a sentence where fewer than two are left."""
+    if correct_only:
+        right = int(effects.correct.sum())
+        if right < 2:
+            stop_with(HeadLensError(f"The model gets {right} of these pairs right, and an average with an interval "
+                                    "needs two; switch off “Only the pairs the model gets right”, or run more pairs."))
+        return effects.only(effects.correct)
+    if len(effects.task) < 2:
+        stop_with(HeadLensError("An average with an interval needs at least two pairs; this task has one. Add rows "
+                                "to the file."))
+    return effects
 
 
 def role_attention_summary(effects: TaskEffects, layer: int, head: int):
