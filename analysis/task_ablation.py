@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models import pairs as B
+from models import patching as P
 
 from .task_effects import TaskEffects, batches, measure_for, table
 from .tasks import Task
@@ -38,7 +38,7 @@ def head_means(model: AttentionModel, task: Task) -> torch.Tensor:
     L, H, Dh = stack.n_layers, stack.n_heads, stack.head_dim
     total, count = torch.zeros(L, H, Dh, dtype=torch.float64), 0
     for idx in batches(task):
-        t = B.trace_batch(ours, torch.tensor([task.pairs[i].clean_ids for i in idx]))
+        t = P.trace_batch(ours, torch.tensor([task.pairs[i].clean_ids for i in idx]))
         for layer in range(L):
             total[layer, stack.kept[layer]] += t.z[layer].double().sum((0, 2)).cpu()
         count += t.ids.numel()

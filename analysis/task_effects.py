@@ -19,7 +19,7 @@ import torch
 
 from models import AttentionModel, HeadLensError
 from models import pairs as B
-from models.patching import attention_biases
+from models import patching as P
 
 from .effects import METHODS
 from .significance import summarise
@@ -154,7 +154,7 @@ def _run_batch(ours, task: Task, measure: B.Measure, idx: np.ndarray, roles, met
     L, H = stack.n_layers, stack.n_heads
     pairs = [task.pairs[i] for i in idx]
     b, rows = len(pairs), torch.as_tensor(idx)
-    clean = B.trace_batch(ours, torch.tensor([p.clean_ids for p in pairs]))
+    clean = P.trace_batch(ours, torch.tensor([p.clean_ids for p in pairs]))
     out["clean"][idx] = B.final_measures(stack, clean, measure, rows)
     out["attribution"][idx] = _attribution(stack, clean, measure, idx)
     positions = np.array([[p.role(r) for r in roles] for p in pairs])                  # (b, R)
@@ -167,7 +167,7 @@ def _run_batch(ours, task: Task, measure: B.Measure, idx: np.ndarray, roles, met
             out["residual"][idx] = np.take_along_axis(resid, positions[:, None, :].repeat(L, 1), axis=2)
         progress(1, 1)
         return
-    corrupted = B.trace_batch(ours, bad_ids)
+    corrupted = P.trace_batch(ours, bad_ids)
     base = out["corrupted"][idx] = B.final_measures(stack, corrupted, measure, rows)
     kept = [(layer, h) for layer in range(L) for h in stack.kept[layer]]
     k_layers, k_heads = np.array([k[0] for k in kept]), np.array([k[1] for k in kept])
@@ -189,19 +189,8 @@ def _run_batch(ours, task: Task, measure: B.Measure, idx: np.ndarray, roles, met
 def _attribution(stack, clean, measure: B.Measure, idx: np.ndarray) -> np.ndarray:
     """``(b, layers, heads)``: each head's output at each prompt's last token, through the final norm (its scale
     frozen at the prompt's own) and along the pair's direction."""
-    L, H = stack.n_layers, stack.n_heads
-    b = len(idx)
-    like = clean.resid[0]
-    results = like.new_zeros(b, L, H, like.shape[-1])
-    biases = attention_biases(stack, clean.resid[0][0, -1])
-    for layer in range(L):
-        block, kept = stack.layers[layer], stack.kept[layer]
-        if kept:
-            w_out = block.attn.out_proj.weight.view(-1, len(kept), block.attn.head_dim)   # (E, kept, Dh)
-            r = torch.einsum("bhd,ehd->bhe", clean.z[layer][:, :, -1], w_out)
-            scale = block.attention_scale(r.sum(1) + biases[layer])
-            results[:, layer, kept] = r if scale is None else r * scale.unsqueeze(1)
-    out = np.zeros((b, L, H))
+    results = P.head_results(stack, clean)                                        # (b, L, H, E)
+    out = np.zeros(results.shape[:3])
     for k, p in enumerate(idx):
         frozen, _ = stack.frozen_finish(clean.resid[-1][k, -1])
         out[k] = (frozen(results[k]) @ measure.direction(stack, int(p)).to(results.dtype)).double().cpu().numpy()
@@ -211,18 +200,9 @@ def _attribution(stack, clean, measure: B.Measure, idx: np.ndarray) -> np.ndarra
 @torch.inference_mode()
 def _role_attention(stack, clean, positions: np.ndarray) -> np.ndarray:
     """``(b, layers, heads, roles)``: each head's weight from the last token to each role's token."""
-    b, H = positions.shape[0], stack.n_heads
-    at = torch.as_tensor(positions)
-    out = np.zeros((b, stack.n_layers, H, positions.shape[1]), dtype=np.float32)
-    for layer, block in enumerate(stack.layers):
-        kept = stack.kept[layer]
-        if kept:
-            h = block.attention_input(clean.resid[layer])                                   # (b, n, E)
-            _, w = block.attn(h, causal=True, need_weights=True, average_attn_weights=False)   # (b, kept, n, n)
-            last = w[:, :, -1]                                                              # (b, kept, n)
-            picked = last.gather(2, at[:, None, :].expand(-1, len(kept), -1).to(last.device))
-            out[:, layer, kept] = picked.float().cpu().numpy()
-    return out
+    last = P.trace_weights(stack, clean)[..., -1, :]                                  # (b, L, H, n)
+    at = torch.as_tensor(positions, device=last.device)[:, None, None, :].expand(*last.shape[:3], -1)
+    return last.gather(3, at).float().cpu().numpy()
 
 
 def table(effects: TaskEffects, what: str = "heads", normalise: str = "set", *, seed: int = 0) -> pd.DataFrame:

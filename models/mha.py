@@ -282,8 +282,8 @@ class MultiHeadAttention(nn.Module):
             blocked, bias = attention_masks(B, H, Lq, Lk, key_padding_mask, attn_mask, valid_lens,
                                             causal and prefix is None, query, window=window)
             if prefix is not None:
-                blocked = _after_prefix(offset, Lq, window, query.device) if blocked is None else \
-                    blocked | _after_prefix(offset, Lq, window, query.device)
+                after = _after_prefix(offset, Lq, window, query.device)
+                blocked = after if blocked is None else blocked | after
         if blockwise:  # no score beyond what a query sees is formed: a long text's later keys, a window's older ones
             weights, out = causal_attention(q, k, v, window, into=into)    # (B, H, L, L), (B, H, L, Dh)
             if head_mask is not None:

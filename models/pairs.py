@@ -1,7 +1,6 @@
-"""Many prompt pairs at once, inside our own stack: each batch a set of pairs of one token length (no padding).
+"""Many prompt pairs at once, inside our own stack: each batch a set of pairs of one token length (no padding),
+traced by ``models.patching.trace_batch``.
 
-``trace_batch`` runs a batch of prompts once, keeping every layer's ``resid_pre`` and every head's ``z`` as
-``models.patching.Trace`` does for one (``one`` takes a row out, for the per-prompt functions there).
 ``Measure`` reads a task's metric from each row's last position: a weighted sum of some tokens' logits (the
 logit difference) or of their probabilities (a probability difference, greater-than's mass).
 ``patched_measures`` runs copies of the corrupted prompts, each with one clean activation in place of its own,
@@ -20,29 +19,6 @@ import torch
 from .patching import ROWS_PER_CHUNK, Trace, language_stack
 
 Progress = Callable[[int, int], None]
-
-
-@torch.inference_mode()
-def trace_batch(model, ids: torch.Tensor) -> Trace:
-    """``ids`` ``(B, n)`` run once: ``resid[l]`` ``(B, n, E)``, ``z[l]`` ``(B, kept heads, n, Dh)``."""
-    stack = language_stack(model)
-    x = stack.embed(ids.to(model.device))
-    resid, zs = [], []
-
-    def keep(z):
-        zs.append(z)
-        return z
-
-    for layer in range(stack.n_layers):
-        resid.append(x)
-        x, _ = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=False, hook_z={layer: keep})
-    resid.append(x)
-    return Trace(ids, resid, zs)
-
-
-def one(t: Trace, b: int) -> Trace:
-    """Row ``b`` of a batched trace, as ``models.patching.trace`` gives one prompt's."""
-    return Trace(t.ids[b], [r[b] for r in t.resid], [z[b] for z in t.z])
 
 
 @dataclass(frozen=True)
@@ -90,7 +66,7 @@ def shared_prefix(clean: Trace, corrupted: Trace) -> int:
     """How many first tokens every clean prompt of a batch shares with its corrupted one (at most ``n - 1``)."""
     differ = (clean.ids != corrupted.ids).any(0)
     n = clean.ids.shape[1]
-    return min(int(differ.int().argmax()) if bool(differ.any()) else n - 1, n - 1)
+    return min(int(differ.int().argmax()), n - 1) if bool(differ.any()) else n - 1
 
 
 @torch.inference_mode()

@@ -44,52 +44,64 @@ def language_stack(model):
 
 
 @torch.inference_mode()
-def trace(model, ids: torch.Tensor) -> Trace:
-    """Run ``ids`` ``(n,)`` through ``model``'s stack once, keeping every layer's ``resid_pre`` and ``z``."""
+def trace_batch(model, ids: torch.Tensor) -> Trace:
+    """Run ``ids`` ``(B, n)`` through ``model``'s stack once, keeping every layer's ``resid_pre`` ``(B, n, E)`` and
+    every head's ``z`` ``(B, kept heads, n, Dh)``."""
     stack = language_stack(model)
-    x = stack.embed(ids.view(1, -1).to(model.device))                      # (1, n, E)
+    x = stack.embed(ids.to(model.device))
     resid, zs = [], []
 
     def keep(z):
-        zs.append(z[0])
+        zs.append(z)
         return z
 
     for layer in range(stack.n_layers):
-        resid.append(x[0])
+        resid.append(x)
         x, _ = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=False, hook_z={layer: keep})
-    resid.append(x[0])
-    return Trace(ids.view(-1), resid, zs)
+    resid.append(x)
+    return Trace(ids, resid, zs)
+
+
+def trace(model, ids: torch.Tensor) -> Trace:
+    """Run ``ids`` ``(n,)`` through ``model``'s stack once, keeping every layer's ``resid_pre`` and ``z``."""
+    t = trace_batch(model, ids.view(1, -1))
+    return Trace(t.ids[0], [r[0] for r in t.resid], [z[0] for z in t.z])
 
 
 @torch.inference_mode()
 def trace_weights(stack, t: Trace) -> torch.Tensor:
-    """``(layers, heads, n, n)``: every head's attention weights (zero for a pruned head), each layer's read from
-    the residual stream the trace kept entering it, through that layer's attention alone."""
+    """``(layers, heads, n, n)`` (``(B, layers, heads, n, n)`` for a batch's trace): every head's attention weights
+    (zero for a pruned head), each layer's read from the residual stream the trace kept entering it, through that
+    layer's attention alone."""
     from .stacks.base import place_heads
 
+    single = t.resid[0].dim() == 2
     out = []
     for layer, block in enumerate(stack.layers):
-        h = block.attention_input(t.resid[layer].unsqueeze(0))                 # (1, n, E)
+        resid = t.resid[layer]
+        h = block.attention_input(resid.unsqueeze(0) if single else resid)           # (B, n, E)
         _, weights = block.attn(h, causal=True, need_weights=True, average_attn_weights=False)
-        out.append(place_heads(weights, stack.kept[layer], stack.n_heads)[0])
-    return torch.stack(out)
+        out.append(place_heads(weights, stack.kept[layer], stack.n_heads))
+    weights = torch.stack(out, 1)                                                    # (B, L, H, n, n)
+    return weights[0] if single else weights
 
 
 def head_results(stack, t: Trace, position: int = -1) -> torch.Tensor:
-    """``(layers, heads, E)``: each head's ``result`` at ``position``, its ``z`` through its slice of the
-    output projection (zero for a pruned head), and through the norm a block puts on its attention's output
-    (Gemma 3), that norm's scale frozen at the whole output's value: the heads' results add up to what the
-    attention writes, less its bias."""
+    """``(layers, heads, E)`` (``(B, layers, heads, E)`` for a batch's trace): each head's ``result`` at ``position``,
+    its ``z`` through its slice of the output projection (zero for a pruned head), and through the norm a block
+    puts on its attention's output (Gemma 3), that norm's scale frozen at the whole output's value: the heads'
+    results add up to what the attention writes, less its bias."""
     L, H = stack.n_layers, stack.n_heads
-    out = torch.zeros(L, H, t.resid[0].shape[-1], dtype=t.resid[0].dtype, device=t.resid[0].device)
+    like = t.resid[0]
+    out = like.new_zeros(*like.shape[:-2], L, H, like.shape[-1])
     for layer in range(L):
         block, kept = stack.layers[layer], stack.kept[layer]
         if kept:
             w_out = block.attn.out_proj.weight.view(-1, len(kept), block.attn.head_dim)   # (E, kept, Dh)
-            results = torch.einsum("hd,ehd->he", t.z[layer][:, position], w_out)
+            results = torch.einsum("...hd,ehd->...he", t.z[layer][..., position, :], w_out)
             bias = block.attn.out_proj.bias
-            scale = block.attention_scale(results.sum(0) + (0 if bias is None else bias))
-            out[layer, kept] = results if scale is None else results * scale
+            scale = block.attention_scale(results.sum(-2) + (0 if bias is None else bias))
+            out.select(-3, layer)[..., kept, :] = results if scale is None else results * scale.unsqueeze(-2)
     return out
 
 

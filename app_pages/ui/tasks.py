@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from analysis.significance import interval
 from analysis.task_ablation import kept_curve, order_by_effect
 from analysis.task_effects import METRICS, NORMALISE, TaskEffects, run_task
 from analysis.tasks import CORRUPTIONS, PAGE_ROWS, TASKS, Task, from_csv, make_task
@@ -20,7 +21,7 @@ from .pruning import first_measured, importance
 from .shared import Bar, shared
 from .state import bound, flag
 
-SOURCES = {**{k: v for k, v in TASKS.items()}, "csv": "Your pairs (a CSV file)"}
+SOURCES = {**TASKS, "csv": "Your pairs (a CSV file)"}
 SHORT_METRICS = {"logit_diff": "Logit difference", "prob_diff": "Probability difference",
                  "greater_than": "Greater-than mass"}
 METHOD_LABELS = {"attribution": "Attribution", "exact": "Exact"}
@@ -167,8 +168,6 @@ def chosen(effects: TaskEffects, correct_only: bool) -> TaskEffects:
 
 def role_attention_summary(effects: TaskEffects, layer: int, head: int):
     """The head's mean attention from the last token to each role, with 95% bootstrap intervals."""
-    from analysis.significance import interval
-
     values = effects.role_attention[:, layer, head, :].astype(np.float64)
     if len(values) < 2:
         return values.mean(0), values.mean(0), values.mean(0)
