@@ -20,6 +20,8 @@ PAGES = [
     st.Page("app_pages/roles.py", title="Head roles", icon=":material/category:", url_path="roles"),
     st.Page("app_pages/effects.py", title="Effects", icon=":material/science:", url_path="effects"),
     st.Page("app_pages/queries_keys.py", title="Queries & keys", icon=":material/scatter_plot:", url_path="queries_keys"),
+    st.Page("app_pages/head.py", title="Head", icon=":material/badge:", url_path="head"),
+    st.Page("app_pages/atlas.py", title="Atlas", icon=":material/bubble_chart:", url_path="atlas"),
     st.Page("app_pages/layers.py", title="Across layers", icon=":material/stacks:", url_path="layers"),
     st.Page("app_pages/pruning.py", title="Pruning", icon=":material/content_cut:", url_path="pruning"),
     st.Page("app_pages/train.py", title="Train", icon=":material/model_training:", url_path="train"),

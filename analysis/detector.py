@@ -134,6 +134,10 @@ def interval(values: np.ndarray, level: float = LEVEL, seed: int = 0) -> tuple[n
     return mean.reshape(shape), lo.reshape(shape), hi.reshape(shape)
 
 
+SENTENCES = 100  # natural sentences for previous-token and sink scores the app reads: spread over the corpus
+SEQUENCES, LENGTH = 32, 30  # repeated random sequences, and the tokens of each copy
+
+
 def head_detector(model: AttentionModel, *, seed: int = 0, sentences: Sequence[str] | None = None,
                   n_sequences: int = 32, length: int = 30, progress=None) -> pd.DataFrame:
     """Every head's previous-token, duplicate-token, induction and sink score with 95% intervals.

@@ -2,6 +2,7 @@
 import streamlit as st
 
 from app_pages.ui.attention import attention
+from app_pages.ui.card_links import card_button
 from app_pages.ui.views import causal_note, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
@@ -38,6 +39,7 @@ for i, col in enumerate(st.columns(n)):
             att = attention(s, text, model, layers=(layer,))
         v = view(s, att)
         head = choose("Head", list(range(att.n_heads)), f"p{i + 1}_head", default=defaults[i][1])
+        card_button(layer, head, f"p{i + 1}_card", choice=model.choice)
         picks.append((model, att, v, layer, head))
 
 zmax = max(float(v.head(layer, head).max()) for _, _, v, layer, head in picks) if s.shared_scale else None

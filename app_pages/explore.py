@@ -4,6 +4,7 @@ import streamlit as st
 
 from analysis import head_stats, special_share
 from app_pages.ui.attention import attention
+from app_pages.ui.card_links import card_button
 from app_pages.ui.views import causal_note, special_words, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import explore_long
@@ -19,6 +20,7 @@ top = st.columns([3, 1, 1])
 att = attention(s, pick_sentence(s, container=top[0]), long=True)
 layer = pick_layer(att.n_layers, container=top[1], windows=att.windows)
 focus = pick_head(att.n_heads, container=top[2], label="Focus head")
+card_button(layer, focus, "explore-card")
 heads = pick_heads(att.n_heads)
 if isinstance(att, LongAttention):
     explore_long(s, att, layer, focus, heads)

@@ -4,6 +4,7 @@ import streamlit as st
 
 from analysis import head_stats, long_view, reach, special_share
 from app_pages.ui.attention import attention
+from app_pages.ui.card_links import card_button
 from app_pages.ui.views import causal_note, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import surveyed
@@ -51,11 +52,12 @@ clicked = [p["point_index"] for p in (event.selection.points if event else []) i
 if clicked and 0 <= clicked[0] < att.n_layers * att.n_heads:
     open_in_explore(*divmod(int(clicked[0]), att.n_heads))
 
-a, b, go_col, _ = st.columns([1, 1, 1, 2], vertical_alignment="bottom")
+a, b, go_col, card_col, _ = st.columns([1, 1, 1, 1, 1], vertical_alignment="bottom")
 layer = a.selectbox("Layer", range(att.n_layers), key="open_layer")
 head = b.selectbox("Head", range(att.n_heads), key="open_head")
 if go_col.button("Open in Explore", type="primary"):
     open_in_explore(layer, head)
+card_button(layer, head, "overview-card", card_col, label="Open its card")
 exports("overview", fig, att if v is not None else None, v, layer, head, sig=f"{att.text}|{s}")
 
 st.subheader("How far each head looks")

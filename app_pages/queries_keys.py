@@ -4,6 +4,7 @@ import numpy as np
 import streamlit as st
 
 from app_pages.ui.attention import cached_attention
+from app_pages.ui.card_links import card_button
 from app_pages.ui.exports import chart
 from app_pages.ui.messages import plain, short
 from app_pages.ui.models import model_for, twin
@@ -81,6 +82,7 @@ c1, c2, c3 = st.columns([1, 1, 2], vertical_alignment="bottom")
 layer = choose("Layer", list(range(model.n_layers)), "qk_layer", default=best[0], container=c1)
 head = choose("Head", list(range(model.n_heads)), "qk_head", default=best[1], container=c2)
 color_by = choose("Colour by", list(COLOR_BY), "qk_color", container=c3, cast=str, format_func=COLOR_BY.get)
+card_button(layer, head, "qk-card")
 frame = frames[(layer, head)]
 n = len(frame) // 2
 

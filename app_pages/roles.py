@@ -4,6 +4,7 @@ import streamlit as st
 
 from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view
 from app_pages.ui.attention import attention
+from app_pages.ui.card_links import card_button, click_opens_card
 from app_pages.ui.detector import show_decoder_heads
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.models import LLM
@@ -35,7 +36,8 @@ def tip(r) -> str:
 
 grid = role_grid(frame["layer"].to_numpy(), frame["head"].to_numpy(), frame["label"].tolist(),
                  [tip(r) for _, r in frame.iterrows()], title=f"Roles over {profiled.n_sentences:,} sentences")
-chart(grid, "roles-grid")
+click_opens_card(chart(grid, "roles-grid", on_select="rerun", selection_mode="points"), "roles-grid", grid,
+                 int(frame["head"].max()) + 1)
 counts = ", ".join(f"{FOCUS_NAMES[f]} {int(frame[f'{f}_n'].iloc[0])}" for f in FOCI)
 st.caption(f"Labels: positional above {THRESHOLDS['positional']}; a focus when the lower end of its lift's 95% "
            f"interval is {THRESHOLDS['focus_lift_lo']} or more, over at least {THRESHOLDS['focus_sentences']} "
@@ -69,6 +71,7 @@ picks = list(zip(members["layer"].tolist(), members["head"].tolist()))
 layer, head = choose("Head", picks, "role_head", cast=head_from_url, to_url=head_to_url,
                      format_func=lambda h: head_label(*h))
 name = head_label(layer, head)
+card_button(layer, head, "roles-card")
 
 if profiled.attentions is not None:
     strongest_sentences(s, profiled, layer, head, measure, higher)

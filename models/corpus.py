@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 CORPUS_FILE = ASSETS / "corpus.txt"
 EXAMPLES_FILE = ASSETS / "examples.json"
@@ -37,3 +39,8 @@ def corpus_text() -> str:
 CORPUS: tuple[str, ...] = tuple(sentences_of(corpus_text()))  # the built-in corpus's 335 sentences, in order
 EXAMPLES: dict[str, str] = json.loads(EXAMPLES_FILE.read_text(encoding="utf-8"))  # name -> text
 DEFAULT_TEXT = next(iter(EXAMPLES.values()))  # "Which do you like better, coffee or tea?"
+
+
+def corpus_sample(n: int) -> list[str]:
+    """``n`` sentences spread evenly over the built-in corpus, the same every time."""
+    return [CORPUS[i] for i in np.linspace(0, len(CORPUS) - 1, n).round().astype(int)]

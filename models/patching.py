@@ -86,6 +86,21 @@ def trace_weights(stack, t: Trace) -> torch.Tensor:
     return weights[0] if single else weights
 
 
+def _layer_results(stack, t: Trace, layer: int, position) -> torch.Tensor | None:
+    """``(..., kept heads, E)`` at ``position`` (``(..., n, kept heads, E)`` for ``slice(None)``): each kept head's
+    ``z`` through its slice of the output projection and the norm a block puts on its attention's output (Gemma 3),
+    that norm's scale frozen at the whole output's value; None for a layer whose heads are all pruned."""
+    block, kept = stack.layers[layer], stack.kept[layer]
+    if not kept:
+        return None
+    w_out = block.attn.out_proj.weight.view(-1, len(kept), block.attn.head_dim)       # (E, kept, Dh)
+    z = t.z[layer].movedim(-2, -3)[..., position, :, :]                                # (..., [n,] kept, Dh)
+    results = torch.einsum("...hd,ehd->...he", z, w_out)
+    bias = block.attn.out_proj.bias
+    scale = block.attention_scale(results.sum(-2) + (0 if bias is None else bias))
+    return results if scale is None else results * scale.unsqueeze(-2)
+
+
 def head_results(stack, t: Trace, position: int = -1) -> torch.Tensor:
     """``(layers, heads, E)`` (``(B, layers, heads, E)`` for a batch's trace): each head's ``result`` at ``position``,
     its ``z`` through its slice of the output projection (zero for a pruned head), and through the norm a block
@@ -95,13 +110,21 @@ def head_results(stack, t: Trace, position: int = -1) -> torch.Tensor:
     like = t.resid[0]
     out = like.new_zeros(*like.shape[:-2], L, H, like.shape[-1])
     for layer in range(L):
-        block, kept = stack.layers[layer], stack.kept[layer]
-        if kept:
-            w_out = block.attn.out_proj.weight.view(-1, len(kept), block.attn.head_dim)   # (E, kept, Dh)
-            results = torch.einsum("...hd,ehd->...he", t.z[layer][..., position, :], w_out)
-            bias = block.attn.out_proj.bias
-            scale = block.attention_scale(results.sum(-2) + (0 if bias is None else bias))
-            out.select(-3, layer)[..., kept, :] = results if scale is None else results * scale.unsqueeze(-2)
+        results = _layer_results(stack, t, layer, position)
+        if results is not None:
+            out.select(-3, layer)[..., stack.kept[layer], :] = results
+    return out
+
+
+def result_norms(stack, t: Trace) -> torch.Tensor:
+    """``(B, layers, heads, n)`` for a batch's trace: the norm of each head's ``result`` (as ``head_results``) at
+    every position; zero for a pruned head."""
+    B, n = t.resid[0].shape[:2]
+    out = t.resid[0].new_zeros(B, stack.n_layers, stack.n_heads, n)
+    for layer in range(stack.n_layers):
+        results = _layer_results(stack, t, layer, slice(None))                         # (B, n, kept, E)
+        if results is not None:
+            out[:, layer, stack.kept[layer]] = results.norm(dim=-1).transpose(1, 2)
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from .figures import DIVERGING, _tick, safe, top_margin, visible, wrapped_title
+from .figures import DIVERGING, _tick, head_targets, safe, top_margin, visible, wrapped_title
 
 HALF_TITLE = 38  # title characters a line in a chart half a 1024 px window wide
 
@@ -36,13 +36,7 @@ def effect_grid(values: np.ndarray, *, title: str = "", value_name: str = "recov
         customdata=tips, xgap=1, ygap=1,
         colorbar=dict(title=dict(text=safe(value_name), side="right"), thickness=12),
         hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>"))
-    layer_of, head_of = np.divmod(np.arange(values.size), n_heads)
-    fig.add_trace(go.Scatter(  # click targets: plotly selects points of a scatter, not cells of a heatmap
-        x=head_of, y=layer_of, mode="markers", name="heads", showlegend=False,
-        marker=dict(symbol="square", size=14, color="rgba(0,0,0,0)"),
-        customdata=[[int(l), int(h)] for l, h in zip(layer_of, head_of)],
-        text=[tips[l][h] for l, h in zip(layer_of, head_of)],
-        hovertemplate="layer %{y}, head %{x}<br>%{text}<br>click to open this head<extra></extra>"))
+    head_targets(fig, n_layers, n_heads, [tips[l][h] for l in range(n_layers) for h in range(n_heads)])
     if selected is not None:
         layer, head = selected
         fig.add_shape(type="rect", x0=head - 0.5, x1=head + 0.5, y0=layer - 0.5, y1=layer + 0.5,
@@ -54,8 +48,7 @@ def effect_grid(values: np.ndarray, *, title: str = "", value_name: str = "recov
                      autorange="reversed", showgrid=False, ticks="", zeroline=False)
     head = wrapped_title(title, HALF_TITLE)
     fig.update_layout(title=head, height=ROW_PX * n_layers + top_margin(head, room=40) + 20,
-                      margin=dict(t=top_margin(head, room=40), l=44, r=10, b=10), plot_bgcolor="white",
-                      clickmode="event+select", dragmode="pan")
+                      margin=dict(t=top_margin(head, room=40), l=44, r=10, b=10), plot_bgcolor="white")
     return fig
 
 

@@ -67,6 +67,19 @@ def top_margin(title: dict, room: int = 30) -> int:
     return 22 * title["text"].count("<br>") + 30 + room
 
 
+def head_targets(fig: go.Figure, n_layers: int, n_heads: int, text: list[str], *, size: int = 14,
+                 action: str = "open this head") -> None:
+    """An invisible marker over each cell of a layer x head grid (the trace "heads", point ``layer * heads +
+    head``): plotly selects points of a scatter, not cells of a heatmap, so these take the clicks."""
+    layer_of, head_of = np.divmod(np.arange(n_layers * n_heads), n_heads)
+    fig.add_trace(go.Scatter(
+        x=head_of, y=layer_of, mode="markers", name="heads", showlegend=False,
+        marker=dict(symbol="square", size=size, color="rgba(0,0,0,0)"),
+        customdata=[[int(l), int(h)] for l, h in zip(layer_of, head_of)], text=text,
+        hovertemplate=f"layer %{{y}}, head %{{x}}<br>%{{text}}<br>click to {action}<extra></extra>"))
+    fig.update_layout(clickmode="event+select", dragmode="pan")
+
+
 def blocks(n: int, max_cells: int | None = MAX_CELLS) -> np.ndarray:
     """Start index of each block when ``n`` positions are drawn in at most ``max_cells`` cells."""
     return np.arange(0, n, max(1, math.ceil(n / (max_cells or n or 1))))

@@ -8,7 +8,7 @@ import numpy as np
 import plotly.colors as pc
 import plotly.graph_objects as go
 
-from .figures import COLORSCALE, HIDDEN_COLOR, TITLE_CHARS, safe, top_margin, wrapped_title
+from .figures import COLORSCALE, HIDDEN_COLOR, TITLE_CHARS, head_targets, safe, top_margin, wrapped_title
 
 HIDDEN_RGB = pc.hex_to_rgb(HIDDEN_COLOR)
 
@@ -148,6 +148,8 @@ def role_grid(layers: np.ndarray, heads: np.ndarray, labels: list[str], hover: l
         text=None if compact else text, texttemplate=None if compact else "%{text}", textfont=dict(size=9),
         customdata=tips, showscale=False, xgap=2, ygap=2,
         hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>"))
+    head_targets(fig, n_layers, n_heads, [tips[l][h] for l in range(n_layers) for h in range(n_heads)],
+                 size=10 if compact else 14, action="open its card")
     if compact:
         for name, color in zip(names, colors):  # a legend entry per role: the cells carry no names
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=safe(name),

@@ -5,20 +5,20 @@ import pandas as pd
 import streamlit as st
 
 from analysis import DETECTORS, make_view
-from analysis.detector import DETECTOR_LABELS, detector_labels, head_detector, repeated_sequences
+from analysis.detector import (DETECTOR_LABELS, LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector,
+                               repeated_sequences)
 from models import head_label
 from models.catalog import CATALOG, bundled
+from models.corpus import corpus_sample
 from viz import head_heatmap, role_grid
 
 from .attention import cached_attention
+from .card_links import click_opens_card
 from .exports import chart
 from .models import ModelRef, cached_model, twin
-from .pruning import corpus_sample
 from .shared import Bar, Warm, shared
 from .state import bound, choose, flag, head_from_url, head_to_url
 
-SENTENCES = 100  # natural sentences for previous-token and sink scores: spread over the built-in corpus
-SEQUENCES, LENGTH = 32, 30  # repeated random sequences, and the tokens of each copy
 ABOUT = (f"On {SEQUENCES} sequences of {LENGTH} random words repeated twice (Olsson et al. 2022): induction is the "
          "weight a token of the second copy gives the token after its earlier occurrence, duplicate token the weight "
          f"on that occurrence itself; on {SENTENCES} sentences of the built-in corpus, previous token is the weight "
@@ -51,8 +51,10 @@ def show_decoder_heads(ref: ModelRef) -> None:
     df = detected(ref)
     tips = ["<br>".join(f"{NAMES[n]}: {r[n]:.2f} ({r[f'{n}_lo']:.2f}–{r[f'{n}_hi']:.2f})" for n in DETECTORS)
             for _, r in df.iterrows()]
-    chart(role_grid(df["layer"].to_numpy(), df["head"].to_numpy(), df["label"].tolist(), tips,
-                    title="Decoder heads · repeated random sequences and the built-in corpus"), "roles-detector")
+    grid = role_grid(df["layer"].to_numpy(), df["head"].to_numpy(), df["label"].tolist(), tips,
+                     title="Decoder heads · repeated random sequences and the built-in corpus")
+    click_opens_card(chart(grid, "roles-detector", on_select="rerun", selection_mode="points"), "roles-detector", grid,
+                     int(df["head"].max()) + 1)
     st.caption(ABOUT)
     columns = ["layer", "head", "label", *(c for n in DETECTORS for c in (n, f"{n}_lo", f"{n}_hi"))]
     st.dataframe(df[columns].style.format(precision=2), hide_index=True, key="roles-detector-table")
@@ -90,9 +92,10 @@ def beside(ref: ModelRef, df: pd.DataFrame) -> None:
         with col:
             L, H = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
             tips = ["<br>".join(f"{NAMES[n]}: {row[n]:.2f}" for n in DETECTORS) for _, row in frame.iterrows()]
-            chart(role_grid(frame["layer"].to_numpy(), frame["head"].to_numpy(), frame["label"].tolist(), tips,
-                            title=f"{title} · {L} layers × {H} heads", compact=True, title_chars=38),
-                  f"roles-beside-{r.choice}")
+            grid = role_grid(frame["layer"].to_numpy(), frame["head"].to_numpy(), frame["label"].tolist(), tips,
+                             title=f"{title} · {L} layers × {H} heads", compact=True, title_chars=38)
+            key = f"roles-beside-{r.choice}"
+            click_opens_card(chart(grid, key, on_select="rerun", selection_mode="points"), key, grid, H, r.choice)
     counts = pd.DataFrame({t: f["label"].value_counts() for t, f in zip(titles, frames)}).fillna(0).astype(int)
     counts.loc["heads"] = [len(f) for f in frames]
     st.dataframe(counts, key="roles-beside-counts")

@@ -125,12 +125,13 @@ def prompt_trace(ref: ModelRef, text: str) -> Traced:
     return traced(cached_model(ref), text)
 
 
-def _first_pair(ref: ModelRef) -> list[tuple]:
-    """What Effects shows first: the first built-in pair on the model's twin, patched exactly."""
-    return [(twin(ref), next(iter(PAIRS.values())), "exact")]
+def _pairs(ref: ModelRef) -> list[tuple]:
+    """What Effects shows first, the first built-in pair on the model's twin patched exactly, then the other pairs
+    (a head's card reads each)."""
+    return [(twin(ref), pair, "exact") for pair in PAIRS.values()]
 
 
-@shared("effects", entries=32, waiting="Patching these prompts", warm=Warm(6, _first_pair))
+@shared("effects", entries=32, waiting="Patching these prompts", warm=Warm(6, _pairs))
 def effects(ref: ModelRef, pair: Pair, method: str) -> Effects:
     """Attribution of the clean prompt, every head patched and the residual stream patched by position, each
     prompt traced once for all three."""
@@ -185,7 +186,7 @@ def flow(ref: ModelRef, prompt: str) -> Flow:
         return prediction_flow(cached_model(ref), prompt_trace(ref, prompt))
 
 
-@shared("copying", entries=4, waiting="Reading every head's OV circuit")
+@shared("copying", entries=4, waiting="Reading every head's OV circuit", warm=Warm(5, lambda ref: [(twin(ref),)]))
 def copying(ref: ModelRef) -> pd.DataFrame:
     """Every head's OV copying and suppression scores: the model's own, computed once per server."""
     model = cached_model(ref)

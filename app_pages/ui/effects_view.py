@@ -22,6 +22,7 @@ from .effects import Effects, copying, flow, frame_csv, parts_frame, per_positio
 from .exports import chart
 from .models import LLM, TRAINED, ModelRef
 from .settings import Settings
+from .card_links import card_button
 from .state import bound, choose_head, click_head, flag, fresh_click
 from .training import trained_job
 
@@ -131,6 +132,7 @@ def parts_and_residual(v: EffectsView) -> list[str]:
 def head_section(v: EffectsView, s: Settings, layer: int, head: int) -> None:
     """The head on both prompts: where it looks (from each prompt's trace) and what it writes at a token."""
     st.subheader(f"{head_label(layer, head)}: where it looks and what it writes")
+    card_button(layer, head, "effects-card")
     tokens = v.found.attribution.attrs["tokens"]
     at = bound(st.selectbox, "effects_at", len(tokens) - 1, init="index", options=list(range(len(tokens))),
                cast=int, label="What it writes at",

@@ -11,7 +11,7 @@ from analysis.ablation import ABLATIONS, NEIGHBOURS
 from analysis.importance import attention_proxies, head_importance, proxy_correlations
 from analysis.pruning import ORDERS, curve_work, full_run, point_comparison, prune_counts, pruning_curve
 from models import AttentionModel, Head, head_label
-from models.corpus import CORPUS
+from models.corpus import CORPUS, corpus_sample
 
 from .exports import model_zip
 from .models import LLM, TRAINED, ModelRef, cached_model, model_for, twin
@@ -71,11 +71,6 @@ MEASURES = {
     "loss": (("loss", "Next-token loss", "Mean cross-entropy of each next token, in nats; lower is better."),
              ("agreement", "Top-1 agreement", "Share of next-token predictions equal to the full model's.")),
 }
-
-
-def corpus_sample(n: int = SAMPLE) -> list[str]:
-    """``n`` sentences spread evenly over the built-in corpus, the same every time."""
-    return [CORPUS[i] for i in np.linspace(0, len(CORPUS) - 1, n).round().astype(int)]
 
 
 def measure_of(ref: ModelRef) -> str:

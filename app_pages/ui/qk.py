@@ -66,14 +66,14 @@ def _frames_bytes(value: Pictures) -> int:
     return sum(int(f.memory_usage(index=False).sum()) for f in value.frames.values()) + len(value.png[0])
 
 
-def _corpus(ref: ModelRef) -> list[tuple]:
+def first_pictures(ref: ModelRef) -> list[tuple]:
     """What the page draws first: every head of the model's twin over the built-in corpus, fitted."""
     ours = twin(ref)
     return [(ours, tokens_within(cached_model(ours), list(CORPUS)), "fitted")]
 
 
 @shared("queries and keys", entries=4, max_bytes=512 * 2**20, size=_frames_bytes, waiting="Drawing every head's picture",
-        warm=Warm(7, _corpus))
+        warm=Warm(7, first_pictures))
 def pictures(ref: ModelRef, sentences: list[str], method: str) -> Pictures:
     """``qk_embedding`` of every head of ``ref``'s model over ``sentences``, with a progress bar; the heads drawn so
     far are published a layer at a time while they are computed (a page shows them with ``partial=``)."""

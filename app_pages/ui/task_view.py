@@ -15,6 +15,7 @@ from .effects import frame_csv
 from .exports import chart
 from .messages import plain
 from .models import ModelRef
+from .card_links import card_button
 from .state import bound, choose_head, click_head, clicked_grid_head, flag
 from .tasks import SHORT_METRICS, TaskChoice, role_attention_summary, task_curve
 
@@ -117,6 +118,7 @@ def head_section(v: TaskView, layer: int, head: int) -> pd.DataFrame:
     """The head's value on each pair, and where its last token looks, averaged over the pairs."""
     f = v.found
     st.subheader(f"{head_label(layer, head)} over the task")
+    card_button(layer, head, "task-card")
     pairs = per_pair(f, layer, head)
     groups = [t.split(" ")[0] if t else "pairs" for t in pairs["template"]]
     left, right = st.columns(2)

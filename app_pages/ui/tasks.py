@@ -16,9 +16,9 @@ from analysis.tasks import CORRUPTIONS, PAGE_ROWS, TASKS, Task, from_csv, make_t
 from models import HeadLensError
 
 from .messages import stop_with
-from .models import ModelRef, cached_model
+from .models import ModelRef, cached_model, twin
 from .pruning import first_measured, importance
-from .shared import Bar, shared
+from .shared import Bar, Warm, shared
 from .state import bound, flag
 
 SOURCES = {**TASKS, "csv": "Your pairs (a CSV file)"}
@@ -45,6 +45,9 @@ class TaskSpec:
     @property
     def cache_key(self) -> tuple:
         return ("task", self.source, self.pairs, self.seed, self.corruption, hashlib.sha256(self.csv).hexdigest())
+
+
+FIRST = TaskSpec("ioi", 50)  # the task the page opens with
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,12 @@ def task_or_stop(ref: ModelRef, spec: TaskSpec) -> Task:
         stop_with(err)
 
 
-@shared("task effects", entries=8, waiting="Running the task's pairs")
+def first_task(ref: ModelRef) -> list[tuple]:
+    """What Effects over a task shows first: indirect object, 50 pairs, by attribution patching, on the twin."""
+    return [(twin(ref), FIRST, "logit_diff", "attribution")]
+
+
+@shared("task effects", entries=8, waiting="Running the task's pairs", warm=Warm(9, first_task))
 def task_effects(ref: ModelRef, spec: TaskSpec, metric: str, method: str) -> TaskEffects:
     """Every pair of the task traced, attributed and patched, in batches, with a progress bar."""
     model, task = cached_model(ref), built_task(ref, spec)

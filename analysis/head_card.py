@@ -1,0 +1,251 @@
+"""One head on one card: what HeadLens measures of it anywhere, read from the functions that measure it.
+
+A card (``HeadCard``) is assembled from ``CardParts``: the results the pages compute for every head at once
+(the corpus's attention and its Head roles frame, the decoder head detector, the OV copying scores, each
+built-in pair's attribution and patching, a task's table, the heads' importance, the queries-and-keys
+picture). ``card_parts`` computes them in plain Python; the app hands the card the same values its pages
+share, so a card's number is the number on the page that goes deeper.
+
+Two measures are the card's own, read from what the parts hold:
+
+- **peaks** (``corpus_peaks``): in each corpus sentence, the query where a head's attention is most
+  concentrated on one key other than the set-aside ones (special tokens, a decoder's sink), and that weight:
+  the head's strongest examples, as Neuronpedia shows a feature's most activating contexts;
+- **writes** (``corpus_writes``, a decoder): the largest norm of what the head writes into the residual stream
+  at any query of each sentence (its ``z`` through its slice of the output projection).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from models import AttentionModel, head_label
+from models import patching as P
+from models.result import Attention
+
+from .views import set_aside, token_label
+
+TOP = 10  # examples a card shows
+SNIPPET = 6  # tokens of context shown on each side of the query and the key
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """Per sentence and head ``(sentences, layers, heads)``: the largest weight a query puts on one key other than
+    the set-aside tokens (``weight``), at which query and key. NaN where a sentence has no such query."""
+
+    weight: np.ndarray
+    query: np.ndarray
+    key: np.ndarray
+
+
+def corpus_peaks(attentions: Sequence[Attention]) -> Peaks:
+    """Every head's most concentrated query in each sentence, read from the sentences' attention."""
+    L, H = attentions[0].weights.shape[:2]
+    weight = np.full((len(attentions), L, H), np.nan)
+    query = np.zeros((len(attentions), L, H), dtype=np.int64)
+    key = np.zeros_like(query)
+    for s, att in enumerate(attentions):
+        aside = set_aside(att)
+        seen = np.cumsum(~aside) if att.causal else np.full(len(aside), int((~aside).sum()))
+        trivial = aside | (seen < 2)                                        # a query with one key to choose from
+        w = np.where(aside[None, None, None, :], -1.0, att.weights)       # the sink and special tokens as keys
+        w = np.where(trivial[None, None, :, None], -1.0, w)                 # and as queries
+        best_key = w.argmax(-1)                                             # (L, H, n)
+        best = np.take_along_axis(w, best_key[..., None], -1)[..., 0]
+        q = best.argmax(-1)                                                 # (L, H)
+        top = np.take_along_axis(best, q[..., None], -1)[..., 0]
+        weight[s] = np.where(top >= 0, top, np.nan)
+        query[s], key[s] = q, np.take_along_axis(best_key, q[..., None], -1)[..., 0]
+    return Peaks(weight, query, key)
+
+
+def snippet(tokens: list[str], query: int, key: int, width: int = SNIPPET) -> str:
+    """The tokens around ``key`` and ``query``, the key in [brackets] and the query in «guillemets»."""
+    lo, hi = max(0, min(query, key) - width), min(len(tokens), max(query, key) + width + 1)
+    words = []
+    for i in range(lo, hi):
+        word = token_label(tokens[i])
+        words.append(f"«{word}»" if i == query else f"[{word}]" if i == key else word)
+    return ("… " if lo else "") + " ".join(words) + (" …" if hi < len(tokens) else "")
+
+
+def top_examples(peaks: Peaks, attentions: Sequence[Attention], layer: int, head: int, k: int = TOP) -> pd.DataFrame:
+    """The ``k`` sentences where ``(layer, head)`` is most concentrated: ``sentence`` (its index), ``text``,
+    ``query`` and ``key`` (token positions), their tokens, ``weight``, and a ``snippet`` with both marked."""
+    values = peaks.weight[:, layer, head]
+    order = [int(i) for i in np.argsort(-np.nan_to_num(values, nan=-1.0), kind="stable")[:k] if not np.isnan(values[i])]
+    rows = []
+    for s in order:
+        att, q, key = attentions[s], int(peaks.query[s, layer, head]), int(peaks.key[s, layer, head])
+        rows.append({"sentence": s, "text": att.text, "query": q, "key": key, "query_token": token_label(att.tokens[q]),
+                     "key_token": token_label(att.tokens[key]), "distance": q - key, "weight": float(values[s]),
+                     "snippet": snippet(att.tokens, q, key)})
+    return pd.DataFrame(rows, columns=["sentence", "text", "query", "key", "query_token", "key_token", "distance",
+                                       "weight", "snippet"])
+
+
+@dataclass(frozen=True)
+class Writes:
+    """Per sentence and head ``(sentences, layers, heads)``: the largest norm a head writes at any query
+    (``norm``) and where (``query``)."""
+
+    norm: np.ndarray
+    query: np.ndarray
+
+
+@torch.inference_mode()
+def corpus_writes(model: AttentionModel, sentences: Sequence[str], *, batch_size: int = 32, progress=None) -> Writes:
+    """How strongly each head writes into the residual stream in each sentence: its result's norm at every
+    query (``models.patching.result_norms``), the largest kept. A decoder's prompts share a batch
+    right-padded: a query never sees the padding after it."""
+    stack = P.language_stack(model)
+    L, H = model.n_layers, model.n_heads
+    norm, query = np.zeros((len(sentences), L, H)), np.zeros((len(sentences), L, H), dtype=np.int64)
+    pad = model.tokenizer.pad_token_id or 0
+    for start in range(0, len(sentences), batch_size):
+        rows = [model.tokenizer(t)["input_ids"][:model.max_tokens] for t in sentences[start:start + batch_size]]
+        n = max(map(len, rows))
+        ids = torch.tensor([r + [pad] * (n - len(r)) for r in rows])
+        norms = P.result_norms(stack, P.trace_batch(model, ids)).float().cpu().numpy()   # (B, L, H, n)
+        for b, r in enumerate(rows):
+            mine = norms[b, ..., :len(r)]
+            query[start + b] = mine.argmax(-1)
+            norm[start + b] = mine.max(-1)
+        if progress is not None:
+            progress(min(start + batch_size, len(sentences)), len(sentences))
+    return Writes(norm, query)
+
+
+def top_writes(writes: Writes, attentions: Sequence[Attention], layer: int, head: int, k: int = TOP) -> pd.DataFrame:
+    """The ``k`` sentences where ``(layer, head)`` writes most: ``sentence``, ``text``, ``query``, its ``token``,
+    ``norm`` and a ``snippet`` with the query marked."""
+    values = writes.norm[:, layer, head]
+    rows = []
+    for s in np.argsort(-values, kind="stable")[:k]:
+        att, q = attentions[s], int(writes.query[s, layer, head])
+        rows.append({"sentence": int(s), "text": att.text, "query": q, "token": token_label(att.tokens[q]),
+                     "norm": float(values[s]), "snippet": snippet(att.tokens, q, q)})
+    return pd.DataFrame(rows, columns=["sentence", "text", "query", "token", "norm", "snippet"])
+
+
+@dataclass
+class CardParts:
+    """What a card reads, each computed for every head by the function its own page uses; None where the model
+    has no such measure (an encoder has no detector, copying, pairs or task) or it was not asked for."""
+
+    profile: pd.DataFrame                      # measure_heads(...).frame(): Head roles over the corpus
+    attentions: list                           # the corpus's attention, the profile's and the peaks' source
+    peaks: Peaks
+    writes: Writes | None = None               # a decoder's
+    detector: pd.DataFrame | None = None       # head_detector, labelled (Head roles, decoder section)
+    copying: pd.DataFrame | None = None        # copying_scores (Effects)
+    pairs: dict = field(default_factory=dict)  # a built-in pair's name -> (logit_attribution, patch_heads) frames
+    task: pd.DataFrame | None = None           # task_effects.table of a task's heads (Effects over a task)
+    task_name: str = ""
+    importance: pd.DataFrame | None = None     # head_importance (Pruning)
+    qk: dict | None = None                     # (layer, head) -> qk_embedding frame (Queries & keys)
+    windows: tuple | None = None               # each layer's sliding window, None for a global layer
+
+
+def _row(frame: pd.DataFrame | None, layer: int, head: int) -> pd.Series | None:
+    if frame is None:
+        return None
+    found = frame[(frame["layer"] == layer) & (frame["head"] == head)]
+    return None if found.empty else found.iloc[0]
+
+
+def rank_of(frame: pd.DataFrame, column: str, layer: int, head: int, by_size: bool = False) -> int:
+    """1 for the head with the largest ``column`` (by absolute value with ``by_size``) among the frame's heads."""
+    values = frame[column].abs() if by_size else frame[column]
+    mine = float(values[(frame["layer"] == layer) & (frame["head"] == head)].iloc[0])
+    return int((values > mine).sum()) + 1
+
+
+@dataclass
+class HeadCard:
+    """Everything HeadLens measures of one head (``head_card``); frames and series, for a page or a notebook."""
+
+    model: str
+    layer: int
+    head: int
+    decoder: bool
+    role: str                          # the Head roles label (a decoder's detector label in ``detector_role``)
+    measures: pd.Series                # the head's row of the Head roles frame
+    detector: pd.Series | None
+    detector_role: str | None
+    window: int | None
+    top: pd.DataFrame                  # top_examples
+    writes: pd.DataFrame | None        # top_writes
+    copying: pd.Series | None          # copying and suppression scores, with their ranks
+    pairs: pd.DataFrame | None         # per built-in pair: attribution, its rank; recovered, its rank
+    task: pd.Series | None             # the task's mean effect with its interval, p and q
+    task_name: str
+    importance: pd.Series | None       # importance and rank
+    qk: pd.DataFrame | None
+    like: pd.DataFrame | None = None   # heads like it (``analysis.atlas.heads_like``)
+
+    @property
+    def name(self) -> str:
+        return head_label(self.layer, self.head)
+
+    def summary(self) -> str:
+        """The card in two or three sentences."""
+        m = self.measures
+        role = self.detector_role if self.decoder and self.detector_role not in (None, "other") else self.role
+        said = [f"{self.name} of {self.model}: {role}; entropy {m['entropy']:.2f} nats, mean distance "
+                f"{m['distance']:.1f} tokens, {m['cls']:.0%} of its weight on the first token"]
+        if not self.top.empty:
+            t = self.top.iloc[0]
+            said.append(f"strongest on “{t['query_token']}” → “{t['key_token']}” ({t['weight']:.2f})")
+        if self.pairs is not None and not self.pairs.empty:
+            best = self.pairs.loc[self.pairs["recovered"].abs().idxmax()]
+            said.append(f"patching it recovers {best['recovered']:+.2f} of {best['pair']}")
+        if self.task is not None:
+            t = self.task
+            said.append(f"{self.task_name}: {t['mean']:+.2f} [{t['low']:.2f}, {t['high']:.2f}] over {t['pairs']} pairs")
+        if self.importance is not None:
+            said.append(f"importance rank {int(self.importance['rank'])} of {int(self.importance['of'])}")
+        return "; ".join(said) + "."
+
+
+def card_from(parts: CardParts, model: str, layer: int, head: int, k: int = TOP) -> HeadCard:
+    """``(layer, head)``'s card, every figure read from ``parts``."""
+    measures = _row(parts.profile, layer, head)
+    detector = _row(parts.detector, layer, head)
+    copying = _row(parts.copying, layer, head)
+    if copying is not None:
+        copying = copying.copy()
+        for column in ("copying", "suppression"):
+            copying[f"{column}_rank"] = rank_of(parts.copying, column, layer, head)
+        copying["of"] = len(parts.copying)
+    pairs = None
+    if parts.pairs:
+        rows = []
+        for name, (attribution, patched) in parts.pairs.items():
+            a, p = _row(attribution, layer, head), _row(patched, layer, head)
+            rows.append({"pair": name, "attribution": float(a["attribution"]),
+                         "attribution_rank": rank_of(attribution, "attribution", layer, head, by_size=True),
+                         "recovered": float(p["recovered"]),
+                         "recovered_rank": rank_of(patched, "recovered", layer, head, by_size=True)})
+        pairs = pd.DataFrame(rows)
+    task = _row(parts.task, layer, head)
+    if task is not None:
+        task = task.copy()
+        task["rank"], task["pairs"] = rank_of(parts.task, "mean", layer, head, by_size=True), parts.task.attrs.get("pairs")
+    importance = _row(parts.importance, layer, head)
+    if importance is not None:
+        importance = importance.copy()
+        importance["rank"], importance["of"] = rank_of(parts.importance, "importance", layer, head), len(parts.importance)
+    window = parts.windows[layer] if parts.windows else None
+    return HeadCard(
+        model=model, layer=layer, head=head, decoder=parts.writes is not None, role=str(measures["label"]),
+        measures=measures, detector=detector, detector_role=None if detector is None else str(detector["label"]),
+        window=window, top=top_examples(parts.peaks, parts.attentions, layer, head, k),
+        writes=None if parts.writes is None else top_writes(parts.writes, parts.attentions, layer, head, k),
+        copying=copying, pairs=pairs, task=task, task_name=parts.task_name, importance=importance,
+        qk=None if parts.qk is None else parts.qk.get((layer, head)))

@@ -1,0 +1,82 @@
+"""Atlas: every head of a model as a point on two of its measures, or on a map of them all; a click opens its card."""
+import streamlit as st
+
+from analysis.atlas import METRICS, head_map, metrics_of
+from app_pages.ui.card import atlas, decoder, same_kind
+from app_pages.ui.card_links import click_opens_card
+from app_pages.ui.exports import chart
+from app_pages.ui.models import ModelRef, model_for
+from app_pages.ui.settings import settings
+from app_pages.ui.state import bound, choose, flag
+from models.catalog import CATALOG, bundled
+from viz.atlas import atlas_scatter
+
+PLOTS = {"measures": "Two measures", "map": "A map of them all"}
+NONE = "none"
+
+s = settings()
+ref = s.model
+st.title("Atlas")
+st.caption("Every head of the model as one point, placed by the measures its card reports (over the built-in corpus, "
+           "and for a decoder the head detector, the built-in pairs and the task); a click on a point opens its "
+           "card.")
+if model_for(ref).encoder_decoder:
+    st.info("The atlas reads an encoder or a decoder; this model has both. Choose another in the sidebar.")
+    st.stop()
+frames = {ref.title: (ref, atlas(ref))}
+others = [b for b in CATALOG if bundled(ref.choice) is None or b.key != bundled(ref.choice).key]
+if others and bound(st.toggle, "atlas_beside", False, cast=flag, label="Beside another bundled model",
+                    help="The other model's heads placed by the same measures, its points beside these (the first "
+                         "time it is computed: its model loads and its corpus is read)."):
+    kinds = same_kind(ref)
+    keys = [b.key for b in others]
+    other = choose("Model", keys, "atlas_model", default=kinds[0] if kinds else keys[0], cast=str,
+                   format_func=lambda k: bundled(k).title)
+    frames[bundled(other).title] = (ModelRef(other, device=ref.device), atlas(ModelRef(other, device=ref.device)))
+shared_metrics = [m for m in METRICS if all(m in metrics_of(f) for _, f in frames.values())]
+cols = st.columns(4)
+plot = bound(cols[0].segmented_control, "atlas_plot", "measures", init="default", options=list(PLOTS), cast=str,
+             label="Place heads by", format_func=PLOTS.get, required=True)
+if plot == "measures":
+    default_x = "induction" if "induction" in shared_metrics else "entropy"
+    x = choose("Across", shared_metrics, "atlas_x", default=default_x, container=cols[1], cast=str,
+               format_func=METRICS.get)
+    y = choose("Up", shared_metrics, "atlas_y", default="distance" if x != "distance" else "entropy",
+               container=cols[2], cast=str, format_func=METRICS.get)
+roles = ["role", *(["detector_role"] if all("detector_role" in f for _, f in frames.values()) else [])]
+colour = choose("Colour", roles, "atlas_colour", default=roles[-1], container=cols[3], cast=str,
+                format_func={"role": "Head roles' label", "detector_role": "Head detector's label"}.get)
+sizes = [NONE, *(c for c in ("effect", "importance") if c in shared_metrics)]
+size = choose("Size", sizes, "atlas_size", default=sizes[-1] if "effect" not in sizes else "effect", cast=str,
+              format_func=lambda c: "the same for every head" if c == NONE else f"|{c}|")
+
+for col, (title, (r, frame)) in zip(st.columns(len(frames)), frames.items()):
+    with col:
+        if plot == "map":
+            frame = head_map(frame, shared_metrics)
+            share = sum(frame.attrs["explained"])
+            x, y = "x", "y"
+            labels = {"x": "map, first axis", "y": "map, second axis"}
+        else:
+            labels = METRICS
+        effect = frame.attrs.get("effect", "effect")
+        fig = atlas_scatter(frame, x, y, colour=colour, size=None if size == NONE else size,
+                            labels={**labels, "effect": effect},
+                            title=f"{title} · {len(frame)} heads", title_chars=38 if len(frames) > 1 else 64)
+        key = f"atlas-{r.choice}"
+        event = chart(fig, key, on_select="rerun", selection_mode="points")
+        click_opens_card(event, key, fig, None, choice=r.choice)
+        if plot == "map":
+            st.caption(f"The first two principal components of every measure (z-scored), keeping {share:.0%} of their "
+                       "variance: heads close on the map are alike on most measures.")
+if size != NONE:
+    st.caption(f"Size: |{size}|" + (f", {next(iter(frames.values()))[1].attrs.get('effect', '')}" if size == "effect"
+                                     else "") + ".")
+for title, (r, frame) in frames.items():
+    with st.expander(f"{title}: every head's measures"):
+        st.dataframe(frame.style.format(precision=3), hide_index=True, key=f"atlas-table-{r.choice}")
+        st.download_button("Atlas · CSV", lambda f=frame: f.to_csv(index=False), f"headlens-atlas-{r.choice}.csv",
+                           "text/csv", key=f"atlas-csv-{r.choice}", on_click="ignore")
+if not decoder(ref):
+    st.caption("An encoder's heads are placed by what they attend to; a bundled decoder adds the head detector, OV "
+               "copying, what each head writes, its effect on a task and its importance.")

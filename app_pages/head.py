@@ -1,0 +1,53 @@
+"""Head: everything HeadLens measures of one head, on one card (/head?model=smollm2&head=23.3)."""
+import streamlit as st
+
+from analysis.atlas import atlas_frame, heads_like
+from analysis.head_card import card_from
+from app_pages.ui import card_view as view
+from app_pages.ui.card import card_parts, decoder, same_kind, stored_atlas
+from app_pages.ui.models import model_for
+from app_pages.ui.pickers import pick_sentence
+from app_pages.ui.settings import settings
+from app_pages.ui.state import choose, head_from_url, head_to_url
+from models import head_label
+from models.catalog import bundled
+
+s = settings()
+ref = s.model
+model = model_for(ref)
+picks = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
+top = st.columns([1, 3])
+layer, head = choose("Head", picks, "head", container=top[0], cast=head_from_url, to_url=head_to_url,
+                     format_func=lambda h: head_label(*h))
+st.title(f"{head_label(layer, head)} · {ref.title}")
+if model.encoder_decoder:
+    st.info("A head's card reads an encoder or a decoder; this model has both, and the card does not say which part "
+            "a head is in. Open its heads on Explore or Compare.")
+    st.stop()
+first_time = decoder(ref)  # a bundled decoder's parts are prepared by the server; an encoder's are computed here
+parts = card_parts(ref, s.causal, s.heads_off, importance_too=first_time, qk_too=first_time)
+card = card_from(parts, ref.title, layer, head)
+others, choices = {}, {ref.title: ref.choice}
+for key in same_kind(ref):
+    found = stored_atlas(key, ref.device)
+    if found is not None:
+        others[bundled(key).title] = found
+        choices[bundled(key).title] = key
+card.like = heads_like(atlas_frame(parts), layer, head, others, model=ref.title)
+st.markdown(card.summary().replace("*", "\\*"))
+missing = [bundled(k).title for k in same_kind(ref) if bundled(k).title not in others]
+text = pick_sentence(s, container=top[1], label="Your sentence")
+
+view.on_text(s, card, text)
+view.over_corpus(card, len(parts.attentions))
+view.examples(card)
+view.what_it_writes(s, ref, card, text)
+view.predictions(ref, card, text)
+view.queries_keys(ref, card)
+view.like_it(card, choices)
+if missing:
+    st.caption(f"Heads of {', '.join(missing)} join this list once the server has prepared "
+               f"{'that model' if len(missing) == 1 else 'those models'} (open {'it' if len(missing) == 1 else 'them'}"
+               " once in the sidebar).")
+st.download_button("Top examples · CSV", lambda: card.top.to_csv(index=False),
+                   f"headlens-L{layer}H{head}-examples.csv", "text/csv", key="card-csv", on_click="ignore")

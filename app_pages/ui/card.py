@@ -1,0 +1,115 @@
+"""A head's card and the atlas, gathered from the results the other pages share, and the ways to open a card.
+
+The card computes nothing another page computes: its parts are those pages' shared results (the Head roles
+profile, the decoder detector, Effects' pairs, copying scores and task, Pruning's importance, Queries & keys'
+pictures), asked with the arguments those pages open with, so the server's preparation has them ready. Its own
+two measures, each head's strongest examples and what it writes, are declared here and prepared with them.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.atlas import atlas_frame
+from analysis.effects import PAIRS
+from analysis.head_card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
+from analysis.task_effects import table
+from models.catalog import CATALOG, bundled
+from models.corpus import CORPUS, corpus_sample
+from models.files import resolve_model_dir
+
+from .detector import detected
+from .effects import copying, effects
+from .models import LLM, ModelRef, cached_model, twin
+from .profiles import corpus_profile
+from .pruning import SAMPLE, first_measured, importance
+from .qk import first_pictures, pictures
+from .shared import Bar, Warm, shared
+from .store import Store, folder_digest
+from .tasks import first_task, task_effects
+
+TASK_NAME = "Indirect object, 50 pairs"  # Effects' first task (``tasks.first_task``)
+
+
+def _unmasked(ref: ModelRef) -> list[tuple]:
+    return [(ref, False, ())]
+
+
+@shared("peaks", entries=8, waiting="Finding each head's strongest examples", warm=Warm(1.5, _unmasked))
+def peaks(ref: ModelRef, causal: bool, heads_off: tuple) -> Peaks:
+    """Each head's most concentrated query in each sentence of the built-in corpus, read from its Head roles
+    profile's attention."""
+    _, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
+    return corpus_peaks(attentions)
+
+
+@shared("writes", entries=8, waiting="Measuring what each head writes",
+        warm=Warm(2.5, lambda ref: [(twin(ref), False, ())]))
+def writes(ref: ModelRef, causal: bool, heads_off: tuple) -> Writes:
+    """A decoder's heads' largest output norm in each sentence of its profile (our engine reads each head's output)."""
+    _, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
+    bar = Bar(f"Reading what every head writes in {len(attentions)} sentences")
+    found = corpus_writes(cached_model(twin(ref)), [a.text for a in attentions], progress=bar)
+    bar.empty()
+    return found
+
+
+def decoder(ref: ModelRef) -> bool:
+    return ref.choice in LLM
+
+
+def importance_args(ref: ModelRef) -> tuple:
+    """The importance Pruning opens with on ``ref``'s model (its twin): a bundled decoder's by gradient on its
+    sample, an encoder's by mean ablation on the corpus sample."""
+    if decoder(ref):
+        return first_measured(ref)[0]
+    return (twin(ref), "mean", corpus_sample(SAMPLE), "ablation")
+
+
+def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, importance_too: bool = True,
+               qk_too: bool = True) -> CardParts:
+    """Every head's card parts on ``ref``'s model, each the shared result its page reads (computed here when no
+    page or preparation has): an encoder's profile and peaks, and a decoder's detector, copying, pairs, task,
+    importance and pictures. ``importance_too``, ``qk_too``: False takes those only when already computed."""
+    frame, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
+    parts = CardParts(frame, attentions, peaks(ref, causal, heads_off), windows=attentions[0].windows)
+    ours = twin(ref)
+    if ours is not None and (importance_too or importance.peek(*importance_args(ours)) is not None):
+        parts.importance = importance(*importance_args(ours)).frame
+    if ours is not None and (qk_too or pictures.peek(*first_pictures(ours)[0]) is not None):
+        parts.qk = pictures(*first_pictures(ours)[0]).frames
+    if not decoder(ref):
+        return parts
+    parts.writes = writes(ref, causal, heads_off)
+    parts.detector = detected(ref)
+    parts.copying = copying(ours)
+    for name, pair in PAIRS.items():
+        found = effects(ours, pair, "exact")
+        parts.pairs[name] = (found.attribution, found.heads)
+    parts.task = table(task_effects(*first_task(ref)[0]))
+    parts.task_name = TASK_NAME
+    return parts
+
+
+@shared("atlas", entries=8, copy=True, waiting="Gathering every head's measures", warm=Warm(20, lambda ref: [(ref,)]))
+def atlas(ref: ModelRef) -> pd.DataFrame:
+    """Every head's row of measures, read from the card's parts (``analysis.atlas.atlas_frame``)."""
+    return atlas_frame(card_parts(ref, importance_too=decoder(ref), qk_too=False))
+
+
+def stored_atlas(choice: str, device: str) -> pd.DataFrame | None:
+    """Another bundled model's atlas when some session or its preparation has made it (kept in memory or on
+    disk), without loading that model; else None."""
+    from .warm_up import results_root
+
+    ref = ModelRef(choice, device=device)
+    found = atlas.peek(ref)
+    if found is None:
+        folder, _ = resolve_model_dir(bundled(choice).name)
+        found = Store(results_root(), folder_digest(folder)).load(atlas.file_key(ref))
+    return None if found is None else found.copy()
+
+
+def same_kind(ref: ModelRef) -> list[str]:
+    """The other bundled models of ``ref``'s kind (decoder or encoder), each by its first engine's key."""
+    here = bundled(ref.choice)
+    return [b.key for b in CATALOG if here is not None and b.decoder == here.decoder and b.key != here.key]

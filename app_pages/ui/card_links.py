@@ -1,0 +1,42 @@
+"""Opening a head's card: from a button beside a chosen head, or from a click on a head a chart draws."""
+from __future__ import annotations
+
+import streamlit as st
+
+from models import head_label
+
+from .state import fresh_click, open_page
+
+HEAD_PAGE = "app_pages/head.py"
+
+
+def open_card(layer: int, head: int, choice: str | None = None) -> None:
+    """Open ``(layer, head)``'s card (of the sidebar's model, or of ``choice``) when the next run starts."""
+    values = {"head": (int(layer), int(head))}
+    if choice is not None:
+        values["model"] = choice
+    open_page(HEAD_PAGE, **values)
+
+
+def card_button(layer: int, head: int, key: str, container=st, choice: str | None = None, label: str | None = None):
+    """A button that opens ``(layer, head)``'s card."""
+    container.button(label or f"{head_label(layer, head)}'s card", key=key, icon=":material/badge:",
+                     on_click=open_card, args=(layer, head, choice), help="Everything HeadLens measures of this head, "
+                     "on one page.")
+
+
+def click_opens_card(event, key: str, figure, n_heads: int | None, choice: str | None = None) -> None:
+    """A fresh click on a head opens its card (of ``choice``'s model, else the sidebar's): a point of a grid's
+    "heads" trace (one a head, in order, ``n_heads`` a row), or a point whose ``customdata`` is ``[layer, head]``."""
+    point = fresh_click(event, key)
+    if point is None:
+        return
+    trace = figure.data[int(point.get("curve_number", 0))]
+    if trace.name == "heads" and "point_index" in point and n_heads:
+        layer, head = divmod(int(point["point_index"]), n_heads)
+    elif trace.name != "this head" and len(point.get("customdata") or []) >= 2:
+        layer, head = (int(v) for v in point["customdata"][:2])
+    else:
+        return
+    open_card(layer, head, choice)
+    st.rerun()

@@ -1,0 +1,187 @@
+"""The Head page's sections, each read from the head's card (``analysis.head_card``) or from the result its own
+page shares, each linking to that page."""
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from analysis import DETECTORS, FOCI, FOCUS_NAMES, make_view
+from analysis.head_card import HeadCard
+from analysis.routes import flow_heads
+from analysis.views import token_label
+from models import head_label
+from viz import head_heatmap, text_shading
+from viz.atlas import interval_bars
+from viz.effects import vocabulary_bars
+from viz.qk import qk_scatter
+
+from .attention import attention
+from .card import first_pictures, importance, importance_args, pictures
+from .card_links import card_button
+from .detector import NAMES
+from .effects import flow, vocabulary
+from .exports import chart
+from .messages import plain
+from .models import ModelRef, twin
+from .settings import Settings
+from .state import bound
+
+PAGES = {"explore": ("app_pages/explore.py", "Explore"), "roles": ("app_pages/roles.py", "Head roles"),
+         "effects": ("app_pages/effects.py", "Effects"), "pruning": ("app_pages/pruning.py", "Pruning"),
+         "qk": ("app_pages/queries_keys.py", "Queries & keys"), "atlas": ("app_pages/atlas.py", "Atlas")}
+
+
+def deeper(*pages: str) -> None:
+    """Links to the pages that go deeper into a section."""
+    for col, page in zip(st.columns(len(pages) + 2), pages):
+        path, title = PAGES[page]
+        col.page_link(path, label=f"{title} →")
+
+
+def on_text(s: Settings, card: HeadCard, text: str) -> None:
+    """The head on the user's sentence: its heatmap, and the sentence shaded by the attention each token receives."""
+    st.subheader("On your text")
+    v = make_view(attention(s, text), hide_special=s.hide_special, merge_words=s.merge_words)
+    left, right = st.columns(2)
+    with left:
+        chart(head_heatmap(v.head(card.layer, card.head), v.query_labels, v.key_labels, height=420,
+                           visible=v.visible(card.layer), title=f"{card.name} on your sentence"), "card-heatmap")
+    with right:
+        received = v.head(card.layer, card.head).mean(axis=0)
+        chart(text_shading(v.key_labels, received, title="What it looks at, on average over the queries",
+                           line_chars=40), "card-shading")
+    deeper("explore")
+
+
+def over_corpus(card: HeadCard, n_sentences: int) -> None:
+    """What the head does over the built-in corpus: its measures and its role, with the role's scores."""
+    st.subheader("Over the built-in corpus")
+    m = card.measures
+    cols = st.columns(5)
+    cols[0].metric("Entropy", f"{m['entropy']:.2f} nats", help="Of each query's attention, averaged (Clark et al. 2019).")
+    cols[1].metric("Mean distance", f"{m['distance']:.1f} tokens", help="|query − key| weighted by attention.")
+    cols[2].metric("On the first token", f"{m['cls']:.0%}", help="[CLS], or a decoder's first token (often a sink).")
+    cols[3].metric("On the last token", f"{m['sep']:.0%}", help="[SEP] or </s> in an encoder; in a decoder the "
+                   "query's own sentence end.")
+    cols[4].metric("Window", "every key" if card.window is None else f"last {card.window:,} keys",
+                   help="A sliding-window layer lets a query see only its last keys.")
+    role = card.detector_role if card.decoder else card.role
+    st.markdown(plain(f"Role: {role}" + (f" (Head roles' label over the corpus: {card.role})" if card.decoder else
+                                         (f"; also {m['secondary']}" if m.get("secondary") else ""))))
+    if card.detector is not None:
+        d = card.detector
+        fig = interval_bars([NAMES[n] for n in DETECTORS], np.array([d[n] for n in DETECTORS]),
+                            np.array([d[f"{n}_lo"] for n in DETECTORS]), np.array([d[f"{n}_hi"] for n in DETECTORS]),
+                            title="Head detector scores, 95% intervals")
+    else:
+        fig = interval_bars([FOCUS_NAMES[f] for f in FOCI], np.array([m[f"{f}_lift"] for f in FOCI]),
+                            np.array([m[f"{f}_lift_lo"] for f in FOCI]), np.array([m[f"{f}_lift_hi"] for f in FOCI]),
+                            title="Seed foci: lift over uniform, 95% intervals", value_name="lift")
+    chart(fig, "card-role")
+    st.caption(f"Measured over {n_sentences:,} sentences of the built-in corpus, as Head roles measures them.")
+    deeper("roles")
+
+
+def examples(card: HeadCard) -> None:
+    """The corpus contexts where the head is most concentrated, and (a decoder) where it writes most."""
+    st.subheader("Top examples")
+    st.caption("The sentences where its attention is most concentrated on one token other than the sink and special "
+               "tokens: «query» and [key] marked, with the query's weight on that key.")
+    st.dataframe(card.top[["weight", "snippet", "query_token", "key_token", "distance", "text"]].style.format(
+        {"weight": "{:.3f}"}), hide_index=True, key="card-top")
+    if card.writes is not None:
+        st.caption("Where it writes most: the largest norm of its output (its value-weighted sum through its slice of "
+                   "the output projection) at any «query» of a sentence.")
+        st.dataframe(card.writes[["norm", "snippet", "token", "text"]].style.format({"norm": "{:.2f}"}),
+                     hide_index=True, key="card-writes")
+
+
+def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> None:
+    """A decoder head's vocabulary at a position of the user's text, and its OV copying and suppression."""
+    st.subheader("What it writes")
+    ours = twin(ref)
+    if not card.decoder:
+        st.caption("What a head writes is read through a language model's unembedding; this encoder has none.")
+        return
+    tokens = attention(s, text).tokens
+    at = bound(st.selectbox, "card_at", len(tokens) - 1, init="index", options=list(range(len(tokens))), cast=int,
+               label="At", format_func=lambda p: f"{p}: {token_label(tokens[p])}")
+    words = vocabulary(ours, text, card.layer, card.head, at)
+    left, right = st.columns(2)
+    with left:
+        chart(vocabulary_bars(words, title=f"The logits it adds at “{token_label(tokens[at])}”"), "card-vocabulary")
+    with right:
+        c = card.copying
+        st.metric("OV copying", f"{c['copying']:.2f}", help="Share of sampled tokens its OV circuit raises among the "
+                  "logits it raises most.")
+        st.caption(f"Rank {int(c['copying_rank'])} of {int(c['of'])}; suppression {c['suppression']:.2f}, rank "
+                   f"{int(c['suppression_rank'])}.")
+    deeper("effects")
+
+
+def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
+    """What the head does to predictions: each built-in pair, the task, its flow share, its importance."""
+    st.subheader("What it does to predictions")
+    if card.decoder:
+        st.dataframe(card.pairs.style.format(precision=3), hide_index=True, key="card-pairs")
+        t = card.task
+        cols = st.columns(3)
+        cols[0].metric(f"{card.task_name}: mean recovered", f"{t['mean']:+.3f}",
+                       help=f"95% interval {t['low']:.3f} to {t['high']:.3f}; q = {t['q']:.3g}; rank {int(t['rank'])} "
+                            "by size, attribution patching.")
+        cols[0].caption(f"[{t['low']:.3f}, {t['high']:.3f}], rank {int(t['rank'])}")
+        shares = flow_heads(flow(twin(ref), text))
+        rank = int((shares > shares[card.layer, card.head]).sum()) + 1
+        cols[1].metric("Flow share on your text", f"{shares[card.layer, card.head]:.3f}",
+                       help="How much of your sentence's last token passes through it (every route, shares multiplied).")
+        cols[1].caption(f"rank {rank} of {shares.size}")
+        where = cols[2]
+    else:
+        where = st
+    _importance(ref, card, where)
+    deeper("effects", "pruning")
+
+
+def _importance(ref: ModelRef, card: HeadCard, where) -> None:
+    if card.importance is not None:
+        i = card.importance
+        where.metric("Importance", f"{i['importance']:.3g}", help="As Pruning measures it by default.")
+        where.caption(f"rank {int(i['rank'])} of {int(i['of'])}")
+    elif where.button("Measure every head's importance", key="card-importance",
+                      help="Each head switched off in turn on Pruning's sentences (a minute or so), then shared."):
+        importance(*importance_args(twin(ref)))
+        st.rerun()
+
+
+def queries_keys(ref: ModelRef, card: HeadCard) -> None:
+    """The head's queries and keys in one plane, small."""
+    st.subheader("Queries and keys")
+    if card.qk is None:
+        if st.button("Draw every head's queries and keys", key="card-qk",
+                     help="Every head over the built-in corpus, as Queries & keys draws them (then shared)."):
+            pictures(*first_pictures(twin(ref))[0])
+            st.rerun()
+        return
+    sentences = first_pictures(twin(ref))[0][1]
+    fig = qk_scatter(card.qk, sentences, title=f"{card.name}: queries (circles) and keys (crosses)")
+    fig.update_layout(height=420, showlegend=False)
+    left, _ = st.columns(2)
+    with left:
+        chart(fig, "card-qk")
+    deeper("qk")
+
+
+def like_it(card: HeadCard, choices: dict[str, str]) -> None:
+    """The heads nearest this one by their measures, in its model and the other bundled models of its kind, each
+    opening its card; ``choices``: a model's title -> the sidebar's key for it."""
+    st.subheader(f"Heads like {card.name}")
+    like = card.like
+    st.caption("Nearest by their measures over the corpus (" + ", ".join(like.attrs["columns"]) + "), each z-scored "
+               "over the heads compared; Euclidean distance.")
+    for model, group in like.groupby("model", sort=False):
+        st.markdown(plain(f"**{model}**"))
+        cols = st.columns(len(group))
+        for col, r in zip(cols, group.itertuples()):
+            card_button(r.layer, r.head, f"like-{model}-{r.layer}-{r.head}", col, choice=choices.get(model),
+                        label=f"{head_label(r.layer, r.head)} · {r.distance:.2f}")
+            col.caption(plain(r.role))
