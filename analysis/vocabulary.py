@@ -109,6 +109,13 @@ def ov_logits(model: AttentionModel, layer: int, head: int, tokens) -> torch.Ten
         return stack.logits(stack.norm_alone(writes))
 
 
+def copying_work(model: AttentionModel) -> float:
+    """Multiply-adds ``copying_scores`` spends reading every OV circuit through the unembedding (its cost)."""
+    stack = twin_language_model(model, "A head's OV circuit is read through the unembedding").stack
+    vocab, width = stack.unembedding().shape
+    return float(vocab) * width * stack.n_heads * stack.layers[0].attn.head_dim * stack.n_layers
+
+
 def copying_scores(model: AttentionModel, *, tokens=None, k: int = COPY_TOP,
                    progress: Progress | None = None) -> pd.DataFrame:
     """Every head's OV copying and suppression scores over ``tokens`` (default ``copy_sample``): rows

@@ -1,8 +1,8 @@
 """Atlas: every head of a model as a point on two of its measures, or on a map of them all; a click opens its card."""
 import streamlit as st
 
-from analysis.atlas import METRICS, head_map, metrics_of
-from app_pages.ui.card import atlas, decoder, same_kind
+from analysis.atlas import METRICS, atlas_frame, head_map, metrics_of
+from app_pages.ui.card import atlas, card_parts, decoder, same_kind
 from app_pages.ui.card_links import click_opens_card
 from app_pages.ui.exports import chart
 from app_pages.ui.models import ModelRef, model_for
@@ -23,7 +23,7 @@ st.caption("Every head of the model as one point, placed by the measures its car
 if model_for(ref).encoder_decoder:
     st.info("The atlas reads an encoder or a decoder; this model has both. Choose another in the sidebar.")
     st.stop()
-frames = {ref.title: (ref, atlas(ref))}
+frames = {ref.title: (ref, atlas_frame(card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False)))}
 others = [b for b in CATALOG if bundled(ref.choice) is None or b.key != bundled(ref.choice).key]
 if others and bound(st.toggle, "atlas_beside", False, cast=flag, label="Beside another bundled model",
                     help="The other model's heads placed by the same measures, its points beside these (the first "

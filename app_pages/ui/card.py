@@ -81,7 +81,7 @@ def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, im
         return parts
     parts.writes = writes(ref, causal, heads_off)
     parts.detector = detected(ref)
-    parts.copying = copying(ours)
+    parts.copying = copying.peek(ours)  # computed on request where it is slow (``effects._cheap_copying``)
     for name, pair in PAIRS.items():
         found = effects(ours, pair, "exact")
         parts.pairs[name] = (found.attribution, found.heads)

@@ -19,7 +19,7 @@ from .attention import attention
 from .card import first_pictures, importance, importance_args, pictures
 from .card_links import card_button
 from .detector import NAMES
-from .effects import flow, vocabulary
+from .effects import copying, flow, vocabulary
 from .exports import chart
 from .messages import plain
 from .models import ModelRef, twin
@@ -112,6 +112,13 @@ def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> Non
         chart(vocabulary_bars(words, title=f"The logits it adds at “{token_label(tokens[at])}”"), "card-vocabulary")
     with right:
         c = card.copying
+        if c is None:
+            if st.button("Read every head's OV circuit", key="card-copying", help="Copying and suppression scores "
+                         "over the whole vocabulary, computed once per server (Gemma 3's 262,144 tokens: about 100 s "
+                         "on two cores)."):
+                copying(ours)
+                st.rerun()
+            return
         st.metric("OV copying", f"{c['copying']:.2f}", help="Share of sampled tokens its OV circuit raises among the "
                   "logits it raises most.")
         st.caption(f"Rank {int(c['copying_rank'])} of {int(c['of'])}; suppression {c['suppression']:.2f}, rank "

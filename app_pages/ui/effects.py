@@ -10,7 +10,7 @@ from analysis.effects import (PAIRS, Pair, answer_token, logit_attribution, patc
                               repeated_pair, token_text, top_predictions)
 from analysis.routes import Flow, prediction_flow
 from analysis.traced import Traced, traced
-from analysis.vocabulary import copying_scores, head_vocabulary
+from analysis.vocabulary import copying_scores, copying_work, head_vocabulary
 from models import AttentionModel, HeadLensError
 
 from .messages import plain, stop_with
@@ -20,6 +20,7 @@ from .state import bound
 from .training import trained_job
 
 SOURCES = {"builtin": "A built-in pair", "own": "Your own prompts"}
+COPYING_PREPARED = 1e12  # multiply-adds of the copying scores the server prepares
 CANDIDATES = 8  # each prompt's most likely next tokens offered as the answer and the distractor
 
 
@@ -186,7 +187,14 @@ def flow(ref: ModelRef, prompt: str) -> Flow:
         return prediction_flow(cached_model(ref), prompt_trace(ref, prompt))
 
 
-@shared("copying", entries=4, waiting="Reading every head's OV circuit", warm=Warm(5, lambda ref: [(twin(ref),)]))
+def _cheap_copying(ref: ModelRef) -> list[tuple]:
+    """Every head's copying scores, prepared where reading the OV circuits takes about half a minute at most
+    (SmolLM2: 4.9e11 multiply-adds, 20 s on two cores); Gemma 3's 262,144-token vocabulary takes 100 s and
+    5 GB, so a page asks for it."""
+    return [(twin(ref),)] if copying_work(cached_model(twin(ref))) <= COPYING_PREPARED else []
+
+
+@shared("copying", entries=4, waiting="Reading every head's OV circuit", warm=Warm(5, _cheap_copying))
 def copying(ref: ModelRef) -> pd.DataFrame:
     """Every head's OV copying and suppression scores: the model's own, computed once per server."""
     model = cached_model(ref)

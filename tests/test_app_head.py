@@ -1,0 +1,80 @@
+"""The Head and Atlas pages in AppTest: a card from its URL, from the card button of each page that draws heads
+and from a head like it; its figures against the card computed directly and the pages' own results; the atlas's
+points against the atlas frame and the role grid."""
+import numpy as np
+import pytest
+
+from analysis.atlas import atlas_frame, head_map, metrics_of
+from analysis.cards import card_parts, head_card
+from tests.conftest import decode, figures
+
+HEAD, ATLAS = "app_pages/head.py", "app_pages/atlas.py"
+
+
+@pytest.fixture(scope="module")
+def minilm_parts(hf_model):
+    return card_parts(hf_model)
+
+
+def title(at) -> str:
+    return at.title[0].value
+
+
+def test_a_card_from_its_url_is_the_card_computed_directly(new_app, hf_model, minilm_parts):
+    at = new_app({"head": "2.5"}, page=HEAD)
+    assert title(at) == "L2 H5 · all-MiniLM-L6-v2"
+    card = head_card(hf_model, 2, 5, parts=minilm_parts)
+    top = at.dataframe[0].value  # the top examples
+    np.testing.assert_allclose(top["weight"], card.top["weight"], atol=1e-6)
+    assert top["snippet"].tolist() == card.top["snippet"].tolist()
+    assert card.summary().split(":")[1].strip().split(";")[0] in at.markdown[0].value  # its role, in words
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Entropy"] == f"{card.measures['entropy']:.2f} nats"
+    role = figures(at)[2]  # the seed foci's lifts with their intervals
+    np.testing.assert_allclose(decode(role["data"][0]["y"]), [card.measures[f"{f}_lift"] for f in
+                                                              ("sentence_type", "object", "relation", "sentiment")])
+    like = [b.label for b in at.button if b.key.startswith("like-")]
+    assert like[0].startswith(f"{card.like.iloc[0]['name']} · ")
+    at.button(key=next(b.key for b in at.button if b.key.startswith("like-"))).click().run()
+    assert title(at) == f"{card.like.iloc[0]['name']} · all-MiniLM-L6-v2"
+
+
+@pytest.mark.parametrize("page, params, button", [
+    ("app_pages/explore.py", {"layer": "3", "head": "7"}, "explore-card"),
+    ("app_pages/roles.py", {"role": "object focus", "role_head": "2.5"}, "roles-card"),
+    ("app_pages/compare.py", {"p1_layer": "4", "p1_head": "1"}, "p1_card"),
+    ("app_pages/overview.py", {}, "overview-card"),
+])
+def test_each_page_that_draws_heads_opens_a_card(new_app, page, params, button):
+    at = new_app(params, page=page)
+    label = at.button(key=button).label
+    at.button(key=button).click().run()
+    assert not at.exception
+    name = title(at).split(" · ")[0]
+    assert name in label or label == "Open its card"
+    if page == "app_pages/overview.py":
+        assert name == "L0 H0"
+    else:
+        assert name == {"explore": "L3 H7", "roles": "L2 H5", "compare": "L4 H1"}[page.split("/")[1][:-3]]
+
+
+def test_the_atlas_points_are_the_atlas_frame_and_its_map(new_app, minilm_parts):
+    frame = atlas_frame(minilm_parts)
+    at = new_app({"atlas_x": "prev_token", "atlas_y": "cls"}, page=ATLAS)
+    fig = figures(at)[0]
+    xs = np.concatenate([decode(t["x"]) for t in fig["data"]])
+    ys = np.concatenate([decode(t["y"]) for t in fig["data"]])
+    heads = np.concatenate([decode(t["customdata"]).reshape(-1, 2).astype(int) for t in fig["data"]])
+    order = np.lexsort((heads[:, 1], heads[:, 0]))
+    np.testing.assert_allclose(xs[order], frame["prev_token"], atol=1e-9)
+    np.testing.assert_allclose(ys[order], frame["cls"], atol=1e-9)
+    roles = {t["name"]: {tuple(h) for h in decode(t["customdata"]).reshape(-1, 2).astype(int)} for t in fig["data"]}
+    for r in frame.itertuples():
+        assert (r.layer, r.head) in roles[r.role]  # coloured by the role grid's label
+    at.segmented_control(key="atlas_plot").set_value("map").run()
+    fig = figures(at)[0]
+    mapped = head_map(frame, metrics_of(frame))
+    xs = np.concatenate([decode(t["x"]) for t in fig["data"]])
+    ys = np.concatenate([decode(t["y"]) for t in fig["data"]])
+    np.testing.assert_allclose(xs[order], mapped["x"], atol=1e-9)
+    np.testing.assert_allclose(ys[order], mapped["y"], atol=1e-9)
