@@ -34,20 +34,22 @@ if others and bound(st.toggle, "atlas_beside", False, cast=flag, label="Beside a
                    format_func=lambda k: bundled(k).title)
     frames[bundled(other).title] = (ModelRef(other, device=ref.device), atlas(ModelRef(other, device=ref.device)))
 shared_metrics = [m for m in METRICS if all(m in metrics_of(f) for _, f in frames.values())]
-cols = st.columns(4)
+cols = st.columns(2)
 plot = bound(cols[0].segmented_control, "atlas_plot", "measures", init="default", options=list(PLOTS), cast=str,
              label="Place heads by", format_func=PLOTS.get, required=True)
+roles = ["role", *(["detector_role"] if all("detector_role" in f for _, f in frames.values()) else [])]
+colour = choose("Colour", roles, "atlas_colour", default=roles[-1], container=cols[1], cast=str,
+                format_func={"role": "Head roles' label", "detector_role": "Head detector's label"}.get)
+cols = st.columns(3)
 if plot == "measures":
     default_x = "induction" if "induction" in shared_metrics else "entropy"
-    x = choose("Across", shared_metrics, "atlas_x", default=default_x, container=cols[1], cast=str,
+    x = choose("Across", shared_metrics, "atlas_x", default=default_x, container=cols[0], cast=str,
                format_func=METRICS.get)
     y = choose("Up", shared_metrics, "atlas_y", default="distance" if x != "distance" else "entropy",
-               container=cols[2], cast=str, format_func=METRICS.get)
-roles = ["role", *(["detector_role"] if all("detector_role" in f for _, f in frames.values()) else [])]
-colour = choose("Colour", roles, "atlas_colour", default=roles[-1], container=cols[3], cast=str,
-                format_func={"role": "Head roles' label", "detector_role": "Head detector's label"}.get)
+               container=cols[1], cast=str, format_func=METRICS.get)
 sizes = [NONE, *(c for c in ("effect", "importance") if c in shared_metrics)]
 size = choose("Size", sizes, "atlas_size", default=sizes[-1] if "effect" not in sizes else "effect", cast=str,
+              container=cols[2],
               format_func=lambda c: "the same for every head" if c == NONE else f"|{c}|")
 
 for col, (title, (r, frame)) in zip(st.columns(len(frames)), frames.items()):

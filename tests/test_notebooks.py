@@ -18,7 +18,7 @@ def test_the_head_card_notebook_runs_and_draws_its_figures_inline():
     NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream" and o.name == "stdout")
     assert printed.startswith("L23 H3 of HuggingFaceTB/SmolLM2-135M-Instruct: ")
     tables = [o for o in outputs if "text/html" in o.get("data", {})]
     assert any("snippet" in o.data["text/html"] for o in tables) and any("recovered" in o.data["text/html"] for o in tables)

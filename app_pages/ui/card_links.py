@@ -35,7 +35,8 @@ def click_opens_card(event, key: str, figure, n_heads: int | None, choice: str |
     if trace.name == "heads" and "point_index" in point and n_heads:
         layer, head = divmod(int(point["point_index"]), n_heads)
     elif trace.name != "this head" and len(point.get("customdata") or []) >= 2:
-        layer, head = (int(v) for v in point["customdata"][:2])
+        data = point["customdata"]  # a list, or a {"0": layer, "1": head} mapping as the browser sends it
+        layer, head = (int(data[k]) for k in ((0, 1) if isinstance(data, (list, tuple)) else ("0", "1")))
     else:
         return
     open_card(layer, head, choice)

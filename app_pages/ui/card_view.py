@@ -48,7 +48,7 @@ def on_text(s: Settings, card: HeadCard, text: str) -> None:
                            visible=v.visible(card.layer), title=f"{card.name} on your sentence"), "card-heatmap")
     with right:
         received = v.head(card.layer, card.head).mean(axis=0)
-        chart(text_shading(v.key_labels, received, title="What it looks at, on average over the queries",
+        chart(text_shading(v.key_labels, received, title="What it looks at, mean over queries",
                            line_chars=40), "card-shading")
     deeper("explore")
 

@@ -1,0 +1,75 @@
+"""The Head and Atlas pages in Chromium at 1024 and 1600 px: every label inside its chart, and a click on a point of
+the atlas, or on a cell of the Head roles grid, opening that head's card."""
+from contextlib import contextmanager
+from urllib.parse import urlencode
+
+import pytest
+
+from tests.browser import assert_readable, shot
+
+# the pixel centre of the atlas point of (layer, head) in the ``plot``-th chart
+POINT = """([plot, layer, head]) => {
+  const gd = document.querySelectorAll('.js-plotly-plot')[plot];
+  for (const t of gd._fullData) {
+    if (!t.customdata) continue;
+    const i = [...t.customdata].findIndex(c => c[0] === layer && c[1] === head);
+    if (i < 0) continue;
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+    return {x: box.left + xa._offset + xa.l2p(t.x[i]), y: box.top + ya._offset + ya.l2p(t.y[i])};
+  }
+}"""
+CELL = """([plot, layer, head]) => {
+  const gd = document.querySelectorAll('.js-plotly-plot')[plot];
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+  return {x: box.left + xa._offset + xa.l2p(head), y: box.top + ya._offset + ya.l2p(layer)};
+}"""
+
+
+@contextmanager
+def opened(browser, server, path: str, params: dict, width: int):
+    context = browser.new_context(viewport={"width": width, "height": 1100})
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/{path}?" + urlencode({"model": "minilm", **params}))
+        yield page
+    finally:
+        context.close()
+
+
+def settled(page, plots: int) -> None:
+    page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n", arg=plots,
+                           timeout=300_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
+                           timeout=300_000)
+
+
+def card_opens(page, name: str) -> None:
+    page.wait_for_function("t => [...document.querySelectorAll('h1')].some(h => h.textContent.startsWith(t))",
+                           arg=f"{name} · ", timeout=300_000)
+    page.wait_for_function("s => location.pathname.endsWith('/head') && location.search.includes(s)",
+                           arg=f"head={name[1:].replace(' H', '.')}", timeout=60_000)
+
+
+@pytest.mark.parametrize("width", [1024, 1600])
+def test_a_card_reads_and_an_atlas_point_opens_its_card(width, browser, server):
+    with opened(browser, server, "head", {"head": "2.5"}, width) as page:
+        card_opens(page, "L2 H5")
+        settled(page, 3)  # the heatmap, the shaded sentence, the seed foci
+        assert_readable(page, f"a card · {width} px")
+        shot(page, f"card-{width}")
+    with opened(browser, server, "atlas", {"atlas_x": "prev_token", "atlas_y": "cls"}, width) as page:
+        settled(page, 1)
+        assert_readable(page, f"the atlas · {width} px")
+        shot(page, f"atlas-{width}")
+        target = page.evaluate(POINT, [0, 4, 2])
+        page.mouse.click(target["x"], target["y"])
+        card_opens(page, "L4 H2")
+
+
+def test_a_click_on_the_role_grid_opens_a_card(browser, server):
+    with opened(browser, server, "roles", {}, 1280) as page:
+        settled(page, 1)
+        page.locator(".js-plotly-plot").nth(0).scroll_into_view_if_needed()
+        target = page.evaluate(CELL, [0, 3, 7])
+        page.mouse.click(target["x"], target["y"])
+        card_opens(page, "L3 H7")
