@@ -74,11 +74,12 @@ for col, (title, (r, frame)) in zip(st.columns(len(frames)), frames.items()):
 if size != NONE:
     st.caption(f"Size: |{size}|" + (f", {next(iter(frames.values()))[1].attrs.get('effect', '')}" if size == "effect"
                                      else "") + ".")
-for title, (r, frame) in frames.items():
-    with st.expander(f"{title}: every head's measures"):
+tables = bound(st.toggle, "atlas_table", False, cast=flag, label="Every head's measures as a table")
+for col, (title, (r, frame)) in zip(st.columns(len(frames) + 1), frames.items()):
+    col.download_button(f"{title} · CSV", lambda f=frame: f.to_csv(index=False), f"headlens-atlas-{r.choice}.csv",
+                        "text/csv", key=f"atlas-csv-{r.choice}", on_click="ignore")
+    if tables:
         st.dataframe(frame.style.format(precision=3), hide_index=True, key=f"atlas-table-{r.choice}")
-        st.download_button("Atlas · CSV", lambda f=frame: f.to_csv(index=False), f"headlens-atlas-{r.choice}.csv",
-                           "text/csv", key=f"atlas-csv-{r.choice}", on_click="ignore")
 if not decoder(ref):
     st.caption("An encoder's heads are placed by what they attend to; a bundled decoder adds the head detector, OV "
                "copying, what each head writes, its effect on a task and its importance.")

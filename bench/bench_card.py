@@ -3,8 +3,8 @@ an encoder's card with no preparation.
 
     python -m bench.bench_card [--model smollm2] [--heads 23.3,29.1,18.6] [--minilm-head 2.5]
 
-Starts ``streamlit run app.py`` with its results kept in a new folder (so the preparation runs from nothing),
-opens Explore on the model (it loads and the server starts preparing), and waits until the sidebar no longer
+Starts ``streamlit run app.py`` (``--fresh``: its results kept in a new folder, so the preparation runs from
+nothing; else it reads what an earlier server kept on disk), opens Explore on the model (it loads and the server starts preparing), and waits until the sidebar no longer
 says it is preparing; then opens each head's card and the atlas, each in a fresh browser session, and reports
 the seconds to the first picture and until done (``bench_first_view.first_view``). Then MiniLM: Explore once
 (the model loads), and a card in a fresh session, nothing prepared. Aims: a card and the atlas <= 2 s after
@@ -46,10 +46,12 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--heads", default="23.3,29.1,18.6")
     parser.add_argument("--minilm-head", default="2.5")
+    parser.add_argument("--fresh", action="store_true", help="prepare from nothing (else what is kept on disk is read)")
     args = parser.parse_args()
     print(machine())
     with tempfile.TemporaryDirectory() as results, \
-            streamlit_server(env={"HEADLENS_RESULTS": results}) as (url, _), sync_playwright() as p:
+            streamlit_server(env={"HEADLENS_RESULTS": results} if args.fresh else None) as (url, _), \
+            sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         _, done, _ = first_view(browser, f"{url}/?model={args.model}")
         print(f"{args.model} loaded (Explore, first session): {done:.1f} s")

@@ -57,16 +57,3 @@ def atlas_scatter(frame: pd.DataFrame, x: str, y: str, *, colour: str = "role", 
     fig.update_yaxes(title=safe(labels.get(y, y)), showgrid=True, gridcolor="#eee", zeroline=False)
     return fig
 
-
-def interval_bars(names: list[str], mean: np.ndarray, low: np.ndarray, high: np.ndarray, *, title: str = "",
-                  value_name: str = "score", title_chars: int = HALF_TITLE) -> go.Figure:
-    """One bar per score with its 95% interval (a card's role scores or seed foci)."""
-    fig = go.Figure(go.Bar(
-        x=list(map(safe, names)), y=mean, marker_color="#4c78a8",
-        error_y=dict(type="data", symmetric=False, array=np.asarray(high) - mean, arrayminus=mean - np.asarray(low)),
-        hovertemplate="%{x}: %{y:.3f}<extra></extra>"))
-    head = wrapped_title(title, title_chars)
-    fig.update_layout(title=head, height=300, margin=dict(t=top_margin(head), l=50, r=10, b=60),
-                      plot_bgcolor="white", yaxis_title=safe(value_name))
-    fig.update_xaxes(tickangle=0, tickfont=dict(size=10))
-    return fig

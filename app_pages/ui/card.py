@@ -7,6 +7,8 @@ two measures, each head's strongest examples and what it writes, are declared he
 """
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 
 from analysis.atlas import atlas_frame
@@ -85,9 +87,17 @@ def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, im
     for name, pair in PAIRS.items():
         found = effects(ours, pair, "exact")
         parts.pairs[name] = (found.attribution, found.heads)
-    parts.task = table(task_effects(*first_task(ref)[0]))
+    parts.task = task_heads(ref)
     parts.task_name = TASK_NAME
     return parts
+
+
+@shared("task table", entries=8, copy=True, waiting="Averaging the task's pairs",
+        warm=Warm(9.5, lambda ref: [(ref,)]))
+def task_heads(ref: ModelRef) -> pd.DataFrame:
+    """Each head's mean over Effects' first task, with its interval, p and q (``analysis.task_effects.table``):
+    its bootstrap and sign flips take half a second, once."""
+    return table(task_effects(*first_task(ref)[0]))
 
 
 @shared("atlas", entries=8, copy=True, waiting="Gathering every head's measures", warm=Warm(20, lambda ref: [(ref,)]))
@@ -96,16 +106,24 @@ def atlas(ref: ModelRef) -> pd.DataFrame:
     return atlas_frame(card_parts(ref, importance_too=decoder(ref), qk_too=False))
 
 
+_ON_DISK: dict = {}  # (choice, device) -> (when looked, the atlas found on disk or None)
+LOOK_AGAIN_S = 30.0
+
+
 def stored_atlas(choice: str, device: str) -> pd.DataFrame | None:
     """Another bundled model's atlas when some session or its preparation has made it (kept in memory or on
-    disk), without loading that model; else None."""
+    disk), without loading that model; else None. The disk is read once a process (looked at again every
+    ``LOOK_AGAIN_S`` while the atlas is not there)."""
     from .warm_up import results_root
 
     ref = ModelRef(choice, device=device)
     found = atlas.peek(ref)
     if found is None:
-        folder, _ = resolve_model_dir(bundled(choice).name)
-        found = Store(results_root(), folder_digest(folder)).load(atlas.file_key(ref))
+        looked, found = _ON_DISK.get((choice, device), (-LOOK_AGAIN_S, None))
+        if found is None and time.monotonic() - looked >= LOOK_AGAIN_S:
+            folder, _ = resolve_model_dir(bundled(choice).name)
+            found = Store(results_root(), folder_digest(folder)).load(atlas.file_key(ref))
+            _ON_DISK[(choice, device)] = (time.monotonic(), found)
     return None if found is None else found.copy()
 
 

@@ -2,7 +2,6 @@
 page shares, each linking to that page."""
 from __future__ import annotations
 
-import numpy as np
 import streamlit as st
 
 from analysis import DETECTORS, FOCI, FOCUS_NAMES, make_view
@@ -11,9 +10,8 @@ from analysis.routes import flow_heads
 from analysis.views import token_label
 from models import head_label
 from viz import head_heatmap, text_shading
-from viz.atlas import interval_bars
 from viz.effects import vocabulary_bars
-from viz.qk import qk_scatter
+from viz.qk import qk_tile
 
 from .attention import attention
 from .card import first_pictures, importance, importance_args, pictures
@@ -21,11 +19,12 @@ from .card_links import card_button
 from .detector import NAMES
 from .effects import copying, flow, vocabulary
 from .exports import chart
-from .messages import plain
+from .messages import markdown_table, plain
 from .models import ModelRef, twin
 from .settings import Settings
 from .state import bound
 
+QK_PIXELS = 240
 PAGES = {"explore": ("app_pages/explore.py", "Explore"), "roles": ("app_pages/roles.py", "Head roles"),
          "effects": ("app_pages/effects.py", "Effects"), "pruning": ("app_pages/pruning.py", "Pruning"),
          "qk": ("app_pages/queries_keys.py", "Queries & keys"), "atlas": ("app_pages/atlas.py", "Atlas")}
@@ -70,14 +69,12 @@ def over_corpus(card: HeadCard, n_sentences: int) -> None:
                                          (f"; also {m['secondary']}" if m.get("secondary") else ""))))
     if card.detector is not None:
         d = card.detector
-        fig = interval_bars([NAMES[n] for n in DETECTORS], np.array([d[n] for n in DETECTORS]),
-                            np.array([d[f"{n}_lo"] for n in DETECTORS]), np.array([d[f"{n}_hi"] for n in DETECTORS]),
-                            title="Head detector scores, 95% intervals")
+        rows = [{"head detector": NAMES[n], "score": f"{d[n]:.3f}", "95% interval": f"{d[f'{n}_lo']:.3f} to "
+                 f"{d[f'{n}_hi']:.3f}"} for n in DETECTORS]
     else:
-        fig = interval_bars([FOCUS_NAMES[f] for f in FOCI], np.array([m[f"{f}_lift"] for f in FOCI]),
-                            np.array([m[f"{f}_lift_lo"] for f in FOCI]), np.array([m[f"{f}_lift_hi"] for f in FOCI]),
-                            title="Seed foci: lift over uniform, 95% intervals", value_name="lift")
-    chart(fig, "card-role")
+        rows = [{"seed focus": FOCUS_NAMES[f], "lift over uniform": f"{m[f'{f}_lift']:.2f}",
+                 "95% interval": f"{m[f'{f}_lift_lo']:.2f} to {m[f'{f}_lift_hi']:.2f}"} for f in FOCI]
+    st.markdown(markdown_table(rows))
     st.caption(f"Measured over {n_sentences:,} sentences of the built-in corpus, as Head roles measures them.")
     deeper("roles")
 
@@ -87,13 +84,12 @@ def examples(card: HeadCard) -> None:
     st.subheader("Top examples")
     st.caption("The sentences where its attention is most concentrated on one token other than the sink and special "
                "tokens: «query» and [key] marked, with the query's weight on that key.")
-    st.dataframe(card.top[["weight", "snippet", "query_token", "key_token", "distance", "text"]].style.format(
-        {"weight": "{:.3f}"}), hide_index=True, key="card-top")
+    st.markdown(markdown_table([{"weight": f"{r.weight:.3f}", "context": r.snippet, "query − key": r.distance}
+                                for r in card.top.itertuples()]))
     if card.writes is not None:
         st.caption("Where it writes most: the largest norm of its output (its value-weighted sum through its slice of "
                    "the output projection) at any «query» of a sentence.")
-        st.dataframe(card.writes[["norm", "snippet", "token", "text"]].style.format({"norm": "{:.2f}"}),
-                     hide_index=True, key="card-writes")
+        st.markdown(markdown_table([{"norm": f"{r.norm:.1f}", "context": r.snippet} for r in card.writes.itertuples()]))
 
 
 def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> None:
@@ -130,7 +126,9 @@ def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
     """What the head does to predictions: each built-in pair, the task, its flow share, its importance."""
     st.subheader("What it does to predictions")
     if card.decoder:
-        st.dataframe(card.pairs.style.format(precision=3), hide_index=True, key="card-pairs")
+        st.markdown(markdown_table([{"built-in pair": r.pair, "attribution (logits)": f"{r.attribution:+.3f}",
+                                     "rank": r.attribution_rank, "patching recovers": f"{r.recovered:+.3f}",
+                                     "rank ": r.recovered_rank} for r in card.pairs.itertuples()]))
         t = card.task
         cols = st.columns(3)
         cols[0].metric(f"{card.task_name}: mean recovered", f"{t['mean']:+.3f}",
@@ -169,12 +167,10 @@ def queries_keys(ref: ModelRef, card: HeadCard) -> None:
             pictures(*first_pictures(twin(ref))[0])
             st.rerun()
         return
-    sentences = first_pictures(twin(ref))[0][1]
-    fig = qk_scatter(card.qk, sentences, title=f"{card.name}: queries (circles) and keys (crosses)")
-    fig.update_layout(height=420, showlegend=False)
-    left, _ = st.columns(2)
-    with left:
-        chart(fig, "card-qk")
+    f = card.qk
+    st.image(qk_tile(f, QK_PIXELS), width=QK_PIXELS, caption=f"{card.name}: queries blue, keys orange, over "
+             f"{int(f['sentence'].max()) + 1} sentences; faithfulness {f.attrs['faithfulness']:.2f}"
+             + (" (a pink ground: nearness here does not show attention)" if f.attrs.get("misleads") else ""))
     deeper("qk")
 
 
@@ -186,7 +182,7 @@ def like_it(card: HeadCard, choices: dict[str, str]) -> None:
     st.caption("Nearest by their measures over the corpus (" + ", ".join(like.attrs["columns"]) + "), each z-scored "
                "over the heads compared; Euclidean distance.")
     for model, group in like.groupby("model", sort=False):
-        st.markdown(plain(f"**{model}**"))
+        st.markdown(f"**{plain(model)}**")
         cols = st.columns(len(group))
         for col, r in zip(cols, group.itertuples()):
             card_button(r.layer, r.head, f"like-{model}-{r.layer}-{r.head}", col, choice=choices.get(model),
