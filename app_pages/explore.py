@@ -4,7 +4,7 @@ import streamlit as st
 
 from analysis import head_stats, special_share
 from app_pages.ui.attention import attention
-from app_pages.ui.card_links import card_button
+from app_pages.ui.card_links import card_button, card_url
 from app_pages.ui.views import causal_note, special_words, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import explore_long
@@ -28,7 +28,8 @@ if isinstance(att, LongAttention):
 v = view(s, att)
 
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
-                title=title_for(att, f"Layer {layer}"), visible=v.visible(layer))
+                title=title_for(att, f"Layer {layer}"), visible=v.visible(layer),
+                links={h: card_url(layer, h) for h in heads})
 chart(fig, "explore-grid")
 causal_note(v, layer)
 full = pick_full_resolution([v], heads, "full", "Head at full resolution", "head", lambda h: f"H{h}")

@@ -91,3 +91,30 @@ def test_the_atlas_points_are_the_atlas_frame_and_its_map(new_app, minilm_parts)
     ys = np.concatenate([decode(t["y"]) for t in fig["data"]])
     np.testing.assert_allclose(xs[order], mapped["x"], atol=1e-9)
     np.testing.assert_allclose(ys[order], mapped["y"], atol=1e-9)
+
+
+def test_a_decoders_card_reads_the_effects_pages_own_results(new_app, smollm2):
+    """SmolLM2's L23 H3 opened from Effects' card button: each pair's patching and attribution on the card are the
+    Effects page's shared results for that pair (the first also against patching computed here), and the task's
+    mean is the task table's."""
+    from analysis.effects import PAIRS, patch_heads
+    from app_pages.ui.card import task_heads
+    from app_pages.ui.effects import effects
+    from app_pages.ui.models import ModelRef, twin
+
+    at = new_app({"model": "smollm2"}, page="app_pages/effects.py")
+    at.button(key="effects-card").click().run()
+    assert not at.exception and title(at) == "L23 H3 · SmolLM2-135M-Instruct"
+    pairs = table(at, "built-in pair")
+    ref = twin(ModelRef("smollm2"))
+    for row in pairs.itertuples():
+        found = effects.peek(ref, PAIRS[row[1]], "exact").heads.set_index(["layer", "head"]).loc[(23, 3)]
+        assert float(row[4]) == pytest.approx(found["recovered"], abs=5e-4)
+    first = next(iter(PAIRS.values()))
+    direct = patch_heads(smollm2, first.clean, first.corrupted, first.answer, first.distractor)
+    assert float(pairs.iloc[0, 3]) == pytest.approx(direct.set_index(["layer", "head"]).loc[(23, 3), "recovered"],
+                                                    abs=5e-4)
+    task = task_heads.peek(ModelRef("smollm2")).set_index(["layer", "head"]).loc[(23, 3)]
+    shown = next(m for m in at.metric if m.label.endswith("mean recovered"))
+    assert shown.value == f"{task['mean']:+.3f}"
+    assert any(b.key.startswith("like-SmolLM2") for b in at.button)

@@ -163,7 +163,8 @@ def _hidden_background(fig: go.Figure, hidden: np.ndarray | None) -> None:
 def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str], heads: list[int], *,
               shared_scale: bool = True, title: str = "", cols: int = 4, cell_px: int = 260,
               max_cells: int | None = MAX_CELLS, visible: np.ndarray | None = None,
-              starts: tuple[np.ndarray, np.ndarray] | None = None, hidden: np.ndarray | None = None) -> go.Figure:
+              starts: tuple[np.ndarray, np.ndarray] | None = None, hidden: np.ndarray | None = None,
+              links: dict[int, str] | None = None) -> go.Figure:
     """One heatmap per head of one layer: queries on rows, keys on columns.
 
     The heads share their axes: token labels run down the first column and under the lowest
@@ -180,6 +181,7 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
         starts: the weights come pooled already (a long prompt's ``analysis.long.Grid``): ``weights`` is
             ``(len(heads), query blocks, key blocks)`` in the order of ``heads``, and ``starts`` the first
             query and key of each block; ``hidden`` (bool per block) replaces ``visible``.
+        links: a head's title links to this address (its card), opened in the same tab.
     """
     cols = max(1, min(cols, len(heads)))
     rows = math.ceil(len(heads) / cols)
@@ -190,7 +192,9 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
     top = top_margin(head, room=40)
     height = rows * cell_px + top + bottom
     specs = [[{} if r * cols + c < len(heads) else None for c in range(cols)] for r in range(rows)]
-    fig = make_subplots(rows=rows, cols=cols, specs=specs, subplot_titles=[f"Head {h}" for h in heads],
+    fig = make_subplots(rows=rows, cols=cols, specs=specs, subplot_titles=[
+        f'<a href="{html.escape(links[h], quote=True)}" target="_self">Head {h}</a>' if links and h in links
+        else f"Head {h}" for h in heads],
                         horizontal_spacing=0.02, vertical_spacing=min(0.3 / rows, 34 / height))
     if starts is None:
         q_starts, k_starts = blocks(len(query_labels), max_cells), blocks(len(key_labels), max_cells)

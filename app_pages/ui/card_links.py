@@ -1,6 +1,8 @@
 """Opening a head's card: from a button beside a chosen head, or from a click on a head a chart draws."""
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import streamlit as st
 
 from models import head_label
@@ -8,6 +10,16 @@ from models import head_label
 from .state import fresh_click, open_page
 
 HEAD_PAGE = "app_pages/head.py"
+
+
+CARRIED = ("model", "custom_model", "device", "text")  # what a card's link keeps of the page's address
+
+
+def card_url(layer: int, head: int) -> str:
+    """The address of ``(layer, head)``'s card of the sidebar's model, relative to the page's, with the sidebar's
+    model and text as the page's address holds them."""
+    kept = {k: st.query_params[k] for k in CARRIED if k in st.query_params}
+    return "head?" + urlencode({**kept, "head": f"{layer}.{head}"})
 
 
 def open_card(layer: int, head: int, choice: str | None = None) -> None:

@@ -94,7 +94,11 @@ def job(ref: ModelRef) -> "Warmup | None":
 
 
 def warm_up(ref: ModelRef) -> Warmup | None:
-    """Start ``ref``'s warm-up, once per server, when it is a bundled decoder."""
+    """Start ``ref``'s warm-up, once per server, when it is a bundled decoder. For any other model, only spaCy's
+    English pipeline is loaded in the background (once, a second), which every word-level measure of Head roles,
+    Foci and a head's card reads."""
+    if enabled() and (ref.choice not in LLM or ref.run):
+        _pipeline_loaded()
     if not enabled() or ref.choice not in LLM or ref.run:
         return None
     ref = ModelRef(ref.choice, device=ref.device)
@@ -107,6 +111,15 @@ def warm_up(ref: ModelRef) -> Warmup | None:
     started.thread = threading.Thread(target=_warm, args=(started,), name=f"headlens-warm-{ref.choice}", daemon=True)
     started.thread.start()
     return started
+
+
+@st.cache_resource
+def _pipeline_loaded() -> threading.Thread:
+    from analysis.roles import load_spacy
+
+    thread = threading.Thread(target=load_spacy, name="headlens-spacy", daemon=True)
+    thread.start()
+    return thread
 
 
 def warm_up_note(ref: ModelRef) -> str | None:
