@@ -64,6 +64,9 @@ def main() -> None:
         first, done, error = first_view(browser, f"{url}/atlas?model={args.model}")
         print(f"{'atlas':<22} {first:>12.1f} s {done:>6.1f} s   <= 2 s {'met' if done <= 2 else 'NOT met'}"
               + ("  error shown" if error else ""), flush=True)
+        for light in ("text", "generate"):  # pages with one small figure, on the same server: a fresh session's floor
+            first, done, _ = first_view(browser, f"{url}/{light}?model={args.model}")
+            print(f"{light + ' (for comparison)':<22} {first:>12.1f} s {done:>6.1f} s", flush=True)
         _, done, _ = first_view(browser, f"{url}/?model=minilm")
         print(f"minilm loaded (Explore, first session): {done:.1f} s")
         first, done, error = first_view(browser, f"{url}/head?model=minilm&head={args.minilm_head}")

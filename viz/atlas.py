@@ -13,7 +13,7 @@ HALF_TITLE = 38  # title characters a line in a chart half a 1024 px window wide
 
 def _colour(role: str) -> str:
     colour = ROLE_COLORS.get(role, SYNTAX_COLOR)
-    return "#bdbdbd" if colour == "#ffffff" else colour  # a white point on white would vanish
+    return "#e3e3e3" if colour == "#ffffff" else colour  # a white point on white would vanish
 
 
 def _sizes(values: np.ndarray | None, n: int) -> np.ndarray:

@@ -20,7 +20,7 @@ from models.corpus import CORPUS, corpus_sample
 from models.files import resolve_model_dir
 
 from .detector import detected
-from .effects import copying, effects
+from .effects import cheap_copying, copying, effects
 from .models import LLM, ModelRef, cached_model, twin
 from .profiles import corpus_profile
 from .pruning import SAMPLE, first_measured, importance
@@ -83,7 +83,7 @@ def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, im
         return parts
     parts.writes = writes(ref, causal, heads_off)
     parts.detector = detected(ref)
-    parts.copying = copying.peek(ours)  # computed on request where it is slow (``effects._cheap_copying``)
+    parts.copying = copying(ours) if cheap_copying(ref) else copying.peek(ours)  # else on request: slow
     for name, pair in PAIRS.items():
         found = effects(ours, pair, "exact")
         parts.pairs[name] = (found.attribution, found.heads)

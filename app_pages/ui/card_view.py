@@ -62,8 +62,8 @@ def over_corpus(card: HeadCard, n_sentences: int) -> None:
     cols[2].metric("On the first token", f"{m['cls']:.0%}", help="[CLS], or a decoder's first token (often a sink).")
     cols[3].metric("On the last token", f"{m['sep']:.0%}", help="[SEP] or </s> in an encoder; in a decoder the "
                    "query's own sentence end.")
-    cols[4].metric("Window", "every key" if card.window is None else f"last {card.window:,} keys",
-                   help="A sliding-window layer lets a query see only its last keys.")
+    cols[4].metric("Keys it sees", "all" if card.window is None else f"last {card.window:,}",
+                   help="A sliding-window layer lets a query see only its last keys; a global one sees them all.")
     role = card.detector_role if card.decoder else card.role
     st.markdown(plain(f"Role: {role}" + (f" (Head roles' label over the corpus: {card.role})" if card.decoder else
                                          (f"; also {m['secondary']}" if m.get("secondary") else ""))))

@@ -187,14 +187,14 @@ def flow(ref: ModelRef, prompt: str) -> Flow:
         return prediction_flow(cached_model(ref), prompt_trace(ref, prompt))
 
 
-def _cheap_copying(ref: ModelRef) -> list[tuple]:
+def cheap_copying(ref: ModelRef) -> list[tuple]:
     """Every head's copying scores, prepared where reading the OV circuits takes about half a minute at most
     (SmolLM2: 4.9e11 multiply-adds, 20 s on two cores); Gemma 3's 262,144-token vocabulary takes 100 s and
     5 GB, so a page asks for it."""
     return [(twin(ref),)] if copying_work(cached_model(twin(ref))) <= COPYING_PREPARED else []
 
 
-@shared("copying", entries=4, waiting="Reading every head's OV circuit", warm=Warm(5, _cheap_copying))
+@shared("copying", entries=4, waiting="Reading every head's OV circuit", warm=Warm(5, cheap_copying))
 def copying(ref: ModelRef) -> pd.DataFrame:
     """Every head's OV copying and suppression scores: the model's own, computed once per server."""
     model = cached_model(ref)
