@@ -71,8 +71,8 @@ def sidebar() -> None:
               placeholder="L0 H0",
               help="Head masking, from-scratch engine only; later layers then see the model without those heads.")
     sb.caption(f"Running on **{model.device}** · {model.n_layers} layers × {model.n_heads} heads")
-    if decoder:  # the server prepares the model's slow pages once, in the background
-        warm_up(ref)
+    warm_up(ref)  # a bundled decoder's slow pages prepared once, in the background (for another model, spaCy)
+    if decoder:
         note = warm_up_note(ref)
         if note is not None:
             sb.caption(note)
