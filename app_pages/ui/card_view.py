@@ -97,7 +97,8 @@ def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> Non
     st.subheader("What it writes")
     ours = twin(ref)
     if not card.decoder:
-        st.caption("What a head writes is read through a language model's unembedding; this encoder has none.")
+        st.caption("What a head writes, and what it does to the built-in pairs and task, are read on the bundled "
+                   "decoders (SmolLM2, Gemma 3); for a decoder trained here, open Effects.")
         return
     tokens = attention(s, text).tokens
     at = bound(st.selectbox, "card_at", len(tokens) - 1, init="index", options=list(range(len(tokens))), cast=int,
