@@ -24,8 +24,9 @@ if model.encoder_decoder:
     st.info("A head's card reads an encoder or a decoder; this model has both, and the card does not say which part "
             "a head is in. Open its heads on Explore or Compare.")
     st.stop()
-first_time = decoder(ref)  # a bundled decoder's parts are prepared by the server; an encoder's are computed here
-parts = card_parts(ref, s.causal, s.heads_off, importance_too=first_time, qk_too=first_time)
+# a bundled decoder's importance is prepared (2 s if not yet); every head's queries-and-keys picture (45 s) and an
+# encoder's importance (a minute) are shown once computed, on their pages or a button here
+parts = card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False)
 card = card_from(parts, ref.title, layer, head)
 others, choices = {}, {ref.title: ref.choice}
 for key in same_kind(ref):
