@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from models import AttentionModel, HeadLensError
+from models import patching as P
 from models.corpus import CORPUS, corpus_sample
 
 from .atlas import atlas_frame, heads_like
@@ -32,12 +33,17 @@ IMPORTANCE_SAMPLE = 24  # the sentences Pruning measures a bundled decoder's imp
 
 def ours(model: AttentionModel) -> AttentionModel:
     """``model`` on our engine (its twin), which reads each head's output and patches it."""
-    return model if getattr(model, "stack", None) is not None else model.twin("A head's card")
+    return model.twin("A head's card reads its heads")
 
 
 def is_decoder(model: AttentionModel) -> bool:
-    stack = getattr(ours(model), "stack", None)
-    return bool(stack is not None and stack.language_model)
+    """A language model whose heads our engine reads (an encoder's twin is not loaded to say no)."""
+    if not model.causal:
+        return False
+    try:
+        return P.language_stack(ours(model)) is not None
+    except HeadLensError:
+        return False
 
 
 def card_parts(model: AttentionModel, *, sentences: Sequence[str] | None = None, pairs: dict | None = None,

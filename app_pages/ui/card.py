@@ -75,10 +75,12 @@ def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, im
     frame, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
     parts = CardParts(frame, attentions, peaks(ref, causal, heads_off), windows=attentions[0].windows)
     ours = twin(ref)
-    if ours is not None and (importance_too or importance.peek(*importance_args(ours)) is not None):
-        parts.importance = importance(*importance_args(ours)).frame
-    if ours is not None and (qk_too or pictures.peek(*first_pictures(ours)[0]) is not None):
-        parts.qk = pictures(*first_pictures(ours)[0]).frames
+    if ours is not None:
+        measured, drawn = importance_args(ours), first_pictures(ours)[0]
+        if importance_too or importance.peek(*measured) is not None:
+            parts.importance = importance(*measured).frame
+        if qk_too or pictures.peek(*drawn) is not None:
+            parts.qk = pictures(*drawn).frames
     if not decoder(ref):
         return parts
     parts.writes = writes(ref, causal, heads_off)

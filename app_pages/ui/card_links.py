@@ -7,7 +7,7 @@ import streamlit as st
 
 from models import head_label
 
-from .state import fresh_click, open_page
+from .state import fresh_click, head_of, open_page
 
 HEAD_PAGE = "app_pages/head.py"
 
@@ -41,15 +41,7 @@ def click_opens_card(event, key: str, figure, n_heads: int | None, choice: str |
     """A fresh click on a head opens its card (of ``choice``'s model, else the sidebar's): a point of a grid's
     "heads" trace (one a head, in order, ``n_heads`` a row), or a point whose ``customdata`` is ``[layer, head]``."""
     point = fresh_click(event, key)
-    if point is None:
-        return
-    trace = figure.data[int(point.get("curve_number", 0))]
-    if trace.name == "heads" and "point_index" in point and n_heads:
-        layer, head = divmod(int(point["point_index"]), n_heads)
-    elif trace.name != "this head" and len(point.get("customdata") or []) >= 2:
-        data = point["customdata"]  # a list, or a {"0": layer, "1": head} mapping as the browser sends it
-        layer, head = (int(data[k]) for k in ((0, 1) if isinstance(data, (list, tuple)) else ("0", "1")))
-    else:
-        return
-    open_card(layer, head, choice)
-    st.rerun()
+    head = None if point is None else head_of(point, figure, n_heads)
+    if head is not None:
+        open_card(*head, choice)
+        st.rerun()

@@ -27,7 +27,7 @@ from .state import bound
 QK_PIXELS = 240
 PAGES = {"explore": ("app_pages/explore.py", "Explore"), "roles": ("app_pages/roles.py", "Head roles"),
          "effects": ("app_pages/effects.py", "Effects"), "pruning": ("app_pages/pruning.py", "Pruning"),
-         "qk": ("app_pages/queries_keys.py", "Queries & keys"), "atlas": ("app_pages/atlas.py", "Atlas")}
+         "qk": ("app_pages/queries_keys.py", "Queries & keys")}
 
 
 def deeper(*pages: str) -> None:

@@ -141,14 +141,24 @@ def click_head(key: str, head: Head) -> None:
     st.rerun()
 
 
+def head_of(point: dict, figure, n_heads: int | None) -> Head | None:
+    """The head a clicked ``point`` of ``figure`` names: a point of a head grid's "heads" trace (one a head, in
+    order, ``n_heads`` a row), or a point whose ``customdata`` is ``[layer, head]`` (a list, or the
+    ``{"0": layer, "1": head}`` mapping the browser sends); None for any other point."""
+    trace = figure.data[int(point.get("curve_number", 0))]
+    if trace.name == "heads" and "point_index" in point and n_heads:
+        return divmod(int(point["point_index"]), n_heads)
+    data = point.get("customdata")
+    if trace.name != "this head" and data is not None and len(data) >= 2:
+        return tuple(int(data[k]) for k in ((0, 1) if isinstance(data, (list, tuple)) else ("0", "1")))
+    return None
+
+
 def clicked_grid_head(events, figures: dict, n_heads: int):
     """The head of a fresh click on a head grid's "heads" trace among ``events`` (``(key, event)``, each key's
     figure in ``figures`` as ``(name, figure, …)``), or None."""
     for key, event in events:
         point = fresh_click(event, key)
-        if point is None or "point_index" not in point:
-            continue
-        trace = figures[key][1].data[int(point.get("curve_number", -1))]
-        if trace.name == "heads":
-            return divmod(int(point["point_index"]), n_heads)
+        if point is not None and figures[key][1].data[int(point.get("curve_number", -1))].name == "heads":
+            return head_of(point, figures[key][1], n_heads)
     return None
