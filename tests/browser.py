@@ -177,3 +177,20 @@ def assert_readable(page, where: str) -> dict:
     assert not r["overlaps"], f"{where}: titles overlap: {r['overlaps'][:3]}"
     assert not page.locator("[data-testid='stException']").count(), where
     return r
+
+
+def click_until(page, target_js: str, target_arg, done_js: str, done_arg, tries: int = 3,
+                each: float = 60_000) -> None:
+    """Click the point ``target_js(target_arg)`` gives until ``done_js(done_arg)`` holds, as a person clicks again
+    when a chart was redrawn under the pointer; the point is read afresh before each click."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(tries):
+        target = page.evaluate(target_js, target_arg)
+        page.mouse.click(target["x"], target["y"])
+        try:
+            page.wait_for_function(done_js, arg=done_arg, timeout=each)
+            return
+        except PlaywrightTimeout:
+            if attempt == tries - 1:
+                raise

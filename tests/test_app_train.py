@@ -13,14 +13,16 @@ PAGE = "app_pages/train.py"
 
 
 def wait(at, until, timeout: float = 120.0):
-    """Rerun the page (as its fragment does every second) until ``until(job)`` holds."""
+    """Rerun the page (as its fragment does every second) until ``until(job)`` holds, then once more: the page
+    last drawn is drawn after the job got there (a job that ends while the page draws shows the next draw)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         time.sleep(0.3)
+        held = until(at.session_state["train_job"])
         at.run()
         assert not at.exception, at.exception
         job = at.session_state["train_job"]
-        if until(job):
+        if held:
             return job
     raise AssertionError(f"the training did not get there in {timeout} s: {job.state}, {job.run and job.run.steps_done}")
 

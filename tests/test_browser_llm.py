@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 import numpy as np
 import pytest
 
-from tests.browser import PLOT, assert_readable, shot
+from tests.browser import PLOT, assert_readable, click_until, shot
 from viz.figures import HIDDEN_COLOR
 
 TEXT = "Which do you like better, coffee or tea?"
@@ -127,9 +127,11 @@ EDGE_TARGET = """([plot, layer, head]) => {
 }"""
 
 
+HEADING = "t => [...document.querySelectorAll('h3')].some(h => h.textContent.includes(t))"
+
+
 def heading(page, text: str) -> None:
-    page.wait_for_function("t => [...document.querySelectorAll('h3')].some(h => h.textContent.includes(t))", arg=text,
-                           timeout=120_000)
+    page.wait_for_function(HEADING, arg=text, timeout=120_000)
 
 
 def settled(page, plots: int) -> None:
@@ -147,17 +149,14 @@ def test_effects_reads_and_a_click_on_a_head_or_a_route_opens_it(width, browser,
         heading(page, "L23 H3: where it looks and what it writes")  # the head that recovers most opens first
         plot = page.locator(".js-plotly-plot").nth(1)
         plot.scroll_into_view_if_needed()
-        target = page.evaluate(HEAD_TARGET, [1, 29, 1])
-        page.mouse.click(target["x"], target["y"])
-        heading(page, "L29 H1: where it looks and what it writes")
+        click_until(page, HEAD_TARGET, [1, 29, 1], HEADING, "L29 H1: where it looks and what it writes")
         page.wait_for_function("s => location.search.includes(s)", arg="effects_head=29.1", timeout=60_000)
         settled(page, 10)
         routes = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].findIndex("
                                "gd => gd._fullData.some(t => t.name === 'edges'))")
         page.locator(".js-plotly-plot").nth(routes).scroll_into_view_if_needed()
-        target = page.evaluate(EDGE_TARGET, [routes, 23, 0])  # the strongest route: Mary through L23 H0
-        page.mouse.click(target["x"], target["y"])
-        heading(page, "L23 H0: where it looks and what it writes")
+        # the strongest route: Mary through L23 H0
+        click_until(page, EDGE_TARGET, [routes, 23, 0], HEADING, "L23 H0: where it looks and what it writes")
         page.wait_for_function("s => location.search.includes(s)", arg="effects_head=23.0", timeout=60_000)
         settled(page, 10)
         shot(page, f"llm-effects-{width}")
@@ -170,9 +169,7 @@ def test_effects_over_a_task_reads_and_a_click_on_a_head_opens_it(width, browser
         assert_readable(page, f"effects over a task · {width} px")
         heading(page, "L23 H3 over the task")  # the head of largest mean effect opens first
         page.locator(".js-plotly-plot").nth(0).scroll_into_view_if_needed()
-        target = page.evaluate(HEAD_TARGET, [0, 29, 1])
-        page.mouse.click(target["x"], target["y"])
-        heading(page, "L29 H1 over the task")
+        click_until(page, HEAD_TARGET, [0, 29, 1], HEADING, "L29 H1 over the task")
         page.wait_for_function("s => location.search.includes(s)", arg="task_head=29.1", timeout=60_000)
         settled(page, 5)
         shot(page, f"llm-effects-task-{width}")
