@@ -183,12 +183,16 @@ class MultiHeadAttention(nn.Module):
         ``qk_norm``), after the rotary rotation (the first vector at position ``offset``), and with each query
         head given its group's key and value; q not yet multiplied by ``1 / sqrt(Dh)`` (but by
         ``scale * sqrt(Dh)`` when a ``scale`` is given)."""
-        B, Lq, _ = query.shape
-        Lk, H, Dh = key.shape[1], self.num_heads, self.head_dim
-        q, k, v = self.project(query, key, value)                         # (B, L, H * Dh), (B, L, Hkv * Dh) x 2
-        q = q.view(B, Lq, H, Dh).transpose(1, 2)                           # (B, H, Lq, Dh)
-        k = k.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
-        v = v.view(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)           # (B, Hkv, Lk, Dh)
+        return self.shape_heads(*self.project(query, key, value), offset)
+
+    def shape_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int = 0):
+        """``heads_qkv`` from the projections ``(B, L, H * Dh)``, ``(B, L, Hkv * Dh)`` x 2 on: split by head, normed,
+        rotated and each query head given its group's key and value."""
+        B, Lq, _ = q.shape
+        Lk, H, Dh = k.shape[1], self.num_heads, self.head_dim
+        q = q.reshape(B, Lq, H, Dh).transpose(1, 2)                        # (B, H, Lq, Dh)
+        k = k.reshape(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)        # (B, Hkv, Lk, Dh)
+        v = v.reshape(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)        # (B, Hkv, Lk, Dh)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.q_factor != 1.0:

@@ -74,6 +74,10 @@ class GatedBlock(PreNormBlock):
                                need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
                                head_fill=head_fill, hook_z=hook_z, into=weights_into, prefix=prefix)
         x = x + self.write_alone(a if packing is None else packing.pack(a))
+        return x + self.mlp_write(x), weights
+
+    def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
+        """What the feed-forward part writes into the stream ``x`` it reads (its norms included)."""
         h = self.ln_mlp(x)
         m = self.down(self.act(self.gate(h)) * self.up(h))
-        return x + (m if self.ln_mlp_out is None else self.ln_mlp_out(m)), weights
+        return m if self.ln_mlp_out is None else self.ln_mlp_out(m)

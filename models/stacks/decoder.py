@@ -88,9 +88,13 @@ class DecoderBlock(PreNormBlock):
         a = a if packing is None else packing.pack(a)                          # like x
         x = x + F.dropout(a, self.dropout, self.training)
         if not self.attention_only:
-            h = self.mlp_out(F.dropout(self.act(self.mlp_in(self.ln_mlp(x))), self.dropout, self.training))
-            x = x + F.dropout(h, self.dropout, self.training)
+            x = x + self.mlp_write(x)
         return x, weights
+
+    def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
+        """What the feed-forward part writes into the stream ``x`` it reads (not called when attention-only)."""
+        h = self.mlp_out(F.dropout(self.act(self.mlp_in(self.ln_mlp(x))), self.dropout, self.training))
+        return F.dropout(h, self.dropout, self.training)
 
     @classmethod
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> "DecoderBlock":

@@ -1,0 +1,302 @@
+"""The edges between a language model's nodes, run inside our own stack: edge attribution (EAP, EAP-IG), exact edge
+patching and a circuit's run.
+
+The residual stream a node reads is the sum of what the nodes before it wrote (the attentions' output biases
+aside, which no corruption changes). The nodes that write (*senders*): the input (the embeddings), each head,
+each MLP. The nodes that read (*receivers*): each head's query input, each key/value head's key and value inputs
+(a query head reads its group's), each MLP's input and the logits. An *edge* is one sender's output within one
+receiver's input; senders are ordered (input, then per layer its heads and its MLP) so that a receiver's senders
+are the first ``reach[r]`` of them.
+
+``run_graph`` runs a batch with every receiver reading its own copy of the stream, which is what gives each
+receiver its own gradient (EAP) and lets a circuit's run rebuild each receiver's input from its circuit senders'
+outputs in this run and the other senders' outputs in a corrupted run (Hanna et al. 2024's evaluation). A head's
+write in a block that norms its attention's output (Gemma 3) is its share of the normed sum, that norm's scale
+taken at the layer's own output in the same run.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .kernels import attention_masks, fused_attention
+from .pairs import Measure
+from .patching import language_stack
+
+SENDER_KINDS = ("input", "head", "mlp")
+RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A stack's nodes and edges. ``senders[s]`` and ``receivers[r]`` are ``(kind, layer, index)``: a head's index
+    is its index in the model (a pruned model's kept heads); a key/value input's is its key/value head's in the
+    layer's attention; the input's layer is -1, the logits' the number of layers. ``reach[r]``: how many first
+    senders receiver ``r`` reads. ``reads[l]``: the query heads reading each key/value head of layer ``l``."""
+
+    senders: tuple[tuple[str, int, int], ...]
+    receivers: tuple[tuple[str, int, int], ...]
+    reach: np.ndarray
+    n_layers: int
+    reads: tuple[tuple[tuple[int, ...], ...], ...]
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.reach.sum())
+
+    def mask(self) -> np.ndarray:
+        """``(senders, receivers)`` bool: which (sender, receiver) pairs are edges."""
+        return np.arange(len(self.senders))[:, None] < self.reach[None, :]
+
+    def sender_name(self, s: int) -> str:
+        kind, layer, index = self.senders[s]
+        return {"input": "input", "head": f"L{layer} H{index}", "mlp": f"MLP {layer}"}[kind]
+
+    def receiver_name(self, r: int) -> str:
+        kind, layer, index = self.receivers[r]
+        if kind == "q":
+            return f"L{layer} H{index}.q"
+        if kind in ("k", "v"):
+            heads = self.reads[layer][index]
+            return f"L{layer} H{heads[0]}.{kind}" if len(heads) == 1 else f"L{layer} KV{index}.{kind}"
+        return "logits" if kind == "logits" else f"MLP {layer}"
+
+    def receiver_node(self, r: int) -> tuple[str, int, int]:
+        """The node a receiver belongs to, as a sender names it (the logits: ``("logits", L, -1)``)."""
+        kind, layer, index = self.receivers[r]
+        return ("head", layer, index) if kind == "q" else ("mlp", layer, -1) if kind == "mlp" else \
+            ("logits", layer, -1) if kind == "logits" else ("kv", layer, index)
+
+    def layer_span(self, layer: int) -> tuple[slice, slice, int]:
+        """Layer ``layer``'s head senders, its attention receivers (q, k, v) and its MLP receiver (-1: none)."""
+        return self._spans[layer]
+
+    @property
+    def _spans(self):
+        out, s, r = [], 1, 0
+        for layer in range(self.n_layers):
+            heads = sum(1 for k, l, _ in self.senders if k == "head" and l == layer)
+            attn = sum(1 for k, l, _ in self.receivers if k in ("q", "k", "v") and l == layer)
+            mlp = any(k == "mlp" and l == layer for k, l, _ in self.senders)
+            out.append((slice(s, s + heads), slice(r, r + attn), r + attn if mlp else -1))
+            s, r = s + heads + mlp, r + attn + mlp
+        return out
+
+
+def graph_of(stack) -> Graph:
+    """The nodes and edges of a pre-norm language ``stack`` (from-scratch engine)."""
+    senders, receivers, reach, reads = [("input", -1, -1)], [], [], []
+    for layer, block in enumerate(stack.layers):
+        attn, kept = block.attn, stack.kept[layer]
+        groups = list(range(attn.num_heads)) if attn.kv_heads is None else attn.kv_heads
+        reads.append(tuple(tuple(kept[i] for i in range(attn.num_heads) if groups[i] == g)
+                           for g in range(attn.num_kv_heads)))
+        before = len(senders)
+        receivers += [("q", layer, h) for h in kept] + [(kind, layer, g) for kind in "kv"
+                                                         for g in range(attn.num_kv_heads)]
+        reach += [before] * (len(kept) + 2 * attn.num_kv_heads)
+        senders += [("head", layer, h) for h in kept]
+        if block_mlp(block):
+            receivers.append(("mlp", layer, -1))
+            reach.append(len(senders))
+            senders.append(("mlp", layer, -1))
+    receivers.append(("logits", stack.n_layers, -1))
+    reach.append(len(senders))
+    return Graph(tuple(senders), tuple(receivers), np.array(reach), stack.n_layers, tuple(reads))
+
+
+def block_mlp(block) -> bool:
+    """Whether a block has a feed-forward part (a decoder trained attention-only has none)."""
+    return not getattr(block, "attention_only", False)
+
+
+@dataclass
+class Run:
+    """One batch's run through the graph: ``outs`` ``(senders, B, n, E)`` every sender's output; ``reads[r]``
+    ``(B, n, E)`` the stream receiver ``r`` read (one tensor per layer's attention, its MLP and the logits, shared
+    by the receivers reading it); ``value`` ``(B,)`` the metric."""
+
+    outs: torch.Tensor
+    reads: dict[int, torch.Tensor]
+    value: torch.Tensor
+    taps: list[torch.Tensor]
+    ids: torch.Tensor | None = None
+
+
+def _weights(attn):
+    """The q, k and v projections' weights and biases (None without), split by head: ``(heads, Dh, E)``."""
+    H, G, Dh = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    if attn.fused:
+        wq, wk, wv = attn.in_proj_weight.split(attn.sizes)
+    else:
+        wq, wk, wv = attn.q_proj_weight, attn.k_proj_weight, attn.v_proj_weight
+    b = attn.in_proj_bias
+    bq, bk, bv = (None, None, None) if b is None else b.split(attn.sizes)
+    shape = lambda w, h: w.view(h, Dh, -1)                                           # noqa: E731
+    bias = lambda x, h: None if x is None else x.view(h, Dh)                          # noqa: E731
+    return (shape(wq, H), bias(bq, H)), (shape(wk, G), bias(bk, G)), (shape(wv, G), bias(bv, G))
+
+
+def attention_parts(block, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor):
+    """A block's attention with each query head reading ``xq[i]`` and each key/value head ``xk[g]``, ``xv[g]``
+    (``(heads, B, n, E)``, ``(kv heads, B, n, E)``; causal, with its window): each head's write ``(heads, B, n, E)``
+    and the attention's constant write (its output bias, through a norm on the output; None without)."""
+    attn = block.attn
+    H, Dh = attn.num_heads, attn.head_dim
+    B, n, E = xq.shape[1:]
+    projected = []
+    for x, (w, b) in zip((xq, xk, xv), _weights(attn)):
+        p = torch.einsum("hbne,hde->bnhd", block.attention_input(x), w)
+        projected.append((p if b is None else p + b).reshape(B, n, -1))
+    q, k, v = attn.shape_heads(*projected)                                           # (B, H, n, Dh) each
+    window = attn.window if attn.window is not None and n > attn.window else None
+    blocked = None if window is None else attention_masks(B, H, n, n, causal=True, like=q, window=window)[0]
+    z = fused_attention(q, k, v, blocked, None, 0.0, only_causal=window is None)    # (B, H, n, Dh)
+    writes = torch.einsum("bhnd,ehd->hbne", z, attn.out_proj.weight.view(E, H, Dh))
+    bias = attn.out_proj.bias
+    scale = block.attention_scale(writes.sum(0) + (0 if bias is None else bias))
+    if scale is None:
+        return writes, bias
+    return writes * scale, None if bias is None else bias * scale
+
+
+def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: torch.Tensor, *,
+              base: Run | None = None, keep: torch.Tensor | None = None, taps: bool = False, start: int = 0,
+              ids: torch.Tensor | None = None) -> Run:
+    """Run a batch whose input node writes ``emb`` ``(B, n, E)``, every receiver reading its own stream.
+
+    Without ``keep`` each receiver reads the sum of every sender before it (the model's own run; ``taps``: each
+    layer's receivers' streams, ``(receivers, B, n, E)``, kept in ``Run.taps`` to take each receiver's gradient). With ``keep`` ``(senders,
+    receivers)`` (1: the edge is in the circuit) and the corrupted run ``base``, receiver ``r`` reads ``base``'s
+    stream with each circuit sender's output in this run in place of its output in ``base``; ``start``: the first
+    position where this run's input differs from ``base``'s (before it every output is ``base``'s, the model being
+    causal, and nothing is added there)."""
+    S = len(graph.senders)
+    B, n, E = emb.shape
+    outs = emb.new_empty(S, B, n, E)
+    diff = None if keep is None else emb.new_empty(S, B, n - start, E)
+    reads, tapped = {}, []
+    keep = None if keep is None else keep.to(emb.dtype)
+
+    def record(s: slice | int, out: torch.Tensor) -> None:
+        outs[s] = out.detach()
+        if diff is not None:
+            diff[s] = out[..., start:, :] - base.outs[s][..., start:, :]
+
+    def streams(r: slice | int, x: torch.Tensor | None, count: int) -> torch.Tensor:
+        """``(count, B, n, E)``: what receivers ``r`` read."""
+        first = r.start if isinstance(r, slice) else r
+        if keep is None:
+            reads[first] = x
+            out = x.unsqueeze(0).expand(count, B, n, E)
+            if taps:  # each receiver's own copy of the stream: its gradient is that receiver's alone
+                tapped.append(out)
+            return out
+        m = int(graph.reach[first])
+        weights = keep[:m, r].reshape(m, count)
+        active = weights.any(1).nonzero().view(-1)               # the senders with an edge here in the circuit
+        out = base.reads[first].unsqueeze(0).repeat(count, 1, 1, 1)
+        if len(active):
+            added = weights[active].T @ diff[active].reshape(len(active), -1)
+            out[:, :, start:] += added.view(count, B, n - start, E)
+        reads[first] = out[0] if count == 1 else None
+        return out
+
+    x = emb
+    record(0, emb)
+    for layer, block in enumerate(stack.layers):
+        heads, attn_r, mlp_r = graph.layer_span(layer)
+        H, G = block.attn.num_heads, block.attn.num_kv_heads
+        if H:
+            inputs = streams(attn_r, x, H + 2 * G)
+            writes, const = attention_parts(block, inputs[:H], inputs[H:H + G], inputs[H + G:])
+            record(heads, writes)
+            x = x + writes.sum(0) + (0 if const is None else const)
+        elif block.attn.out_proj.bias is not None:
+            x = x + block.write_alone(block.attn.out_proj.bias.expand_as(x))
+        if mlp_r >= 0:
+            m = block.mlp_write(streams(mlp_r, x, 1)[0])
+            record(heads.stop, m)
+            x = x + m
+    final = streams(len(graph.receivers) - 1, x, 1)[0]
+    return Run(outs, reads, measure(stack, final[:, -1], rows), tapped, ids)
+
+
+def embeddings(stack, ids: torch.Tensor) -> torch.Tensor:
+    return stack.embed(ids.to(stack_device(stack)))
+
+
+@torch.inference_mode()
+def run_ids(stack, graph: Graph, ids: torch.Tensor, measure: Measure, rows: torch.Tensor) -> Run:
+    """The model's own run of the prompts ``ids`` ``(B, n)`` through the graph (the base of a circuit's run)."""
+    return run_graph(stack, graph, embeddings(stack, ids), measure, rows, ids=ids)
+
+
+def stack_device(stack) -> torch.device:
+    return next(stack.parameters()).device
+
+
+Progress = Callable[[int, int], None]
+
+
+def edge_attribution(stack, graph: Graph, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, measure: Measure,
+                     rows: torch.Tensor, steps: int = 1) -> tuple[torch.Tensor, Run, Run]:
+    """``(senders, receivers)``: each edge's score summed over the batch, the estimated fall of the metric when the
+    edge's sender output is the corrupted run's instead of the clean run's: ``(a_clean - a_corrupted) · g``, ``g``
+    the gradient of the metric by the receiver's stream. ``steps`` 1: ``g`` at the clean input (EAP, Syed et al.
+    2023); more: averaged over inputs ``corrupted + j / steps (clean - corrupted)``, ``j`` 1 to ``steps`` (EAP-IG,
+    Hanna et al. 2024). Also the clean and the corrupted runs. Zero where a pair is not an edge."""
+    f = first_difference(clean_ids, corrupted_ids)                           # every output is the same before it
+    with torch.inference_mode():
+        e_clean, e_bad = embeddings(stack, clean_ids), embeddings(stack, corrupted_ids)
+        bad = run_graph(stack, graph, e_bad, measure, rows, ids=corrupted_ids)
+    e_clean, e_bad = e_clean.clone(), e_bad.clone()
+    total = None
+    for j in range(1, steps + 1):  # the last step's input is the clean one: its run is the clean run
+        with torch.enable_grad():
+            emb = (e_clean if j == steps else e_bad + (j / steps) * (e_clean - e_bad)).requires_grad_()
+            run = run_graph(stack, graph, emb, measure, rows, taps=True)
+            grads = torch.autograd.grad(run.value.sum(), run.taps)
+        g = torch.cat(grads)[:, :, f:]                                         # (receivers, B, n - f, E)
+        total = g if total is None else total + g
+    run.value, run.taps = run.value.detach(), []
+    with torch.no_grad():
+        delta = (run.outs[:, :, f:] - bad.outs[:, :, f:]).reshape(len(graph.senders), -1)
+        scores = delta @ (total / steps).reshape(len(graph.receivers), -1).T
+    return scores * torch.as_tensor(graph.mask(), device=scores.device), run, bad
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The first position where some row of ``a`` differs from ``b``'s (the last when none does)."""
+    differ = (a != b).any(0)
+    return int(differ.int().argmax()) if bool(differ.any()) else a.shape[1] - 1
+
+
+@torch.inference_mode()
+def circuit_values(stack, graph: Graph, clean_ids: torch.Tensor, bad: Run, keep: torch.Tensor, measure: Measure,
+                   rows: torch.Tensor) -> torch.Tensor:
+    """``(B,)``: the metric of the clean prompts run with only the edges ``keep`` ``(senders, receivers)`` (1 in,
+    0 out) carrying this run's outputs; every other edge carries the corrupted run ``bad``'s."""
+    return run_graph(stack, graph, embeddings(stack, clean_ids), measure, rows, base=bad, keep=keep,
+                     start=first_difference(clean_ids, bad.ids)).value
+
+
+def all_edges(graph: Graph, device=None) -> torch.Tensor:
+    return torch.as_tensor(graph.mask(), dtype=torch.float32, device=device)
+
+
+def without(graph: Graph, edges: list[tuple[int, int]], device=None) -> torch.Tensor:
+    """Every edge in but ``edges`` (``(sender, receiver)`` pairs): what exact edge patching runs."""
+    keep = all_edges(graph, device)
+    for s, r in edges:
+        keep[s, r] = 0
+    return keep
+
+
+def language_graph(model) -> tuple:
+    """``model``'s stack (from-scratch engine) and its graph."""
+    stack = language_stack(model)
+    return stack, graph_of(stack)

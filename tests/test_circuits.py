@@ -1,0 +1,341 @@
+"""Circuits on tiny random Llama and Gemma 3 decoders built here: edge attribution (EAP, EAP-IG) against the
+gradient formula taken with forward hooks and autograd on transformers' own modules; a circuit's run with every
+edge in is the clean run and with none the corrupted run; exact edge patching through the circuit machinery
+against patching built by hand with hooks; a hand-made two-layer model whose only path runs head A into head B's
+query."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from analysis import circuits as AC
+from analysis.tasks import Task, TaskPair
+from models import HeadLensError, load_model
+from models import circuits as C
+from models.pairs import Measure
+from models.stacks.decoder import Decoder, DecoderConfig
+from tests import test_gemma3
+from tests.test_llama import build as build_llama
+
+N = 9        # tokens a prompt
+DIFFER = 3   # the position where the corrupted prompts differ
+ANSWER, DISTRACTOR = 7, 9
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def family(request, tmp_path_factory):
+    """(name, ours on the from-scratch engine, transformers' CausalLM)."""
+    folder = tmp_path_factory.mktemp(f"circuits-{request.param}")
+    if request.param == "llama":  # attention biases on: the output projection's bias is a constant write
+        _, folder, hf, _ = build_llama("llama", folder)
+    else:
+        folder, hf, _ = test_gemma3.build(folder, 2)  # two key/value heads, each read by two query heads
+    return request.param, load_model(folder, backend="scratch"), hf
+
+
+def prompts(vocab: int, seed: int = 0, batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    clean = torch.randint(5, vocab, (batch, N), generator=gen)
+    bad = clean.clone()
+    bad[:, DIFFER] = torch.randint(5, vocab, (batch,), generator=gen)
+    return clean, bad
+
+
+def logit_measure(batch: int) -> Measure:
+    return Measure("logit", torch.tensor([[ANSWER, DISTRACTOR]] * batch), torch.tensor([[1.0, -1.0]] * batch))
+
+
+# --- the reference: hooks on transformers' modules ----------------------------------------------------------
+
+def hf_run(family: str, hf, embeds: torch.Tensor):
+    """transformers' forward of ``embeds`` (the input node's output) with hooks: every sender's output, each
+    receiver's stream, and after a backward pass of the metric each receiver's gradient, the gradient by the
+    output of its own projection (or MLP, or norm) carried back through that module alone with autograd."""
+    cfg = hf.config
+    H, G = cfg.num_attention_heads, cfg.num_key_value_heads
+    Dh = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    gemma = family == "gemma3"
+    got = {"pre": [], "mid": [], "z": [], "o": [], "mlp": [], "q": [], "k": [], "v": [], "out": []}
+    handles = []
+
+    def keep(name, grad=False):
+        def hook(m, a, out):
+            out = out[0] if isinstance(out, tuple) else out
+            if grad:
+                out.retain_grad()
+            got[name].append(out)
+        return hook
+
+    for layer in hf.model.layers:
+        attn = layer.self_attn
+        handles += [
+            layer.register_forward_pre_hook(lambda m, a, kw: got["pre"].append(a[0] if a else kw["hidden_states"]),
+                                            with_kwargs=True),
+            attn.o_proj.register_forward_pre_hook(lambda m, a: got["z"].append(a[0])),
+            attn.o_proj.register_forward_hook(keep("o")),
+            attn.q_proj.register_forward_hook(keep("q", True)), attn.k_proj.register_forward_hook(keep("k", True)),
+            attn.v_proj.register_forward_hook(keep("v", True)), layer.register_forward_hook(keep("out", True)),
+            (layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm)
+            .register_forward_pre_hook(lambda m, a: got["mid"].append(a[0])),
+            (layer.post_feedforward_layernorm if gemma else layer.mlp).register_forward_hook(keep("mlp")),
+        ]
+    handles.append(hf.model.norm.register_forward_pre_hook(lambda m, a: got.__setitem__("final", a[0])))
+    handles.append(hf.model.norm.register_forward_hook(lambda m, a, out: got.__setitem__("normed", out)))
+    try:
+        with torch.enable_grad():
+            hf(inputs_embeds=embeds)
+            u = hf.lm_head.weight[ANSWER] - hf.lm_head.weight[DISTRACTOR]
+            value = got["normed"][:, -1] @ u
+            value.sum().backward()
+    finally:
+        for h in handles:
+            h.remove()
+    senders = [embeds.detach()]
+    grads = []
+    for i, layer in enumerate(hf.model.layers):
+        attn = layer.self_attn
+        z, o = got["z"][i].detach(), got["o"][i].detach()
+        scale = 1.0
+        if gemma:  # the norm after the attention, its scale taken at the whole output
+            norm = layer.post_attention_layernorm
+            scale = (1.0 + norm.weight) * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + norm.eps)
+        for h in range(H):
+            part = slice(h * Dh, (h + 1) * Dh)
+            senders.append(F.linear(z[..., part], attn.o_proj.weight[:, part]) * scale)
+        x = got["pre"][i].detach()
+        for kind, heads in (("q", H), ("k", G), ("v", G)):
+            proj = getattr(attn, f"{kind}_proj")
+            g_out = got[kind][i].grad
+            for h in range(heads):
+                part = slice(h * Dh, (h + 1) * Dh)
+                xd = x.clone().requires_grad_()
+                y = proj(layer.input_layernorm(xd))[..., part]
+                grads.append(torch.autograd.grad(y, xd, g_out[..., part])[0])
+        xd = got["mid"][i].detach().clone().requires_grad_()
+        if gemma:
+            write = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(xd)))
+        else:
+            write = layer.mlp(layer.post_attention_layernorm(xd))
+        grads.append(torch.autograd.grad(write, xd, got["out"][i].grad)[0])
+        senders.append(got["mlp"][i].detach())
+    grads.append(got["out"][-1].grad)  # the logits read the last layer's output, through the final norm
+    return torch.stack(senders).detach(), torch.stack(grads).detach(), value.detach()
+
+
+def hf_scores(family: str, hf, clean: torch.Tensor, bad: torch.Tensor, steps: int) -> torch.Tensor:
+    e_clean, e_bad = hf.model.embed_tokens(clean).detach(), hf.model.embed_tokens(bad).detach()
+    out_clean, _, _ = hf_run(family, hf, e_clean)
+    out_bad, _, _ = hf_run(family, hf, e_bad)
+    g = sum(hf_run(family, hf, e_bad + (j / steps) * (e_clean - e_bad))[1] for j in range(1, steps + 1)) / steps
+    return torch.einsum("sbne,rbne->sr", out_clean - out_bad, g)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_edge_scores_equal_the_gradient_formula_with_hooks_on_transformers(family, steps):
+    name, ours, hf = family
+    stack, graph = ours.stack, C.graph_of(ours.stack)
+    cfg = hf.config
+    assert len(graph.senders) == 1 + cfg.num_hidden_layers * (cfg.num_attention_heads + 1)
+    assert len(graph.receivers) == cfg.num_hidden_layers * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads
+                                                            + 1) + 1
+    clean, bad = prompts(cfg.vocab_size)
+    scores, run, corrupted = C.edge_attribution(stack, graph, clean, bad, logit_measure(3), torch.arange(3),
+                                                steps=steps)
+    theirs = hf_scores(name, hf, clean, bad, steps)
+    mask = torch.as_tensor(graph.mask())
+    top = float(theirs[mask].abs().max())
+    assert top > 1e-3
+    np.testing.assert_allclose(scores[mask].numpy(), theirs[mask].numpy(), atol=1e-5 * top, rtol=1e-4)
+    assert not scores[~mask].any()
+    # the run the scores came from is the clean run, and its metric is transformers'
+    _, _, value = hf_run(name, hf, hf.model.embed_tokens(clean).detach())
+    np.testing.assert_allclose(run.value.numpy(), value.numpy(), atol=1e-4)
+
+
+def test_eap_ig_with_one_step_is_eap_and_its_sum_settles_as_the_steps_grow(family):
+    _, ours, hf = family
+    stack, graph = ours.stack, C.graph_of(ours.stack)
+    clean, bad = prompts(hf.config.vocab_size, seed=1)
+    args = (stack, graph, clean, bad, logit_measure(3), torch.arange(3))
+    eap = C.edge_attribution(*args, steps=1)[0]
+    one = C.edge_attribution(*args, steps=1)[0]
+    assert torch.equal(eap, one)
+    fine, finer = (C.edge_attribution(*args, steps=k)[0] for k in (40, 80))
+    coarse = C.edge_attribution(*args, steps=2)[0]
+    # a Riemann sum of the gradient along the path: the step from 40 to 80 moves it far less than from 2 to 40
+    assert (finer - fine).abs().max() < 0.1 * (fine - coarse).abs().max()
+
+
+def test_a_circuit_with_every_edge_is_the_clean_run_and_with_none_the_corrupted_run(family):
+    _, ours, hf = family
+    stack, graph = ours.stack, C.graph_of(ours.stack)
+    clean, bad = prompts(hf.config.vocab_size, seed=2)
+    measure, rows = logit_measure(3), torch.arange(3)
+    with torch.inference_mode():
+        x, _ = stack.run_layers(stack.embed(clean), causal=True, need_weights=False)
+        model_clean = measure(stack, x[:, -1], rows)
+        corrupted = C.run_ids(stack, graph, bad, measure, rows)
+        x, _ = stack.run_layers(stack.embed(bad), causal=True, need_weights=False)
+        model_bad = measure(stack, x[:, -1], rows)
+        every = C.circuit_values(stack, graph, clean, corrupted, C.all_edges(graph), measure, rows)
+        none = C.circuit_values(stack, graph, clean, corrupted, torch.zeros(graph.mask().shape), measure, rows)
+    np.testing.assert_allclose(every.numpy(), model_clean.numpy(), atol=1e-4)
+    np.testing.assert_allclose(none.numpy(), model_bad.numpy(), atol=1e-4)
+    assert (model_clean - model_bad).abs().max() > 1e-2  # the corruption changes the metric
+
+
+def hf_edge_patched(family: str, hf, clean: torch.Tensor, delta: torch.Tensor, receiver: tuple) -> torch.Tensor:
+    """The clean prompts through transformers with receiver ``(kind, layer, index)``'s stream less ``delta``, put
+    in by hooks on its own module; every other module reads what it reads."""
+    cfg = hf.config
+    Dh = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kind, layer, index = receiver
+    gemma, handles, seen = family == "gemma3", [], {}
+    if kind in ("q", "k", "v"):
+        block = hf.model.layers[layer]
+        handles.append(block.register_forward_pre_hook(
+            lambda m, a, kw: seen.__setitem__("x", a[0] if a else kw["hidden_states"]), with_kwargs=True))
+        proj, part = getattr(block.self_attn, f"{kind}_proj"), slice(index * Dh, (index + 1) * Dh)
+
+        def swap(m, a, out):
+            out = out.clone()
+            out[..., part] = F.linear(block.input_layernorm(seen["x"] - delta), m.weight, m.bias)[..., part]
+            return out
+
+        handles.append(proj.register_forward_hook(swap))
+    elif kind == "mlp":
+        block = hf.model.layers[layer]
+        norm = block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm
+        handles.append(norm.register_forward_pre_hook(lambda m, a: (a[0] - delta,)))
+    else:
+        handles.append(hf.model.norm.register_forward_pre_hook(lambda m, a: (a[0] - delta,)))
+    handles.append(hf.model.norm.register_forward_hook(lambda m, a, out: seen.__setitem__("normed", out)))
+    try:
+        with torch.inference_mode():
+            hf(input_ids=clean)
+            return seen["normed"][:, -1] @ (hf.lm_head.weight[ANSWER] - hf.lm_head.weight[DISTRACTOR])
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_exact_edge_patching_equals_patching_built_by_hand_with_hooks(family):
+    name, ours, hf = family
+    stack, graph = ours.stack, C.graph_of(ours.stack)
+    clean, bad = prompts(hf.config.vocab_size, seed=3)
+    measure, rows = logit_measure(3), torch.arange(3)
+    with torch.inference_mode():
+        good, corrupted = C.run_ids(stack, graph, clean, measure, rows), C.run_ids(stack, graph, bad, measure, rows)
+    out_clean, _, _ = hf_run(name, hf, hf.model.embed_tokens(clean).detach())
+    out_bad, _, _ = hf_run(name, hf, hf.model.embed_tokens(bad).detach())
+    # an edge into every kind of receiver: a query, a key and a value of grouped heads, an MLP and the logits
+    top = graph.n_layers - 1
+    at = {node: r for r, node in enumerate(graph.receivers)}
+    head, mlp = graph.senders.index(("head", 0, 1)), graph.senders.index(("mlp", 0, -1))
+    edges = [(head, at["q", top, 1]), (mlp, at["k", top, 1]), (0, at["v", top, 0]),
+             (graph.senders.index(("head", top, 3)), at["mlp", top, -1]), (head, at["logits", top + 1, -1]),
+             (graph.senders.index(("mlp", top, -1)), at["logits", top + 1, -1])]
+    for s, r in edges:
+        with torch.inference_mode():
+            ours_value = C.circuit_values(stack, graph, clean, corrupted, C.without(graph, [(s, r)]), measure, rows)
+        theirs = hf_edge_patched(name, hf, clean, (out_clean[s] - out_bad[s]).detach(), graph.receivers[r])
+        np.testing.assert_allclose(ours_value.numpy(), theirs.numpy(), atol=1e-4,
+                                   err_msg=f"{graph.sender_name(s)} -> {graph.receiver_name(r)}")
+    # and patching changes the metric somewhere: the comparison is not of two clean runs
+    assert max(float((good.value - hf_edge_patched(name, hf, clean, (out_clean[s] - out_bad[s]).detach(),
+                                                   graph.receivers[r])).abs().max()) for s, r in edges) > 1e-3
+
+
+# --- a hand-made two-layer model: the only path runs through head A into head B's query ------------------------
+
+def two_heads(tmp_path):
+    """Attention-only, one head a layer, 16 dimensions: token identity in 0-1 (others in 2), position 0 in 4 and
+    the rest in 5, and a large constant in 15 that keeps every LayerNorm's scale nearly still, so that the model is
+    nearly linear along its path. Head A (layer 0) looks at position 0 from everywhere and copies its token into
+    8-9; head B (layer 1) asks with 8-9 whether position 0 held the first token, looks there if so (elsewhere if
+    not) and writes what it finds of the position into 12-13; the unembedding reads 12 alone. Every change the
+    corruption makes off that path swaps two dimensions' values, which no LayerNorm sees."""
+    from tests.conftest import _bpe_vocab
+    import transformers as tf
+
+    vocab, merges = _bpe_vocab()
+    config = DecoderConfig(vocab_size=len(vocab), max_len=32, n_layers=2, n_heads=1, d_model=16)
+    stack = Decoder(config)
+    with torch.no_grad():
+        for p in stack.parameters():
+            p.zero_()
+        for ln in (stack.layers[0].ln_attn, stack.layers[1].ln_attn, stack.ln_final):
+            ln.weight.fill_(1.0)
+        stack.tok_emb.weight[:, 2] = 5.0
+        stack.tok_emb.weight[10] = 0
+        stack.tok_emb.weight[10, 0] = 5.0   # the clean first token
+        stack.tok_emb.weight[11] = 0
+        stack.tok_emb.weight[11, 1] = 5.0   # the corrupted one
+        stack.pos_emb.weight[0, 4] = 5.0
+        stack.pos_emb.weight[1:, 5] = 5.0
+        stack.pos_emb.weight[:, 15] = 400.0
+        for layer, (q_from, v_from, v_to) in enumerate([(None, (0, 1), (8, 9)), ((8, 9), (4, 5), (12, 13))]):
+            attn = stack.layers[layer].attn
+            wq, wk, wv = attn.in_proj_weight.split(attn.sizes)
+            bq = attn.in_proj_bias.split(attn.sizes)[0]
+            if q_from is None:
+                bq[0] = 10.0                                       # A asks the same everywhere
+            else:
+                wq[0, q_from[0]], wq[0, q_from[1]] = 10.0, -10.0       # B asks by what A copied, softly
+            wk[0, 4], wk[0, 5] = 1000.0, -1000.0                   # keys: position 0 or not
+            wv[0, v_from[0]], wv[1, v_from[1]] = 1.0, 1.0
+            attn.out_proj.weight[v_to[0], 0], attn.out_proj.weight[v_to[1], 1] = 100.0, 100.0
+        stack.unembed.weight[ANSWER, 12], stack.unembed.weight[DISTRACTOR, 12] = 100.0, -100.0
+    stack.save_pretrained(tmp_path)
+    tok = tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                               pad_token="<pad>")
+    tok.save_pretrained(tmp_path)
+    return load_model(tmp_path, backend="scratch")
+
+
+def test_the_only_path_from_head_a_into_head_bs_query_is_the_circuit_found(tmp_path):
+    model = two_heads(tmp_path)
+    pairs = tuple(TaskPair("", "", (10,) + (20 + i,) * 6, (11,) + (20 + i,) * 6, ANSWER, DISTRACTOR, (("END", 6),))
+                  for i in range(4))
+    task = Task("two heads", "Two heads", pairs)
+    path = {("input", "L0 H0.v"), ("L0 H0", "L1 H0.q"), ("L1 H0", "logits")}
+    scores = AC.edge_scores(model, task, "eap_ig")
+    top = scores.frame(3)
+    assert set(zip(top.sender, top.receiver)) == path
+    assert (top.share > 0.9).all() and scores.frame().share[3:].abs().max() < 1e-3
+    # EAP's one gradient at the clean input misses the edge into B's query: B's attention there is settled (its
+    # softmax flat to a small change), which is why EAP-IG walks the path from the corrupted input
+    eap = AC.edge_scores(model, task, "eap").frame()
+    assert eap.query("sender == 'L0 H0' and receiver == 'L1 H0.q'").share.abs().item() < 0.01
+    assert (scores.clean > scores.corrupted + 1).all()
+    curve = AC.faithfulness(model, scores, sizes=[0, 2, 3, scores.graph.n_edges])
+    np.testing.assert_allclose(curve.faithfulness, [0.0, 0.0, 1.0, 1.0], atol=1e-5)
+    assert curve.smallest() == 3
+    # each of the three alone carries the whole effect; every other edge, exactly patched, none of it
+    frame = scores.frame()
+    edges = list(zip(frame.sender_index, frame.receiver_index))
+    exact = AC.exact_edges(model, task, edges).mean(0) / np.mean(scores.clean - scores.corrupted)
+    np.testing.assert_allclose(exact[:3], 1.0, atol=1e-5)
+    np.testing.assert_allclose(exact[3:], 0.0, atol=1e-5)
+    # path patching A into B's query is the paper's test of that edge: the whole effect; into B's key, none
+    assert AC.path_patching(model, task, (0, 0), [(1, 0)], kinds=("q",)).share == pytest.approx(1.0, abs=1e-5)
+    assert AC.path_patching(model, task, (0, 0), [(1, 0)], kinds=("k",)).share == pytest.approx(0.0, abs=1e-5)
+
+
+def test_what_cannot_be_a_circuit_gets_a_sentence(tmp_path):
+    model = two_heads(tmp_path)
+    pair = TaskPair("", "", (10, 20, 21), (11, 20, 21), ANSWER, DISTRACTOR, (("END", 2),))
+    task = Task("two heads", "Two heads", (pair,))
+    with pytest.raises(HeadLensError, match="Unknown method"):
+        AC.edge_scores(model, task, "acdc")
+    with pytest.raises(HeadLensError, match="1 to 100 steps"):
+        AC.edge_scores(model, task, "eap_ig", steps=0)
+    with pytest.raises(HeadLensError, match="later layers"):
+        AC.path_patching(model, task, (1, 0), [(0, 0)])
+    with pytest.raises(HeadLensError, match="not a head"):
+        AC.path_patching(model, task, (0, 5), [(1, 0)])
+    with pytest.raises(HeadLensError, match="queries, keys and values"):
+        AC.path_patching(model, task, (0, 0), [(1, 0)], kinds=("o",))
+    same = Task("same", "Same", (TaskPair("", "", (10, 20, 21), (10, 20, 21), ANSWER, DISTRACTOR, (("END", 2),)),))
+    with pytest.raises(HeadLensError, match="nothing for a circuit to recover"):
+        AC.faithfulness(model, AC.edge_scores(model, same, "eap"), sizes=[1])
