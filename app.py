@@ -19,6 +19,7 @@ PAGES = [
     st.Page("app_pages/generate.py", title="Generate", icon=":material/edit_note:", url_path="generate"),
     st.Page("app_pages/roles.py", title="Head roles", icon=":material/category:", url_path="roles"),
     st.Page("app_pages/effects.py", title="Effects", icon=":material/science:", url_path="effects"),
+    st.Page("app_pages/circuits.py", title="Circuits", icon=":material/account_tree:", url_path="circuits"),
     st.Page("app_pages/queries_keys.py", title="Queries & keys", icon=":material/scatter_plot:", url_path="queries_keys"),
     st.Page("app_pages/head.py", title="Head", icon=":material/badge:", url_path="head"),
     st.Page("app_pages/atlas.py", title="Atlas", icon=":material/bubble_chart:", url_path="atlas"),

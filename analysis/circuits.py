@@ -159,12 +159,22 @@ def faithfulness(model: AttentionModel, scores: EdgeScores, sizes=None, kinds=No
     """The circuit of the top ``n`` edges (of the receiver ``kinds``) for each ``n`` of ``sizes`` (default
     ``default_sizes``) run over the pairs ``scores`` were taken on, every other edge carrying the corrupted run's
     output."""
+    sizes = default_sizes(scores.graph.n_edges) if sizes is None else np.asarray(sorted({int(s) for s in sizes}))
+    values, clean, corrupted = circuit_values(model, scores, sizes, kinds, batch_pairs=batch_pairs,
+                                              progress=progress)
+    return curve_of(sizes, values, clean, corrupted, seed=seed)
+
+
+def circuit_values(model: AttentionModel, scores: EdgeScores, sizes, kinds=None, *, batch_pairs: int = BATCH_PAIRS,
+                   progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(values, clean, corrupted)``: each pair's metric ``(pairs, sizes)`` with only the top ``sizes`` edges clean,
+    and its clean and corrupted metric."""
     task = scores.task
     ours, stack, graph = _ours(model)
     if graph.senders != scores.graph.senders or graph.receivers != scores.graph.receivers:
         raise HeadLensError("These edge scores were taken on another model's graph.")
-    sizes = default_sizes(graph.n_edges) if sizes is None else np.asarray(sorted({int(s) for s in sizes}))
-    if not len(sizes) or sizes[0] < 0:
+    sizes = np.asarray(sizes)
+    if not len(sizes) or sizes.min() < 0:
         raise HeadLensError("Give circuit sizes of 0 edges or more.")
     measure = measure_for(task, scores.metric, ours.device)
     keeps = [torch.as_tensor(scores.top(int(n), kinds), device=ours.device) for n in sizes]
@@ -181,13 +191,18 @@ def faithfulness(model: AttentionModel, scores: EdgeScores, sizes=None, kinds=No
                 if progress is not None:
                     progress(done * len(sizes) + (j + 1) * len(idx), len(task) * len(sizes))
         done += len(idx)
+    return values, clean, corrupted
+
+
+def curve_of(sizes, values: np.ndarray, clean: np.ndarray, corrupted: np.ndarray, seed: int = 0) -> Curve:
+    """The faithfulness at each size, ``mean(circuit - corrupted) / mean(clean - corrupted)``, with its interval."""
     span = clean - corrupted
     if abs(float(span.mean())) < 1e-12:
         raise HeadLensError("The clean and corrupted prompts score the same on average: there is nothing for a "
                             "circuit to recover.")
     faith = (values - corrupted[:, None]).mean(0) / span.mean()
     low, high = interval(values - corrupted[:, None], span, seed=seed)
-    return Curve(sizes, values, clean, corrupted, faith, low, high)
+    return Curve(np.asarray(sizes), values, clean, corrupted, faith, low, high)
 
 
 def exact_edges(model: AttentionModel, task: Task, edges, metric: str | None = None, *,

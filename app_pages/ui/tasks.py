@@ -59,8 +59,9 @@ class TaskChoice:
     correct_only: bool
 
 
-def pick_task() -> TaskChoice:
-    """The task, metric, method and averaging from the page's widgets."""
+def pick_task(patching: bool = True) -> TaskChoice:
+    """The task, metric, method and averaging from the page's widgets (``patching`` False: the task and metric
+    alone, the method and averaging left at their defaults)."""
     cols = st.columns([2, 1, 1])
     source = bound(cols[0].selectbox, "task", "ioi", init="index", options=list(SOURCES), cast=str, label="Task",
                    format_func=SOURCES.get,
@@ -94,6 +95,8 @@ def pick_task() -> TaskChoice:
     metric = bound(cols[0].selectbox, "task_metric", metrics[-1] if source == "greater_than" else metrics[0],
                    init="index", options=metrics, cast=str, label="Metric", format_func=SHORT_METRICS.get,
                    help="; ".join(f"{SHORT_METRICS[m]}: {METRICS[m].split(': ', 1)[1]}" for m in metrics) + ".")
+    if not patching:
+        return TaskChoice(TaskSpec(source, pairs, seed, corruption, csv), metric, "attribution", "set", False)
     method = bound(cols[1].segmented_control, "task_method", "attribution", init="default",
                    options=list(METHOD_LABELS), cast=str, label="Patching", format_func=METHOD_LABELS.get,
                    required=True, help="Attribution patching: one forward and one backward pass a batch of pairs, a "

@@ -1,0 +1,53 @@
+"""Circuits: the edges between heads that carry a task, scored over its pairs, run as a circuit and checked."""
+import streamlit as st
+
+from analysis import circuits as AC
+from app_pages.ui import circuit_view as view
+from app_pages.ui.circuits import circuit_at, circuit_curve, pick_circuit, pick_edges, scores_or_stop
+from app_pages.ui.models import DECODERS, model_for, twin
+from app_pages.ui.settings import settings
+from app_pages.ui.task_view import problems
+from app_pages.ui.tasks import task_or_stop
+
+ABOUT = ("Patching says which heads matter; a circuit says how they connect. Every node that writes into the "
+         "residual stream (the input, each head, each MLP) reaches every later node's input (a head's query, its "
+         "key and value heads, an MLP, the logits) by an edge. Each edge is scored over a task's pairs by how much "
+         "the metric falls when it carries the corrupted prompt's output (EAP, or EAP-IG along the way from the "
+         "corrupted input); the top edges are then run as a circuit, every other edge corrupted, and its metric "
+         "set against the whole model's: its faithfulness.")
+
+s = settings()
+st.title("Circuits")
+st.caption(ABOUT)
+ref = twin(s.model) or s.model  # the same weights on our engine, which runs each edge on its own
+model = model_for(ref)
+stack = getattr(model, "stack", None)
+if stack is None or not stack.language_model:
+    st.info(f"Circuits run between a language model's heads up to its logits, and {s.model.title} has no logits: "
+            f"it is an encoder. Choose a bundled decoder ({DECODERS}) in the sidebar, or a decoder you trained on the "
+            "Train page.")
+    st.stop()
+choice = pick_circuit()
+task = task_or_stop(ref, choice.spec)
+problems(task)
+scores = scores_or_stop(ref, choice)
+span = scores.clean - scores.corrupted
+cols = st.columns(4)
+cols[0].metric("Pairs", f"{len(task):,}")
+cols[1].metric("Edges", f"{scores.graph.n_edges:,}", help=f"{len(scores.graph.senders)} senders, "
+               f"{len(scores.graph.receivers)} receivers")
+cols[2].metric("Clean − corrupted", f"{span.mean():+.2f}", help="The task metric's mean span: what a circuit "
+               "is asked to recover.")
+cols[3].metric("Right on the clean prompt", f"{(scores.clean > 0).mean():.0%}")
+curve = circuit_curve(ref, *choice.args, choice.kinds)
+n = pick_edges(curve)
+faith = circuit_at(ref, *choice.args, choice.kinds, n)
+figures = {"circuit-graph": ("The circuit", view.graph_section(ref, choice, scores, n, faith)),
+           "circuit-curve": ("The faithfulness curve", view.curve_section(curve, n))}
+view.heads_section(ref, choice, scores, n)
+view.path_section(ref, choice, scores)
+view.downloads(scores, choice, n, faith, curve, figures)
+smallest = curve.smallest()
+st.caption(f"{scores.method.upper().replace('_', '-')} over {len(task)} pairs; "
+           + (f"{smallest:,} edges reach {AC.TARGET:.0%} faithfulness." if smallest else
+              f"no circuit of the sizes tried reaches {AC.TARGET:.0%}."))
