@@ -100,7 +100,8 @@ def test_the_warm_up_asks_for_what_the_pages_declare():
     steps = warm_up.steps(REF)
     assert [r.name for r, _ in steps] == ["profile", "profile", "peaks", "detector", "writes", "importance", "proxies",
                                           "copying", *["effects"] * 6, "queries and keys", "curves", "task effects",
-                                          "task table", "atlas"]  # a head's card reads every one
+                                          "task table", "circuit scores", "circuit curve", "atlas"]
+    # a head's card reads every one before the atlas; the Circuits page opens on the circuit steps
     from app_pages.ui.pruning import LLM_SAMPLE, corpus_sample, curves, importance
 
     sample = corpus_sample(LLM_SAMPLE)
