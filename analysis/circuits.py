@@ -221,10 +221,10 @@ def exact_edges(model: AttentionModel, task: Task, edges, metric: str | None = N
         good, bad_ids, rows = _batch(task, idx, ours.device)
         with torch.inference_mode():
             bad = C.run_ids(stack, graph, bad_ids, measure, rows)
-            clean = C.run_ids(stack, graph, good, measure, rows).value
+            clean = C.run_ids(stack, graph, good, measure, rows)
             for j, edge in enumerate(edges):
-                keep = C.without(graph, [edge], ours.device)
-                out[idx, j] = (clean - C.circuit_values(stack, graph, good, bad, keep, measure, rows)).double().cpu()
+                patched = C.patched_values(stack, graph, clean, bad, [edge], measure, rows)
+                out[idx, j] = (clean.value - patched).double().cpu().numpy()
                 if progress is not None:
                     progress(done * len(edges) + (j + 1) * len(idx), len(task) * len(edges))
         done += len(idx)
@@ -285,10 +285,10 @@ def path_patching(model: AttentionModel, task: Task, sender: tuple[int, int], re
         good, bad_ids, rows = _batch(task, idx, ours.device)
         with torch.inference_mode():
             bad = C.run_ids(stack, graph, bad_ids, measure, rows)
-            clean = C.run_ids(stack, graph, good, measure, rows).value
-            patched = C.circuit_values(stack, graph, good, bad, C.without(graph, edges, ours.device), measure, rows)
-        effects[idx] = (clean - patched).double().cpu().numpy()
-        span[idx] = (clean - bad.value).double().cpu().numpy()
+            clean = C.run_ids(stack, graph, good, measure, rows)
+            patched = C.patched_values(stack, graph, clean, bad, edges, measure, rows)
+        effects[idx] = (clean.value - patched).double().cpu().numpy()
+        span[idx] = (clean.value - bad.value).double().cpu().numpy()
     low, high = interval(effects[:, None], span, seed=seed)
     names = tuple(graph.receiver_name(r) for _, r in edges)
     return PathPatch(graph.sender_name(s), names, effects, span, float(effects.mean() / span.mean()),

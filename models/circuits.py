@@ -165,7 +165,7 @@ def attention_parts(block, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor)
 
 def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: torch.Tensor, *,
               base: Run | None = None, keep: torch.Tensor | None = None, taps: bool = False, start: int = 0,
-              ids: torch.Tensor | None = None) -> Run:
+              ids: torch.Tensor | None = None, corrupt: dict[int, list[int]] | None = None) -> Run:
     """Run a batch whose input node writes ``emb`` ``(B, n, E)``, every receiver reading its own stream.
 
     Without ``keep`` each receiver reads the sum of every sender before it (the model's own run; ``taps``: each
@@ -173,7 +173,8 @@ def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: to
     receivers)`` (1: the edge is in the circuit) and the corrupted run ``base``, receiver ``r`` reads ``base``'s
     stream with each circuit sender's output in this run in place of its output in ``base``; ``start``: the first
     position where this run's input differs from ``base``'s (before it every output is ``base``'s, the model being
-    causal, and nothing is added there)."""
+    causal, and nothing is added there). ``corrupt`` (without ``keep``): receiver -> the senders whose edges into
+    it carry ``base``'s output instead of this run's (exact edge patching)."""
     S = len(graph.senders)
     B, n, E = emb.shape
     outs = emb.new_empty(S, B, n, E)
@@ -194,14 +195,20 @@ def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: to
             out = x.unsqueeze(0).expand(count, B, n, E)
             if taps:  # each receiver's own copy of the stream: its gradient is that receiver's alone
                 tapped.append(out)
+            mine = [(i, corrupt[first + i]) for i in range(count) if corrupt and first + i in corrupt]
+            if mine:
+                out = out.clone()
+                for i, senders in mine:
+                    for s in senders:
+                        out[i] += base.outs[s] - outs[s]
             return out
         m = int(graph.reach[first])
         weights = keep[:m, r].reshape(m, count)
         active = weights.any(1).nonzero().view(-1)               # the senders with an edge here in the circuit
         out = base.reads[first].unsqueeze(0).repeat(count, 1, 1, 1)
         if len(active):
-            added = weights[active].T @ diff[active].reshape(len(active), -1)
-            out[:, :, start:] += added.view(count, B, n - start, E)
+            moved = weights[active].T @ diff[active].reshape(len(active), -1)
+            out[:, :, start:] += moved.view(count, B, n - start, E)
         reads[first] = out[0] if count == 1 else None
         return out
 
@@ -282,6 +289,18 @@ def circuit_values(stack, graph: Graph, clean_ids: torch.Tensor, bad: Run, keep:
     0 out) carrying this run's outputs; every other edge carries the corrupted run ``bad``'s."""
     return run_graph(stack, graph, embeddings(stack, clean_ids), measure, rows, base=bad, keep=keep,
                      start=first_difference(clean_ids, bad.ids)).value
+
+
+@torch.inference_mode()
+def patched_values(stack, graph: Graph, clean: Run, bad: Run, edges: list[tuple[int, int]], measure: Measure,
+                   rows: torch.Tensor) -> torch.Tensor:
+    """``(B,)``: the metric of the clean prompts (``clean``'s run) with only ``edges`` (``(sender, receiver)``
+    pairs) carrying the corrupted run ``bad``'s output, every other edge this run's (the same as a circuit of every
+    other edge, without rebuilding every receiver's input)."""
+    corrupt: dict[int, list[int]] = {}
+    for s, r in edges:
+        corrupt.setdefault(r, []).append(s)
+    return run_graph(stack, graph, embeddings(stack, clean.ids), measure, rows, base=bad, corrupt=corrupt).value
 
 
 def all_edges(graph: Graph, device=None) -> torch.Tensor:

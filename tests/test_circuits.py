@@ -339,3 +339,19 @@ def test_what_cannot_be_a_circuit_gets_a_sentence(tmp_path):
     same = Task("same", "Same", (TaskPair("", "", (10, 20, 21), (10, 20, 21), ANSWER, DISTRACTOR, (("END", 2),)),))
     with pytest.raises(HeadLensError, match="nothing for a circuit to recover"):
         AC.faithfulness(model, AC.edge_scores(model, same, "eap"), sizes=[1])
+
+
+def test_a_patched_edge_is_a_circuit_of_every_other_edge(family):
+    """Exact edge patching adds the corrupted output's difference to one receiver's stream; a circuit of every
+    edge but those gives the same run."""
+    _, ours, hf = family
+    stack, graph = ours.stack, C.graph_of(ours.stack)
+    clean, bad = prompts(hf.config.vocab_size, seed=4)
+    measure, rows = logit_measure(3), torch.arange(3)
+    edges = [(0, 5), (1, len(graph.receivers) - 1), (len(graph.senders) - 1, len(graph.receivers) - 1)]
+    with torch.inference_mode():
+        good, corrupted = C.run_ids(stack, graph, clean, measure, rows), C.run_ids(stack, graph, bad, measure, rows)
+        for chosen in ([edges[0]], [edges[1]], edges):
+            added = C.patched_values(stack, graph, good, corrupted, chosen, measure, rows)
+            circuit = C.circuit_values(stack, graph, clean, corrupted, C.without(graph, chosen), measure, rows)
+            np.testing.assert_allclose(added.numpy(), circuit.numpy(), atol=1e-4)
