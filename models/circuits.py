@@ -267,12 +267,12 @@ def edge_attribution(stack, graph: Graph, clean_ids: torch.Tensor, corrupted_ids
             emb = (e_clean if j == steps else e_bad + (j / steps) * (e_clean - e_bad)).requires_grad_()
             run = run_graph(stack, graph, emb, measure, rows, taps=True)
             grads = torch.autograd.grad(run.value.sum(), run.taps)
-        g = torch.cat(grads)[:, :, f:]                                         # (receivers, B, n - f, E)
-        total = g if total is None else total + g
+        g = torch.cat([x[:, :, f:] for x in grads])                            # (receivers, B, n - f, E)
+        total = g if total is None else total.add_(g)
     run.value, run.taps = run.value.detach(), []
     with torch.no_grad():
         delta = (run.outs[:, :, f:] - bad.outs[:, :, f:]).reshape(len(graph.senders), -1)
-        scores = delta @ (total / steps).reshape(len(graph.receivers), -1).T
+        scores = delta @ (total if steps == 1 else total / steps).reshape(len(graph.receivers), -1).T
     return scores * torch.as_tensor(graph.mask(), device=scores.device), run, bad
 
 

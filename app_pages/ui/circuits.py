@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -147,7 +146,3 @@ def comparison(heads: pd.DataFrame) -> pd.DataFrame:
 
     return pd.DataFrame([{"class": name, "this circuit": ", ".join(heads[heads["class"] == name]["head"]) or "—",
                           "GPT-2 small (Wang et al. 2022)": wang} for name, wang in WANG.items()])
-
-
-def value_range(frame: pd.DataFrame) -> float:
-    return float(np.abs(frame.score).max()) if len(frame) else 0.0
