@@ -18,7 +18,6 @@ Engines:
 """
 from __future__ import annotations
 
-import argparse
 import pickle
 import sys
 import warnings
@@ -31,9 +30,8 @@ from models import HeadLensError
 
 from . import circuits as AC
 from .profile import check_model, no_restarts, root_cause, start_ray
-from .task_effects import METRICS
-from .task_run import DEFAULT_MODEL, build_task
-from .tasks import TASKS, Task
+from .task_run import build_task, parsed, task_parser
+from .tasks import Task
 
 CHUNK = 64   # pairs in one Ray batch
 
@@ -139,24 +137,11 @@ def write(scores: AC.EdgeScores, curve: AC.Curve, folder: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.circuit_run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("task", help=f"a task ({', '.join(TASKS)}) or a CSV file of pairs")
-    parser.add_argument("--out", type=Path, required=True, help="the folder to write the tables into")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="a decoder's folder or name (default: SmolLM2)")
-    parser.add_argument("--pairs", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--corruption", choices=["s2", "abc"], default="s2", help="ioi's corruption")
-    parser.add_argument("--metric", choices=list(METRICS), default=None, help="default: the task's own")
+    parser = task_parser("python -m analysis.circuit_run", __doc__.split("\n\n")[0])
     parser.add_argument("--method", choices=list(AC.METHODS), default="eap_ig")
     parser.add_argument("--steps", type=int, default=AC.STEPS, help="EAP-IG's steps")
     parser.add_argument("--sizes", default=None, help="circuit sizes, comma-separated (default: 10 to 10,000)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--engine", choices=["local", "ray"], default="local")
-    parser.add_argument("--address", default=None, help="a Ray cluster's address (default: RAY_ADDRESS or local)")
-    parser.add_argument("--actors", type=int, default=1, help="Ray actors, each with its own copy of the model")
-    args = parser.parse_args(argv)
-    if args.actors < 1:
-        parser.error("--actors takes a whole number of at least 1")
+    args = parsed(parser, argv)
     try:
         sizes = None if args.sizes is None else [int(x) for x in args.sizes.split(",") if x.strip()]
     except ValueError:

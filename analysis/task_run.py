@@ -123,8 +123,9 @@ def write(effects: TaskEffects, folder: Path, normalise: str) -> None:
                         method=effects.method, **{f: getattr(effects, f) for f in FIELDS})
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.task_run", description=__doc__.split("\n\n")[0])
+def task_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The arguments a task's command line takes, here or on Ray (the task, its model and pairs, the engine)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("task", help=f"a task ({', '.join(TASKS)}) or a CSV file of pairs")
     parser.add_argument("--out", type=Path, required=True, help="the folder to write the tables into")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a decoder's folder or name (default: SmolLM2)")
@@ -132,17 +133,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corruption", choices=["s2", "abc"], default="s2", help="ioi's corruption")
     parser.add_argument("--metric", choices=list(METRICS), default=None, help="default: the task's own")
-    parser.add_argument("--method", choices=["exact", "attribution"], default="exact")
-    parser.add_argument("--normalise", choices=list(NORMALISE), default="set")
-    parser.add_argument("--no-residual", action="store_true", help="skip the residual stream by role")
-    parser.add_argument("--correct-only", action="store_true", help="average over the pairs the model gets right")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--engine", choices=["local", "ray"], default="local")
     parser.add_argument("--address", default=None, help="a Ray cluster's address (default: RAY_ADDRESS or local)")
     parser.add_argument("--actors", type=int, default=1, help="Ray actors, each with its own copy of the model")
+    return parser
+
+
+def parsed(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.actors < 1:
         parser.error("--actors takes a whole number of at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = task_parser("python -m analysis.task_run", __doc__.split("\n\n")[0])
+    parser.add_argument("--method", choices=["exact", "attribution"], default="exact")
+    parser.add_argument("--normalise", choices=list(NORMALISE), default="set")
+    parser.add_argument("--no-residual", action="store_true", help="skip the residual stream by role")
+    parser.add_argument("--correct-only", action="store_true", help="average over the pairs the model gets right")
+    args = parsed(parser, argv)
 
     from tqdm import tqdm
 

@@ -27,7 +27,7 @@ def test_greedy_generation_equals_transformers_generate(smollm2):
 def test_continue_marks_the_generated_tokens_on_every_page(new_app, smollm2):
     # the pages that read a corpus read the sidebar's sentence: this test is about the continuation
     at = new_app({"model": "smollm2_scratch", "text": PROMPT, "corpus": "sidebar", "prune_on": "sidebar",
-                  "qk_corpus": "sidebar"}, page="app_pages/generate.py")
+                  "qk_corpus": "sidebar", "task_pairs": "10", "circuit_method": "eap"}, page="app_pages/generate.py")
     at.slider(key="gen_tokens").set_value(8).run()
     at.button(key="gen_go").click().run()
     assert not at.exception, at.exception

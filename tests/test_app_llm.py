@@ -17,7 +17,7 @@ PAGES = sorted(f"app_pages/{p.name}" for p in (ROOT / "app_pages").glob("*.py") 
 
 def llm(new_app, page=None, engine="smollm2_scratch", **params):
     return new_app({"model": engine, "text": TEXT, "corpus": "sidebar", "prune_on": "sidebar", "qk_corpus": "sidebar",
-                    **params}, page=page)
+                    "task_pairs": "10", "circuit_method": "eap", **params}, page=page)
 
 
 def texts(at) -> str:
