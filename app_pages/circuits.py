@@ -38,7 +38,8 @@ cols[1].metric("Edges", f"{scores.graph.n_edges:,}", help=f"{len(scores.graph.se
                f"{len(scores.graph.receivers)} receivers")
 cols[2].metric("Clean − corrupted", f"{span.mean():+.2f}", help="The task metric's mean span: what a circuit "
                "is asked to recover.")
-cols[3].metric("Right on the clean prompt", f"{(scores.clean > 0).mean():.0%}")
+cols[3].metric("Model right", f"{(scores.clean > 0).mean():.0%}", help="The pairs whose clean prompt favours the "
+               "answer (metric above zero).")
 curve = circuit_curve(ref, *choice.args, choice.kinds)
 n = pick_edges(curve)
 faith = circuit_at(ref, *choice.args, choice.kinds, n)

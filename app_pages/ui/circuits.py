@@ -41,7 +41,7 @@ class CircuitChoice:
 def pick_circuit() -> CircuitChoice:
     """The task and metric (Effects' widgets), the method, its steps and the kinds of edge from the page's widgets."""
     choice = pick_task(patching=False)
-    cols = st.columns([1, 1, 2])
+    cols = st.columns(3)
     method = bound(cols[0].segmented_control, "circuit_method", "eap_ig", init="default", options=list(METHODS),
                    cast=str, label="Edge scores", format_func=METHODS.get, required=True,
                    help="EAP (Syed et al. 2023): each edge's sender output, clean less corrupted, times the gradient of "
@@ -53,7 +53,7 @@ def pick_circuit() -> CircuitChoice:
     if method == "eap_ig":
         steps = bound(cols[1].number_input, "circuit_steps", AC.STEPS, cast=int, label="Steps", min_value=1,
                       max_value=50, step=1, help="Points along the way from the corrupted input to the clean one.")
-    kinds = bound(cols[2].pills, "circuit_kinds", list(KINDS), multi=True, init="default", options=list(KINDS),
+    kinds = bound(st.pills, "circuit_kinds", list(KINDS), multi=True, init="default", options=list(KINDS),
                   cast=str, label="Edges into", format_func=KINDS.get, selection_mode="multi",
                   help="The circuit's edges are the top ones among those entering these inputs.")
     if not kinds:
