@@ -29,7 +29,7 @@ import pandas as pd
 from models import HeadLensError
 
 from . import circuits as AC
-from .profile import check_model, no_restarts, root_cause, start_ray
+from .profile import check_model, no_restarts, start_ray, worker_errors
 from .task_run import build_task, parsed, task_parser
 from .tasks import Task
 
@@ -98,7 +98,7 @@ def run_ray(model_name: str, task: Task, metric: str, method: str, steps: int, s
 
     graph = C.graph_of(load_model(model_name, backend="scratch", device="cpu").stack)
     total, clean, corrupted = 0.0, np.zeros(len(task)), np.zeros(len(task))
-    try:
+    with worker_errors():  # a worker's error arrives wrapped; a HeadLens one is a sentence for the user
         for batch in mapped(ScoreBatches).iter_batches(batch_size=None, batch_format="numpy"):
             for index, c, b, s in zip(batch["index"], batch["clean"], batch["corrupted"], batch["scores"]):
                 live = index >= 0
@@ -114,11 +114,6 @@ def run_ray(model_name: str, task: Task, metric: str, method: str, steps: int, s
             values[batch["index"]] = batch["values"]
             if progress is not None:
                 progress(len(batch["index"]))
-    except Exception as err:  # a worker's error arrives wrapped; a HeadLens one is a sentence for the user
-        cause = root_cause(err)
-        if isinstance(cause, HeadLensError):
-            raise cause from None
-        raise
     return scores, AC.curve_of(sizes, values, clean, corrupted)
 
 

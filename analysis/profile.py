@@ -32,6 +32,7 @@ import pickle
 import socket
 import sys
 import warnings
+from contextlib import contextmanager
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -195,18 +196,13 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
                                    "batch_size": batch_size},
             ray_remote_args_fn=no_restarts, **resources)
     profiler, skipped, name, used = HeadProfiler(keep_sentences=False), 0, None, backend
-    try:
+    with worker_errors():  # a worker's error arrives wrapped; a HeadLens one is a sentence for the user
         for row in partials.iter_rows():
             profiler.merge(pickle.loads(row["partial"]))
             skipped += int(row["skipped"])
             name, used = row["model"], row["backend"]
             if progress is not None:
                 progress(int(row["lines"]))
-    except Exception as err:  # a worker's error arrives wrapped; a HeadLens one is a sentence for the user
-        cause = root_cause(err)
-        if isinstance(cause, HeadLensError):
-            raise cause from None
-        raise
     return profiler, skipped, name, used
 
 
@@ -257,6 +253,19 @@ def check_model(name: str | None) -> None:
 def no_restarts() -> dict:
     """Actors that fail report their error at once instead of restarting."""
     return {"max_restarts": 0}
+
+
+@contextmanager
+def worker_errors():
+    """A Ray worker's error as its root cause when that is a ``HeadLensError`` (a sentence for the user); any other
+    as it came."""
+    try:
+        yield
+    except Exception as err:
+        cause = root_cause(err)
+        if isinstance(cause, HeadLensError):
+            raise cause from None
+        raise
 
 
 def root_cause(err: BaseException) -> BaseException:

@@ -28,7 +28,7 @@ import numpy as np
 
 from models import HeadLensError
 
-from .profile import check_model, no_restarts, root_cause, start_ray
+from .profile import check_model, no_restarts, start_ray, worker_errors
 from .task_effects import METRICS, NORMALISE, TaskEffects, run_task, table
 from .tasks import MAX_PAIRS, TASKS, Task, from_csv, make_task
 
@@ -91,7 +91,7 @@ def run_ray(model_name: str, task: Task, metric: str, method: str, *, residual: 
                                    "method": method, "residual": residual},
             ray_remote_args_fn=no_restarts, **resources)
     out: dict[str, np.ndarray] = {}
-    try:
+    with worker_errors():  # a worker's error arrives wrapped; a HeadLens one is a sentence for the user
         for batch in parts.iter_batches(batch_size=None, batch_format="numpy"):
             index = batch["index"]
             for f in FIELDS:
@@ -101,11 +101,6 @@ def run_ray(model_name: str, task: Task, metric: str, method: str, *, residual: 
                 out[f][index] = value
             if progress is not None:
                 progress(len(index))
-    except Exception as err:  # a worker's error arrives wrapped; a HeadLens one is a sentence for the user
-        cause = root_cause(err)
-        if isinstance(cause, HeadLensError):
-            raise cause from None
-        raise
     return TaskEffects(task, metric, method, tuple(task.roles), **out)
 
 

@@ -4,7 +4,7 @@ import streamlit as st
 from analysis import circuits as AC
 from app_pages.ui import circuit_view as view
 from app_pages.ui.circuits import circuit_at, circuit_curve, pick_circuit, pick_edges, scores_or_stop
-from app_pages.ui.models import DECODERS, model_for, twin
+from app_pages.ui.models import decoder_or_stop
 from app_pages.ui.settings import settings
 from app_pages.ui.task_view import problems
 from app_pages.ui.tasks import task_or_stop
@@ -19,14 +19,9 @@ ABOUT = ("Patching says which heads matter; a circuit says how they connect. Eve
 s = settings()
 st.title("Circuits")
 st.caption(ABOUT)
-ref = twin(s.model) or s.model  # the same weights on our engine, which runs each edge on its own
-model = model_for(ref)
-stack = getattr(model, "stack", None)
-if stack is None or not stack.language_model:
-    st.info(f"Circuits run between a language model's heads up to its logits, and {s.model.title} has no logits: "
-            f"it is an encoder. Choose a bundled decoder ({DECODERS}) in the sidebar, or a decoder you trained on the "
-            "Train page.")
-    st.stop()
+# the same weights on our engine, which runs each edge on its own
+ref, _ = decoder_or_stop(s.model, f"Circuits run between a language model's heads up to its logits, and "
+                                  f"{s.model.title} has no logits")
 choice = pick_circuit()
 task = task_or_stop(ref, choice.spec)
 problems(task)

@@ -6,7 +6,7 @@ from app_pages.ui.effects import effects, pick_pair
 from app_pages.ui.effects_view import (EffectsView, copying_section, downloads, flow_section, grids, head_section,
                                        metrics, open_clicked, parts_and_residual, pick_head, positions_section)
 from app_pages.ui.exports import exports
-from app_pages.ui.models import DECODERS, model_for, twin
+from app_pages.ui.models import decoder_or_stop
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound
 from app_pages.ui import task_view as over_task
@@ -24,14 +24,9 @@ SCOPES = {"pair": "One prompt pair", "task": "A task of many pairs"}
 s = settings()
 st.title("Effects")
 st.caption(ABOUT)
-ref = twin(s.model) or s.model  # the same weights on our engine, which reads and patches each head
-model = model_for(ref)
-stack = getattr(model, "stack", None)
-if stack is None or not stack.language_model:
-    st.info(f"Effects are read through a language model's unembedding, and {s.model.title} has none: it is an "
-            f"encoder. Choose a bundled decoder ({DECODERS}) in the sidebar, or a decoder you trained on the Train "
-            "page.")
-    st.stop()
+# the same weights on our engine, which reads and patches each head
+ref, model = decoder_or_stop(s.model, f"Effects are read through a language model's unembedding, and "
+                                      f"{s.model.title} has none")
 scope = bound(st.segmented_control, "effects_scope", "pair", init="default", options=list(SCOPES), cast=str,
               label="Explain", format_func=SCOPES.get, required=True,
               help="One prompt pair: exactly what each head does to one prediction. A task: the same averaged over many "

@@ -18,17 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
 
 from .kernels import attention_masks, fused_attention
 from .pairs import Measure
-from .patching import language_stack
-
-SENDER_KINDS = ("input", "head", "mlp")
-RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
-
 
 @dataclass(frozen=True)
 class Graph:
@@ -74,7 +70,7 @@ class Graph:
         """Layer ``layer``'s head senders, its attention receivers (q, k, v) and its MLP receiver (-1: none)."""
         return self._spans[layer]
 
-    @property
+    @cached_property  # read at every layer of every run: computed once per graph
     def _spans(self):
         out, s, r = [], 1, 0
         for layer in range(self.n_layers):
@@ -313,9 +309,3 @@ def without(graph: Graph, edges: list[tuple[int, int]], device=None) -> torch.Te
     for s, r in edges:
         keep[s, r] = 0
     return keep
-
-
-def language_graph(model) -> tuple:
-    """``model``'s stack (from-scratch engine) and its graph."""
-    stack = language_stack(model)
-    return stack, graph_of(stack)

@@ -180,3 +180,16 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
         stop_with(err)
     slot.empty()
     return model
+
+
+def decoder_or_stop(ref: ModelRef, reason: str) -> tuple[ModelRef, AttentionModel]:
+    """``ref``'s twin on our engine and its model when that is a language model; else ``reason`` (what the page
+    needs that an encoder lacks) and which models to choose, and the run ends."""
+    ours = twin(ref) or ref
+    model = model_for(ours)
+    stack = getattr(model, "stack", None)
+    if stack is None or not stack.language_model:
+        st.info(f"{reason}: it is an encoder. Choose a bundled decoder ({DECODERS}) in the sidebar, or a decoder you "
+                "trained on the Train page.")
+        st.stop()
+    return ours, model
