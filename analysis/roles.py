@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -56,6 +56,31 @@ def load_spacy():
     """spaCy's small English pipeline, offline: the official package when installed, else its re-upload."""
     with _SPACY_LOCK:
         return _load_spacy()
+
+
+PARSED_KEEP = 4096  # sentences whose parse is kept, the built-in corpus's among them
+
+
+_parsed: OrderedDict = OrderedDict()  # text -> spaCy's Doc, by the shared pipeline
+
+
+def parse(texts: Sequence[str], nlp=None) -> list:
+    """spaCy's parse of each text. The shared pipeline's parses are kept (the last ``PARSED_KEEP`` texts): every
+    model's profile of the built-in corpus reads the same sentences. Docs handed out are read, never changed."""
+    shared = load_spacy()
+    nlp = nlp or shared
+    with _SPACY_LOCK:
+        if nlp is not shared:
+            return list(nlp.pipe(list(texts), batch_size=256))
+        todo = [t for t in dict.fromkeys(texts) if t not in _parsed]
+        _parsed.update(zip(todo, nlp.pipe(todo, batch_size=256)))
+        docs = []
+        for t in texts:
+            _parsed.move_to_end(t)
+            docs.append(_parsed[t])
+        while len(_parsed) > PARSED_KEEP:
+            _parsed.popitem(last=False)
+        return docs
 
 
 @functools.lru_cache(maxsize=1)
@@ -315,10 +340,7 @@ class HeadProfiler:
             return
         if self.totals is None:
             self.totals = _Totals(attentions[0].weights.shape[:2], self.keep_sentences)
-        if self._nlp is None:
-            self._nlp = load_spacy()
-        with _SPACY_LOCK:
-            docs = list(self._nlp.pipe([a.text for a in attentions], batch_size=256))
+        docs = parse([a.text for a in attentions], self._nlp)
         for att, doc in zip(attentions, docs):
             self.totals.sentence = self.n_sentences
             self.totals.causal = self.totals.causal or bool(att.causal)

@@ -26,9 +26,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def streamlit_server(timeout: float = 120, env: dict | None = None):
-    """``streamlit run app.py`` on 127.0.0.1 (with ``env`` added to its environment); yields its base URL and
-    stops it by its PID."""
+def streamlit_server(timeout: float = 120, env: dict | None = None, script: str = "app.py"):
+    """``streamlit run app.py`` (or ``script``) on 127.0.0.1 (with ``env`` added to its environment); yields its
+    base URL and stops it by its PID."""
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -36,7 +36,7 @@ def streamlit_server(timeout: float = 120, env: dict | None = None):
     log = open(log_path, "wb")  # a pipe nobody reads would fill and stall the server
     # the address comes from .streamlit/config.toml (localhost), as for a person running the app
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+        [sys.executable, "-m", "streamlit", "run", script, "--server.headless", "true",
          "--server.port", str(port)],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

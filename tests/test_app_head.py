@@ -33,8 +33,12 @@ def title(at) -> str:
 
 
 def test_a_card_from_its_url_is_the_card_computed_directly(new_app, hf_model, minilm_parts):
+    from app_pages.ui.profiles import profile_similarity
+
+    profile_similarity.cache.clear()
     at = new_app({"head": "2.5"}, page=HEAD)
     assert title(at) == "L2 H5 · all-MiniLM-L6-v2"
+    assert not profile_similarity.cache._items  # Head roles' similarity of every pair of heads: not the card's
     card = head_card(hf_model, 2, 5, parts=minilm_parts)
     top = table(at, "weight")
     np.testing.assert_allclose(top["weight"].astype(float), card.top["weight"], atol=5e-4)

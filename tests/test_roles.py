@@ -191,3 +191,27 @@ def test_a_truncated_text_is_measured_on_the_words_the_model_read(hf_model, nlp)
     a, b = measure_heads([long], nlp), measure_heads([cut], nlp)
     for name in ("noun", "verb", "entropy", "prev_token"):
         np.testing.assert_allclose(a.per_sentence(name), b.per_sentence(name), atol=1e-9)
+
+
+def test_the_shared_pipelines_parses_are_kept_and_equal_a_fresh_parse(monkeypatch, nlp):
+    """Every model's profile of the built-in corpus reads the same sentences: the shared pipeline parses each once
+    (the last ``PARSED_KEEP``), and what it keeps is what a fresh parse gives; another pipeline's are not kept."""
+    import analysis.roles as roles
+
+    monkeypatch.setattr(roles, "_parsed", roles.OrderedDict())
+    monkeypatch.setattr(roles, "PARSED_KEEP", 3)
+    texts = ["The cat sat on the mat.", "Did the dog bark?", "The cat sat on the mat."]
+    docs = roles.parse(texts)
+    assert docs[0] is docs[2] and list(roles._parsed) == texts[1:]  # the last read last
+    for doc, text in zip(docs, texts):
+        fresh = load_spacy()(text)
+        assert [(t.text, t.pos_, t.dep_, t.head.i) for t in doc] == [(t.text, t.pos_, t.dep_, t.head.i) for t in fresh]
+    assert roles.parse(["Did the dog bark?"])[0] is docs[1]  # kept: not parsed again
+    roles.parse(["One.", "Two."])
+    assert list(roles._parsed) == ["Did the dog bark?", "One.", "Two."]  # the oldest went
+
+    class Other:
+        def pipe(self, texts, batch_size):
+            return [load_spacy()(t) for t in texts]
+
+    assert roles.parse(["Three."], Other())[0].text == "Three." and "Three." not in roles._parsed

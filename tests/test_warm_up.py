@@ -98,9 +98,10 @@ def test_the_warm_up_asks_for_what_the_pages_declare():
     """Each step is a declared result and the arguments its declaration gives, so that its key is the one a page
     asking with the same arguments builds (``Shared.key``): no key is written twice."""
     steps = warm_up.steps(REF)
-    assert [r.name for r, _ in steps] == ["profile", "profile", "peaks", "detector", "writes", "importance", "proxies",
-                                          "copying", *["effects"] * 6, "queries and keys", "curves", "task effects",
-                                          "task table", "circuit scores", "circuit curve", "atlas"]
+    assert [r.name for r, _ in steps] == ["profile", "profile", "peaks", "detector", "similarity", "writes",
+                                          "importance", "proxies", "copying", *["effects"] * 6, "queries and keys",
+                                          "curves", "task effects", "task table", "circuit scores", "circuit curve",
+                                          "atlas"]
     # a head's card reads every one before the atlas; the Circuits page opens on the circuit steps
     from app_pages.ui.pruning import LLM_SAMPLE, corpus_sample, curves, importance
 

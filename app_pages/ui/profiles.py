@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ from .long import throttled
 from .messages import plain, stop_with
 from .models import DECODERS, ModelRef, model_for
 from .settings import Settings
-from .shared import Bar, Warm, shared
+from .shared import Bar, Warm, shared, spinner
 from .state import bound
 from .threads import in_background
 
@@ -49,6 +50,7 @@ class PageProfile:
     attentions: list | None = None
     document: LongAttention | None = None
     document_profile: DocumentProfile | None = None
+    similarity: Callable[[], np.ndarray] | None = None  # its heads' divergences, computed when first asked for
 
     @property
     def spans(self) -> list[tuple[str, int, int]] | None:
@@ -60,7 +62,7 @@ class PageProfile:
         if self.document_profile is not None:
             return self.document_profile.divergences(layer, head)
         n_heads = int(self.frame["head"].max()) + 1
-        return self.per_sentence["similarity"][layer * n_heads + head]
+        return self.similarity()[layer * n_heads + head]
 
     @property
     def texts(self) -> list[str] | None:
@@ -80,7 +82,8 @@ def page_profile(s: Settings) -> PageProfile:
         return document_profile(s)
     sentences = list(CORPUS) if source == "corpus" else s.sentences if source == "sidebar" else uploaded_sentences()
     frame, per_sentence, attentions = profile(s, sentences)
-    return PageProfile(frame, len(attentions), per_sentence, attentions)
+    return PageProfile(frame, len(attentions), per_sentence, attentions,
+                       similarity=lambda: profile_similarity(s.model, s.causal, s.heads_off, sentences))
 
 
 def saved_profile(s: Settings) -> PageProfile:
@@ -170,17 +173,29 @@ def profile_bytes(value) -> int:
         waiting="Profiling these sentences", warm=Warm(1, _first))
 def corpus_profile(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]):
     """Head roles over ``sentences`` on ``ref``'s model: the per-head frame, per-sentence measures (``(sentences,
-    layers, heads)`` each, and ``"similarity"``: the heads' Jensen-Shannon divergences), and the attentions.
-    Entries only closed sessions asked for are dropped; the built-in corpus's, computed by the server, stay."""
+    layers, heads)`` each), and the attentions. Entries only closed sessions asked for are dropped; the built-in
+    corpus's, computed by the server, stay."""
     model = model_for(ref)
     sentences = within_budget(model, sentences)
     bar = Bar(f"Profiling {len(sentences)} sentences")
     attentions = model.attend(sentences, head_mask=head_mask(model, heads_off), causal=causal, progress=bar)
     measures = measure_heads(attentions)
     per_sentence = {name: measures.per_sentence(name) for name in RANKING_MEASURES}
-    per_sentence["similarity"] = head_similarity(attentions)
     bar.empty()
     return measures.frame(), per_sentence, attentions
+
+
+def _corpus(ref: ModelRef) -> list[tuple]:
+    return [(ref, False, (), list(CORPUS))]
+
+
+@shared("similarity", entries=4, owned=True, waiting="Comparing every pair of heads", warm=Warm(2.2, _corpus))
+def profile_similarity(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]) -> np.ndarray:
+    """The heads' Jensen-Shannon divergences over a profile's sentences (``analysis.head_similarity``), for Head
+    roles' heads that behave alike: a third of a profile's time, so only the page that shows it asks for it."""
+    _, _, attentions = corpus_profile(ref, causal, heads_off, sentences)
+    with spinner(f"Comparing the patterns of every pair of heads over {min(len(attentions), 100)} sentences…"):
+        return head_similarity(attentions)
 
 
 def long_text(s: Settings) -> str | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import streamlit as st
 
 from models.catalog import bundled
+from models.corpus import CORPUS
 from models.files import resolve_model_dir
 from models.gguf import cache_root
 from models.memory import release_memory
@@ -115,9 +116,10 @@ def warm_up(ref: ModelRef) -> Warmup | None:
 
 @st.cache_resource
 def _pipeline_loaded() -> threading.Thread:
-    from analysis.roles import load_spacy
+    from analysis.roles import parse
 
-    thread = threading.Thread(target=load_spacy, name="headlens-spacy", daemon=True)
+    # spaCy's pipeline, and its parse of the built-in corpus that every model's profile reads
+    thread = threading.Thread(target=parse, args=(list(CORPUS),), name="headlens-spacy", daemon=True)
     thread.start()
     return thread
 
