@@ -99,9 +99,9 @@ def test_the_warm_up_asks_for_what_the_pages_declare():
     asking with the same arguments builds (``Shared.key``): no key is written twice."""
     steps = warm_up.steps(REF)
     assert [r.name for r, _ in steps] == ["profile", "profile", "peaks", "detector", "similarity", "writes",
-                                          "importance", "proxies", "copying", *["effects"] * 6, "queries and keys",
-                                          "curves", "task effects", "task table", "circuit scores", "circuit curve",
-                                          "atlas"]
+                                          "importance", "proxies", "copying", *["effects"] * 6, "routes",
+                                          "queries and keys", "curves", "task effects", "task table", "circuit scores",
+                                          "circuit curve", "atlas"]
     # a head's card reads every one before the atlas; the Circuits page opens on the circuit steps
     from app_pages.ui.pruning import LLM_SAMPLE, corpus_sample, curves, importance
 

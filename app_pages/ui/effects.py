@@ -12,6 +12,7 @@ from analysis.routes import Flow, prediction_flow
 from analysis.traced import Traced, traced
 from analysis.vocabulary import copying_scores, copying_work, head_vocabulary
 from models import AttentionModel, HeadLensError
+from models.corpus import DEFAULT_TEXT
 
 from .messages import plain, stop_with
 from .models import TRAINED, ModelRef, cached_model, twin
@@ -180,7 +181,8 @@ def vocabulary(ref: ModelRef, prompt: str, layer: int, head: int, position: int)
     return head_vocabulary(cached_model(ref), prompt_trace(ref, prompt), layer, head, position)
 
 
-@shared("routes", entries=32, waiting="Reading this prompt's routes")
+@shared("routes", entries=32, waiting="Reading this prompt's routes",
+        warm=Warm(6.5, lambda ref: [(twin(ref), DEFAULT_TEXT)]))  # a head's card on the sidebar's first sentence
 def flow(ref: ModelRef, prompt: str) -> Flow:
     """Every residual update of ``prompt`` split into its parts' shares, read from the prompt's trace."""
     with spinner("Splitting every update of the residual stream into its parts…"):
