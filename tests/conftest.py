@@ -31,6 +31,9 @@ CORPUS = [
 ] * 8
 
 ROOT = Path(__file__).resolve().parent.parent
+# AppTest's seconds for each run of a walk over every page on a bundled decoder: the Head page computes a card
+# cold there, reading every other page's results (one to two minutes on two idle cores, more on a shared machine)
+PAGE_WALK_S = 600
 
 SENTENCES = ["Which do you like better, coffee or tea?", "The cat sat on the mat.", "Hi"]
 
