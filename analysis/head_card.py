@@ -64,14 +64,30 @@ def corpus_peaks(attentions: Sequence[Attention]) -> Peaks:
     return Peaks(weight, query, key)
 
 
-def snippet(tokens: list[str], query: int, key: int, width: int = SNIPPET) -> str:
-    """The tokens around ``key`` and ``query``, the key in [brackets] and the query in «guillemets»."""
-    lo, hi = max(0, min(query, key) - width), min(len(tokens), max(query, key) + width + 1)
-    words = []
+def snippet(att: Attention, query: int, key: int | None, width: int = SNIPPET) -> str:
+    """The sentence around ``query`` and ``key`` as it is written (each token's own characters, a space where the
+    text has one), the query in «guillemets» and the key in [brackets] (both on a query that attends to itself);
+    special tokens by their names."""
+    marked = [query] if key is None else [query, key]
+    lo, hi = max(0, min(marked) - width), min(len(att.tokens), max(marked) + width + 1)
+    out, end = [], None  # end: where the last token's characters stopped in the text
     for i in range(lo, hi):
-        word = token_label(tokens[i])
-        words.append(f"«{word}»" if i == query else f"[{word}]" if i == key else word)
-    return ("… " if lo else "") + " ".join(words) + (" …" if hi < len(tokens) else "")
+        start, stop = att.offsets[i]
+        if att.special[i] or stop <= start:
+            piece, gap, end = token_label(att.tokens[i]), True, None
+        else:
+            own = att.text[start:stop].strip()
+            start = start if end is None else max(start, end)  # a character split over two tokens is shown once
+            piece = att.text[start:stop]
+            gap = end is None or start > end or piece[:1].isspace()
+            piece, end = piece.strip() or (own if i in marked else ""), stop
+        if not piece and i not in marked:
+            continue
+        piece = piece or token_label(att.tokens[i])
+        piece = f"[{piece}]" if i == key else piece
+        piece = f"«{piece}»" if i == query else piece
+        out.append((" " if out and gap else "") + piece)
+    return ("… " if lo else "") + "".join(out) + (" …" if hi < len(att.tokens) else "")
 
 
 def top_examples(peaks: Peaks, attentions: Sequence[Attention], layer: int, head: int, k: int = TOP) -> pd.DataFrame:
@@ -84,7 +100,7 @@ def top_examples(peaks: Peaks, attentions: Sequence[Attention], layer: int, head
         att, q, key = attentions[s], int(peaks.query[s, layer, head]), int(peaks.key[s, layer, head])
         rows.append({"sentence": s, "text": att.text, "query": q, "key": key, "query_token": token_label(att.tokens[q]),
                      "key_token": token_label(att.tokens[key]), "distance": q - key, "weight": float(values[s]),
-                     "snippet": snippet(att.tokens, q, key)})
+                     "snippet": snippet(att, q, key)})
     return pd.DataFrame(rows, columns=["sentence", "text", "query", "key", "query_token", "key_token", "distance",
                                        "weight", "snippet"])
 
@@ -129,7 +145,7 @@ def top_writes(writes: Writes, attentions: Sequence[Attention], layer: int, head
     for s in np.argsort(-values, kind="stable")[:k]:
         att, q = attentions[s], int(writes.query[s, layer, head])
         rows.append({"sentence": int(s), "text": att.text, "query": q, "token": token_label(att.tokens[q]),
-                     "norm": float(values[s]), "snippet": snippet(att.tokens, q, q)})
+                     "norm": float(values[s]), "snippet": snippet(att, q, None)})
     return pd.DataFrame(rows, columns=["sentence", "text", "query", "token", "norm", "snippet"])
 
 

@@ -149,3 +149,18 @@ def test_heads_like_it_across_models_use_the_measures_both_have(hand_set, hf_mod
     assert list(like["model"].unique()) == ["tiny", "MiniLM"] and len(like) == 3 + 5  # every other tiny head
     assert "induction" not in like.attrs["columns"] and "entropy" in like.attrs["columns"]
     assert isinstance(like, pd.DataFrame)
+
+
+def test_a_snippet_is_the_sentence_as_written_with_its_query_and_key_marked(hf_model):
+    """Each token's own characters of the text, a space only where the text has one, the special tokens named;
+    a word's pieces join again, a query on itself carries both marks, and a long sentence is cut around both."""
+    from analysis.head_card import snippet
+
+    att = hf_model.attend("The ambassador's unbelievably long speech.")
+    pieces = att.tokens  # [CLS] the ambassador ' s un ##bel ##ie ##va ##bly long speech . [SEP]
+    query, key = pieces.index("speech"), pieces.index("ambassador")
+    assert snippet(att, query, key) == "[CLS] The [ambassador]'s unbelievably long «speech». [SEP]"
+    inside = pieces.index("un") + 1
+    assert snippet(att, inside, inside, width=20) == f"[CLS] The ambassador's un«[{pieces[inside][2:]}]»" + \
+        "".join(p[2:] for p in pieces[inside + 1:pieces.index("long")]) + " long speech. [SEP]"
+    assert snippet(att, query, None, width=1) == "… long «speech». …"

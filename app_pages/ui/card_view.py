@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import DETECTORS, FOCI, FOCUS_NAMES, make_view
+from analysis.atlas import METRICS
 from analysis.head_card import HeadCard
 from analysis.routes import flow_heads
 from analysis.views import token_label
@@ -180,8 +181,8 @@ def like_it(card: HeadCard, choices: dict[str, str]) -> None:
     opening its card; ``choices``: a model's title -> the sidebar's key for it."""
     st.subheader(f"Heads like {card.name}")
     like = card.like
-    st.caption("Nearest by their measures over the corpus (" + ", ".join(like.attrs["columns"]) + "), each z-scored "
-               "over the heads compared; Euclidean distance.")
+    st.caption("Nearest by their measures (" + "; ".join(METRICS.get(c, c) for c in like.attrs["columns"])
+               + "), each z-scored over the heads compared; the number is the Euclidean distance.")
     for model, group in like.groupby("model", sort=False):
         st.markdown(f"**{plain(model)}**")
         cols = st.columns(len(group))
