@@ -68,7 +68,7 @@ def parse(texts: Sequence[str], nlp=None) -> list:
     """spaCy's parse of each text. The shared pipeline's parses are kept (the last ``PARSED_KEEP`` texts): every
     model's profile of the built-in corpus reads the same sentences. Docs handed out are read, never changed."""
     shared = load_spacy()
-    nlp = nlp or shared
+    nlp = shared if nlp is None else nlp
     with _SPACY_LOCK:
         if nlp is not shared:
             return list(nlp.pipe(list(texts), batch_size=256))

@@ -192,7 +192,7 @@ def _corpus(ref: ModelRef) -> list[tuple]:
 @shared("similarity", entries=4, owned=True, waiting="Comparing every pair of heads", warm=Warm(2.2, _corpus))
 def profile_similarity(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]) -> np.ndarray:
     """The heads' Jensen-Shannon divergences over a profile's sentences (``analysis.head_similarity``), for Head
-    roles' heads that behave alike: a third of a profile's time, so only the page that shows it asks for it."""
+    roles' heads that behave alike: nearly as long as the rest of a profile, so only the page that shows it asks."""
     _, _, attentions = corpus_profile(ref, causal, heads_off, sentences)
     with spinner(f"Comparing the patterns of every pair of heads over {min(len(attentions), 100)} sentences…"):
         return head_similarity(attentions)
