@@ -26,6 +26,7 @@ import torch
 from .kernels import attention_masks, fused_attention
 from .pairs import Measure
 
+
 @dataclass(frozen=True)
 class Graph:
     """A stack's nodes and edges. ``senders[s]`` and ``receivers[r]`` are ``(kind, layer, index)``: a head's index

@@ -31,9 +31,9 @@ CORPUS = [
 ] * 8
 
 ROOT = Path(__file__).resolve().parent.parent
-# AppTest's seconds for each run of a walk over every page on a bundled decoder: the Head page computes a card
-# cold there, reading every other page's results (one to two minutes on two idle cores, more on a shared machine)
-PAGE_WALK_S = 600
+# AppTest's seconds for each run of a page that computes a bundled decoder's results cold: a card read from every
+# other page's results, a circuit's edges and curve (one to two minutes on two idle cores, more on a shared machine)
+COLD_RUN_S = 600
 
 SENTENCES = ["Which do you like better, coffee or tea?", "The cat sat on the mat.", "Hi"]
 

@@ -11,11 +11,10 @@ import pytest
 from analysis import circuits as AC
 from analysis.circuit_heads import circuit_heads, role_attention
 from analysis.tasks import ioi
-from tests.conftest import decode, downloads, figures, title_text
+from tests.conftest import COLD_RUN_S, decode, downloads, figures, title_text
 
 PAGE = "app_pages/circuits.py"
 LINK = {"model": "smollm2", "task": "ioi", "task_pairs": "10", "circuit_edges": "50"}
-FIRST_RUN = 600  # s: the first run scores every edge, runs the curve, the detector and the OV copying scores
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +30,7 @@ def _figure(at, title: str) -> dict:
 
 def test_the_page_draws_the_circuit_and_its_curve_as_analysis_computes_them(new_app, smollm2, expected):
     task, scores, curve = expected
-    at = new_app(LINK, page=PAGE, timeout=FIRST_RUN)
+    at = new_app(LINK, page=PAGE, timeout=COLD_RUN_S)
     assert not at.error, [e.value for e in at.error]
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Pairs"] == "10" and metrics["Edges"] == f"{scores.graph.n_edges:,}" == "70,651"
@@ -73,7 +72,7 @@ def test_the_page_draws_the_circuit_and_its_curve_as_analysis_computes_them(new_
 
 def test_a_smaller_circuit_and_path_patching_from_the_page(new_app, smollm2, expected):
     task, scores, _ = expected
-    at = new_app(LINK, page=PAGE, timeout=FIRST_RUN)
+    at = new_app(LINK, page=PAGE, timeout=COLD_RUN_S)
     at.select_slider(key="circuit_edges").set_value(20).run()
     assert _figure(at, "The top 20 edges") and at.query_params["circuit_edges"] in ("20", ["20"])
     # path patching: the sender and receivers chosen, the result the one path_patching gives

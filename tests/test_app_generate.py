@@ -7,7 +7,7 @@ import transformers as tf
 
 from analysis.views import GENERATED_MARK
 from models.files import resolve_model_dir
-from tests.conftest import PAGE_WALK_S, ROOT, decode, figures
+from tests.conftest import COLD_RUN_S, ROOT, decode, figures
 
 PROMPT = "The capital of France is"
 PAGES = sorted(f"app_pages/{p.name}" for p in (ROOT / "app_pages").glob("*.py") if p.name != "__init__.py")
@@ -28,7 +28,7 @@ def test_continue_marks_the_generated_tokens_on_every_page(new_app, smollm2):
     # the pages that read a corpus read the sidebar's sentence: this test is about the continuation
     at = new_app({"model": "smollm2_scratch", "text": PROMPT, "corpus": "sidebar", "prune_on": "sidebar",
                   "qk_corpus": "sidebar", "task_pairs": "10", "circuit_method": "eap"}, page="app_pages/generate.py",
-                 timeout=PAGE_WALK_S)
+                 timeout=COLD_RUN_S)
     at.slider(key="gen_tokens").set_value(8).run()
     at.button(key="gen_go").click().run()
     assert not at.exception, at.exception

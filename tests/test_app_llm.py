@@ -7,7 +7,7 @@ import torch
 
 from analysis import flow, head_importance, rollout
 from analysis.foci import received
-from tests.conftest import PAGE_WALK_S, ROOT, decode, figures, heatmaps
+from tests.conftest import COLD_RUN_S, ROOT, decode, figures, heatmaps
 from viz.figures import HIDDEN_COLOR
 
 TEXT = "Which do you like better, coffee or tea?"
@@ -17,7 +17,7 @@ PAGES = sorted(f"app_pages/{p.name}" for p in (ROOT / "app_pages").glob("*.py") 
 
 def llm(new_app, page=None, engine="smollm2_scratch", **params):
     return new_app({"model": engine, "text": TEXT, "corpus": "sidebar", "prune_on": "sidebar", "qk_corpus": "sidebar",
-                    "task_pairs": "10", "circuit_method": "eap", **params}, page=page, timeout=PAGE_WALK_S)
+                    "task_pairs": "10", "circuit_method": "eap", **params}, page=page, timeout=COLD_RUN_S)
 
 
 def texts(at) -> str:

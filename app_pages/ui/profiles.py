@@ -160,7 +160,7 @@ def _first(ref: ModelRef) -> list[tuple]:
     the sentences Pruning measures a decoder on by default (its importance against each head's role)."""
     from .pruning import LLM_SAMPLE, corpus_sample
 
-    return [(ref, False, (), list(CORPUS)), (ref, False, (), corpus_sample(LLM_SAMPLE))]
+    return [*_corpus(ref), (ref, False, (), corpus_sample(LLM_SAMPLE))]
 
 
 def profile_bytes(value) -> int:
