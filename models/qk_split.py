@@ -1,0 +1,162 @@
+"""Why a head attends where it does: each pre-softmax score split exactly over what wrote into the stream its
+query and its key read.
+
+A head's score is ``q · k · scale``. Its query is the head's projection of the normed residual stream at the
+query's position, its key the key/value head's projection of the normed stream at the key's. With every norm's
+scale frozen at its value in the run (the block's input norm; Gemma 3's QK-norm) and the rotary rotation a
+fixed linear map at each position, both are sums over the stream's writers (``models.circuits``' senders: the
+input, each earlier head, each earlier MLP) plus a constant (projection and norm biases, the attentions' output
+biases): the score is exactly a sum over (query-side writer, key-side writer) pairs, the constant one of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import circuits as C
+
+CONSTANT = "biases"  # the writer every side ends with: what no node writes (projection, norm and output biases)
+
+
+@dataclass(frozen=True)
+class HeadSides:
+    """One head's query and key split by writer, ``(writers + 1, B, n, Dh)`` each (the last row the constant),
+    rotated, normed with frozen scales and with the query multiplied by the score's ``scale``: ``q[:, b, i].sum(0)
+    · k[:, b, j].sum(0)`` is the head's score from query ``i`` to key ``j``. ``window``: how many last keys a
+    query sees (None: every earlier one)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    window: int | None
+
+    @property
+    def n_writers(self) -> int:
+        return self.q.shape[0]
+
+    def split(self, query: int, keys: slice | None = None) -> torch.Tensor:
+        """``(writers + 1, writers + 1, B, keys)``: each (query-side, key-side) writer pair's part of the score from
+        ``query`` to each of ``keys`` (default every key up to the query)."""
+        keys = slice(0, query + 1) if keys is None else keys
+        return torch.einsum("sbd,tbjd->stbj", self.q[:, :, query], self.k[:, :, keys])
+
+    def scores(self, query: int) -> torch.Tensor:
+        """``(B, query + 1)``: the head's scores from ``query`` to every key up to it (masked ones included)."""
+        return torch.einsum("bd,bjd->bj", self.q[:, :, query].sum(0), self.k[:, :, :query + 1].sum(0))
+
+    def at(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``(B, writers + 1, writers + 1)``: each row's split of one score, from ``queries[b]`` to ``keys[b]``
+        (``(B,)`` positions, one pair of each row: a task's roles)."""
+        b = torch.arange(self.q.shape[1], device=self.q.device)
+        return torch.einsum("sbd,tbd->bst", self.q[:, b, queries.to(self.q.device)],
+                            self.k[:, b, keys.to(self.k.device)])
+
+    def visible(self, query: int) -> torch.Tensor:
+        """``(query + 1,)`` bool: the keys ``query`` sees (all, or its window's last ones)."""
+        keys = torch.arange(query + 1, device=self.q.device)
+        return keys > query - self.window if self.window is not None else torch.ones_like(keys, dtype=torch.bool)
+
+
+def writers_run(stack, graph: C.Graph, ids: torch.Tensor) -> C.Run:
+    """The prompts ``ids`` ``(B, n)`` run once through the graph: every writer's output and each layer's stream."""
+    with torch.inference_mode():
+        emb = C.embeddings(stack, ids)
+        return C.run_graph(stack, graph, emb, lambda s, x, rows: x.new_zeros(len(x)), torch.arange(len(ids)),
+                           ids=ids)
+
+
+def _frozen_norm(norm, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """A norm of ``x`` ``(..., E)`` with its scale frozen: ``(gain, centre, per-vector scale (..., 1))`` such that
+    ``norm(x) = (centred x) * scale * gain + bias``; ``centre`` is True for a LayerNorm (the mean taken out)."""
+    if hasattr(norm, "inverse_rms"):  # RMSNorm: Llama's weight, Gemma's 1 + weight
+        return norm.gain().to(x.dtype), None, norm.inverse_rms(x).to(x.dtype)
+    if isinstance(norm, torch.nn.LayerNorm):
+        scale = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
+        return norm.weight.to(x.dtype), (None if norm.bias is None else norm.bias.to(x.dtype)), scale
+    raise TypeError(f"HeadLens cannot freeze a {type(norm).__name__}.")
+
+
+def _side(norm, weight: torch.Tensor, bias: torch.Tensor | None, parts: torch.Tensor,
+          x: torch.Tensor) -> torch.Tensor:
+    """``(writers + 1, B, n, Dh)``: a projection ``weight`` ``(Dh, E)`` (``bias`` ``(Dh,)``) of the norm of the stream
+    ``x`` ``(B, n, E)`` split over ``parts`` ``(writers, B, n, E)`` (summing to ``x`` less a constant) with the norm's
+    scale frozen at ``x``'s; the last row is the constant (the stream's unwritten part, the norm's and the projection's
+    biases)."""
+    gain, norm_bias, scale = _frozen_norm(norm, x)
+    w = weight.to(x.dtype) * gain                                                   # (Dh, E)
+    if isinstance(norm, torch.nn.LayerNorm):  # centring each part is centring the weight's rows
+        w = w - w.mean(-1, keepdim=True)
+    rest = x - parts.sum(0)                                                        # (B, n, E): the output biases
+    out = torch.einsum("sbne,de->sbnd", torch.cat([parts, rest.unsqueeze(0)]), w) * scale  # (S + 1, B, n, Dh)
+    constant = 0
+    if norm_bias is not None:
+        constant = constant + norm_bias @ weight.to(x.dtype).T
+    if bias is not None:
+        constant = constant + bias.to(x.dtype)
+    out[-1] += constant
+    return out
+
+
+def _qk_norm(norm, side: torch.Tensor) -> torch.Tensor:
+    """A head-dimension norm (QK-norm) of a split side, its scale frozen at the whole vector's."""
+    if norm is None:
+        return side
+    gain, _, scale = _frozen_norm(norm, side.sum(0))
+    return side * scale * gain
+
+
+def head_sides(stack, graph: C.Graph, run: C.Run, layer: int, head: int) -> HeadSides:
+    """Head ``head`` (its index in the unpruned model) of ``layer`` split over the writers before it in ``run``."""
+    block = stack.layers[layer]
+    attn = block.attn
+    kept = stack.kept[layer]
+    if head not in kept:
+        raise ValueError(f"Head {head} of layer {layer} was pruned away.")
+    i = kept.index(head)
+    g = i if attn.kv_heads is None else attn.kv_heads[i]
+    _, attn_r, _ = graph.layer_span(layer)
+    first = attn_r.start
+    m = int(graph.reach[first])
+    x = run.reads[first]                                                          # (B, n, E)
+    parts = run.outs[:m].to(x.dtype)                                              # (writers, B, n, E)
+    (wq, bq), (wk, bk), _ = C._weights(attn)
+    q = _side(block.ln_attn, wq[i], None if bq is None else bq[i], parts, x)
+    k = _side(block.ln_attn, wk[g], None if bk is None else bk[g], parts, x)
+    q, k = _qk_norm(attn.q_norm, q), _qk_norm(attn.k_norm, k)
+    q = q * (attn.q_factor * attn.head_dim ** -0.5)
+    if attn.rotary is not None:
+        q, k = attn.rotary(q, k)
+    return HeadSides(q, k, attn.window)
+
+
+def writer_names(graph: C.Graph, layer: int) -> list[str]:
+    """The writers a head of ``layer`` reads, as ``HeadSides`` orders them, the constant last."""
+    _, attn_r, _ = graph.layer_span(layer)
+    return [graph.sender_name(s) for s in range(int(graph.reach[attn_r.start]))] + [CONSTANT]
+
+
+def writer_nodes(graph: C.Graph, layer: int) -> list[tuple[str, int, int]]:
+    """The writers of ``writer_names`` as ``(kind, layer, index)`` (the constant: ``("constant", -1, -1)``)."""
+    _, attn_r, _ = graph.layer_span(layer)
+    return list(graph.senders[:int(graph.reach[attn_r.start])]) + [("constant", -1, -1)]
+
+
+@torch.inference_mode()
+def scores_without(stack, graph: C.Graph, run: C.Run, layer: int, head: int, query: int, writer: int,
+                   side: str) -> torch.Tensor:
+    """``(B, query + 1)``: the head's scores from ``query`` when writer ``writer``'s output (``writer_names``' index;
+    the last, the constant, is not a node's) is taken out of the stream its query reads at ``query`` (``side`` "q")
+    or of the stream its keys read at every position (``side`` "k"), each norm recomputed as the model does."""
+    block, attn = stack.layers[layer], stack.layers[layer].attn
+    i = stack.kept[layer].index(head)
+    _, attn_r, _ = graph.layer_span(layer)
+    x = run.reads[attn_r.start]                                                   # (B, n, E)
+    less = x.clone()
+    if side == "q":
+        less[:, query] -= run.outs[writer, :, query].to(x.dtype)
+    else:
+        less -= run.outs[writer].to(x.dtype)
+    xq, xk = (less, x) if side == "q" else (x, less)
+    q, k, _ = attn.heads_qkv(block.attention_input(xq), block.attention_input(xk), block.attention_input(xk))
+    q = q[:, i, query] * attn.head_dim ** -0.5                                   # (B, Dh)
+    return torch.einsum("bd,bjd->bj", q, k[:, i, :query + 1])
