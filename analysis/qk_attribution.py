@@ -247,6 +247,15 @@ class QKTask:
                              "part_lo": part_lo, "part_hi": part_hi, "share": np.nanmean(share, 0),
                              "share_lo": share_lo, "share_hi": share_hi, "query_index": s, "key_index": t})
 
+    def side(self, side: str, which: str = "clean", n: int = TASK_PAIRS) -> pd.DataFrame:
+        """The ``n`` writers of one ``side`` ("q" or "k") of largest mean |part| (summed over the other side's
+        writers), each with its 95% interval over the pairs and its rank."""
+        p = self.parts(which).sum(2 if side == "q" else 1)                             # (pairs, writers)
+        order = np.argsort(-np.abs(p.mean(0)), kind="stable")[:n]
+        low, high = interval(p[:, order])
+        return pd.DataFrame({"rank": np.arange(1, len(order) + 1), "writer": [self.writers[i] for i in order],
+                             "part": p[:, order].mean(0), "part_lo": low, "part_hi": high, "index": order})
+
     def grid(self, which: str = "clean", n: int = GRID) -> tuple[list[str], list[str], np.ndarray]:
         """``QKAttribution.grid`` of the mean over the pairs."""
         return _grid(self.parts(which).mean(0), self.writers, n)
