@@ -247,3 +247,72 @@ def test_the_task_form_equals_the_prompt_form_pair_by_pair(family):
     assert (frame.part_lo <= frame.part + 1e-12).all() and (frame.part <= frame.part_hi + 1e-12).all()
     with pytest.raises(HeadLensError, match="roles"):
         QA.qk_attribution_task(model, task, 1, 0, "END", "S2")
+
+
+WORDS = ["the", "apple", "river", "stone", "cloud", "green", "house", "light", "music", "night", "paper", "quiet",
+         "sugar", "table", "water", "yellow", "bread", "chair", "dream", "field", "glass", "horse", "juice", "lemon",
+         "money", "ocean", "plant", "queen", "radio", "sheep"]
+
+
+@pytest.fixture(scope="module")
+def induction_pair(tmp_path_factory):
+    """A two-layer attention-only decoder set by hand: layer 0 head 0 attends to the previous token and writes its
+    identity into a subspace of its own; layer 1 head 0 matches the current token against that subspace in its
+    keys, an induction head. Tokens, positions and the previous token each have their own dimensions."""
+    from models.stacks.decoder import Decoder, DecoderConfig
+    from models.vocab import word_tokenizer
+
+    P = 32
+    tokenizer = word_tokenizer(WORDS, lowercase=True, max_len=P)
+    V = len(tokenizer)
+    E = 2 * V + P + (2 * V + P) % 2
+    Dh = E // 2
+    stack = Decoder.untrained(DecoderConfig(vocab_size=V, max_len=P, n_layers=2, n_heads=2, d_model=E), seed=2)
+    eye = torch.eye
+    with torch.no_grad():
+        stack.tok_emb.weight.zero_()
+        stack.tok_emb.weight[:, :V] = 6 * eye(V)
+        stack.pos_emb.weight.zero_()
+        stack.pos_emb.weight[:, V:V + P] = 6 * eye(P)
+        first, second = stack.layers[0].attn, stack.layers[1].attn
+        for attn in (first, second):
+            attn.in_proj_weight[:Dh].zero_()
+            attn.in_proj_weight[E:E + Dh].zero_()
+        w = first.in_proj_weight
+        w[:P, V:V + P] = 4 * eye(P)                                   # query: its own position
+        w[E + 1:E + P, V:V + P - 1] = 4 * eye(P - 1)                  # key at j: position j + 1
+        w[2 * E:2 * E + Dh].zero_()
+        w[2 * E:2 * E + V, :V] = eye(V)                               # value: the token
+        first.out_proj.weight[:, :Dh] = 0
+        first.out_proj.weight[V + P:2 * V + P, :V] = 6 * eye(V)       # written as "the token before me"
+        w = second.in_proj_weight
+        w[:V, :V] = 4 * eye(V)                                        # query: the current token
+        w[E:E + V, V + P:2 * V + P] = 4 * eye(V)                      # key: the token before it
+    folder = tmp_path_factory.mktemp("induction-pair")
+    stack.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return load_model(folder, backend="scratch")
+
+
+def test_an_induction_heads_key_is_made_by_the_previous_token_head(induction_pair):
+    from analysis import head_detector
+    from analysis.detector import detector_labels
+    from analysis.qk_induction import induction_key_writers
+
+    model = induction_pair
+    detector = head_detector(model, n_sequences=8, length=8, sentences=["the apple and the river"] * 4)
+    labels = dict(zip(zip(detector.layer, detector["head"]), detector_labels(detector)))
+    assert labels[(0, 0)] == "previous token" and labels[(1, 0)] == "induction"
+    found = induction_key_writers(model, detector, prompts=10, length=8)
+    assert set(found.frame["head"]) == {f"L1 H{h}" for (layer, h), lab in labels.items()
+                                        if layer == 1 and lab == "induction"}
+    mine = found.frame[found.frame["head"] == "L1 H0"]
+    assert len(mine) == 10 and (mine.writer == "L0 H0").all() and mine.previous_token.all()
+    share, low, high = found.share_previous_token()
+    assert share == found.frame.previous_token.mean() and low <= share <= high and low > 0.6
+    # on one prompt: the induction key's largest key-side part is the previous-token head's, the query's the token's
+    text = "the apple river stone cloud apple river"
+    split = QA.qk_attribution(model, text, 1, 0, query=-2)
+    assert split.key == 2                                             # "apple" again attends to what followed it
+    assert split.key_writers().writer.iloc[0] == "L0 H0" and split.query_writers().writer.iloc[0] == "input"
+    assert split.pairs().iloc[0][["query_writer", "key_writer"]].tolist() == ["input", "L0 H0"]
