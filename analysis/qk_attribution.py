@@ -170,6 +170,11 @@ def _ids(ours: AttentionModel, text: str) -> tuple[torch.Tensor, list[str]]:
     return torch.tensor([ids], dtype=torch.long), ours.tokenizer.convert_ids_to_tokens(ids)
 
 
+def prompt_tokens(model: AttentionModel, text: str) -> list[str]:
+    """The tokens ``qk_attribution`` splits ``text`` into (a sentence for a text it does not take)."""
+    return _ids(twin_language_model(model, "Why a head attends where it does is read"), text)[1]
+
+
 def _position(at: int, n: int, what: str) -> int:
     at = int(at)
     if not -n <= at < n:

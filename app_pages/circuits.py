@@ -8,6 +8,7 @@ from app_pages.ui.models import decoder_or_stop
 from app_pages.ui.settings import settings
 from app_pages.ui.task_view import problems
 from app_pages.ui.tasks import task_or_stop
+from app_pages.ui.why import circuit_why
 
 ABOUT = ("Patching says which heads matter; a circuit says how they connect. Every node that writes into the "
          "residual stream (the input, each head, each MLP) reaches every later node's input (a head's query, its "
@@ -41,6 +42,7 @@ faith = circuit_at(ref, *choice.args, choice.kinds, n)
 figures = {"circuit-graph": ("The circuit", view.graph_section(ref, choice, scores, n, faith)),
            "circuit-curve": ("The faithfulness curve", view.curve_section(curve, n))}
 view.heads_section(ref, choice, scores, n)
+circuit_why(ref, choice.spec, task, scores.frame(n, list(choice.kinds)), scores.graph)
 view.path_section(ref, choice, scores)
 view.downloads(scores, choice, n, faith, curve, figures)
 smallest = curve.smallest()

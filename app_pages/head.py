@@ -9,6 +9,8 @@ from app_pages.ui.models import model_for
 from app_pages.ui.pickers import pick_sentence
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, head_from_url, head_to_url
+from app_pages.ui.tasks import FIRST
+from app_pages.ui.why import why_section
 from models import head_label
 from models.catalog import bundled
 
@@ -44,6 +46,8 @@ view.over_corpus(card, len(parts.attentions))
 view.examples(card)
 view.what_it_writes(s, ref, card, text)
 view.predictions(ref, card, text)
+if model.causal:  # any decoder our engine runs, bundled or not
+    why_section(ref, text, layer, head, "why", spec=FIRST)
 view.queries_keys(ref, card)
 view.like_it(card, choices)
 if missing:

@@ -1,0 +1,245 @@
+"""Why a head attends here: a head's score from a query to a key split over what its query and its key read
+(``analysis.qk_attribution``), on a text and over a task, as a section of the Head, Circuits and Explore pages."""
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from analysis import qk_attribution as QA
+from analysis.views import token_label
+from models import HeadLensError, head_label
+from viz.qk_attribution import cell_targets, writer_bars, writer_grid
+
+from .card_links import click_opens_card
+from .exports import chart
+from .messages import plain
+from .models import ModelRef, cached_model, twin
+from .shared import Bar, shared
+from .state import bound, choose, fresh_click, head_from_url, head_to_url, preset
+from .tasks import TaskSpec, built_task
+
+ABOUT = ("A head's score from a query to a key is its query times its key. Each is read from the residual stream, "
+         "the sum of what the input, every earlier head and every earlier MLP wrote (with the norms' scales as they "
+         "were in this run), so the score splits exactly into one part for each pair of a query-side writer and a "
+         "key-side writer, the biases one more writer. A click on a head's bar opens its card.")
+
+
+def _ours(ref: ModelRef) -> ModelRef:
+    return twin(ref) or ref
+
+
+@shared("qk split", entries=32, owned=True, waiting="Splitting the head's scores")
+def qk_split(ref: ModelRef, text: str, layer: int, head: int, query: int) -> QA.QKAttribution:
+    return QA.qk_attribution(cached_model(ref), text, layer, head, query)
+
+
+@shared("qk task", entries=8, owned=True, waiting="Splitting the head's score on every pair of the task")
+def qk_task(ref: ModelRef, spec: TaskSpec, layer: int, head: int, query_role: str, key_role: str) -> QA.QKTask:
+    task = built_task(ref, spec)
+    bar = Bar(f"Splitting {head_label(layer, head)}'s score on {len(task)} pairs")
+    found = QA.qk_attribution_task(cached_model(ref), task, layer, head, query_role, key_role, progress=bar)
+    bar.empty()
+    return found
+
+
+def _figures(rows, cols, grid, score, query_side, key_side, nodes, key: str, title: str) -> dict:
+    """The grid and the writers' bars of one split, a click on a head's bar opening its card."""
+    fig = writer_grid(rows, cols, grid, score, title=title)
+    chart(fig, f"{key}-grid")
+
+    def bars(frame):
+        top = frame.head(QA.GRID)
+        return list(top.writer), top.part.to_numpy(), [nodes[i] for i in top["index"]]
+
+    fig_bars = writer_bars({"Query side": bars(query_side), "Key side": bars(key_side)},
+                           title="Each side's largest writers, summed over the other side")
+    event = chart(fig_bars, f"{key}-bars", on_select="rerun", selection_mode="points")
+    click_opens_card(event, f"{key}-bars", fig_bars, None)
+    return {f"{key}-grid": fig, f"{key}-bars": fig_bars}
+
+
+def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, query: int | None = None,
+                at: int | None = None, spec: TaskSpec | None = None, heading: bool = True) -> None:
+    """The section for head ``(layer, head)`` on ``text``: a query (default ``query``, else the last token) and one
+    of its keys (default ``at``, else the strongest) chosen, the split's grid, bars and tables, its downloads; and
+    with ``spec``, the same averaged over that task's pairs on a button. Widget keys and URL names start with
+    ``key``."""
+    if heading:
+        st.subheader("Why it attends here")
+        st.caption(ABOUT)
+    ours = _ours(ref)
+    try:
+        tokens = QA.prompt_tokens(cached_model(ours), text)
+    except HeadLensError as err:
+        st.info(plain(str(err)))
+        return
+    n = len(tokens)
+    names = [f"{i}: {token_label(t)}" for i, t in enumerate(tokens)]
+    a, b = st.columns(2)
+    q = choose("Query", list(range(n)), f"{key}_query", default=n - 1 if query is None else query, container=a,
+               format_func=names.__getitem__, help="The token whose attention is explained.")
+    split = qk_split(ours, text, layer, head, q)
+    keys = [int(k) for k in range(q + 1) if split.visible[k]]
+    k = choose("Key", keys, f"{key}_key", default=split.key if at is None else at, container=b,
+               format_func=lambda i: f"{names[i]} · weight {split.weights[i]:.2f}",
+               help="One of the keys the query sees; the strongest first.")
+    top = split.pairs(k, 1).iloc[0]
+    cols = st.columns(3)
+    cols[0].metric("Score", f"{split.scores[k]:+.2f}", help="Before the softmax: the query times the key, scaled.")
+    cols[1].metric("Weight", f"{split.weights[k]:.2f}", help="The head's attention from the query to this key.")
+    cols[2].metric("Largest pair", f"{top.share:.0%}", help=f"{top.query_writer} × {top.key_writer}: "
+                   f"{top.part:+.3f} of the score.")
+    rows, cols_, grid = split.grid(k)
+    _figures(rows, cols_, grid, split.scores[k], split.query_writers(k), split.key_writers(k), split.nodes, key,
+             f"{head_label(layer, head)}: {names[q]} → {names[k]}, score {split.scores[k]:+.2f} split by writer")
+    st.caption("Each cell is one query-side writer's part of the query times one key-side writer's part of the key "
+               "(blue raises the score, red lowers it); the last row and column sum every other writer. The parts "
+               "sum to the score.")
+    _side_tables(split, k, key)
+    d1, d2 = st.columns(2)
+    d1.download_button("Writer pairs · CSV", lambda: split.pairs(k).drop(columns=["query_index", "key_index"])
+                       .to_csv(index=False), f"headlens-why-L{layer}H{head}-q{q}-k{k}.csv", "text/csv",
+                       key=f"{key}-csv", on_click="ignore")
+    d2.download_button("Split · JSON", lambda: json.dumps(split.to_json(k), indent=1, default=float),
+                       f"headlens-why-L{layer}H{head}-q{q}-k{k}.json", "application/json", key=f"{key}-json",
+                       on_click="ignore")
+    if spec is not None:
+        _over_task(ours, spec, layer, head, key)
+
+
+def _side_tables(split: QA.QKAttribution, k: int, key: str) -> None:
+    """Each side's largest writers, with the key's weight without each: as the split predicts it (norm scales
+    frozen) and as a run with that writer taken out gives it (norms recomputed)."""
+    left, right = st.columns(2)
+    for col, side, name in ((left, "q", "Query side"), (right, "k", "Key side")):
+        frame = split.side(side, k).head(QA.GRID).drop(columns=["index", "weight"])
+        frame.columns = ["writer", "part", "share", "weight without (split)", "weight without (run)"]
+        col.markdown(f"**{name}**")
+        col.dataframe(frame.style.format({"part": "{:+.3f}", "share": "{:.1%}", "weight without (split)": "{:.3f}",
+                                          "weight without (run)": "{:.3f}"}, na_rep="–"),
+                      hide_index=True, key=f"{key}-{side}-table")
+    st.caption(f"The weight is {split.weights[k]:.3f} with every writer. Without one (taken out of the query's input, "
+               "or out of every key's): the split's prediction holds each norm's scale as it was; the run recomputes "
+               f"the norms, for the {QA.REMOVED} largest writers of each side.")
+
+
+def _over_task(ref: ModelRef, spec: TaskSpec, layer: int, head: int, key: str) -> None:
+    """The split averaged over a task's pairs, between two of its roles, on a button."""
+    task = built_task.peek(ref, spec)
+    if task is None:  # built here, so that a model whose tokenizer cannot make it gets a note, not a stopped page
+        try:
+            task = built_task.__wrapped__(ref, spec)
+        except HeadLensError as err:
+            st.info(plain(f"Over a task: {err}"))
+            return
+        built_task.cache.put(built_task.key(ref, spec), task)
+    roles = task.roles
+    default = QA.ROLE_PAIRS.get(task.name, ("END", roles[-2] if len(roles) > 1 else roles[0]))
+    st.markdown(f"**Over the task** · {task.title}, {len(task)} pairs")
+    a, b, c = st.columns([1, 1, 1], vertical_alignment="bottom")
+    q_role = choose("Query role", roles, f"{key}_qrole", default=default[0], container=a, cast=str)
+    k_role = choose("Key role", roles, f"{key}_krole", default=default[1], container=b, cast=str)
+    which = bound(c.segmented_control, f"{key}_which", "clean", init="default",
+                  options=["clean", "corrupted", "difference"], cast=str, label="Prompts", required=True,
+                  help="The clean prompts, the corrupted ones, or clean less corrupted: what the corruption took away.")
+    asked = st.session_state.setdefault("_why_task_asked", set())
+    args = (ref, spec, layer, head, q_role, k_role)
+    if args not in asked and qk_task.peek(*args) is None:
+        if not st.button(f"Split over the {len(task)} pairs", key=f"{key}-task", icon=":material/functions:",
+                         help="Each pair's score from its query role to its key role, split; a few seconds."):
+            return
+        asked.add(args)
+    try:
+        found = qk_task(*args)
+    except HeadLensError as err:
+        st.info(plain(str(err)))
+        return
+    scores = found.scores(which)
+    rows, cols, grid = found.grid(which)
+    q_side, k_side = found.side("q", which), found.side("k", which)
+    _figures(rows, cols, grid, float(scores.mean()), q_side, k_side, found.nodes, f"{key}-task",
+             f"{head_label(layer, head)}: {q_role} → {k_role}, mean over {len(task)} pairs ({which}), "
+             f"score {scores.mean():+.2f}")
+    frame = found.frame(which)
+    st.dataframe(frame.drop(columns=["query_index", "key_index"]).style.format(precision=3), hide_index=True,
+                 key=f"{key}-task-table")
+    st.caption("Each writer pair's mean part of the score and mean share of each pair's score, with 95% bootstrap "
+               "intervals over the pairs.")
+    st.download_button("Writer pairs over the task · CSV", lambda: found.frame(which, n=200).to_csv(index=False),
+                       f"headlens-why-task-L{layer}H{head}-{q_role}-{k_role}-{which}.csv", "text/csv",
+                       key=f"{key}-task-csv", on_click="ignore")
+
+
+CLICKABLE = 48   # labels a side up to which Explore's cells take clicks (markers: heads x labels² / 2)
+
+
+def explore_clicks(fig, v, heads: list[int], layer: int) -> bool:
+    """Let a click on a cell of Explore's grid ask why (a decoder's, drawn unpooled and small enough); whether it
+    does."""
+    if not v.causal or len(v.query_labels) > CLICKABLE:
+        return False
+    cell_targets(fig, heads, v.visible(layer))
+    return True
+
+
+def explore_why(ref: ModelRef, event, fig, v, text: str, layer: int, focus: int) -> None:
+    """Explore's section: opened by a click on a cell (that query and key, of that head) or by a button (the focus
+    head, the last query, its strongest key); its head in the URL as ``why``."""
+    point = fresh_click(event, "explore-why-click")
+    if point is not None and fig.data[int(point.get("curve_number", 0))].name == "cells":
+        data = point.get("customdata")
+        h, q, k = (int(data[i]) for i in ((0, 1, 2) if isinstance(data, (list, tuple)) else ("0", "1", "2")))
+        preset("xwhy_head", h)
+        preset("xwhy_query", v.query_spans[q][1] - 1)
+        preset("xwhy_key", v.key_spans[k][0])
+        st.rerun()
+    kept = st.session_state.get("_kept", {}).get("xwhy_head")
+    if kept is None and "xwhy_head" not in st.query_params:
+        if st.button(f"Why does {head_label(layer, focus)} attend where it does?", key="explore-why-open",
+                     icon=":material/psychology_alt:", help="Its score split over what its query and its key read; "
+                     "or click a cell of a head's heatmap."):
+            preset("xwhy_head", focus)
+            st.rerun()
+        return
+    head = choose("Head to explain", list(range(cached_model(ref).n_heads)), "xwhy_head", default=focus,
+                  format_func=lambda h: head_label(layer, h))
+    why_section(ref, text, layer, head, "xwhy")
+
+
+def edge_head(point: dict, fig, frame, graph) -> tuple[int, int] | None:
+    """The head whose query or key a clicked edge of the circuit enters (a key/value head's: the first query head
+    reading it), or None for any other point."""
+    if fig.data[int(point.get("curve_number", 0))].name != "edges" or "point_index" not in point:
+        return None
+    kind, layer, index = graph.receivers[int(frame.receiver_index.iloc[int(point["point_index"])])]
+    if kind == "q":
+        return layer, index
+    return (layer, graph.reads[layer][index][0]) if kind == "k" else None
+
+
+def circuit_why(ref: ModelRef, spec: TaskSpec, task, frame, graph) -> None:
+    """Circuits' section: a head whose query or key the circuit enters (or a clicked one), on one of the task's
+    clean prompts between its roles, and over the task."""
+    heads = []
+    for r in frame.receiver_index:
+        kind, layer, index = graph.receivers[int(r)]
+        head = (layer, index) if kind == "q" else (layer, graph.reads[layer][index][0]) if kind == "k" else None
+        if head is not None and head not in heads:
+            heads.append(head)
+    heads = heads or [(layer, h) for kind, layer, h in graph.senders if kind == "head"]
+    st.subheader("Why it attends here")
+    st.caption(ABOUT)
+    a, b = st.columns([1, 2])
+    layer, head = choose("Head", heads, "cwhy_head", container=a, cast=head_from_url, to_url=head_to_url,
+                         format_func=lambda h: head_label(*h),
+                         help="The heads whose queries or keys the circuit's edges enter; a click on such an edge "
+                              "chooses its head.")
+    i = bound(b.number_input, "cwhy_pair", 1, cast=int, label=f"Pair (of {len(task)})", min_value=1,
+              max_value=len(task), step=1, valid=lambda x: 1 <= x <= len(task)) - 1
+    pair = task.pairs[i]
+    q_role, k_role = QA.ROLE_PAIRS.get(task.name, ("END", None))
+    roles = dict(pair.roles)
+    st.caption(f"Pair {i + 1}'s clean prompt: {plain(pair.clean)}")
+    why_section(ref, pair.clean, layer, head, "cwhy", query=roles.get(q_role), at=roles.get(k_role), spec=spec,
+                heading=False)
