@@ -9,7 +9,6 @@ from app_pages.ui.views import causal_note, special_words, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import explore_long
 from app_pages.ui.pickers import pick_full_resolution, pick_head, pick_heads, pick_layer, pick_sentence, title_for
-from app_pages.ui.models import twin
 from app_pages.ui.settings import settings
 from app_pages.ui.why import explore_clicks, explore_why
 from models import head_label
@@ -32,8 +31,7 @@ v = view(s, att)
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
                 title=title_for(att, f"Layer {layer}"), visible=v.visible(layer),
                 links={h: card_url(layer, h) for h in heads})
-asks = v.causal and twin(s.model) is not None  # a decoder our engine runs: its scores split by writer
-clicks = asks and explore_clicks(fig, v, heads, layer)
+clicks = v.causal and explore_clicks(fig, v, heads, layer)  # a decoder: a cell's score split by writer, below
 event = chart(fig, "explore-grid", **({"on_select": "rerun", "selection_mode": "points"} if clicks else {}))
 causal_note(v, layer)
 full = pick_full_resolution([v], heads, "full", "Head at full resolution", "head", lambda h: f"H{h}")
@@ -57,5 +55,5 @@ st.caption(f"Entropy and largest weight are of the rows as shown; “{special_wo
 st.dataframe(table.style.format(precision=3).highlight_between(subset=["head"], left=focus, right=focus),
              hide_index=True, key="explore-stats")
 exports("explore", fig, att, v, layer, focus, sig=f"{att.text}|{layer}|{heads}|{s}")
-if asks:
+if v.causal:
     explore_why(s.model, event if clicks else None, fig, v, att.text, layer, focus)

@@ -90,3 +90,30 @@ def test_an_encoder_is_told_to_choose_a_decoder(new_app):
     at = new_app({}, page=PAGE)  # the default model, MiniLM
     assert any("it is an encoder" in i.value for i in at.info)
     assert not at.get("plotly_chart")
+
+
+def test_why_a_circuit_head_attends_to_its_key_on_a_pair_and_over_the_task(new_app, smollm2, expected):
+    from analysis.qk_attribution import qk_attribution, qk_attribution_task
+
+    task, scores, _ = expected
+    frame, graph = scores.frame(50), scores.graph
+    entered = [graph.receivers[r] for r in frame.receiver_index if graph.receivers[r][0] in ("q", "k")]
+    kind, layer, index = entered[0]  # the page's first head: the one the strongest query or key edge enters
+    head = index if kind == "q" else graph.reads[layer][index][0]
+    at = new_app({**LINK, "cwhy_pair": "2"}, page=PAGE, timeout=COLD_RUN_S)
+    assert at.selectbox(key="cwhy_head").value == (layer, head)
+    pair = task.pairs[1]
+    split = qk_attribution(smollm2, pair.clean, layer, head, query=pair.role("END"), key=pair.role("S2"))
+    assert at.selectbox(key="cwhy_query").value == pair.role("END")
+    assert at.selectbox(key="cwhy_key").value == pair.role("S2")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Score"] == f"{split.scores[split.key]:+.2f}" and metrics["Weight"] == f"{split.weights[split.key]:.2f}"
+    at.button(key="cwhy-task").click().run()
+    found = qk_attribution_task(smollm2, task, layer, head, "END", "S2")
+    table = next(df.value for df in at.dataframe if "part_lo" in df.value.columns)
+    expected_frame = found.frame("clean")
+    assert list(table.query_writer) == list(expected_frame.query_writer)
+    np.testing.assert_allclose(table.part, expected_frame.part, atol=1e-6)
+    at.segmented_control(key="cwhy_which").set_value("difference").run()
+    table = next(df.value for df in at.dataframe if "part_lo" in df.value.columns)
+    np.testing.assert_allclose(table.part, found.frame("difference").part, atol=1e-6)

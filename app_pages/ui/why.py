@@ -80,6 +80,11 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
     q = choose("Query", list(range(n)), f"{key}_query", default=n - 1 if query is None else query, container=a,
                format_func=names.__getitem__, help="The token whose attention is explained.")
     split = qk_split(ours, text, layer, head, q)
+    moved = st.session_state.get(f"_{key}_asked", (text, layer, head, q)) != (text, layer, head, q)
+    st.session_state[f"_{key}_asked"] = (text, layer, head, q)
+    if moved:  # another query (or head, or text): its own strongest key first
+        preset(f"{key}_key", None)
+        st.query_params.pop(f"{key}_key", None)
     keys = [int(k) for k in range(q + 1) if split.visible[k]]
     k = choose("Key", keys, f"{key}_key", default=split.key if at is None else at, container=b,
                format_func=lambda i: f"{names[i]} · weight {split.weights[i]:.2f}",
