@@ -87,7 +87,7 @@ def _side(norm, weight: torch.Tensor, bias: torch.Tensor | None, parts: torch.Te
     if isinstance(norm, torch.nn.LayerNorm):  # centring each part is centring the weight's rows
         w = w - w.mean(-1, keepdim=True)
     rest = x - parts.sum(0)                                                        # (B, n, E): the output biases
-    out = torch.einsum("sbne,de->sbnd", torch.cat([parts, rest.unsqueeze(0)]), w) * scale  # (S + 1, B, n, Dh)
+    out = torch.cat([torch.einsum("sbne,de->sbnd", parts, w), (rest @ w.T).unsqueeze(0)]) * scale  # (S + 1, B, n, Dh)
     constant = 0
     if norm_bias is not None:
         constant = constant + norm_bias @ weight.to(x.dtype).T

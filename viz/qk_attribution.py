@@ -60,7 +60,11 @@ def cell_targets(fig: go.Figure, heads: list[int], visible: np.ndarray | None, c
         q_cats, k_cats = list(grid.y), list(grid.x)
         cells = [(q, k) for q in range(len(q_cats)) for k in range(len(k_cats))
                  if visible is None or visible[q, k]]
+        z = np.asarray(grid.z, dtype=np.float64)
         fig.add_trace(go.Scatter(
             x=[k_cats[k] for _, k in cells], y=[q_cats[q] for q, _ in cells], mode="markers", name="cells",
             showlegend=False, marker=dict(symbol="square", size=8, color="rgba(0,0,0,0)"),
-            customdata=[[h, q, k] for q, k in cells], hoverinfo="skip"), row=i // cols + 1, col=i % cols + 1)
+            customdata=[[h, q, k] for q, k in cells],
+            text=[f"{safe(q_cats[q])} → {safe(k_cats[k])}<br>weight {z[q, k]:.3f}<br>click: why it attends here"
+                  for q, k in cells], hovertemplate="%{text}<extra>head " + str(h) + "</extra>"),
+            row=i // cols + 1, col=i % cols + 1)
