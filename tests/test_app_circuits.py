@@ -103,9 +103,9 @@ def test_why_a_circuit_head_attends_to_its_key_on_a_pair_and_over_the_task(new_a
     at = new_app({**LINK, "cwhy_pair": "2"}, page=PAGE, timeout=COLD_RUN_S)
     assert at.selectbox(key="cwhy_head").value == (layer, head)
     pair = task.pairs[1]
-    split = qk_attribution(smollm2, pair.clean, layer, head, query=pair.role("END"), key=pair.role("S2"))
+    split = qk_attribution(smollm2, pair.clean, layer, head, query=pair.role("END"))  # to its strongest key
     assert at.selectbox(key="cwhy_query").value == pair.role("END")
-    assert at.selectbox(key="cwhy_key").value == pair.role("S2")
+    assert at.selectbox(key="cwhy_key").value == split.key
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Score"] == f"{split.scores[split.key]:+.2f}" and metrics["Weight"] == f"{split.weights[split.key]:.2f}"
     at.button(key="cwhy-task").click().run()

@@ -53,7 +53,12 @@ def test_the_head_page_splits_the_score_as_analysis_does(new_app, tiny):
     heads = [tuple(c) for c in keys["customdata"] if c is not None]  # a head's bar opens its card
     assert heads == [(n[1], n[2]) for n in (split.nodes[i] for i in top["index"]) if n[0] == "head"]
     table = next(df.value for df in at.dataframe if "weight without (run)" in df.value.columns)
-    np.testing.assert_allclose(table["weight without (split)"], split.query_writers().head(QA.GRID).weight_without)
+    writers = split.query_writers().head(QA.GRID)
+    np.testing.assert_allclose(table["weight without (split)"], writers.weight_without)
+    ran = writers.weight_without_run.notna().to_numpy()
+    np.testing.assert_allclose(table["weight without (run)"][ran].astype(float), writers.weight_without_run[ran],
+                               atol=5e-4)
+    assert (table["weight without (run)"][~ran] == "not run").all()
     files = downloads(at)
     shown = pd.read_csv(io.BytesIO(files["Writer pairs · CSV"]))
     np.testing.assert_allclose(shown.part, split.pairs().part, atol=1e-9)
@@ -68,6 +73,13 @@ def test_the_head_page_splits_the_score_as_analysis_does(new_app, tiny):
     at.selectbox(key="why_key").set_value(0).run()
     assert {m.label: m.value for m in at.metric}["Score"] == f"{other.scores[0]:+.2f}"
     np.testing.assert_allclose(decode(_grid(at)["data"][0]["z"]), other.grid(0)[2], atol=1e-6)
+    # the runs without a writer are this key's own largest writers'
+    mine = QA.qk_attribution(model, TEXT, 1, 2, query=4, key=0).key_writers().head(QA.GRID)
+    table = [df.value for df in at.dataframe if "weight without (run)" in df.value.columns][1]
+    ran = mine.weight_without_run.notna().to_numpy()
+    assert ran.sum() == len(mine) - 1  # every node of this small model; the biases are not a node
+    np.testing.assert_allclose(table["weight without (run)"][ran].astype(float), mine.weight_without_run[ran],
+                               atol=5e-4)
 
 
 def test_explore_opens_the_section_from_its_link_and_every_seen_cell_takes_a_click(new_app, tiny):

@@ -13,14 +13,14 @@ BLUE, RED = "#2166ac", "#b2182b"
 
 def writer_grid(rows: list[str], cols: list[str], parts: np.ndarray, score: float, *, title: str = "",
                 height: int = 430) -> go.Figure:
-    """``parts`` ``(len(rows), len(cols))``: query-side writers on rows, key-side writers on columns, centred on 0;
-    each cell's hover gives its part and its share of ``score``."""
+    """``parts`` ``(len(rows), len(cols))``: query-side writers on rows, key-side writers on columns, centred on 0
+    (blue raises the score, red lowers it); each cell's hover gives its part and its share of ``score``."""
     bound = float(np.abs(parts).max()) or 1.0
     share = parts / score if score else np.full(parts.shape, np.nan)
     text = [[f"{v:+.2f}" for v in row] for row in parts]
     x, y = [safe(c) for c in cols], [safe(r) for r in rows]
     fig = go.Figure(go.Heatmap(
-        z=parts, x=x, y=y, colorscale=DIVERGING, reversescale=True, zmid=0, zmin=-bound, zmax=bound, name="parts",
+        z=parts, x=x, y=y, colorscale=DIVERGING, zmid=0, zmin=-bound, zmax=bound, name="parts",
         text=text, texttemplate="%{text}", customdata=share, xgap=1, ygap=1,
         colorbar=dict(title="part", thickness=12),
         hovertemplate="query side: %{y}<br>key side: %{x}<br>part: %{z:+.3f}<br>share of the score: "

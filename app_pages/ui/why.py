@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import streamlit as st
 
 from analysis import qk_attribution as QA
@@ -30,8 +31,10 @@ def _ours(ref: ModelRef) -> ModelRef:
 
 
 @shared("qk split", entries=32, owned=True, waiting="Splitting the head's scores")
-def qk_split(ref: ModelRef, text: str, layer: int, head: int, query: int) -> QA.QKAttribution:
-    return QA.qk_attribution(cached_model(ref), text, layer, head, query)
+def qk_split(ref: ModelRef, text: str, layer: int, head: int, query: int, key: int | None = None) -> QA.QKAttribution:
+    """The split of every key's score; the runs with a writer taken out for ``key``'s largest writers (None: the
+    strongest key's)."""
+    return QA.qk_attribution(cached_model(ref), text, layer, head, query, key)
 
 
 @shared("qk task", entries=8, owned=True, waiting="Splitting the head's score on every pair of the task")
@@ -89,6 +92,8 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
     k = choose("Key", keys, f"{key}_key", default=split.key if at is None else at, container=b,
                format_func=lambda i: f"{names[i]} · weight {split.weights[i]:.2f}",
                help="One of the keys the query sees; the strongest first.")
+    if k != split.key:  # its own largest writers run without
+        split = qk_split(ours, text, layer, head, q, k)
     top = split.pairs(k, 1).iloc[0]
     cols = st.columns(3)
     cols[0].metric("Score", f"{split.scores[k]:+.2f}", help="Before the softmax: the query times the key, scaled.")
@@ -120,9 +125,10 @@ def _side_tables(split: QA.QKAttribution, k: int, key: str) -> None:
     for col, side, name in ((left, "q", "Query side"), (right, "k", "Key side")):
         frame = split.side(side, k).head(QA.GRID).drop(columns=["index", "weight"])
         frame.columns = ["writer", "part", "share", "weight without (split)", "weight without (run)"]
+        frame["weight without (run)"] = frame["weight without (run)"].map(
+            lambda w: "not run" if np.isnan(w) else f"{w:.3f}")  # the biases, and writers past the largest ten
         col.markdown(f"**{name}**")
-        col.dataframe(frame.style.format({"part": "{:+.3f}", "share": "{:.1%}", "weight without (split)": "{:.3f}",
-                                          "weight without (run)": "{:.3f}"}, na_rep="–"),
+        col.dataframe(frame.style.format({"part": "{:+.3f}", "share": "{:.1%}", "weight without (split)": "{:.3f}"}),
                       hide_index=True, key=f"{key}-{side}-table")
     st.caption(f"The weight is {split.weights[k]:.3f} with every writer. Without one (taken out of the query's input, "
                "or out of every key's): the split's prediction holds each norm's scale as it was; the run recomputes "
@@ -207,9 +213,11 @@ def explore_why(ref: ModelRef, event, fig, v, text: str, layer: int, focus: int)
             preset("xwhy_head", focus)
             st.rerun()
         return
+    st.subheader("Why it attends here")
+    st.caption(ABOUT)
     head = choose("Head to explain", list(range(cached_model(ref).n_heads)), "xwhy_head", default=focus,
                   format_func=lambda h: head_label(layer, h))
-    why_section(ref, text, layer, head, "xwhy")
+    why_section(ref, text, layer, head, "xwhy", heading=False)
 
 
 def edge_head(point: dict, fig, frame, graph) -> tuple[int, int] | None:
@@ -225,7 +233,7 @@ def edge_head(point: dict, fig, frame, graph) -> tuple[int, int] | None:
 
 def circuit_why(ref: ModelRef, spec: TaskSpec, task, frame, graph) -> None:
     """Circuits' section: a head whose query or key the circuit enters (or a clicked one), on one of the task's
-    clean prompts between its roles, and over the task."""
+    clean prompts from the task's query role (END) to the key the head weighs most, and over the task."""
     heads = []
     for r in frame.receiver_index:
         kind, layer, index = graph.receivers[int(r)]
@@ -243,8 +251,8 @@ def circuit_why(ref: ModelRef, spec: TaskSpec, task, frame, graph) -> None:
     i = bound(b.number_input, "cwhy_pair", 1, cast=int, label=f"Pair (of {len(task)})", min_value=1,
               max_value=len(task), step=1, valid=lambda x: 1 <= x <= len(task)) - 1
     pair = task.pairs[i]
-    q_role, k_role = QA.ROLE_PAIRS.get(task.name, ("END", None))
+    q_role = QA.ROLE_PAIRS.get(task.name, ("END", None))[0]
     roles = dict(pair.roles)
     st.caption(f"Pair {i + 1}'s clean prompt: {plain(pair.clean)}")
-    why_section(ref, pair.clean, layer, head, "cwhy", query=roles.get(q_role), at=roles.get(k_role), spec=spec,
+    why_section(ref, pair.clean, layer, head, "cwhy", query=roles.get(q_role), spec=spec,
                 heading=False)
