@@ -288,6 +288,9 @@ def induction_pair(tmp_path_factory):
         w = second.in_proj_weight
         w[:V, :V] = 4 * eye(V)                                        # query: the current token
         w[E:E + V, V + P:2 * V + P] = 4 * eye(V)                      # key: the token before it
+        gen = torch.Generator().manual_seed(3)                         # small biases, which the split names
+        for p in (first.in_proj_bias, first.out_proj.bias, second.in_proj_bias, stack.layers[1].ln_attn.bias):
+            p.copy_(0.05 * torch.randn(p.shape, generator=gen))
     folder = tmp_path_factory.mktemp("induction-pair")
     stack.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -313,6 +316,10 @@ def test_an_induction_heads_key_is_made_by_the_previous_token_head(induction_pai
     # on one prompt: the induction key's largest key-side part is the previous-token head's, the query's the token's
     text = "the apple river stone cloud apple river"
     split = QA.qk_attribution(model, text, 1, 0, query=-2)
+    # a trained decoder's LayerNorm (centred, with a bias) and attention biases: the parts still make its attention
+    weights = model.attend(text).weights[1, 0, split.query, :split.query + 1]
+    np.testing.assert_allclose(split.weights, weights, atol=1e-5)
     assert split.key == 2                                             # "apple" again attends to what followed it
     assert split.key_writers().writer.iloc[0] == "L0 H0" and split.query_writers().writer.iloc[0] == "input"
     assert split.pairs().iloc[0][["query_writer", "key_writer"]].tolist() == ["input", "L0 H0"]
+    assert split.pairs().query_writer.eq(Q.CONSTANT).any() and abs(split.side("k").set_index("writer").part[Q.CONSTANT]) > 0

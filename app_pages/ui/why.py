@@ -82,7 +82,8 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
     a, b = st.columns(2)
     q = choose("Query", list(range(n)), f"{key}_query", default=n - 1 if query is None else query, container=a,
                format_func=names.__getitem__, help="The token whose attention is explained.")
-    split = qk_split(ours, text, layer, head, q)
+    with st.spinner(f"Splitting {head_label(layer, head)}'s scores from {names[q]}…"):
+        split = qk_split(ours, text, layer, head, q)
     moved = st.session_state.get(f"_{key}_asked", (text, layer, head, q)) != (text, layer, head, q)
     st.session_state[f"_{key}_asked"] = (text, layer, head, q)
     if moved:  # another query (or head, or text): its own strongest key first
@@ -93,7 +94,8 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
                format_func=lambda i: f"{names[i]} · weight {split.weights[i]:.2f}",
                help="One of the keys the query sees; the strongest first.")
     if k != split.key:  # its own largest writers run without
-        split = qk_split(ours, text, layer, head, q, k)
+        with st.spinner(f"Splitting {head_label(layer, head)}'s score to {names[k]}…"):
+            split = qk_split(ours, text, layer, head, q, k)
     top = split.pairs(k, 1).iloc[0]
     cols = st.columns(3)
     cols[0].metric("Score", f"{split.scores[k]:+.2f}", help="Before the softmax: the query times the key, scaled.")
