@@ -46,7 +46,7 @@ def qk_task(ref: ModelRef, spec: TaskSpec, layer: int, head: int, query_role: st
     return found
 
 
-def _figures(rows, cols, grid, score, query_side, key_side, nodes, key: str, title: str) -> dict:
+def _figures(rows, cols, grid, score, query_side, key_side, nodes, key: str, title: str) -> None:
     """The grid and the writers' bars of one split, a click on a head's bar opening its card."""
     fig = writer_grid(rows, cols, grid, score, title=title)
     chart(fig, f"{key}-grid")
@@ -59,13 +59,12 @@ def _figures(rows, cols, grid, score, query_side, key_side, nodes, key: str, tit
                            title="Each side's largest writers, summed over the other side")
     event = chart(fig_bars, f"{key}-bars", on_select="rerun", selection_mode="points")
     click_opens_card(event, f"{key}-bars", fig_bars, None)
-    return {f"{key}-grid": fig, f"{key}-bars": fig_bars}
 
 
 def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, query: int | None = None,
-                at: int | None = None, spec: TaskSpec | None = None, heading: bool = True) -> None:
+                spec: TaskSpec | None = None, heading: bool = True) -> None:
     """The section for head ``(layer, head)`` on ``text``: a query (default ``query``, else the last token) and one
-    of its keys (default ``at``, else the strongest) chosen, the split's grid, bars and tables, its downloads; and
+    of its keys (the strongest first) chosen, the split's grid, bars and tables, its downloads; and
     with ``spec``, the same averaged over that task's pairs on a button. Widget keys and URL names start with
     ``key``."""
     if heading:
@@ -90,7 +89,7 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
         preset(f"{key}_key", None)
         st.query_params.pop(f"{key}_key", None)
     keys = [int(k) for k in range(q + 1) if split.visible[k]]
-    k = choose("Key", keys, f"{key}_key", default=split.key if at is None else at, container=b,
+    k = choose("Key", keys, f"{key}_key", default=split.key, container=b,
                format_func=lambda i: f"{names[i]} · weight {split.weights[i]:.2f}",
                help="One of the keys the query sees; the strongest first.")
     if k != split.key:  # its own largest writers run without
