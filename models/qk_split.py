@@ -57,6 +57,12 @@ class HeadSides:
         return keys > query - self.window if self.window is not None else torch.ones_like(keys, dtype=torch.bool)
 
 
+def _reads(graph: C.Graph, layer: int) -> tuple[int, int]:
+    """Layer ``layer``'s first attention receiver (its stream is ``Run.reads``' entry) and how many writers it reads."""
+    first = graph.layer_span(layer)[1].start
+    return first, int(graph.reach[first])
+
+
 def writers_run(stack, graph: C.Graph, ids: torch.Tensor) -> C.Run:
     """The prompts ``ids`` ``(B, n)`` run once through the graph: every writer's output and each layer's stream."""
     with torch.inference_mode():
@@ -114,9 +120,7 @@ def head_sides(stack, graph: C.Graph, run: C.Run, layer: int, head: int) -> Head
         raise ValueError(f"Head {head} of layer {layer} was pruned away.")
     i = kept.index(head)
     g = i if attn.kv_heads is None else attn.kv_heads[i]
-    _, attn_r, _ = graph.layer_span(layer)
-    first = attn_r.start
-    m = int(graph.reach[first])
+    first, m = _reads(graph, layer)
     x = run.reads[first]                                                          # (B, n, E)
     parts = run.outs[:m].to(x.dtype)                                              # (writers, B, n, E)
     (wq, bq), (wk, bk), _ = C._weights(attn)
@@ -131,14 +135,12 @@ def head_sides(stack, graph: C.Graph, run: C.Run, layer: int, head: int) -> Head
 
 def writer_names(graph: C.Graph, layer: int) -> list[str]:
     """The writers a head of ``layer`` reads, as ``HeadSides`` orders them, the constant last."""
-    _, attn_r, _ = graph.layer_span(layer)
-    return [graph.sender_name(s) for s in range(int(graph.reach[attn_r.start]))] + [CONSTANT]
+    return [graph.sender_name(s) for s in range(_reads(graph, layer)[1])] + [CONSTANT]
 
 
 def writer_nodes(graph: C.Graph, layer: int) -> list[tuple[str, int, int]]:
     """The writers of ``writer_names`` as ``(kind, layer, index)`` (the constant: ``("constant", -1, -1)``)."""
-    _, attn_r, _ = graph.layer_span(layer)
-    return list(graph.senders[:int(graph.reach[attn_r.start])]) + [("constant", -1, -1)]
+    return list(graph.senders[:_reads(graph, layer)[1]]) + [("constant", -1, -1)]
 
 
 @torch.inference_mode()
@@ -149,8 +151,7 @@ def scores_without(stack, graph: C.Graph, run: C.Run, layer: int, head: int, que
     or of the stream its keys read at every position (``side`` "k"), each norm recomputed as the model does."""
     block, attn = stack.layers[layer], stack.layers[layer].attn
     i = stack.kept[layer].index(head)
-    _, attn_r, _ = graph.layer_span(layer)
-    x = run.reads[attn_r.start]                                                   # (B, n, E)
+    x = run.reads[_reads(graph, layer)[0]]                                    # (B, n, E)
     less = x.clone()
     if side == "q":
         less[:, query] -= run.outs[writer, :, query].to(x.dtype)

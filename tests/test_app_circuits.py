@@ -107,7 +107,8 @@ def test_why_a_circuit_head_attends_to_its_key_on_a_pair_and_over_the_task(new_a
     assert at.selectbox(key="cwhy_query").value == pair.role("END")
     assert at.selectbox(key="cwhy_key").value == split.key
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Score"] == f"{split.scores[split.key]:+.2f}" and metrics["Weight"] == f"{split.weights[split.key]:.2f}"
+    assert metrics["Score"] == f"{split.scores[split.key]:+.2f}"
+    assert metrics["Weight"] == f"{split.weights[split.key]:.2f}"
     at.button(key="cwhy-task").click().run()
     found = qk_attribution_task(smollm2, task, layer, head, "END", "S2")
     table = next(df.value for df in at.dataframe if "part_lo" in df.value.columns)

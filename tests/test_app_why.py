@@ -40,7 +40,8 @@ def test_the_head_page_splits_the_score_as_analysis_does(new_app, tiny):
     assert at.selectbox(key="why_query").value == split.query == len(split.tokens) - 1
     assert at.selectbox(key="why_key").value == split.key
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Score"] == f"{split.scores[split.key]:+.2f}" and metrics["Weight"] == f"{split.weights[split.key]:.2f}"
+    assert metrics["Score"] == f"{split.scores[split.key]:+.2f}"
+    assert metrics["Weight"] == f"{split.weights[split.key]:.2f}"
     rows, cols, grid = split.grid()
     fig = _grid(at)["data"][0]
     assert list(fig["y"]) == rows and list(fig["x"]) == cols

@@ -17,7 +17,9 @@ CELL = """([head, q, k]) => {
   const box = gd.getBoundingClientRect();
   return {x: box.left + xa._offset + xa.l2p(xa.d2c(t.x[i])), y: box.top + ya._offset + ya.l2p(ya.d2c(t.y[i]))};
 }"""
-TITLED = """(start) => [...document.querySelectorAll('.js-plotly-plot .gtitle')].some(t => t.textContent.startsWith(start))"""
+TITLES = "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)"
+TITLED = """(start) => [...document.querySelectorAll('.js-plotly-plot .gtitle')]
+  .some(t => t.textContent.startsWith(start))"""
 SECTION = """() => [...document.querySelectorAll('h3')].some(h => h.textContent.includes('Why it attends here'))"""
 
 
@@ -43,7 +45,7 @@ def test_a_click_on_a_cell_asks_why_that_query_attends_to_that_key(width, browse
         settled(page, 3)
         query = parse_qs(urlparse(page.url).query)
         assert query["xwhy_head"] == ["2"] and query["xwhy_query"] == ["6"]  # the key: in the URL unless the strongest
-        titles = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)")
+        titles = page.evaluate(TITLES)
         assert any(t.startswith("L1 H2: 6: ") and " → 3: " in t for t in titles), titles
         assert_readable(page, f"why it attends here · {width} px")
         shot(page, f"why-{width}")

@@ -33,7 +33,8 @@ def writer_grid(rows: list[str], cols: list[str], parts: np.ndarray, score: floa
     return fig
 
 
-def writer_bars(sides: dict[str, tuple[list[str], np.ndarray, list]], *, title: str = "", height: int = 380) -> go.Figure:
+def writer_bars(sides: dict[str, tuple[list[str], np.ndarray, list]], *, title: str = "",
+                height: int = 380) -> go.Figure:
     """One panel of horizontal bars per side (``{"Query side": (writers, parts, nodes)}``), largest first; a
     head's bar carries ``[layer, head]`` as its customdata (a click opens its card), other writers none."""
     fig = make_subplots(rows=1, cols=len(sides), subplot_titles=list(sides), horizontal_spacing=0.22)

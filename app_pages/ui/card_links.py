@@ -41,7 +41,13 @@ def click_opens_card(event, key: str, figure, n_heads: int | None, choice: str |
     """A fresh click on a head opens its card (of ``choice``'s model, else the sidebar's): a point of a grid's
     "heads" trace (one a head, in order, ``n_heads`` a row), or a point whose ``customdata`` is ``[layer, head]``."""
     point = fresh_click(event, key)
-    head = None if point is None else head_of(point, figure, n_heads)
+    if point is not None:
+        point_opens_card(point, figure, n_heads, choice)
+
+
+def point_opens_card(point: dict, figure, n_heads: int | None, choice: str | None = None) -> None:
+    """Open the card of the head a clicked ``point`` names (``click_opens_card``), if it names one."""
+    head = head_of(point, figure, n_heads)
     if head is not None:
         open_card(*head, choice)
         st.rerun()

@@ -10,14 +10,14 @@ from analysis.circuit_heads import PATTERNS, circuit_heads
 from analysis.circuits import EdgeScores
 from viz.circuits import circuit_figure, curve_figure
 
-from .card_links import open_card
+from .card_links import point_opens_card
 from .circuits import KINDS, CircuitChoice, circuit_roles, comparison, graph_json, heads_above
 from .detector import detected
 from .effects import cheap_copying, copying
 from .exports import chart, exports
 from .messages import markdown_table, plain
 from .models import ModelRef, cached_model
-from .state import bound, choose, fresh_click, head_from_url, head_of, head_to_url, preset
+from .state import bound, choose, fresh_click, head_from_url, head_to_url, preset
 from .why import edge_head
 from models.result import head_label
 
@@ -38,15 +38,12 @@ def graph_section(ref: ModelRef, c: CircuitChoice, scores: EdgeScores, n: int, f
         if edge is not None:  # an edge into a query or a key: why that head attends where it does, below
             preset("cwhy_head", edge)
             st.rerun()
-        head = head_of(point, fig, None)
-        if head is not None:
-            open_card(*head, ref.choice)
-            st.rerun()
+        point_opens_card(point, fig, None, ref.choice)
     st.caption("Blue edges carry the task (corrupting one lowers the metric), red ones work against it; wider is a "
                "larger |score|. Solid lines enter a query, an MLP or the logits, dashed ones a key, dotted ones a "
                "value (a key/value head's input is drawn below the heads that share it). Hover an edge's middle for "
-               "its score; a click on a head opens its card, on an edge into a query or a key shows below why that head "
-               "attends where it does.")
+               "its score; a click on a head opens its card, on an edge into a query or a key shows below why that "
+               "head attends where it does.")
     return fig
 
 

@@ -102,12 +102,13 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
     cols[2].metric("Largest pair", f"{top.share:.0%}", help=f"{top.query_writer} × {top.key_writer}: "
                    f"{top.part:+.3f} of the score.")
     rows, cols_, grid = split.grid(k)
-    _figures(rows, cols_, grid, split.scores[k], split.query_writers(k), split.key_writers(k), split.nodes, key,
+    sides = {"q": split.query_writers(k), "k": split.key_writers(k)}
+    _figures(rows, cols_, grid, split.scores[k], sides["q"], sides["k"], split.nodes, key,
              f"{head_label(layer, head)}: {names[q]} → {names[k]}, score {split.scores[k]:+.2f} split by writer")
     st.caption("Each cell is one query-side writer's part of the query times one key-side writer's part of the key "
                "(blue raises the score, red lowers it); the last row and column sum every other writer. The parts "
                "sum to the score.")
-    _side_tables(split, k, key)
+    _side_tables(sides, split.weights[k], key)
     d1, d2 = st.columns(2)
     d1.download_button("Writer pairs · CSV", lambda: split.pairs(k).drop(columns=["query_index", "key_index"])
                        .to_csv(index=False), f"headlens-why-L{layer}H{head}-q{q}-k{k}.csv", "text/csv",
@@ -119,19 +120,20 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
         _over_task(ours, spec, layer, head, key)
 
 
-def _side_tables(split: QA.QKAttribution, k: int, key: str) -> None:
-    """Each side's largest writers, with the key's weight without each: as the split predicts it (norm scales
-    frozen) and as a run with that writer taken out gives it (norms recomputed)."""
+def _side_tables(sides: dict, weight: float, key: str) -> None:
+    """Each side's largest writers (``sides``: ``QKAttribution.side``'s frames by side), with the key's weight
+    without each: as the split predicts it (norm scales frozen) and as a run with that writer taken out gives it
+    (norms recomputed)."""
     left, right = st.columns(2)
     for col, side, name in ((left, "q", "Query side"), (right, "k", "Key side")):
-        frame = split.side(side, k).head(QA.GRID).drop(columns=["index", "weight"])
+        frame = sides[side].head(QA.GRID).drop(columns=["index", "weight"])
         frame.columns = ["writer", "part", "share", "weight without (split)", "weight without (run)"]
         frame["weight without (run)"] = frame["weight without (run)"].map(
             lambda w: "not run" if np.isnan(w) else f"{w:.3f}")  # the biases, and writers past the largest ten
         col.markdown(f"**{name}**")
         col.dataframe(frame.style.format({"part": "{:+.3f}", "share": "{:.1%}", "weight without (split)": "{:.3f}"}),
                       hide_index=True, key=f"{key}-{side}-table")
-    st.caption(f"The weight is {split.weights[k]:.3f} with every writer. Without one (taken out of the query's input, "
+    st.caption(f"The weight is {weight:.3f} with every writer. Without one (taken out of the query's input, "
                "or out of every key's): the split's prediction holds each norm's scale as it was; the run recomputes "
                f"the norms, for the {QA.REMOVED} largest writers of each side.")
 
@@ -197,7 +199,8 @@ def explore_clicks(fig, v, heads: list[int], layer: int) -> bool:
 
 def explore_why(ref: ModelRef, event, fig, v, text: str, layer: int, focus: int) -> None:
     """Explore's section: opened by a click on a cell (that query and key, of that head) or by a button (the focus
-    head, the last query, its strongest key); its head in the URL as ``why``."""
+    head, the last query, its strongest key); its head, query and key in the URL as ``xwhy_head``, ``xwhy_query``,
+    ``xwhy_key``."""
     point = fresh_click(event, "explore-why-click")
     if point is not None and fig.data[int(point.get("curve_number", 0))].name == "cells":
         data = point.get("customdata")
@@ -226,7 +229,12 @@ def edge_head(point: dict, fig, frame, graph) -> tuple[int, int] | None:
     reading it), or None for any other point."""
     if fig.data[int(point.get("curve_number", 0))].name != "edges" or "point_index" not in point:
         return None
-    kind, layer, index = graph.receivers[int(frame.receiver_index.iloc[int(point["point_index"])])]
+    return _entered(graph, int(frame.receiver_index.iloc[int(point["point_index"])]))
+
+
+def _entered(graph, r: int) -> tuple[int, int] | None:
+    """The head whose query or key receiver ``r`` is (a key/value head's: the first query head reading it)."""
+    kind, layer, index = graph.receivers[r]
     if kind == "q":
         return layer, index
     return (layer, graph.reads[layer][index][0]) if kind == "k" else None
@@ -237,8 +245,7 @@ def circuit_why(ref: ModelRef, spec: TaskSpec, task, frame, graph) -> None:
     clean prompts from the task's query role (END) to the key the head weighs most, and over the task."""
     heads = []
     for r in frame.receiver_index:
-        kind, layer, index = graph.receivers[int(r)]
-        head = (layer, index) if kind == "q" else (layer, graph.reads[layer][index][0]) if kind == "k" else None
+        head = _entered(graph, int(r))
         if head is not None and head not in heads:
             heads.append(head)
     heads = heads or [(layer, h) for kind, layer, h in graph.senders if kind == "head"]
