@@ -66,6 +66,7 @@ def cell_targets(fig: go.Figure, heads: list[int], visible: np.ndarray | None, c
             x=[k_cats[k] for _, k in cells], y=[q_cats[q] for q, _ in cells], mode="markers", name="cells",
             showlegend=False, marker=dict(symbol="square", size=8, color="rgba(0,0,0,0)"),
             customdata=[[h, q, k] for q, k in cells],
-            text=[f"{safe(q_cats[q])} → {safe(k_cats[k])}<br>weight {z[q, k]:.3f}<br>click: why it attends here"
+            # the grid's categories are escaped already (``block_categories``)
+            text=[f"{q_cats[q]} → {k_cats[k]}<br>weight {z[q, k]:.3f}<br>click: why it attends here"
                   for q, k in cells], hovertemplate="%{text}<extra>head " + str(h) + "</extra>"),
             row=i // cols + 1, col=i % cols + 1)
