@@ -57,7 +57,7 @@ class AttentionModel:
 
     def attend(self, texts: str | Sequence[str], *, head_mask=None, head_means=None, causal: bool = False,
                target: str | Sequence[str] | None = None, layers: Sequence[int] | None = None,
-               batch_size: int = 32, progress: Progress | None = None) -> Attention | list[Attention]:
+               batch_size: int = 32, progress: Progress | None = None, edits=None) -> Attention | list[Attention]:
         """Attention weights of one text, or of several run as padded batches.
 
         Args:
@@ -71,6 +71,7 @@ class AttentionModel:
                 from-scratch engine runs no layer above the highest and computes weights for these alone.
             batch_size: texts per forward pass; texts of similar length are batched together.
             progress: called as ``progress(done, total)`` after each batch.
+            edits: ``models.run.Edits`` reading or replacing what flows inside the run (scratch engine).
         """
         single = isinstance(texts, str)
         items = [texts] if single else list(texts)
@@ -87,7 +88,7 @@ class AttentionModel:
         for chunk in batches(lengths, max(1, batch_size), self.bytes_per_token_pair):
             done = self._attend_batch([items[i] for i in chunk],
                                       None if targets is None else [targets[i] for i in chunk], mask, causal, fill,
-                                      layers=layers)
+                                      layers=layers, **({} if edits is None else {"edits": edits}))
             for i, res in zip(chunk, done):
                 results[i] = res
             done_count += len(chunk)

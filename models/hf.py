@@ -12,10 +12,12 @@ from pathlib import Path
 import torch
 
 from .base import AttentionModel
+from .engine import open_scratch
 from .errors import HeadLensError
 from .files import load_tokenizer
 from .limits import check_parameter_count
 from .result import Attention
+from .stacks import for_model_type
 
 DECODER_ONLY_TYPES = {"gpt2", "gpt_neo", "gptj", "gpt_neox", "gpt_bigcode", "llama", "mistral", "opt",
                       "bloom", "falcon", "qwen2", "qwen3", "phi", "phi3", "gemma", "gemma2", "gemma3_text",
@@ -99,9 +101,6 @@ class TransformersModel(AttentionModel):
     def twin(self, what: str = "This") -> AttentionModel:
         """The same weights on the from-scratch engine, loaded from the model's folder the first time it is
         asked for and kept; a sentence for an architecture that engine does not implement."""
-        from .scratch import open_scratch
-        from .stacks import for_model_type
-
         if self.folder is None or for_model_type(self._config.get("model_type")) is None:
             return super().twin(what)
         with self._twin_lock:
@@ -113,7 +112,7 @@ class TransformersModel(AttentionModel):
 
     def attend(self, texts, *, head_mask=None, head_means=None, causal: bool = False, **options):
         """``AttentionModel.attend``; with heads switched off or a causal mask added, on the ``twin``."""
-        if head_mask is not None or head_means is not None or (causal and not self.causal):
+        if head_mask is not None or head_means is not None or (causal and not self.causal) or options.get("edits"):
             return self.twin("Switching heads off and adding a causal mask happen").attend(
                 texts, head_mask=head_mask, head_means=head_means, causal=causal, **options)
         return super().attend(texts, **options)

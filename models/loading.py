@@ -17,9 +17,9 @@ import torch
 from .base import AttentionModel
 from .errors import HeadLensError
 from .files import check_model_dir, pick_device, resolve_model_dir
+from .engine import open_scratch
 from .hf import open_transformers
 from .memory import release_memory
-from .scratch import open_scratch
 
 ENGINES = {"transformers": open_transformers, "scratch": open_scratch}
 

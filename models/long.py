@@ -21,6 +21,7 @@ from .errors import HeadLensError
 from .kernels import outside_window
 from .long_scan import Scans
 from .memory import release_memory
+from .run import Edits
 
 LONG_TOKENS_CAP = 4096  # the most tokens a long prompt keeps, whatever the model allows
 BLOCK_BYTES = 48 * 2**20  # the weights of one block of query rows, every head asked, while it is computed
@@ -119,21 +120,30 @@ class LongAttention(Scans):
             with torch.inference_mode():
                 if self._x is None:
                     self._x = self.stack.embed_tokens(**self.model._stack_inputs(self._ids))[0]
-                while True:
-                    i = self._next
-                    if self._inputs[i] is None:
-                        self._inputs[i] = self.stack.layers[i].attention_input(self._x)[0].contiguous()
-                    if progress is not None:
-                        progress(i + 1, layer + 1)
-                    if i == layer:
-                        break
-                    self._x = self.stack.run_layers(self._x, start=i, stop=i + 1, causal=self.causal,
-                                                    need_weights=False, head_mask=self._mask,
-                                                    head_fill=self._fill)[0]
-                    self._next = i + 1
+                start = self._next
+                edits = Edits.every_layer("attn_in", self._keep_input(layer, progress), range(start, layer))
+                self._x = self.stack.run_layers(self._x, start=start, stop=layer, causal=self.causal, need_weights=False,
+                                                head_mask=self._mask, head_fill=self._fill, edits=edits)[0]
+                self._next = layer
+                if self._inputs[layer] is None:
+                    self._inputs[layer] = self.stack.layers[layer].attention_input(self._x)[0].contiguous()
+                if progress is not None:
+                    progress(layer + 1, layer + 1)
                 if self._inputs[-1] is not None:
                     self._x = None  # nothing above the last layer needs its output
             release_memory()
+
+    def _keep_input(self, layer: int, progress: Progress | None):
+        """The ``attn_in`` edit of a layer below ``layer``: it keeps what the layer's attention reads, once."""
+        def make(i: int):
+            def keep(h):
+                if self._inputs[i] is None:
+                    self._inputs[i] = h[0].contiguous()
+                if progress is not None:
+                    progress(i + 1, layer + 1)
+                return h
+            return keep
+        return make
 
     def queries_keys(self, layer: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """The heads ``layer`` still has (original numbering) and their queries and keys as the softmax

@@ -1,5 +1,5 @@
-"""Many prompt pairs at once, inside our own stack: each batch a set of pairs of one token length (no padding),
-traced by ``models.patching.trace_batch``.
+"""Many prompt pairs at once, inside the scratch engine's stack: each batch a set of pairs of one token length (no
+padding), traced by ``models.run.trace_batch``; every run here is one run with edits (``models.run``).
 
 ``Measure`` reads a task's metric from each row's last position: a weighted sum of some tokens' logits (the
 logit difference) or of their probabilities (a probability difference, greater-than's mass).
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .patching import ROWS_PER_CHUNK, Trace, language_stack
+from .run import ROWS_PER_CHUNK, Edits, Trace, language_stack
 
 Progress = Callable[[int, int], None]
 
@@ -125,34 +125,46 @@ def _prefixes(stack, corrupted: Trace, f: int, lowest: int) -> dict[int, tuple[t
 
 def _run_copies(stack, clean: Trace, corrupted: Trace, prefixes, f: int, pair, layers, heads, positions,
                 ran) -> torch.Tensor:
-    """The copies of one chunk (sorted by layer), tokens ``f`` on, run to the top, each joining at its layer; the
-    last residuals."""
+    """The copies of one chunk (sorted by layer), tokens ``f`` on, run to the top, each joining at its layer (an
+    edit of ``resid_pre`` adding its rows) with its clean ``z`` put in place (an edit of ``z``); the last residuals."""
     B, n, E = corrupted.resid[0].shape
-    x = corrupted.resid[0].new_zeros(0, n - f, E)
-    rows = []
+    rows, edits = [], Edits()
+
+    def counted(x):
+        ran(len(x))
+        return x
+
     for layer in range(int(layers.min()), stack.n_layers):
         new = np.flatnonzero(layers == layer)
-        hook = None
         if len(new):
-            p = torch.as_tensor(pair[new])
-            added = corrupted.resid[layer][p, f:].clone()                           # (new, n - f, E)
-            for k in np.flatnonzero(heads[new] < 0):  # the residual stream at one position, or all of it
-                at = slice(None) if positions[new[k]] < 0 else int(positions[new[k]]) - f
-                added[k, at] = clean.resid[layer][int(pair[new[k]]), f:][at]
-            z_rows = np.flatnonzero(heads[new] >= 0)
-            hook = _z_patch(stack.kept[layer], clean.z[layer][:, :, f:], len(x) + z_rows, pair[new][z_rows],
-                            heads[new][z_rows], np.where(positions[new][z_rows] < 0, -1, positions[new][z_rows] - f))
-            x = torch.cat([x, added])
-            rows.append(p)
-        prefix = None
+            edits["resid_pre", layer] = _joining(stack.kept[layer], clean, corrupted, layer, f, pair[new], heads[new],
+                                                 positions[new], rows, edits)
         if f:
-            k, v = prefixes[layer]
-            at = torch.cat(rows)
-            prefix = {layer: (k[at], v[at])}
-        x, _ = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=False,
-                                hook_z=None if hook is None else {layer: hook}, prefix=prefix)
-        ran(len(x))
+            edits["kv", layer] = lambda _, layer=layer: tuple(t[torch.cat(rows)] for t in prefixes[layer])
+        edits["resid_post", layer] = counted
+    x, _ = stack.run_layers(corrupted.resid[0].new_zeros(0, n - f, E), start=int(layers.min()), need_weights=False,
+                            edits=edits)
     return x
+
+
+def _joining(kept: list[int], clean: Trace, corrupted: Trace, layer: int, f: int, pair, heads, positions, rows: list,
+             edits: Edits):
+    """The ``resid_pre`` edit at ``layer`` by which copies join the run: each its corrupted prompt's stream (tokens
+    ``f`` on), a residual edit's position from the clean stream; it places the ``z`` edit of the heads' copies."""
+    def join(x):
+        p = torch.as_tensor(pair)
+        added = corrupted.resid[layer][p, f:].clone()                           # (new, n - f, E)
+        for k in np.flatnonzero(heads < 0):  # the residual stream at one position, or all of it
+            at = slice(None) if positions[k] < 0 else int(positions[k]) - f
+            added[k, at] = clean.resid[layer][int(pair[k]), f:][at]
+        z_rows = np.flatnonzero(heads >= 0)
+        hook = _z_patch(kept, clean.z[layer][:, :, f:], len(x) + z_rows, pair[z_rows],
+                        heads[z_rows], np.where(positions[z_rows] < 0, -1, positions[z_rows] - f))
+        if hook is not None:
+            edits["z", layer] = hook
+        rows.append(p)
+        return torch.cat([x, added])
+    return join
 
 
 def _z_patch(kept: list[int], clean_z: torch.Tensor, rows, pairs, heads, positions):
@@ -187,22 +199,21 @@ def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure:
     stack = language_stack(model)
     L, H = stack.n_layers, stack.n_heads
     B, n = corrupted_ids.shape
-    resid_seen, z_seen = [], []
+    resid_seen, z_seen, resid_taps, z_taps = [], [], [], []
+
+    def tap(seen: list, taps: list):
+        def add(value):
+            seen.append(value.detach())
+            d = torch.zeros_like(value, requires_grad=True)
+            taps.append(d)
+            return value + d
+        return add
+
+    layers = range(L)
+    edits = Edits({**Edits.every_layer("resid_pre", lambda _: tap(resid_seen, resid_taps), layers),
+                   **Edits.every_layer("z", lambda _: tap(z_seen, z_taps), layers)})
     with torch.enable_grad():
-        x = stack.embed(corrupted_ids.to(model.device)).detach()
-        resid_taps, z_taps = [], []
-
-        def tap(z):
-            z_seen.append(z.detach())
-            d = torch.zeros_like(z, requires_grad=True)
-            z_taps.append(d)
-            return z + d
-
-        for layer in range(L):
-            resid_seen.append(x.detach())
-            d = torch.zeros_like(x, requires_grad=True)
-            resid_taps.append(d)
-            x, _ = stack.run_layers(x + d, start=layer, stop=layer + 1, need_weights=False, hook_z={layer: tap})
+        x, _ = stack.run_layers(stack.embed(corrupted_ids.to(model.device)).detach(), need_weights=False, edits=edits)
         resid_seen.append(x.detach())
         values = measure(stack, x[:, -1], rows)   # each prompt's metric depends on its own row alone
         grads = torch.autograd.grad(values.sum(), resid_taps + z_taps)

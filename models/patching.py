@@ -1,4 +1,4 @@
-"""What each head contributes to a prediction, computed inside our own stack (TransformerLens's vocabulary).
+"""What each head contributes to a prediction, computed inside the scratch engine's stack (TransformerLens's vocabulary).
 
 A pre-norm decoder's last residual is the sum of what wrote into it: the embeddings, each head's
 ``result`` (its output ``z`` through its slice of the output projection), each attention's bias and each
@@ -16,56 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import HeadLensError
-
-ROWS_PER_CHUNK = 4096  # token rows of edited copies run at once (SmolLM2: about 100 MB of feed-forward)
+from .pairs import Measure, attribution_batch, patched_measures
+from .run import Trace, as_batch, language_stack, trace, trace_batch
+from .stacks.heads import place_heads
 
 Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class Trace:
-    """One prompt's run: ``ids`` ``(n,)``; ``resid[l]`` ``(n, E)`` entering layer ``l``, ``resid[-1]`` the
-    last layer's output; ``z[l]`` ``(kept heads, n, Dh)`` of layer ``l``."""
-
-    ids: torch.Tensor
-    resid: list[torch.Tensor]
-    z: list[torch.Tensor]
-
-
-def language_stack(model):
-    """The stack of ``model`` (from-scratch engine) when it is a pre-norm language model; a sentence otherwise."""
-    stack = getattr(model, "stack", None)
-    if stack is None or not stack.language_model:
-        raise HeadLensError(f"What a head adds to a prediction is read through the unembedding, which {model.name} "
-                            "lacks: it is an encoder, not a language model. Choose SmolLM2 or a decoder trained "
-                            "here.")
-    return stack
-
-
-@torch.inference_mode()
-def trace_batch(model, ids: torch.Tensor) -> Trace:
-    """Run ``ids`` ``(B, n)`` through ``model``'s stack once, keeping every layer's ``resid_pre`` ``(B, n, E)`` and
-    every head's ``z`` ``(B, kept heads, n, Dh)``."""
-    stack = language_stack(model)
-    x = stack.embed(ids.to(model.device))
-    resid, zs = [], []
-
-    def keep(z):
-        zs.append(z)
-        return z
-
-    for layer in range(stack.n_layers):
-        resid.append(x)
-        x, _ = stack.run_layers(x, start=layer, stop=layer + 1, need_weights=False, hook_z={layer: keep})
-    resid.append(x)
-    return Trace(ids, resid, zs)
-
-
-def trace(model, ids: torch.Tensor) -> Trace:
-    """Run ``ids`` ``(n,)`` through ``model``'s stack once, keeping every layer's ``resid_pre`` and ``z``."""
-    t = trace_batch(model, ids.view(1, -1))
-    return Trace(t.ids[0], [r[0] for r in t.resid], [z[0] for z in t.z])
 
 
 @torch.inference_mode()
@@ -73,8 +28,6 @@ def trace_weights(stack, t: Trace) -> torch.Tensor:
     """``(layers, heads, n, n)`` (``(B, layers, heads, n, n)`` for a batch's trace): every head's attention weights
     (zero for a pruned head), each layer's read from the residual stream the trace kept entering it, through that
     layer's attention alone."""
-    from .stacks.base import place_heads
-
     single = t.resid[0].dim() == 2
     out = []
     for layer, block in enumerate(stack.layers):
@@ -153,17 +106,10 @@ def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarra
     every position). Copies run together from the layer of their edit up, a chunk of copies at a time, and only
     the tokens after those the two prompts share (``models.pairs.patched_measures``, for one pair).
     """
-    from .pairs import Measure, patched_measures
-
     measure = Measure("direction", torch.zeros(1, 0, dtype=torch.long), toward.view(1, -1))
-    return patched_measures(model, _batch(clean), _batch(corrupted), measure, torch.zeros(1, dtype=torch.long),
+    return patched_measures(model, as_batch(clean), as_batch(corrupted), measure, torch.zeros(1, dtype=torch.long),
                             np.zeros(len(layers), dtype=np.int64), np.asarray(layers), np.asarray(heads),
                             np.asarray(positions), progress=progress)
-
-
-def _batch(t: Trace) -> Trace:
-    """One prompt's trace as a batch of one (``models.pairs``)."""
-    return Trace(t.ids.view(1, -1), [r.unsqueeze(0) for r in t.resid], [z.unsqueeze(0) for z in t.z])
 
 
 def attribution_estimates(model, clean: Trace, corrupted: Trace, toward: torch.Tensor):
@@ -174,10 +120,8 @@ def attribution_estimates(model, clean: Trace, corrupted: Trace, toward: torch.T
     Returns ``(heads, resid)``: ``(layers, heads, n)`` (zero for a pruned head) and ``(layers, n)`` float64.
     No gradient is left on the model's parameters.
     """
-    from .pairs import Measure, attribution_batch
-
     measure = Measure("direction", torch.zeros(1, 0, dtype=torch.long), toward.view(1, -1))
-    heads, resid, _, _ = attribution_batch(model, _batch(clean), corrupted.ids.view(1, -1), measure,
+    heads, resid, _, _ = attribution_batch(model, as_batch(clean), corrupted.ids.view(1, -1), measure,
                                            torch.zeros(1, dtype=torch.long))
     return heads[0], resid[0]
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Sequence
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +15,11 @@ import torch
 
 from .base import AttentionModel, Progress, mean_pooled
 from .errors import HeadLensError
-from .files import load_tokenizer
-from .limits import batches, check_parameter_count
+from .limits import batches
+from .long import LongAttention
 from .result import Attention
-from .stacks import Stack, architectures, for_model_type
+from .run import Edits
+from .stacks import Stack
 
 
 class ScratchModel(AttentionModel):
@@ -98,23 +97,23 @@ class ScratchModel(AttentionModel):
         sums = torch.zeros(self.n_layers, self.n_heads, Dh, dtype=torch.float64)
         count, real, done = 0, {}, 0
 
-        def hook(layer):
-            def add(module, args):
-                x = args[0]                                                        # (B, L, kept * Dh)
-                kept = self.stack.kept[layer]
-                total = (x * real["mask"]).sum(dim=(0, 1)).view(len(kept), Dh)
-                sums[layer, kept] += total.to("cpu", torch.float64)
+        def adding(layer):
+            kept = self.stack.kept[layer]
+
+            def add(z):                                                          # (B, kept, L, Dh)
+                sums[layer, kept] += (z * real["mask"]).sum(dim=(0, 2)).to("cpu", torch.float64)
+                return z
             return add
 
-        with pre_hooks((block.attn.out_proj, hook(i)) for i, block in enumerate(self.stack.layers)):
-            for chunk, inputs in self._padded_batches(items, batch_size, self.max_tokens):
-                real["mask"] = inputs["attention_mask"].unsqueeze(-1).float()
-                count += int(inputs["attention_mask"].sum())
-                with torch.inference_mode():
-                    self._hidden(inputs)
-                done += len(chunk)
-                if progress is not None:
-                    progress(done, len(items))
+        edits = Edits.every_layer("z", adding, range(self.n_layers))
+        for chunk, inputs in self._padded_batches(items, batch_size, self.max_tokens):
+            real["mask"] = inputs["attention_mask"][:, None, :, None].float()
+            count += int(inputs["attention_mask"].sum())
+            with torch.inference_mode():
+                self._hidden(inputs, edits=edits)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, len(items))
         return (sums / count).to(torch.float32).numpy()
 
     def embed_variants(self, texts: Sequence[str], head_masks, *, head_means=None, batch_size: int = 32,
@@ -166,13 +165,12 @@ class ScratchModel(AttentionModel):
         lengths: dict[int, torch.Tensor] = {}
 
         def keep(layer):
-            def hook(module, args):
-                with torch.inference_mode():
-                    lengths[layer] = module.value_norms(args[0])[0]              # (kept heads, n)
-            return hook
+            def read(h):
+                lengths[layer] = self.stack.layers[layer].attn.value_norms(h)[0]     # (kept heads, n)
+                return h
+            return read
 
-        with pre_hooks((block.attn, keep(i)) for i, block in enumerate(self.stack.layers)):
-            att = self.attend(text, **attend)
+        att = self.attend(text, **attend, edits=Edits.every_layer("attn_in", keep, range(self.n_layers)))
         out = np.zeros_like(att.weights)
         for layer, norms in lengths.items():
             kept = self.stack.kept[layer]
@@ -197,14 +195,14 @@ class ScratchModel(AttentionModel):
         caught: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         out: list[tuple[Attention, np.ndarray, np.ndarray] | None] = [None] * len(items)
         done = 0
-        with self._catching(caught, wanted):
-            for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
-                atts = self._attend_batch([items[i] for i in chunk], None, None, False, layers=below)
-                for b, (i, att) in enumerate(zip(chunk, atts)):
-                    out[i] = (att, *self._caught_rows(caught, wanted, b, len(att.tokens)))
-                done += len(chunk)
-                if progress is not None:
-                    progress(done, len(items))
+        edits = self._catching(caught, wanted)
+        for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
+            atts = self._attend_batch([items[i] for i in chunk], None, None, False, layers=below, edits=edits)
+            for b, (i, att) in enumerate(zip(chunk, atts)):
+                out[i] = (att, *self._caught_rows(caught, wanted, b, len(att.tokens)))
+            done += len(chunk)
+            if progress is not None:
+                progress(done, len(items))
         return out
 
     def _head_mask(self, head_mask):
@@ -230,14 +228,15 @@ class ScratchModel(AttentionModel):
                                 f"head_means returns them; these have {tuple(fill.shape)}.")
         return fill.to(self.device)
 
-    def _catching(self, caught: dict, layers: Sequence[int]):
-        """Hooks that put each of ``layers``' queries and keys, as its attention reads them, in ``caught``."""
+    def _catching(self, caught: dict, layers: Sequence[int]) -> Edits:
+        """Edits that put each of ``layers``' queries and keys, as its attention reads them, in ``caught``."""
         def keep(layer):
-            def hook(module, args):
-                caught[layer] = tuple(t.to("cpu", torch.float32) for t in module.queries_keys(args[0]))
-            return hook
+            def read(h):
+                caught[layer] = tuple(t.to("cpu", torch.float32) for t in self.stack.layers[layer].attn.queries_keys(h))
+                return h
+            return read
 
-        return pre_hooks((self.stack.layers[layer].attn, keep(layer)) for layer in set(layers))
+        return Edits.every_layer("attn_in", keep, set(layers))
 
     def _caught_rows(self, caught: dict, wanted: list[int], b: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Text ``b`` of a batch: the queries and keys the hooks caught for ``wanted`` layers, float32
@@ -279,21 +278,21 @@ class ScratchModel(AttentionModel):
             caught: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
             out: list = [None] * n
             done, tick = 0, ticker(g)
-            with self._catching(caught, wanted):
-                for state in states:
-                    with torch.inference_mode():  # each layer run as attend runs it (weights made, not kept)
-                        state["x"], _ = self.stack.run_layers(state["x"], state["padding"], state["packing"],
-                                                              start=state["at"], stop=max(wanted) + 1,
-                                                              causal=self.causal, need_weights=True)
-                    state["at"] = max(wanted) + 1
-                    for b, (i, length) in enumerate(zip(state["chunk"], state["lengths"])):
-                        out[i] = (None, *self._caught_rows(caught, wanted, b, length))
-                    done += len(state["chunk"])
-                    if tick is not None:
-                        tick(done, n)
+            edits = self._catching(caught, wanted)
+            for state in states:
+                with torch.inference_mode():  # each layer run as attend runs it (weights made, not kept)
+                    state["x"], _ = self.stack.run_layers(state["x"], state["padding"], state["packing"],
+                                                          start=state["at"], stop=max(wanted) + 1,
+                                                          causal=self.causal, need_weights=True, edits=edits)
+                state["at"] = max(wanted) + 1
+                for b, (i, length) in enumerate(zip(state["chunk"], state["lengths"])):
+                    out[i] = (None, *self._caught_rows(caught, wanted, b, length))
+                done += len(state["chunk"])
+                if tick is not None:
+                    tick(done, n)
             yield out
 
-    def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None, layers=None):
+    def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None, layers=None, edits=None):
         if targets is not None:
             raise HeadLensError("A target text is for encoder-decoder models; this model has one stack.")
         enc, lengths, originals = self._encode(texts)
@@ -301,7 +300,7 @@ class ScratchModel(AttentionModel):
         causal = causal or self.causal
         with torch.inference_mode():
             weights = self.stack.attention_weights(**self._stack_inputs(inputs), layers=layers, causal=causal,
-                                                   head_mask=head_mask, head_fill=head_fill)
+                                                   head_mask=head_mask, head_fill=head_fill, edits=edits)
         pruned = self.pruned_heads if self.stack.pruned else None
         return self._results(texts, enc, lengths, originals, weights, causal=causal, pruned=pruned, layers=layers)
 
@@ -309,61 +308,12 @@ class ScratchModel(AttentionModel):
         """``text`` as a ``LongAttention``: up to ``long_max_tokens`` tokens (4,096 for SmolLM2), the forward
         pass run without weights as high as a view asks, each layer's weights computed for the heads and
         query rows asked (``weights``, ``pooled``, ``figures``)."""
-        from .long import LongAttention
-
         return LongAttention(self, text, head_mask=head_mask, head_means=head_means, causal=causal)
 
-    def _hidden(self, inputs, head_mask=None, head_fill=None):
+    def _hidden(self, inputs, head_mask=None, head_fill=None, edits=None):
         return self.stack(**self._stack_inputs(inputs), need_logits=False, head_mask=head_mask,
-                          head_fill=head_fill).last_hidden_state
+                          head_fill=head_fill, edits=edits).last_hidden_state
 
     def _stack_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The tokenizer's outputs that the stack reads (a decoder reads no token types)."""
         return {k: v for k, v in inputs.items() if k in self.stack.input_names}
-
-
-def open_scratch(folder: Path, config: dict, display: str, device: torch.device, *, untrained: bool = False,
-                 seed: int = 0) -> ScratchModel:
-    """The model in ``folder`` (its config.json already checked) on the architecture its model_type names."""
-    model_type = config.get("model_type")
-    cls = for_model_type(model_type)
-    if cls is None:
-        names = [c.description for c in architectures()]
-        runs = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
-        raise HeadLensError(f"The from-scratch engine implements {runs}; this model is '{model_type}'. "
-                            "Choose the transformers engine for it.")
-    stack_config = cls.config_class.from_dict(config)
-    check_parameter_count(lambda: cls(stack_config), display)
-    # the tokenizer after the checks: a refused model should cost nothing (reading it took 270 MiB on 16 cores)
-    tokenizer = load_tokenizer(folder)
-    if untrained:
-        stack, display = cls.untrained(stack_config, seed), f"{display} (untrained, seed {seed})"
-    else:
-        if not (folder / "model.safetensors").is_file():
-            raise HeadLensError(f"The scratch engine reads model.safetensors, which {folder} lacks.")
-        stack = cls.from_pretrained(folder)
-    from .language import DecoderModel  # a language model's: it builds on this module's ScratchModel
-
-    model_class = DecoderModel if stack.language_model else ScratchModel
-    return model_class(stack.eval().requires_grad_(False).to(device), tokenizer, display, device)  # read, not trained
-
-
-@contextmanager
-def pre_hooks(pairs):
-    """``(module, hook)`` forward pre-hooks, in place for the ``with`` block and removed after it, error or not.
-    A hook sees only the forward passes of the thread that placed it: a model shared by every session runs
-    other sessions' passes meanwhile, whose inputs are not this caller's."""
-    owner = threading.get_ident()
-
-    def mine(hook):
-        def only_here(module, args):
-            if threading.get_ident() == owner:
-                return hook(module, args)
-        return only_here
-
-    handles = [module.register_forward_pre_hook(mine(hook)) for module, hook in pairs]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()

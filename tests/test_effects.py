@@ -8,6 +8,7 @@ import torch
 from analysis.effects import (PAIRS, answer_token, grid, logit_attribution, parts_total, patch_heads,
                               patch_residual)
 from models import HeadLensError, load_model
+from models.run import Edits
 from models.stacks.decoder import Decoder, DecoderConfig
 from tests.test_llama import FAMILIES, build
 
@@ -218,7 +219,7 @@ def test_attribution_patching_is_the_derivative_along_each_patch(decoder):
         for x in ids:
             caught = {}
             stack.run_layers(stack.embed(x), need_weights=False,
-                             hook_z={i: (lambda z, i=i: caught.setdefault(i, z.clone())) for i in range(2)})
+                             edits=Edits({("z", i): (lambda z, i=i: caught.setdefault(i, z.clone())) for i in range(2)}))
             zs.append(caught)
 
     def ld(layer, head, position, t):
@@ -228,7 +229,7 @@ def test_attribution_patching_is_the_derivative_along_each_patch(decoder):
             return z
 
         with torch.inference_mode():
-            x, _ = stack.run_layers(stack.embed(ids[1]), need_weights=False, hook_z={layer: put})
+            x, _ = stack.run_layers(stack.embed(ids[1]), need_weights=False, edits=Edits({("z", layer): put}))
             return float(stack.finish(x[0, -1]) @ toward[0])
 
     eps = 1e-5

@@ -10,8 +10,9 @@ and reading and writing safetensors. A subclass gives its modules and a few smal
 - ``finish(x)``: the last hidden state from the last block's output; ``logits(h)`` for a language model;
 - ``to_file(state)`` and ``from_file(weights, config)`` when its file names differ from its own;
 - blocks called as ``block(x, key_padding_mask=, packing=, causal=, need_weights=, head_mask=, head_fill=,
-  hook_z=, weights_into=)`` (a causal language model's also ``prefix=``), returning ``(x, weights or None)``, each with an ``attn`` (``MultiHeadAttention``)
-  and ``attention_input(x)``, what that attention reads of the block's input.
+  hook_in=, hook_z=, weights_into=)`` (a causal language model's also ``prefix=``), returning ``(x, weights or
+  None)``, each with an ``attn`` (``MultiHeadAttention``) and ``attention_input(x)``, what that attention reads of
+  the block's input (``hook_in`` is given it, padded, and returns what the attention reads instead).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadLensError
+from .heads import kept_heads, place_heads, pruned_heads_json, read_pruned_heads, select_heads, with_pruned
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ class Stack(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, *, causal: bool = False, need_weights: bool = True,
                 need_logits: bool = True, head_mask: torch.Tensor | None = None,
-                head_fill: torch.Tensor | None = None) -> StackOutput:
+                head_fill: torch.Tensor | None = None, edits=None) -> StackOutput:
         """Run a batch.
 
         Args:
@@ -184,6 +186,7 @@ class Stack(nn.Module):
             need_logits: a language model's logits (the unembedding is the largest product at 49,152 tokens).
             head_mask: ``(layers, heads)``, 1 keeps a head, 0 switches it off.
             head_fill: ``(layers, heads, Dh)``: the output of a head switched off, instead of zero.
+            edits: ``models.run.Edits``, read or replace what flows at named points of each layer.
 
         Both name every head of the unpruned model; a pruned head's entries are not read.
         Padded positions carry no meaning: their hidden state is zero and their query rows are
@@ -191,7 +194,7 @@ class Stack(nn.Module):
         """
         x, padding, packing = self.embed_tokens(input_ids, attention_mask, token_type_ids)
         x, attentions = self.run_layers(x, padding, packing, causal=causal, need_weights=need_weights,
-                                        head_mask=head_mask, head_fill=head_fill)
+                                        head_mask=head_mask, head_fill=head_fill, edits=edits)
         h = self.finish(x if packing is None else packing.unpack(x))
         return StackOutput(h, attentions if need_weights else None, self.logits(h) if need_logits else None)
 
@@ -204,28 +207,31 @@ class Stack(nn.Module):
         return packing.pack(x), attention_mask == 0, packing                   # (N, E)
 
     def run_layers(self, x, padding=None, packing=None, *, start: int = 0, stop: int | None = None,
-                   causal: bool = False, need_weights: bool = True, head_mask=None, head_fill=None, hook_z=None,
-                   prefix=None):
+                   causal: bool = False, need_weights: bool = True, head_mask=None, head_fill=None, edits=None):
         """Blocks ``start`` to ``stop`` (exclusive) on ``x`` as ``embed_tokens`` gives it, or as an earlier call left
-        it; ``head_mask``, ``head_fill`` cover every layer; ``hook_z``, ``prefix`` map a layer to its attention's
-        (``MultiHeadAttention.forward``; its heads are the kept ones). Returns ``x`` and the weights."""
+        it; ``head_mask``, ``head_fill`` cover every layer; ``edits`` (``models.run.Edits``) read or replace what
+        flows at named points of each layer. Returns ``x`` and the weights."""
         H, attentions = self.n_heads, []
         for i in range(start, self.n_layers if stop is None else stop):
             mask, fill = self._kept_heads(i, head_mask, head_fill)
+            if edits and (pre := edits.get(("resid_pre", i))) is not None:
+                x = pre(x)
             x, weights = self.layers[i](x, key_padding_mask=padding, packing=packing, causal=causal or self.causal,
                                         need_weights=need_weights, head_mask=mask, head_fill=fill,
-                                        hook_z=None if hook_z is None else hook_z.get(i),
-                                        **({} if prefix is None else {"prefix": prefix.get(i)}))
+                                        **(edits.block(i) if edits else {}))
+            if edits and (post := edits.get(("resid_post", i))) is not None:
+                x = post(x)
             if need_weights:
                 attentions.append(place_heads(weights, self.kept[i], H))
         return x, tuple(attentions)
 
     def attention_weights(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                           token_type_ids: torch.Tensor | None = None, *, layers=None, causal: bool = False,
-                          head_mask=None, head_fill=None) -> torch.Tensor:
+                          head_mask=None, head_fill=None, edits=None) -> torch.Tensor:
         """``(B, len(layers), H, L, L)``: the weights of ``layers`` (every layer by default), in that order, written
         into one buffer as each layer forms them. The pass runs no block above the highest of them, and that one
-        only as far as its attention: what comes after it changes no weight. Arguments as ``forward``'s."""
+        only as far as its attention: what comes after it changes no weight. Arguments as ``forward``'s (edits after the
+        highest layer's attention are not reached)."""
         x, padding, packing = self.embed_tokens(input_ids, attention_mask, token_type_ids)
         order = list(range(self.n_layers)) if layers is None else list(layers)
         (B, L), H, top = input_ids.shape, self.n_heads, max(order)
@@ -237,12 +243,20 @@ class Stack(nn.Module):
             mask, fill = self._kept_heads(i, head_mask, head_fill)
             options = dict(key_padding_mask=padding, causal=causal or self.causal, need_weights=bool(slots),
                            head_mask=mask, head_fill=fill)
+            if edits and (pre := edits.get(("resid_pre", i))) is not None:
+                x = pre(x)
             if i < top:
-                x, weights = self.layers[i](x, packing=packing, weights_into=into, **options)
+                x, weights = self.layers[i](x, packing=packing, weights_into=into, **options,
+                                            **(edits.block(i) if edits else {}))
+                if edits and (post := edits.get(("resid_post", i))) is not None:
+                    x = post(x)
             else:
                 h = self.layers[i].attention_input(x)
-                _, weights = self.layers[i].attn(h if packing is None else packing.unpack(h),
-                                                 average_attn_weights=False, into=into, **options)
+                h = h if packing is None else packing.unpack(h)
+                if edits and (read := edits.get(("attn_in", i))) is not None:
+                    h = read(h)
+                _, weights = self.layers[i].attn(h, average_attn_weights=False, into=into, **options,
+                                                 hook_z=edits.get(("z", i)) if edits else None)
             for j in slots:
                 if j != slots[0] or into is None:
                     out[:, j] = place_heads(weights, self.kept[i], H)
@@ -343,58 +357,3 @@ def initialised(model: nn.Module, std: float, seed: int) -> nn.Module:
             else:
                 p.normal_(0.0, std, generator=gen)
     return model
-
-
-# --- pruned heads: configs hold them as ((layer, (head, ...)), ...); config.json as {"layer": [head, ...]} ---
-
-def kept_heads(pruned_heads: tuple, layer: int, n_heads: int) -> list[int]:
-    """The original indices of the heads ``layer`` still has, in order."""
-    gone = dict(pruned_heads).get(layer, ())
-    return [h for h in range(n_heads) if h not in gone]
-
-
-def with_pruned(pruned_heads: tuple, heads) -> tuple:
-    """``pruned_heads`` with ``heads`` (``(layer, head)`` pairs) added, sorted, as configs hold them."""
-    gone = {layer: set(hs) for layer, hs in pruned_heads}
-    for layer, head in heads:
-        gone.setdefault(layer, set()).add(head)
-    return tuple(sorted((layer, tuple(sorted(hs))) for layer, hs in gone.items() if hs))
-
-
-def pruned_heads_json(pruned_heads: tuple) -> dict:
-    return {str(layer): list(heads) for layer, heads in pruned_heads}
-
-
-def read_pruned_heads(given, n_layers: int, n_heads: int) -> tuple:
-    """``{"layer": [head, ...]}`` from a config.json, checked against the model's sizes, as a sorted tuple."""
-    if not isinstance(given, dict):
-        raise HeadLensError("The config.json's pruned_heads must map each layer to a list of heads.")
-    out = {}
-    for layer, heads in given.items():
-        try:
-            layer = int(layer)
-            heads = tuple(sorted({int(h) for h in heads}))
-        except (TypeError, ValueError) as err:
-            raise HeadLensError(f"The config.json's pruned_heads has a layer or head that is not a number: {err}") from err
-        if not 0 <= layer < n_layers or any(not 0 <= h < n_heads for h in heads):
-            raise HeadLensError(f"The config.json prunes heads {list(heads)} of layer {layer}; the model has "
-                                f"{n_layers} layers of {n_heads} heads.")
-        if heads:
-            out[layer] = heads
-    return tuple(sorted(out.items()))
-
-
-def select_heads(per_head: torch.Tensor, kept: list[int], n_heads: int) -> torch.Tensor:
-    """The entries of ``per_head`` (one per head of the unpruned layer) for the heads ``kept``."""
-    if len(kept) == n_heads:
-        return per_head
-    return per_head[torch.tensor(kept, dtype=torch.long, device=per_head.device)]
-
-
-def place_heads(weights: torch.Tensor, kept: list[int], n_heads: int) -> torch.Tensor:
-    """``(B, kept, Lq, Lk)`` weights placed among zeros for the pruned heads: ``(B, n_heads, Lq, Lk)``."""
-    if len(kept) == n_heads:
-        return weights
-    B, _, Lq, Lk = weights.shape
-    index = torch.tensor(kept, dtype=torch.long, device=weights.device)
-    return weights.new_zeros(B, n_heads, Lq, Lk).index_copy_(1, index, weights)

@@ -104,9 +104,11 @@ class Block(nn.Module):
         return x
 
     def forward(self, x, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = False,
-                need_weights: bool = True, head_mask=None, head_fill=None, hook_z=None, weights_into=None):
+                need_weights: bool = True, head_mask=None, head_fill=None, hook_in=None, hook_z=None,
+                weights_into=None):
         """``x`` is ``(B, L, E)``, or ``(N, E)`` real tokens only when ``packing`` is given."""
         padded = x if packing is None else packing.unpack(x)                  # (B, L, E)
+        padded = padded if hook_in is None else hook_in(padded)
         a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal, head_mask=head_mask,
                                head_fill=head_fill, need_weights=need_weights, average_attn_weights=False,
                                hook_z=hook_z, into=weights_into)

@@ -64,12 +64,13 @@ class GatedBlock(PreNormBlock):
         return self.ln_attn(x)
 
     def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing=None, causal: bool = True,
-                need_weights: bool = False, head_mask=None, head_fill=None, hook_z=None, weights_into=None,
-                prefix=None):
+                need_weights: bool = False, head_mask=None, head_fill=None, hook_in=None, hook_z=None,
+                weights_into=None, prefix=None):
         """``x`` ``(B, L, E)``, or ``(N, E)`` real tokens when ``packing`` is given; and the weights or None.
         ``prefix``: the keys and values of the tokens before ``x`` (``MultiHeadAttention.forward``)."""
         h = self.ln_attn(x)
-        padded = h if packing is None else packing.unpack(h)                  # (B, L, E)
+        padded = h if packing is None else packing.unpack(h)
+        padded = padded if hook_in is None else hook_in(padded)                  # (B, L, E)
         a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal,
                                need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
                                head_fill=head_fill, hook_z=hook_z, into=weights_into, prefix=prefix)

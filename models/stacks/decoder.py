@@ -76,12 +76,13 @@ class DecoderBlock(PreNormBlock):
         return self.ln_attn(x)
 
     def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = True,
-                need_weights: bool = False, head_mask=None, head_fill=None, hook_z=None, weights_into=None,
-                prefix=None):
+                need_weights: bool = False, head_mask=None, head_fill=None, hook_in=None, hook_z=None,
+                weights_into=None, prefix=None):
         """``x`` ``(B, L, d)``, or ``(N, d)`` real tokens only when ``packing`` is given, and the weights
         ``(B, H, L, L)`` (None unless asked for); ``prefix`` as ``MultiHeadAttention.forward``'s."""
         h = self.ln_attn(x)
-        padded = h if packing is None else packing.unpack(h)                  # (B, L, d)
+        padded = h if packing is None else packing.unpack(h)
+        padded = padded if hook_in is None else hook_in(padded)                  # (B, L, d)
         a, weights = self.attn(padded, key_padding_mask=key_padding_mask, need_weights=need_weights,
                                average_attn_weights=False, causal=causal, head_mask=head_mask, head_fill=head_fill,
                                hook_z=hook_z, into=weights_into, prefix=prefix)
