@@ -13,7 +13,6 @@ from collections.abc import Sequence
 import pandas as pd
 
 from models import AttentionModel, HeadLensError
-from models import patching as P
 from models.corpus import CORPUS, corpus_sample
 
 from .atlas import atlas_frame, heads_like
@@ -29,19 +28,15 @@ from .vocabulary import copying_scores
 
 TASK = ("ioi", 50)  # the task Effects opens with: indirect object, 50 pairs, seed 0, its names swapped (s2)
 IMPORTANCE_SAMPLE = 24  # the sentences Pruning measures a bundled decoder's importance on, by gradient
-
-
-def ours(model: AttentionModel) -> AttentionModel:
-    """``model`` on our engine (its twin), which reads each head's output and patches it."""
-    return model.twin("A head's card reads its heads")
+CARD = "A head's card reads its heads"
 
 
 def is_decoder(model: AttentionModel) -> bool:
-    """A language model whose heads our engine reads (an encoder's twin is not loaded to say no)."""
+    """A language model whose heads the from-scratch engine reads (an encoder is not loaded there to say no)."""
     if not model.causal:
         return False
     try:
-        return P.language_stack(ours(model)) is not None
+        return model.scratch(CARD, language=True) is not None
     except HeadLensError:
         return False
 
@@ -58,7 +53,7 @@ def card_parts(model: AttentionModel, *, sentences: Sequence[str] | None = None,
                       windows=attentions[0].windows)
     if not is_decoder(model):
         return parts
-    engine = ours(model)
+    engine = model.scratch(CARD)
     parts.writes = corpus_writes(engine, sentences)
     detected = head_detector(model, sentences=corpus_sample(SENTENCES), n_sequences=SEQUENCES, length=LENGTH)
     parts.detector = detected.assign(label=detector_labels(detected))
@@ -87,7 +82,7 @@ def head_card(model: AttentionModel, layer: int, head: int, *, parts: CardParts 
     parts = parts or card_parts(model, **options)
     if qk and parts.qk is None:
         sentences = [a.text for a in parts.attentions]
-        parts.qk = {(layer, head): qk_embedding(qk_vectors(ours(model), sentences, layer, head))}
+        parts.qk = {(layer, head): qk_embedding(qk_vectors(model.scratch(CARD), sentences, layer, head))}
     card = card_from(parts, model.name, layer, head)
     card.like = heads_like(atlas_frame(parts), layer, head, others, model=model.name)
     return card

@@ -19,7 +19,6 @@ from models import patching as P
 from .circuits import EdgeScores
 from .task_effects import batches
 from .tasks import Task
-from .traced import twin_language_model
 
 PATTERNS = {  # class: (from role, to role)
     "name mover": ("END", "IO"), "S-inhibition": ("END", "S2"), "induction": ("S2", "S1+1"),
@@ -40,14 +39,14 @@ def role_attention(model: AttentionModel, task: Task, sample: int = SAMPLE) -> d
     if missing:
         raise HeadLensError(f"The heads' classes are read between the indirect-object task's roles; this task lacks "
                             f"{', '.join(missing)}.")
-    ours = twin_language_model(model, "The heads' attention between roles is read")
-    stack = ours.stack
+    scratch = model.scratch("The heads' attention between roles is read", language=True)
+    stack = scratch.stack
     part = task.subset(range(min(sample, len(task))))
     total = {name: np.zeros((stack.n_layers, stack.n_heads)) for name in PATTERNS}
     for idx in batches(part, 16):
         pairs = [part.pairs[i] for i in idx]
         with torch.inference_mode():
-            weights = P.trace_weights(stack, P.trace_batch(ours, torch.tensor([p.clean_ids for p in pairs])))
+            weights = P.trace_weights(stack, P.trace_batch(scratch, torch.tensor([p.clean_ids for p in pairs])))
         weights = weights.double().cpu().numpy()                                    # (b, L, H, n, n)
         for name, (a, b) in PATTERNS.items():
             q = np.array([p.role(a) for p in pairs])

@@ -25,7 +25,7 @@ import torch
 from models import AttentionModel, HeadLensError
 from models import patching as P
 
-from .traced import Traced, as_traced, twin_language_model
+from .traced import Traced, as_traced
 METHODS = {"exact": "exact patching: the corrupted prompt rerun with each activation patched",
            "attribution": "attribution patching: a first-order estimate from one forward and one backward pass"}
 
@@ -110,9 +110,9 @@ def token_text(model: AttentionModel, token: int) -> str:
     return model.tokenizer.decode([int(token)])
 
 
-def _difference(ours, t: P.Trace, toward: torch.Tensor) -> float:
+def _difference(scratch, t: P.Trace, toward: torch.Tensor) -> float:
     with torch.inference_mode():
-        return float(ours.stack.finish(t.resid[-1][-1]) @ toward)
+        return float(scratch.stack.finish(t.resid[-1][-1]) @ toward)
 
 
 def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distractor=None) -> pd.DataFrame:
@@ -125,10 +125,10 @@ def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distr
     bias), and ``answer``, ``distractor``, ``tokens``.
     """
     traced_prompt = as_traced(model, prompt)
-    ours, t = traced_prompt.model, traced_prompt.trace
-    stack = ours.stack
-    a = answer_token(ours, answer)
-    d = None if distractor is None else answer_token(ours, distractor, "distractor")
+    scratch, t = traced_prompt.model, traced_prompt.trace
+    stack = scratch.stack
+    a = answer_token(scratch, answer)
+    d = None if distractor is None else answer_token(scratch, distractor, "distractor")
     toward = P.direction(stack, a, d)
     with torch.inference_mode():
         frozen, constant = stack.frozen_finish(t.resid[-1][-1])
@@ -140,8 +140,8 @@ def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distr
         frame = _frame(share(heads), ("layer", "head"), column="attribution")
         frame.attrs.update(
             embeddings=float(share(t.resid[0][-1])), attention_bias=share(biases).tolist(), mlp=share(mlp).tolist(),
-            final_norm=float(constant @ toward), logit_diff=_difference(ours, t, toward),
-            answer=token_text(ours, a), distractor=None if d is None else token_text(ours, d),
+            final_norm=float(constant @ toward), logit_diff=_difference(scratch, t, toward),
+            answer=token_text(scratch, a), distractor=None if d is None else token_text(scratch, d),
             tokens=traced_prompt.tokens)
     return frame
 
@@ -155,7 +155,7 @@ def parts_total(frame: pd.DataFrame) -> float:
 
 @dataclass(frozen=True)
 class _Setup:
-    ours: AttentionModel
+    scratch: AttentionModel
     clean: P.Trace
     corrupted: P.Trace
     toward: torch.Tensor
@@ -173,9 +173,9 @@ class _Setup:
 
 
 def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distractor) -> _Setup:
-    ours = twin_language_model(model, "Patching replaces a head's output")
-    a = answer_token(ours, answer)
-    d = answer_token(ours, distractor, "distractor")
+    scratch = model.scratch("Patching replaces a head's output", language=True)
+    a = answer_token(scratch, answer)
+    d = answer_token(scratch, distractor, "distractor")
     if a == d:
         raise HeadLensError("The answer and the distractor are the same token; patching compares two.")
     clean, corrupted = as_traced(model, clean, "clean prompt"), as_traced(model, corrupted, "corrupted prompt")
@@ -185,12 +185,12 @@ def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distract
                             f"both need as many tokens: the clean prompt has {len(ids_clean)}, the corrupted one "
                             f"{len(ids_corrupted)}.")
     t_clean, t_corrupted = clean.trace, corrupted.trace
-    toward = P.direction(ours.stack, a, d)
-    ld_clean, ld_corrupted = _difference(ours, t_clean, toward), _difference(ours, t_corrupted, toward)
+    toward = P.direction(scratch.stack, a, d)
+    ld_clean, ld_corrupted = _difference(scratch, t_clean, toward), _difference(scratch, t_corrupted, toward)
     if abs(ld_clean - ld_corrupted) < 1e-6:
         raise HeadLensError(f"The clean and corrupted prompts give the same logit difference ({ld_clean:.3f}), so "
                             "there is nothing for a patch to recover; corrupt the prompt where it decides the answer.")
-    return _Setup(ours, t_clean, t_corrupted, toward, ld_clean, ld_corrupted, corrupted.tokens)
+    return _Setup(scratch, t_clean, t_corrupted, toward, ld_clean, ld_corrupted, corrupted.tokens)
 
 
 def _check_method(method: str) -> None:
@@ -209,9 +209,9 @@ def patch_heads(model: AttentionModel, clean: str | Traced, corrupted: str | Tra
     """
     _check_method(method)
     s = _setup(model, clean, corrupted, answer, distractor)
-    L, H, n = s.ours.n_layers, s.ours.n_heads, len(s.tokens)
+    L, H, n = s.scratch.n_layers, s.scratch.n_heads, len(s.tokens)
     if method == "attribution":
-        estimate = P.attribution_estimates(s.ours, s.clean, s.corrupted, s.toward)[0] / s.span   # (L, H, n)
+        estimate = P.attribution_estimates(s.scratch, s.clean, s.corrupted, s.toward)[0] / s.span   # (L, H, n)
         values = estimate if per_position else estimate.sum(-1)
     else:
         values = _exact_heads(s, L, H, n, per_position, progress)
@@ -221,10 +221,10 @@ def patch_heads(model: AttentionModel, clean: str | Traced, corrupted: str | Tra
 
 
 def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress) -> np.ndarray:
-    stack = s.ours.stack
+    stack = s.scratch.stack
     if not per_position:
         layers, heads = np.divmod(np.arange(L * H), H)
-        patched = P.patched_differences(s.ours, s.clean, s.corrupted, layers, heads, np.full(L * H, -1), s.toward,
+        patched = P.patched_differences(s.scratch, s.clean, s.corrupted, layers, heads, np.full(L * H, -1), s.toward,
                                         progress=progress)
         return ((patched - s.ld_corrupted) / s.span).reshape(L, H)
     values = np.zeros((L, H, n))  # a patch that changes nothing recovers nothing: only differing z's are run
@@ -232,7 +232,7 @@ def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress
              if not torch.equal(s.clean.z[layer][k, p], s.corrupted.z[layer][k, p])]
     if edits:
         layers, heads, positions = (np.array(c) for c in zip(*edits))
-        patched = P.patched_differences(s.ours, s.clean, s.corrupted, layers, heads, positions, s.toward,
+        patched = P.patched_differences(s.scratch, s.clean, s.corrupted, layers, heads, positions, s.toward,
                                         progress=progress)
         values[layers, heads, positions] = (patched - s.ld_corrupted) / s.span
     elif progress is not None:
@@ -247,16 +247,16 @@ def patch_residual(model: AttentionModel, clean: str | Traced, corrupted: str | 
     where the information that decides the answer sits, layer by layer)."""
     _check_method(method)
     s = _setup(model, clean, corrupted, answer, distractor)
-    L, n = s.ours.n_layers, len(s.tokens)
+    L, n = s.scratch.n_layers, len(s.tokens)
     if method == "attribution":
-        values = P.attribution_estimates(s.ours, s.clean, s.corrupted, s.toward)[1] / s.span
+        values = P.attribution_estimates(s.scratch, s.clean, s.corrupted, s.toward)[1] / s.span
     else:
         values = np.zeros((L, n))
         edits = [(layer, p) for layer in range(L) for p in range(n)
                  if not torch.equal(s.clean.resid[layer][p], s.corrupted.resid[layer][p])]
         if edits:
             layers, positions = (np.array(c) for c in zip(*edits))
-            patched = P.patched_differences(s.ours, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions,
+            patched = P.patched_differences(s.scratch, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions,
                                             s.toward, progress=progress)
             values[layers, positions] = (patched - s.ld_corrupted) / s.span
         elif progress is not None:

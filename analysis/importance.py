@@ -41,7 +41,7 @@ def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: 
     averaged over the batches and L2-normalised within each layer, as Michel et al. (2019) do; with
     ``measure="loss"``, not normalised (nats per unit of the head's gate).
     """
-    model = model.twin("Head importance switches heads off")
+    model = model.scratch("Head importance switches heads off")
     check_measure(model, measure)
     sentences = list(sentences)
     if not sentences:

@@ -71,7 +71,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     several curves with the same ablation share, each pruned model's run kept under its set of heads, so that
     a set two curves reach (every head, at the end) is run once.
     """
-    model = model.twin("Pruning switches heads off")
+    model = model.scratch("Pruning switches heads off")
     check_measure(model, measure)
     if order not in ORDERS:
         raise HeadLensError(f"Unknown pruning order '{order}': choose one of {', '.join(ORDERS)}.")
@@ -149,7 +149,7 @@ def _run(model: AttentionModel, sentences: list[str], measure: str):
 def full_run(model: AttentionModel, sentences: Sequence[str], measure: str = "embedding") -> tuple:
     """The full model's run of ``sentences`` (its embeddings, or its loss and predictions) and the seconds it
     took, timed on a second run as every pruned model is timed after the first has run."""
-    model, sentences = model.twin("Pruning switches heads off"), list(sentences)
+    model, sentences = model.scratch("Pruning switches heads off"), list(sentences)
     out = _run(model, sentences, measure)
     start = time.perf_counter()
     _run(model, sentences, measure)

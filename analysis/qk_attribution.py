@@ -26,7 +26,6 @@ from models import qk_split as Q
 from .significance import interval
 from .task_effects import batches
 from .tasks import Task
-from .traced import twin_language_model
 
 MAX_TOKENS = 512   # a prompt's writers are held at every position: 301 x 512 x 576 floats for SmolLM2 (355 MB)
 GRID = 8           # writers a side that a grid names; the others are summed as "the rest"
@@ -39,12 +38,12 @@ ROLE_PAIRS = {"ioi": ("END", "S2"), "induction": ("END", "FIRST")}  # a task's q
 Progress = Callable[[int, int], None]
 
 
-def _ours(model: AttentionModel, layer: int, head: int):
-    ours = twin_language_model(model, "Why a head attends where it does is read")
+def scratch_head_graph(model: AttentionModel, layer: int, head: int):
+    scratch = model.scratch("Why a head attends where it does is read", language=True)
     model.heads([(layer, head)])
-    if head not in ours.stack.kept[layer]:
+    if head not in scratch.stack.kept[layer]:
         raise HeadLensError(f"Head {head} of layer {layer} was pruned away: it has no score to split.")
-    return ours, ours.stack, C.graph_of(ours.stack)
+    return scratch, scratch.stack, C.graph_of(scratch.stack)
 
 
 def _softmax(scores: np.ndarray, visible: np.ndarray) -> np.ndarray:
@@ -161,18 +160,18 @@ def _grid(m: np.ndarray, writers: list[str], n: int) -> tuple[list[str], list[st
     return [writers[i] for i in rows] + [REST], [writers[i] for i in cols] + [REST], out
 
 
-def _ids(ours: AttentionModel, text: str) -> tuple[torch.Tensor, list[str]]:
-    ours.token_counts([text], "prompt")
-    ids = ours._tokenize(text, verbose=False)["input_ids"]
+def _ids(scratch: AttentionModel, text: str) -> tuple[torch.Tensor, list[str]]:
+    scratch.token_counts([text], "prompt")
+    ids = scratch._tokenize(text, verbose=False)["input_ids"]
     if len(ids) > MAX_TOKENS:
         raise HeadLensError(f"The prompt has {len(ids):,} tokens; a score is split on prompts of at most "
                             f"{MAX_TOKENS}.")
-    return torch.tensor([ids], dtype=torch.long), ours.tokenizer.convert_ids_to_tokens(ids)
+    return torch.tensor([ids], dtype=torch.long), scratch.tokenizer.convert_ids_to_tokens(ids)
 
 
 def prompt_tokens(model: AttentionModel, text: str) -> list[str]:
     """The tokens ``qk_attribution`` splits ``text`` into (a sentence for a text it does not take)."""
-    return _ids(twin_language_model(model, "Why a head attends where it does is read"), text)[1]
+    return _ids(model.scratch("Why a head attends where it does is read", language=True), text)[1]
 
 
 def _position(at: int, n: int, what: str) -> int:
@@ -187,10 +186,10 @@ def qk_attribution(model: AttentionModel, text: str, layer: int, head: int, quer
     """Head ``(layer, head)``'s scores from ``query`` (a token position; -1 the last) to every key, each split
     over (query-side writer, key-side writer) pairs; ``key`` chooses the key the frames read first (default the
     one the head weighs most). On our engine (a language model's twin)."""
-    ours, stack, graph = _ours(model, layer, head)
-    ids, tokens = _ids(ours, text)
+    scratch, stack, graph = scratch_head_graph(model, layer, head)
+    ids, tokens = _ids(scratch, text)
     query = _position(query, len(tokens), "query")
-    run = Q.writers_run(stack, graph, ids.to(ours.device))
+    run = Q.writers_run(stack, graph, ids.to(scratch.device))
     sides = Q.head_sides(stack, graph, run, layer, head)
     with torch.inference_mode():
         split = sides.split(query)[:, :, 0].double().cpu().numpy()               # (W, W, query + 1)
@@ -281,7 +280,7 @@ def qk_attribution_task(model: AttentionModel, task: Task, layer: int, head: int
     query_role, key_role = query_role or default[0], key_role or default[1]
     if query_role not in task.roles or key_role not in task.roles:
         raise HeadLensError(f"Choose a query and a key among the task's roles ({', '.join(task.roles)}).")
-    ours, stack, graph = _ours(model, layer, head)
+    scratch, stack, graph = scratch_head_graph(model, layer, head)
     W = len(Q.writer_names(graph, layer))
     out = {w: np.zeros((len(task), W, W)) for w in ("clean", "corrupted")}
     done = 0
@@ -292,7 +291,7 @@ def qk_attribution_task(model: AttentionModel, task: Task, layer: int, head: int
         if bool((keys > queries).any()):
             raise HeadLensError(f"A pair's {key_role} comes after its {query_role}: a query sees no later key.")
         for which, ids in (("clean", [p.clean_ids for p in pairs]), ("corrupted", [p.corrupted_ids for p in pairs])):
-            run = Q.writers_run(stack, graph, torch.tensor(ids, device=ours.device))
+            run = Q.writers_run(stack, graph, torch.tensor(ids, device=scratch.device))
             with torch.inference_mode():
                 got = Q.head_sides(stack, graph, run, layer, head).at(queries, keys)
             out[which][idx] = got.double().cpu().numpy()

@@ -21,7 +21,7 @@ from models import AttentionModel, HeadLensError
 from models import qk_split as Q
 
 from .detector import detector_labels, repeated_sequences
-from .qk_attribution import _ours
+from .qk_attribution import scratch_head_graph
 from .significance import LEVEL
 
 PROMPTS, LENGTH, BATCH = 50, 20, 8
@@ -68,9 +68,9 @@ def induction_key_writers(model: AttentionModel, detector: pd.DataFrame, *, prom
     heads = [h for h, label in labels.items() if label == "induction"] if heads is None else heads
     if not heads:
         raise HeadLensError(f"The detector names no induction head in {model.name}.")
-    ours, stack, graph = _ours(model, *heads[0])
-    texts = repeated_sequences(ours.tokenizer, prompts, length, seed)
-    rows = [ours._tokenize(t, verbose=False)["input_ids"] for t in texts]
+    scratch, stack, graph = scratch_head_graph(model, *heads[0])
+    texts = repeated_sequences(scratch.tokenizer, prompts, length, seed)
+    rows = [scratch._tokenize(t, verbose=False)["input_ids"] for t in texts]
     if len({len(r) for r in rows}) != 1:
         raise HeadLensError("The repeated sequences did not come back from the tokenizer at one length.")
     n = len(rows[0])
@@ -78,7 +78,7 @@ def induction_key_writers(model: AttentionModel, detector: pd.DataFrame, *, prom
     queries = range(start + length, n - 1)                    # the second copy but its last token
     out = []
     for b in range(0, prompts, BATCH):
-        ids = torch.tensor(rows[b:b + BATCH], device=ours.device)
+        ids = torch.tensor(rows[b:b + BATCH], device=scratch.device)
         run = Q.writers_run(stack, graph, ids)
         for layer, head in heads:
             names, nodes = Q.writer_names(graph, layer), Q.writer_nodes(graph, layer)

@@ -15,7 +15,6 @@ from models import patching as P
 
 from .task_effects import TaskEffects, batches, measure_for, table
 from .tasks import Task
-from .traced import twin_language_model
 
 Progress = Callable[[int, int], None]
 CURVE_PAIRS = 50  # pairs a curve is measured on (the task's first)
@@ -33,12 +32,12 @@ def kept_counts(n_heads: int) -> list[int]:
 @torch.inference_mode()
 def head_means(model: AttentionModel, task: Task) -> torch.Tensor:
     """``(layers, heads, Dh)``: each head's mean ``z`` over every token of the task's clean prompts."""
-    ours = twin_language_model(model, "Mean ablation replaces a head's output")
-    stack = ours.stack
+    scratch = model.scratch("Mean ablation replaces a head's output", language=True)
+    stack = scratch.stack
     L, H, Dh = stack.n_layers, stack.n_heads, stack.head_dim
     total, count = torch.zeros(L, H, Dh, dtype=torch.float64), 0
     for idx in batches(task):
-        t = P.trace_batch(ours, torch.tensor([task.pairs[i].clean_ids for i in idx]))
+        t = P.trace_batch(scratch, torch.tensor([task.pairs[i].clean_ids for i in idx]))
         for layer in range(L):
             total[layer, stack.kept[layer]] += t.z[layer].double().sum((0, 2)).cpu()
         count += t.ids.numel()
@@ -50,13 +49,13 @@ def metric_with_heads(model: AttentionModel, task: Task, metric: str, keep: np.n
                       means: torch.Tensor) -> np.ndarray:
     """``(pairs,)``: the metric of each clean prompt with only the heads ``keep`` ``(layers, heads)`` bool working,
     every other one giving its mean output."""
-    ours = twin_language_model(model, "Mean ablation replaces a head's output")
-    stack, measure = ours.stack, measure_for(task, metric, ours.device)
-    mask = torch.as_tensor(keep, dtype=torch.float32, device=ours.device)
-    fill = means.to(ours.device, stack.embed(torch.zeros(1, 1, dtype=torch.long, device=ours.device)).dtype)
+    scratch = model.scratch("Mean ablation replaces a head's output", language=True)
+    stack, measure = scratch.stack, measure_for(task, metric, scratch.device)
+    mask = torch.as_tensor(keep, dtype=torch.float32, device=scratch.device)
+    fill = means.to(scratch.device, stack.embed(torch.zeros(1, 1, dtype=torch.long, device=scratch.device)).dtype)
     out = np.zeros(len(task))
     for idx in batches(task):
-        ids = torch.tensor([task.pairs[i].clean_ids for i in idx], device=ours.device)
+        ids = torch.tensor([task.pairs[i].clean_ids for i in idx], device=scratch.device)
         x, _ = stack.run_layers(stack.embed(ids), need_weights=False, head_mask=mask.to(fill.dtype), head_fill=fill)
         out[idx] = measure(stack, x[:, -1], torch.as_tensor(idx)).double().cpu().numpy()
     return out

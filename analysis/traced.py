@@ -1,6 +1,6 @@
 """One prompt run once for every analysis of it, as TransformerLens hands a clean cache to its patching.
 
-``traced(model, text)`` runs ``text`` once through the language model's twin and keeps what the Effects
+``traced(model, text)`` runs ``text`` once through the language model on the from-scratch engine and keeps what the Effects
 analyses read: the token ids and tokens, every layer's residual stream entering it and every head's
 ``z`` (``models.patching.Trace``). Logit attribution, head and residual patching (a clean and a corrupted
 ``Traced``), a head's vocabulary and the routes of a prediction take a ``Traced`` wherever they take a
@@ -23,7 +23,7 @@ PATCH_MAX_TOKENS = 256  # per-position patching of every head runs heads x token
 
 @dataclass(frozen=True, eq=False)
 class Traced:
-    """``text`` run once on ``model`` (a language model on our engine): ``ids`` ``(n,)``, ``tokens`` and ``trace``."""
+    """``text`` run once on ``model`` (a language model on the from-scratch engine): ``ids`` ``(n,)``, ``tokens`` and ``trace``."""
 
     model: AttentionModel
     text: str
@@ -57,40 +57,33 @@ class Traced:
                          pruned=m.pruned_heads if m.stack.pruned else None, windows=m.windows)
 
 
-def twin_language_model(model: AttentionModel, what: str) -> AttentionModel:
-    """``model``'s twin, checked to be a language model (a sentence for an encoder)."""
-    ours = model.twin(what)
-    P.language_stack(ours)
-    return ours
-
-
 def traced(model: AttentionModel, text: str, noun: str = "prompt") -> Traced:
-    """``text`` run once on ``model``'s twin; a sentence for a text that is empty or longer than
+    """``text`` run once on ``model.scratch()``; a sentence for a text that is empty or longer than
     ``PATCH_MAX_TOKENS``, and for a model that is not a language model."""
-    ours = twin_language_model(model, "What a head adds to a prediction is read")
-    ours.token_counts([text], noun)
-    enc = ours._tokenize(text, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False)
+    scratch = model.scratch("What a head adds to a prediction is read", language=True)
+    scratch.token_counts([text], noun)
+    enc = scratch._tokenize(text, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False)
     ids = enc["input_ids"]
     if len(ids) > PATCH_MAX_TOKENS:
         raise HeadLensError(f"The {noun} has {len(ids)} tokens; effects are computed on prompts of at most "
                             f"{PATCH_MAX_TOKENS}.")
     ids = torch.tensor(ids, dtype=torch.long)
-    return Traced(ours, text, ids, ours.tokenizer.convert_ids_to_tokens(ids.tolist()), P.trace(ours, ids),
+    return Traced(scratch, text, ids, scratch.tokenizer.convert_ids_to_tokens(ids.tolist()), P.trace(scratch, ids),
                   list(enc.word_ids()), np.array(enc["special_tokens_mask"], dtype=bool),
                   [tuple(o) for o in enc["offset_mapping"]])
 
 
 def _same_weights(a: AttentionModel, b: AttentionModel) -> bool:
-    """Whether two models on our engine are the same network: the same object, or one loaded again from the
+    """Whether two models on the from-scratch engine are the same network: the same object, or one loaded again from the
     same folder (a model cache may drop one and load it anew) with the same heads."""
     return a is b or (a.name == b.name and a.stack.config == b.stack.config and str(a.device) == str(b.device))
 
 
 def as_traced(model: AttentionModel, prompt: "str | Traced", noun: str = "prompt") -> Traced:
-    """``prompt`` when it is traced already (on ``model`` or its twin), else ``traced(model, prompt)``."""
+    """``prompt`` when it is traced already (on ``model`` or ``model.scratch()``), else ``traced(model, prompt)``."""
     if isinstance(prompt, Traced):
-        ours = twin_language_model(model, "What a head adds to a prediction is read")
-        if not _same_weights(prompt.model, ours):
+        scratch = model.scratch("What a head adds to a prediction is read", language=True)
+        if not _same_weights(prompt.model, scratch):
             raise HeadLensError(f"That {noun} was traced on {prompt.model.name}, not on {model.name}.")
         return prompt
     return traced(model, prompt, noun)

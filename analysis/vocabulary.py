@@ -24,7 +24,7 @@ from models import patching as P
 from models.corpus import CORPUS
 
 from .effects import token_text
-from .traced import Traced, as_traced, twin_language_model
+from .traced import Traced, as_traced
 
 COPY_TOP = 5       # a token counts as copied when it is among the head's 5 most promoted (TransformerLens's top-5)
 COPY_SAMPLE = 200  # tokens sampled from the built-in corpus's
@@ -51,8 +51,8 @@ def head_vocabulary(model: AttentionModel, prompt: str | Traced, layer: int, hea
     ``frame.attrs``: ``layer``, ``head``, ``position`` (counted from the start), ``at`` (the token there),
     ``tokens`` and ``mean``, the mean logit it adds over the vocabulary (a head may lift every token alike).
     """
-    ours = twin_language_model(model, "A head's vocabulary is read through the unembedding")
-    stack = ours.stack
+    scratch = model.scratch("A head's vocabulary is read through the unembedding", language=True)
+    stack = scratch.stack
     _check_head(stack, layer, head)
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise HeadLensError(f"Ask for at least one token (k = {k!r}).")
@@ -70,7 +70,7 @@ def head_vocabulary(model: AttentionModel, prompt: str | Traced, layer: int, hea
     rows = []
     for direction, found in (("up", logits.topk(k)), ("down", (-logits).topk(k))):
         for rank, token in enumerate(found.indices.tolist(), start=1):
-            rows.append((direction, rank, token, token_text(ours, token), float(logits[token])))
+            rows.append((direction, rank, token, token_text(scratch, token), float(logits[token])))
     frame = pd.DataFrame(rows, columns=["direction", "rank", "token", "text", "logit"])
     tokens = traced_prompt.tokens
     frame.attrs.update(layer=layer, head=head, position=position, at=tokens[position], tokens=tokens,
@@ -99,8 +99,8 @@ def ov_logits(model: AttentionModel, layer: int, head: int, tokens) -> torch.Ten
     the token's embedding through the layer's input norm and the head's OV circuit
     (``models.patching.head_writes``, then the norm a Gemma 3 block puts on its attention's output), then the
     final norm (each vector on its own, without its bias) and the unembedding."""
-    ours = twin_language_model(model, "A head's OV circuit is read through the unembedding")
-    stack = ours.stack
+    scratch = model.scratch("A head's OV circuit is read through the unembedding", language=True)
+    stack = scratch.stack
     slot = _check_head(stack, layer, head)
     with torch.inference_mode():
         vectors = stack.token_vectors(torch.as_tensor(list(tokens), dtype=torch.long))
@@ -111,7 +111,7 @@ def ov_logits(model: AttentionModel, layer: int, head: int, tokens) -> torch.Ten
 
 def copying_work(model: AttentionModel) -> float:
     """Multiply-adds ``copying_scores`` spends reading every OV circuit through the unembedding (its cost)."""
-    stack = twin_language_model(model, "A head's OV circuit is read through the unembedding").stack
+    stack = model.scratch("A head's OV circuit is read through the unembedding", language=True).stack
     vocab, width = stack.unembedding().shape
     return float(vocab) * width * stack.n_heads * stack.layers[0].attn.head_dim * stack.n_layers
 
@@ -122,9 +122,9 @@ def copying_scores(model: AttentionModel, *, tokens=None, k: int = COPY_TOP,
     ``layer``, ``head``, ``copying`` (the share of the tokens among the ``k`` the head promotes most when
     all its weight is on them) and ``suppression`` (among the ``k`` it pushes down most); NaN for a
     pruned head. ``frame.attrs``: ``k``, ``tokens`` (how many), ``vocabulary``, ``chance`` (``k / vocabulary``)."""
-    ours = twin_language_model(model, "A head's OV circuit is read through the unembedding")
-    stack = ours.stack
-    sample = copy_sample(ours) if tokens is None else [int(t) for t in tokens]
+    scratch = model.scratch("A head's OV circuit is read through the unembedding", language=True)
+    stack = scratch.stack
+    sample = copy_sample(scratch) if tokens is None else [int(t) for t in tokens]
     if not sample:
         raise HeadLensError("Copying is measured on at least one token.")
     L, H = stack.n_layers, stack.n_heads

@@ -6,7 +6,7 @@ from app_pages.ui.views import view
 from app_pages.ui.exports import chart
 from app_pages.ui.generation import continuations, generated_from
 from app_pages.ui.messages import stop_with
-from app_pages.ui.models import DECODERS, cached_model, model_for, twin
+from app_pages.ui.models import DECODERS, cached_model, model_for
 from app_pages.ui.pickers import pick_layer, pick_sentence, title_for
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose
@@ -15,8 +15,8 @@ from viz import text_shading
 
 s = settings()
 st.title("Generate")
-ours = twin(s.model)
-if ours is None or not hasattr(model_for(ours), "generate"):
+scratch = s.model.scratch()
+if scratch is None or not hasattr(model_for(scratch), "generate"):
     st.info(f"Generation is for decoders: choose a bundled decoder ({DECODERS}, either engine) or a decoder "
             "trained on the Train page in the sidebar.")
     st.stop()
@@ -36,7 +36,7 @@ if c.button("Continue", type="primary", key="gen_go"):
     shown = st.empty()
     pieces: list[str] = []
     try:
-        for piece in cached_model(ours).generate(prompt, max_new_tokens=n, temperature=temperature):
+        for piece in cached_model(scratch).generate(prompt, max_new_tokens=n, temperature=temperature):
             pieces.append(piece)
             shown.code(prompt + "".join(pieces), language=None, wrap_lines=True)  # as written, never as markup
     except HeadLensError as err:

@@ -13,7 +13,7 @@ from app_pages.ui.exports import chart, exports
 from app_pages.ui.messages import stop_with
 from app_pages.ui.models import TRANSFORMERS, model_for
 from app_pages.ui.profiles import profile
-from app_pages.ui.pruning import (ABOUT, MEASURES, METHODS, correlations, curves, curves_csv, engine_model,
+from app_pages.ui.pruning import (ABOUT, MEASURES, METHODS, correlations, curves, curves_csv, scratch_or_stop,
                                   importance, measure_of, pruned_zip, proxy_table, pruning_sentences, show_point)
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound, head_from_url, head_to_url
@@ -22,7 +22,7 @@ from viz.pruning import head_values_grid, pruning_curves
 
 s = settings()
 st.title("Pruning")
-ref = engine_model(s)
+ref = scratch_or_stop(s)
 measure = measure_of(ref)
 st.caption(ABOUT["page"] if measure == "embedding" else ABOUT["llm"])
 model = model_for(ref)

@@ -7,7 +7,7 @@ from app_pages.ui.attention import cached_attention
 from app_pages.ui.card_links import card_button
 from app_pages.ui.exports import chart
 from app_pages.ui.messages import plain, short
-from app_pages.ui.models import model_for, twin
+from app_pages.ui.models import model_for
 from app_pages.ui.qk import METHODS, pick_corpus, pictures, within_tokens
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, fresh_click, preset
@@ -30,7 +30,7 @@ ABOUT = (
 
 s = settings()
 st.title("Queries & keys")
-ref = twin(s.model)
+ref = s.model.scratch()
 if ref is None:
     st.info("Queries and keys are read inside HeadLens's own attention. Choose a model the from-scratch engine "
             "runs (a bundled model, the untrained encoder or your trained decoder).")

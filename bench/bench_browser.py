@@ -81,7 +81,7 @@ def long_prompts(repeat: int) -> None:
     from bench.bench_long import NAME, prompt
     from models.gguf import bundled_file, gguf_folder
 
-    ours = load_model(NAME, backend="scratch")
+    scratch = load_model(NAME, backend="scratch")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(gguf_folder(bundled_file(NAME)), attn_implementation="sdpa",
                                                                dtype=torch.float32).eval()
     rows = []
@@ -109,11 +109,11 @@ def long_prompts(repeat: int) -> None:
             watcher.start()
             times, sdpa, sizes = [], [], []
             for i in range(repeat):
-                text = prompt(ours, n, seed=10_000 + 100 * layer + n + i)
+                text = prompt(scratch, n, seed=10_000 + 100 * layer + n + i)
                 t, b = timed_commit(page, frames, text, 2)
                 times.append(t)
                 sizes.append(b)
-                ids = ours.tokenizer(text, return_tensors="pt")
+                ids = scratch.tokenizer(text, return_tensors="pt")
                 with torch.inference_mode():
                     start = time.perf_counter()
                     theirs(**ids)
@@ -125,7 +125,7 @@ def long_prompts(repeat: int) -> None:
                          statistics.median(ratios), max(ratios), statistics.median(sizes), peak[0] - base))
     print(f"Explore on SmolLM2, Ctrl+Enter to the heatmaps and the zoom drawn, Chromium {machine()}, "
           f"median of {repeat} new prompts")
-    print(f"{'prompt':<22} {'ours s':>7} {'SDPA s':>7} {'ratio':>6} {'worst':>6} {'sent MB':>8} {'server MiB':>11}")
+    print(f"{'prompt':<22} {'scratch s':>7} {'SDPA s':>7} {'ratio':>6} {'worst':>6} {'sent MB':>8} {'server MiB':>11}")
     for label, ours_s, sdpa_s, ratio, worst, size, memory in rows:
         print(f"{label:<22} {ours_s:7.2f} {sdpa_s:7.2f} {ratio:6.2f} {worst:6.2f} {size / 1e6:8.2f} {memory / 2**20:11.0f}")
 

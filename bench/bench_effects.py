@@ -85,26 +85,26 @@ def main() -> None:
     pairs = list(PAIRS.values())[:args.pairs]
     patch_heads(model, pairs[0].clean, pairs[0].corrupted, pairs[0].answer, pairs[0].distractor)  # warm up
     ratios, exact, estimated = [], [], []
-    print(f"{'pair':<40} {'tokens':>6} {'ours s':>7} {'theirs s':>8} {'ratio':>6} {'max diff':>8}")
+    print(f"{'pair':<40} {'tokens':>6} {'scratch s':>7} {'theirs s':>8} {'ratio':>6} {'max diff':>8}")
     for i, pair in enumerate(pairs):
-        run_ours = lambda: patch_heads(model, pair.clean, pair.corrupted, pair.answer, pair.distractor)  # noqa: E731
+        run_scratch = lambda: patch_heads(model, pair.clean, pair.corrupted, pair.answer, pair.distractor)  # noqa: E731
         run_theirs = lambda: hooked_sweep(hf, tok, pair, args.device)  # noqa: E731
         if i % 2:
             t_theirs, theirs = timed(run_theirs, args.device)
-            t_ours, ours = timed(run_ours, args.device)
+            t_scratch, scratch = timed(run_scratch, args.device)
         else:
-            t_ours, ours = timed(run_ours, args.device)
+            t_scratch, scratch = timed(run_scratch, args.device)
             t_theirs, theirs = timed(run_theirs, args.device)
-        ours = ours["recovered"].to_numpy().reshape(theirs.shape)
-        ratios.append(t_ours / t_theirs)
+        scratch = scratch["recovered"].to_numpy().reshape(theirs.shape)
+        ratios.append(t_scratch / t_theirs)
         n = len(tok(pair.clean)["input_ids"])
-        print(f"{pair.name:<40} {n:>6} {t_ours:>7.2f} {t_theirs:>8.2f} {t_ours / t_theirs:>6.3f} "
-              f"{np.abs(ours - theirs).max():>8.1e}")
+        print(f"{pair.name:<40} {n:>6} {t_scratch:>7.2f} {t_theirs:>8.2f} {t_scratch / t_theirs:>6.3f} "
+              f"{np.abs(scratch - theirs).max():>8.1e}")
         t_est, est = timed(lambda: patch_heads(model, pair.clean, pair.corrupted, pair.answer, pair.distractor,
                                                method="attribution"), args.device)
-        exact.append(ours.reshape(-1))
+        exact.append(scratch.reshape(-1))
         estimated.append(est["recovered"].to_numpy())
-        top = set(np.argsort(-np.abs(ours.reshape(-1)))[:10])
+        top = set(np.argsort(-np.abs(scratch.reshape(-1)))[:10])
         overlap = len(top & set(np.argsort(-np.abs(estimated[-1]))[:10]))
         print(f"    attribution patching {t_est:.2f} s: Pearson {pearsonr(exact[-1], estimated[-1])[0]:.3f}, "
               f"Spearman {spearmanr(exact[-1], estimated[-1])[0]:.3f}, top-10 heads shared {overlap}/10")

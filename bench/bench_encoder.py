@@ -85,21 +85,21 @@ def main() -> None:
     folder = default_model_dir()
     tf.utils.logging.disable_progress_bar()
     ref = tf.BertModel.from_pretrained(folder, attn_implementation="eager").to(dev).eval()
-    ours = BertEncoder.from_pretrained(folder).to(dev)
+    scratch = BertEncoder.from_pretrained(folder).to(dev)
     tok = tf.AutoTokenizer.from_pretrained(folder)
     print(f"BertEncoder vs transformers BertModel (all-MiniLM-L6-v2, eager, output_attentions), {machine(dev)}")
-    print(f"{'workload':<28} {'ours ms':>8} {'theirs ms':>9} {'ratio':>6}")
+    print(f"{'workload':<28} {'scratch ms':>8} {'theirs ms':>9} {'ratio':>6}")
     for label, texts in [("64 sentences, ~20 tokens", sentences(64)), ("1 text, 512 tokens", [long_text(tok)])]:
         enc = tok(texts, padding=True, truncation=True, max_length=512, return_tensors="pt").to(dev)
         with torch.inference_mode():
             want = ref(**enc, output_attentions=True).attentions
-            got = ours(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).attentions
+            got = scratch(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).attentions
             real = enc["attention_mask"].bool()  # padded query rows carry no meaning
             assert max((a - b).transpose(1, 2)[real].abs().max().item() for a, b in zip(got, want)) < 1e-4
-            r, t_ours, t_ref = ratio(
-                lambda: ours(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]),
+            r, t_scratch, t_ref = ratio(
+                lambda: scratch(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]),
                 lambda: ref(**enc, output_attentions=True), dev)
-        print(f"{label:<28} {t_ours * 1e3:8.1f} {t_ref * 1e3:9.1f} {r:6.2f}")
+        print(f"{label:<28} {t_scratch * 1e3:8.1f} {t_ref * 1e3:9.1f} {r:6.2f}")
     print("\nPeak memory of one 512-token attend (fresh process, above the loaded model):")
     for backend in ("scratch", "transformers"):
         m = peak_memory(backend, str(dev))

@@ -35,7 +35,7 @@ def main() -> None:
     scores = agreement(model, corpus[: args.sentences])
     print(f"\nSpearman correlation with token ablation, {scores['sentences']} sentences "
           f"({time.perf_counter() - start:.0f} s), mean over content positions:")
-    print(f"{'':>14} {'ours':>6} {'Abnar & Zuidema':>16}")
+    print(f"{'':>14} {'scratch':>6} {'Abnar & Zuidema':>16}")
     for name, theirs in PAPER.items():
         print(f"{name:>14} {scores[name]:>6.2f} {theirs:>16.2f}")
 

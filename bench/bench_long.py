@@ -150,8 +150,8 @@ def main() -> None:
 
     from models.gguf import bundled_file, gguf_folder
 
-    ours = load_model(NAME, backend="scratch", device=a.device)
-    ours.attend("Which do you like better, coffee or tea?")  # the first forward pass's one-time allocations
+    scratch = load_model(NAME, backend="scratch", device=a.device)
+    scratch.attend("Which do you like better, coffee or tea?")  # the first forward pass's one-time allocations
     print(f"# Long prompts, SmolLM2-135M-Instruct, on {machine(a.device)}")
     print("\n## Memory: two prompts open at the top layer, each switched to another layer and zoomed")
     from models.memory import release_memory
@@ -161,7 +161,7 @@ def main() -> None:
         release_memory()
         base = rss()
         with Peak() as peak:
-            opened = [first_view(ours, prompt(ours, n, seed=7 * n + k), ours.n_layers - 1, a.device)[2]
+            opened = [first_view(scratch, prompt(scratch, n, seed=7 * n + k), scratch.n_layers - 1, a.device)[2]
                       for k in range(2)]
             for k, att in enumerate(opened):
                 switch(att, 11 + k, 3 + k, a.device)
@@ -176,8 +176,8 @@ def main() -> None:
         rows = {layer: [] for layer in a.layers}
         full, body, layer_switch, head_switch, sent = [], [], [], [], []
         for p in range(a.prompts):
-            text = prompt(ours, n, seed=1000 * n + p)
-            ids = {k: v.to(a.device) for k, v in theirs_inputs(ours, text).items()}
+            text = prompt(scratch, n, seed=1000 * n + p)
+            ids = {k: v.to(a.device) for k, v in theirs_inputs(scratch, text).items()}
             with torch.inference_mode():
                 sync(a.device)
                 t = time.perf_counter()
@@ -193,7 +193,7 @@ def main() -> None:
             for layer in a.layers:
                 att = None
                 gc.collect()
-                seconds, size, att = first_view(ours, text, layer, a.device)
+                seconds, size, att = first_view(scratch, text, layer, a.device)
                 rows[layer].append(seconds)
                 sent.append(size)
             att.run_to(att.n_layers - 1)
@@ -228,8 +228,8 @@ def roles(a) -> None:
     from models.gguf import bundled_file, gguf_folder
     from models.memory import release_memory
 
-    ours = load_model(NAME, backend="scratch", device=a.device)
-    ours.attend("Which do you like better, coffee or tea?")
+    scratch = load_model(NAME, backend="scratch", device=a.device)
+    scratch.attend("Which do you like better, coffee or tea?")
     nlp = load_spacy()
     nlp("A first sentence parsed.")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(gguf_folder(bundled_file(NAME)), attn_implementation="sdpa",
@@ -238,19 +238,19 @@ def roles(a) -> None:
     for n in a.tokens:
         seconds, ratios, memory, sentences = [], [], [], []
         for p in range(a.prompts):
-            text = prompt(ours, n, seed=5000 + 100 * n + p)
+            text = prompt(scratch, n, seed=5000 + 100 * n + p)
             with torch.inference_mode():
                 t = time.perf_counter()
-                theirs(**{k: v.to(a.device) for k, v in theirs_inputs(ours, text).items()})
+                theirs(**{k: v.to(a.device) for k, v in theirs_inputs(scratch, text).items()})
                 sdpa = time.perf_counter() - t
             gc.collect()
             release_memory()
             t = time.perf_counter()
-            profile = profile_document(ours.attend_long(text), nlp)
+            profile = profile_document(scratch.attend_long(text), nlp)
             seconds.append(time.perf_counter() - t)
             ratios.append(seconds[-1] / sdpa)
             sentences.append(len(profile.sentences))
-            att = ours.attend_long(text)     # memory: the prompt run to the top first, then the profile alone
+            att = scratch.attend_long(text)     # memory: the prompt run to the top first, then the profile alone
             att.run_to(att.n_layers - 1)
             profile = None
             gc.collect()

@@ -25,17 +25,17 @@ def main() -> None:
     args = parser.parse_args()
     dev = torch.device(args.device)
     print(f"MultiHeadAttention, fp32, {machine(dev)}")
-    print(f"{'B':>3} {'L':>4} {'E':>4} {'H':>3} | {'ours ms':>8} {'torch ms':>8} {'ratio':>6} | {'loop ms':>8} {'speed-up':>8}")
+    print(f"{'B':>3} {'L':>4} {'E':>4} {'H':>3} | {'scratch ms':>8} {'torch ms':>8} {'ratio':>6} | {'loop ms':>8} {'speed-up':>8}")
     for B, L, E, H in SHAPES:
         torch.manual_seed(0)
         ref = nn.MultiheadAttention(E, H, batch_first=True).to(dev).eval()
-        ours = MultiHeadAttention.from_torch(ref).eval()
+        scratch = MultiHeadAttention.from_torch(ref).eval()
         x = torch.randn(B, L, E, device=dev)
         with torch.inference_mode():
-            r, t_ours, t_torch = ratio(lambda: ours(x, average_attn_weights=False), lambda: ref(x, x, x, need_weights=True,
+            r, t_scratch, t_torch = ratio(lambda: scratch(x, average_attn_weights=False), lambda: ref(x, x, x, need_weights=True,
                                                                      average_attn_weights=False), dev)
-            r_loop, _, t_loop = ratio(lambda: ours(x, average_attn_weights=False), lambda: per_head_loop(ours, x, x, x), dev, rounds=5)
-        print(f"{B:>3} {L:>4} {E:>4} {H:>3} | {t_ours * 1e3:8.2f} {t_torch * 1e3:8.2f} {r:6.2f} | "
+            r_loop, _, t_loop = ratio(lambda: scratch(x, average_attn_weights=False), lambda: per_head_loop(scratch, x, x, x), dev, rounds=5)
+        print(f"{B:>3} {L:>4} {E:>4} {H:>3} | {t_scratch * 1e3:8.2f} {t_torch * 1e3:8.2f} {r:6.2f} | "
               f"{t_loop * 1e3:8.2f} {1 / r_loop:7.1f}x")
 
 

@@ -72,11 +72,11 @@ def main() -> None:
 
     from models import load_model
 
-    ours, theirs = (load_model(NAME, backend=b, device=a.device) for b in ("scratch", "transformers"))
-    batch, text = sentences(64), text_of(ours, 512)
+    scratch, theirs = (load_model(NAME, backend=b, device=a.device) for b in ("scratch", "transformers"))
+    batch, text = sentences(64), text_of(scratch, 512)
     print("workload              ours s   transformers s   ratio (<= 1.0 aimed)")
-    for label, work in (("64 x ~20 tokens", batch), (f"1 x {ours.token_counts([text])[0]} tokens", text)):
-        r, mine, other = ratio(lambda: ours.attend(work), lambda: theirs.attend(work), a.device,
+    for label, work in (("64 x ~20 tokens", batch), (f"1 x {scratch.token_counts([text])[0]} tokens", text)):
+        r, mine, other = ratio(lambda: scratch.attend(work), lambda: theirs.attend(work), a.device,
                                rounds=a.rounds, repeat=1, warmup=1)
         print(f"{label:<20} {mine:8.3f} {other:15.3f}   {r:.2f}")
 

@@ -38,13 +38,13 @@ def main() -> None:
 def prepare(key: str, peak: PeakMemory) -> None:
     """``key``'s two engines opened (the steps use both), then each step run and reported."""
     from app_pages.ui import warm_up
-    from app_pages.ui.models import ModelRef, cached_model, twin
+    from app_pages.ui.models import ModelRef, cached_model
     from models.memory import release_memory
 
     ref = ModelRef(key)
     start = time.perf_counter()
     cached_model(ref)
-    cached_model(twin(ref))
+    cached_model(ref.scratch())
     print(f"{key}: both engines opened in {time.perf_counter() - start:.1f} s, {memory_mib():.0f} MiB "
           f"(at most {peak.reset():.0f} MiB)")
     total = 0.0

@@ -34,17 +34,17 @@ def best_time(fn, device="cpu", repeat: int = 3) -> float:
     return min(times)
 
 
-def ratio(ours, theirs, device="cpu", rounds: int = 11, repeat: int = 3, warmup: int = 2):
+def ratio(scratch, theirs, device="cpu", rounds: int = 11, repeat: int = 3, warmup: int = 2):
     """Median over rounds of time(ours) / time(theirs), each round timing both back to back.
 
     Returns (ratio, ours_seconds, theirs_seconds) with the medians of each side.
     """
     for _ in range(warmup):
-        ours()
+        scratch()
         theirs()
     mine, other, ratios = [], [], []
     for r in range(rounds):
-        pair = [(ours, mine), (theirs, other)]
+        pair = [(scratch, mine), (theirs, other)]
         if r % 2:
             pair.reverse()
         for fn, out in pair:

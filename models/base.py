@@ -16,6 +16,7 @@ from .errors import HeadLensError
 from .limits import batches, token_limit
 from .long import LONG_TOKENS_CAP
 from .result import Attention
+from .run import language_stack
 
 MAX_TOKENS_CAP = 1024  # the most tokens HeadLens shows, whatever the model allows
 
@@ -151,16 +152,23 @@ class AttentionModel:
 
     def attend_long(self, text: str, *, head_mask=None, head_means=None, causal: bool = False):
         """A ``LongAttention``: ``text`` up to ``long_max_tokens`` tokens, each layer's weights computed when
-        asked (from-scratch engine: a transformers model hands it to its ``twin``)."""
-        return self.twin("Long prompts are computed inside our own attention").attend_long(
+        asked (from-scratch engine: a transformers model hands it to ``scratch()``)."""
+        return self.scratch("Long prompts are computed").attend_long(
             text, head_mask=head_mask, head_means=head_means, causal=causal)
 
-    def twin(self, what: str = "This") -> "AttentionModel":
+    def scratch(self, what: str = "This", *, language: bool = False) -> "AttentionModel":
         """This model on the from-scratch engine, with the same weights: itself when it runs there. What reads
         or changes a head inside the attention (head masks, pruning, value norms, queries and keys, long
-        prompts, patching) runs on it. ``what`` starts the sentence of a model that has none."""
-        raise HeadLensError(f"{what} inside our own attention, and {self.name} has no twin there: the from-scratch "
-                            "engine does not implement its architecture.")
+        prompts, patching) runs on it. ``what`` starts the sentence of a model the engine does not implement;
+        ``language``: checked to be a language model too (a sentence for an encoder)."""
+        model = self._on_scratch(what)
+        if language:
+            language_stack(model)
+        return model
+
+    def _on_scratch(self, what: str) -> "AttentionModel":
+        raise HeadLensError(f"{what} inside the from-scratch engine, which does not implement {self.name}'s "
+                            "architecture.")
 
     def heads(self, heads) -> list[tuple[int, int]]:
         """``heads`` as ``(layer, head)`` pairs of ints, each checked to exist; a sentence when one does not."""
@@ -213,16 +221,16 @@ class AttentionModel:
             yield chunk, self._inputs(enc)
 
     def value_norms(self, text: str, **attend) -> np.ndarray:
-        """``(layers, heads, n, n)``: each weight times the length of what its key sends (on the ``twin``)."""
-        return self.twin("Value norms read each head's value and output projections").value_norms(text, **attend)
+        """``(layers, heads, n, n)``: each weight times the length of what its key sends (on ``scratch()``)."""
+        return self.scratch("Value norms read each head's value and output projections").value_norms(text, **attend)
 
     def queries_keys(self, texts, layers, **options):
-        """Each head's queries and keys as its softmax sees them (on the ``twin``)."""
-        return self.twin("Queries and keys are read").queries_keys(texts, layers, **options)
+        """Each head's queries and keys as its softmax sees them (on ``scratch()``)."""
+        return self.scratch("Queries and keys are read").queries_keys(texts, layers, **options)
 
     def queries_keys_groups(self, texts, groups, **options):
-        """``queries_keys`` of each group of layers in turn, the layers below run once (on the ``twin``)."""
-        return self.twin("Queries and keys are read").queries_keys_groups(texts, groups, **options)
+        """``queries_keys`` of each group of layers in turn, the layers below run once (on ``scratch()``)."""
+        return self.scratch("Queries and keys are read").queries_keys_groups(texts, groups, **options)
 
     def _head_mask(self, head_mask):
         if head_mask is None:

@@ -85,8 +85,8 @@ class TransformersModel(AttentionModel):
                  config: dict | None = None):
         c = model.config
         self.model = model
-        self.folder, self._config = folder, config or {}  # the folder's config.json, for the twin
-        self._twin, self._twin_lock = None, threading.Lock()
+        self.folder, self._config = folder, config or {}  # the folder's config.json, for scratch()
+        self._scratch, self._scratch_lock = None, threading.Lock()
         self.encoder_decoder = bool(getattr(c, "is_encoder_decoder", False))
         decoder_only = c.model_type in DECODER_ONLY_TYPES or bool(getattr(c, "is_decoder", False))
         n_layers = _first_attr(c, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -98,29 +98,29 @@ class TransformersModel(AttentionModel):
                          parts=3 if self.encoder_decoder else 1)
         self.windows = config_windows(c, n_layers) if decoder_only else None
 
-    def twin(self, what: str = "This") -> AttentionModel:
+    def _on_scratch(self, what: str) -> AttentionModel:
         """The same weights on the from-scratch engine, loaded from the model's folder the first time it is
         asked for and kept; a sentence for an architecture that engine does not implement."""
         if self.folder is None or for_model_type(self._config.get("model_type")) is None:
-            return super().twin(what)
-        with self._twin_lock:
-            if self._twin is None:
-                twin = open_scratch(self.folder, self._config, self.name, self.device)
-                twin.embed_max_tokens = self.embed_max_tokens
-                self._twin = twin
-        return self._twin
+            return super()._on_scratch(what)
+        with self._scratch_lock:
+            if self._scratch is None:
+                scratch = open_scratch(self.folder, self._config, self.name, self.device)
+                scratch.embed_max_tokens = self.embed_max_tokens
+                self._scratch = scratch
+        return self._scratch
 
     def attend(self, texts, *, head_mask=None, head_means=None, causal: bool = False, **options):
-        """``AttentionModel.attend``; with heads switched off or a causal mask added, on the ``twin``."""
+        """``AttentionModel.attend``; with heads switched off or a causal mask added, on ``scratch()``."""
         if head_mask is not None or head_means is not None or (causal and not self.causal) or options.get("edits"):
-            return self.twin("Switching heads off and adding a causal mask happen").attend(
+            return self.scratch("Switching heads off and adding a causal mask happen").attend(
                 texts, head_mask=head_mask, head_means=head_means, causal=causal, **options)
         return super().attend(texts, **options)
 
     def embed(self, texts, *, head_mask=None, head_means=None, **options):
-        """``AttentionModel.embed``; with heads switched off, on the ``twin``."""
+        """``AttentionModel.embed``; with heads switched off, on ``scratch()``."""
         if head_mask is not None or head_means is not None:
-            return self.twin("Switching heads off happens").embed(texts, head_mask=head_mask,
+            return self.scratch("Switching heads off happens").embed(texts, head_mask=head_mask,
                                                                   head_means=head_means, **options)
         return super().embed(texts, **options)
 

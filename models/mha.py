@@ -106,18 +106,18 @@ class MultiHeadAttention(nn.Module):
         """
         if m.bias_k is not None or m.bias_v is not None or m.add_zero_attn:
             raise ValueError("add_bias_kv and add_zero_attn have no counterpart in MultiHeadAttention")
-        ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout,
+        scratch = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout,
                    kdim=m.kdim, vdim=m.vdim)
         ref = m.in_proj_weight if m.in_proj_weight is not None else m.q_proj_weight
-        ours.to(device=ref.device, dtype=ref.dtype)
+        scratch.to(device=ref.device, dtype=ref.dtype)
         with torch.no_grad():
-            names = ["in_proj_weight"] if ours.fused else ["q_proj_weight", "k_proj_weight", "v_proj_weight"]
+            names = ["in_proj_weight"] if scratch.fused else ["q_proj_weight", "k_proj_weight", "v_proj_weight"]
             if m.in_proj_bias is not None:
                 names.append("in_proj_bias")
             for name in names:
-                getattr(ours, name).copy_(getattr(m, name))
-            ours.out_proj.load_state_dict(m.out_proj.state_dict())
-        return ours
+                getattr(scratch, name).copy_(getattr(m, name))
+            scratch.out_proj.load_state_dict(m.out_proj.state_dict())
+        return scratch
 
     def pruned(self, keep: list[int], head_fill: torch.Tensor | None = None) -> "MultiHeadAttention":
         """A new module with only the heads ``keep`` (indices into this one's heads, in order); this one untouched.

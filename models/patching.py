@@ -18,6 +18,10 @@ import torch
 
 from .pairs import Measure, attribution_batch, patched_measures
 from .run import Trace, as_batch, language_stack, trace, trace_batch
+
+__all__ = ["Trace", "trace", "trace_batch", "language_stack", "trace_weights", "head_results", "result_norms",
+           "attention_biases", "direction", "patched_differences", "attribution_estimates", "head_values",
+           "output_columns", "head_writes", "Shares", "shares"]
 from .stacks.heads import place_heads
 
 Progress = Callable[[int, int], None]

@@ -23,7 +23,7 @@ from .stacks import Stack
 
 
 class ScratchModel(AttentionModel):
-    """A ``Stack`` of ours (a BERT encoder, a decoder trained here…), from its weights or untrained."""
+    """A ``Stack`` on the from-scratch engine (a BERT encoder, a decoder trained here…), from its weights or untrained."""
 
     backend = "scratch"
 
@@ -35,8 +35,8 @@ class ScratchModel(AttentionModel):
         windows = tuple(block.attn.window for block in stack.layers)
         self.windows = windows if any(w is not None for w in windows) else None
 
-    def twin(self, what: str = "This") -> "ScratchModel":
-        """Itself: it runs on our engine."""
+    def _on_scratch(self, what: str) -> "ScratchModel":
+        """Itself: it runs on the from-scratch engine."""
         return self
 
     @property

@@ -104,13 +104,13 @@ def test_a_decoders_card_reads_the_effects_pages_own_results(new_app, smollm2):
     from analysis.effects import PAIRS, patch_heads
     from app_pages.ui.card import task_heads
     from app_pages.ui.effects import effects
-    from app_pages.ui.models import ModelRef, twin
+    from app_pages.ui.models import ModelRef
 
     at = new_app({"model": "smollm2"}, page="app_pages/effects.py")
     at.button(key="effects-card").click().run()
     assert not at.exception and title(at) == "L23 H3 · SmolLM2-135M-Instruct"
     pairs = table(at, "built-in pair")
-    ref = twin(ModelRef("smollm2"))
+    ref = ModelRef("smollm2").scratch()
     for row in pairs.itertuples():
         found = effects.peek(ref, PAIRS[row[1]], "exact").heads.set_index(["layer", "head"]).loc[(23, 3)]
         assert float(row[4]) == pytest.approx(found["recovered"], abs=5e-4)

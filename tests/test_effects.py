@@ -262,7 +262,7 @@ def test_what_cannot_be_patched_gets_a_sentence(decoder, hf_model, tiny):
         patch_heads(ours, CLEAN, CORRUPTED, 5, 6, method="fast")
     with pytest.raises(HeadLensError, match="encoder, not a language model"):
         logit_attribution(hf_model, "Which do you like better, coffee or tea?", "tea")
-    with pytest.raises(HeadLensError, match="has no twin there"):
+    with pytest.raises(HeadLensError, match="the from-scratch engine, which does not implement"):
         logit_attribution(load_model(tiny("gpt2")), "Hello world", 5)
 
 

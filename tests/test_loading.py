@@ -237,14 +237,14 @@ def test_the_transformers_engine_hands_head_masks_and_causal_masks_to_its_twin(h
         np.testing.assert_array_equal(got.weights, want.weights)
         assert got.backend == "scratch"  # the result says which engine computed it
     assert not got.weights[0, 0][np.triu_indices(len(got.tokens), 1)].any()
-    assert hf_model.twin() is hf_model.twin()  # loaded once, then kept
+    assert hf_model.scratch() is hf_model.scratch()  # loaded once, then kept
 
 
 def test_options_a_backend_does_not_have(hf_model, tiny):
     gpt2 = load_model(tiny("gpt2"))
-    with pytest.raises(HeadLensError, match="has no twin there"):
+    with pytest.raises(HeadLensError, match="the from-scratch engine, which does not implement"):
         gpt2.attend("hi", head_mask=np.ones((2, 4)))
-    with pytest.raises(HeadLensError, match="has no twin there"):
+    with pytest.raises(HeadLensError, match="the from-scratch engine, which does not implement"):
         gpt2.embed("hi", head_mask=np.ones((2, 4)))
     with pytest.raises(HeadLensError, match="implements BERT encoders"):
         load_model(tiny("gpt2"), backend="scratch")

@@ -298,7 +298,7 @@ class LossModel:
         pooled = (h * real).sum(1) / real.sum(1)
         return ((pooled - self.target) ** 2).sum(1).mean()
 
-    def twin(self, what: str = "This"):
+    def scratch(self, what: str = "This"):
         return self  # it runs on our engine, as the model it wraps does
 
     def __getattr__(self, name):
@@ -444,5 +444,5 @@ def test_transformers_models_are_ablated_through_their_twin(hf_model, scratch_mo
     want = ablate(scratch_model, TEXTS, [(1, 2), (3, 4)])
     np.testing.assert_array_equal(got.cosine, want.cosine)
     assert got.cosine.min() < 1 - 1e-4
-    with pytest.raises(HeadLensError, match="Head importance switches heads off .* has no twin there"):
+    with pytest.raises(HeadLensError, match="Head importance switches heads off .* the from-scratch engine, which does not implement"):
         head_importance(load_model(tiny("gpt2")), TEXTS)

@@ -234,7 +234,7 @@ def test_the_task_form_equals_the_prompt_form_pair_by_pair(family):
                   for a, b in zip(ids, bad))
     task = Task("mine", "hand-made", pairs)
     got = QA.qk_attribution_task(model, task, 2 if name == "gemma3" else 1, 0, "END", "A", batch_pairs=2)
-    ours = model.twin()
+    ours = model.scratch()
     for i, (a, b) in enumerate(zip(ids, bad)):
         for which, row in (("clean", a), ("corrupted", b)):
             run = Q.writers_run(ours.stack, C.graph_of(ours.stack), torch.tensor([row]))

@@ -11,7 +11,7 @@ from models import Attention, AttentionModel
 from models.long import LongAttention
 
 from .generation import generated_from
-from .models import ModelRef, cached_model, model_for, twin
+from .models import ModelRef, cached_model, model_for
 from .settings import Settings
 from .shared import shared
 from .state import choose
@@ -43,7 +43,7 @@ def cached_attention(ref: ModelRef, text: str, causal: bool, heads_off: tuple, m
     mask = head_mask(model, heads_off)
     att = model.attend(text, head_mask=mask, causal=causal, layers=layers)
     if moved:
-        norms = cached_model(twin(ref)).value_norms(text, head_mask=mask, causal=causal)
+        norms = cached_model(ref.scratch()).value_norms(text, head_mask=mask, causal=causal)
         norms = norms if layers is None else norms[list(layers)]
         att = dataclasses.replace(att, weights=renormalise_rows(norms))
     return _frozen(att)
@@ -64,11 +64,11 @@ def long_attention(s: Settings, text: str, ref: ModelRef, model: AttentionModel,
     """``text`` as a ``LongAttention`` shared by every session, when it is longer than ``model`` (``ref``'s)
     keeps in ``attend`` and the model runs on our engine (a transformers model through its twin, which has
     the same sizes); else None."""
-    ours = twin(ref)
-    if ours is None or s.moved or model.encoder_decoder or not model.is_long(text):
+    scratch = ref.scratch()
+    if scratch is None or s.moved or model.encoder_decoder or not model.is_long(text):
         return None
-    model_for(ours, container=container)
-    att = long_prompt(ours, text, s.causal and ref.scratch, s.heads_off if ref.scratch else ())
+    model_for(scratch, container=container)
+    att = long_prompt(scratch, text, s.causal and ref.is_scratch, s.heads_off if ref.is_scratch else ())
     if att.truncated:
         container.warning(f"This text has {att.n_tokens_original:,} tokens; {ref.title} reads at most "
                           f"{len(att.tokens):,} here, so it was cut there.")
@@ -90,15 +90,15 @@ def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "c
     # below it keep their place, so the chart updates in place instead of being drawn anew.
     slot = container.empty()
     with slot, st.spinner("Computing attention…"):
-        att = cached_attention(ref, text, s.causal and ref.scratch, s.heads_off if ref.scratch else (),
-                               s.moved and twin(ref) is not None, None if model.encoder_decoder else layers)
+        att = cached_attention(ref, text, s.causal and ref.is_scratch, s.heads_off if ref.is_scratch else (),
+                               s.moved and ref.scratch() is not None, None if model.encoder_decoder else layers)
     start = generated_from(text)
     if start is not None:
         att = dataclasses.replace(att, generated_from=start)  # the shared weights, its generated tokens marked
     if att.truncated:
         slot.warning(f"This text has {att.n_tokens_original} tokens; the model reads at most "
                      f"{len(att.tokens)}, so it was cut there.")
-    elif s.moved and twin(ref) is not None:
+    elif s.moved and ref.scratch() is not None:
         slot.caption("Each weight is scaled by the length of what its key sends through the head "
                      "(Kobayashi et al. 2020), and each row by its total: the share of what reaches the query.")
     else:

@@ -21,7 +21,7 @@ from models.files import resolve_model_dir
 
 from .detector import detected
 from .effects import cheap_copying, copying, effects
-from .models import LLM, ModelRef, cached_model, twin
+from .models import LLM, ModelRef, cached_model
 from .profiles import corpus_profile
 from .pruning import SAMPLE, first_measured, importance
 from .qk import first_pictures, pictures
@@ -45,12 +45,12 @@ def peaks(ref: ModelRef, causal: bool, heads_off: tuple) -> Peaks:
 
 
 @shared("writes", entries=8, waiting="Measuring what each head writes",
-        warm=Warm(2.5, lambda ref: [(twin(ref), False, ())]))
+        warm=Warm(2.5, lambda ref: [(ref.scratch(), False, ())]))
 def writes(ref: ModelRef, causal: bool, heads_off: tuple) -> Writes:
     """A decoder's heads' largest output norm in each sentence of its profile (our engine reads each head's output)."""
     _, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
     bar = Bar(f"Reading what every head writes in {len(attentions)} sentences")
-    found = corpus_writes(cached_model(twin(ref)), [a.text for a in attentions], progress=bar)
+    found = corpus_writes(cached_model(ref.scratch()), [a.text for a in attentions], progress=bar)
     bar.empty()
     return found
 
@@ -64,7 +64,7 @@ def importance_args(ref: ModelRef) -> tuple:
     sample, an encoder's by mean ablation on the corpus sample."""
     if decoder(ref):
         return first_measured(ref)[0]
-    return (twin(ref), "mean", corpus_sample(SAMPLE), "ablation")
+    return (ref.scratch(), "mean", corpus_sample(SAMPLE), "ablation")
 
 
 def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, importance_too: bool = True,
@@ -74,9 +74,9 @@ def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, im
     importance and pictures. ``importance_too``, ``qk_too``: False takes those only when already computed."""
     frame, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
     parts = CardParts(frame, attentions, peaks(ref, causal, heads_off), windows=attentions[0].windows)
-    ours = twin(ref)
-    if ours is not None:
-        measured, drawn = importance_args(ours), first_pictures(ours)[0]
+    scratch = ref.scratch()
+    if scratch is not None:
+        measured, drawn = importance_args(scratch), first_pictures(scratch)[0]
         if importance_too or importance.peek(*measured) is not None:
             parts.importance = importance(*measured).frame
         if qk_too or pictures.peek(*drawn) is not None:
@@ -85,9 +85,9 @@ def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, im
         return parts
     parts.writes = writes(ref, causal, heads_off)
     parts.detector = detected(ref)
-    parts.copying = copying(ours) if cheap_copying(ref) else copying.peek(ours)  # else on request: slow
+    parts.copying = copying(scratch) if cheap_copying(ref) else copying.peek(scratch)  # else on request: slow
     for name, pair in PAIRS.items():
-        found = effects(ours, pair, "exact")
+        found = effects(scratch, pair, "exact")
         parts.pairs[name] = (found.attribution, found.heads)
     parts.task = task_heads(ref)
     parts.task_name = TASK_NAME

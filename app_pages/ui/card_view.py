@@ -21,7 +21,7 @@ from .detector import NAMES
 from .effects import copying, flow, vocabulary
 from .exports import chart
 from .messages import markdown_table, plain
-from .models import ModelRef, twin
+from .models import ModelRef
 from .settings import Settings
 from .state import bound
 
@@ -96,7 +96,7 @@ def examples(card: HeadCard) -> None:
 def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> None:
     """A decoder head's vocabulary at a position of the user's text, and its OV copying and suppression."""
     st.subheader("What it writes")
-    ours = twin(ref)
+    scratch = ref.scratch()
     if not card.decoder:
         st.caption("What a head writes, and what it does to the built-in pairs and task, are read on the bundled "
                    "decoders (SmolLM2, Gemma 3); for a decoder trained here, open Effects.")
@@ -104,7 +104,7 @@ def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> Non
     tokens = attention(s, text).tokens
     at = bound(st.selectbox, "card_at", len(tokens) - 1, init="index", options=list(range(len(tokens))), cast=int,
                label="At", format_func=lambda p: f"{p}: {token_label(tokens[p])}")
-    words = vocabulary(ours, text, card.layer, card.head, at)
+    words = vocabulary(scratch, text, card.layer, card.head, at)
     left, right = st.columns(2)
     with left:
         chart(vocabulary_bars(words, title=f"The logits it adds at “{token_label(tokens[at])}”"), "card-vocabulary")
@@ -114,7 +114,7 @@ def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> Non
             if st.button("Read every head's OV circuit", key="card-copying", help="Copying and suppression scores "
                          "over the whole vocabulary, computed once per server (Gemma 3's 262,144 tokens: about 100 s "
                          "on two cores)."):
-                copying(ours)
+                copying(scratch)
                 st.rerun()
             return
         st.metric("OV copying", f"{c['copying']:.2f}", help="Share of sampled tokens its OV circuit raises among the "
@@ -137,7 +137,7 @@ def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
                        help=f"95% interval {t['low']:.3f} to {t['high']:.3f}; q = {t['q']:.3g}; rank {int(t['rank'])} "
                             "by size, attribution patching.")
         cols[0].caption(f"[{t['low']:.3f}, {t['high']:.3f}], rank {int(t['rank'])}")
-        shares = flow_heads(flow(twin(ref), text))
+        shares = flow_heads(flow(ref.scratch(), text))
         rank = int((shares > shares[card.layer, card.head]).sum()) + 1
         cols[1].metric("Flow share on your text", f"{shares[card.layer, card.head]:.3f}",
                        help="How much of your sentence's last token passes through it (every route, shares multiplied).")
@@ -156,7 +156,7 @@ def _importance(ref: ModelRef, card: HeadCard, where) -> None:
         where.caption(f"rank {int(i['rank'])} of {int(i['of'])}")
     elif where.button("Measure every head's importance", key="card-importance",
                       help="Each head switched off in turn on Pruning's sentences (a minute or so), then shared."):
-        importance(*importance_args(twin(ref)))
+        importance(*importance_args(ref.scratch()))
         st.rerun()
 
 
@@ -166,7 +166,7 @@ def queries_keys(ref: ModelRef, card: HeadCard) -> None:
     if card.qk is None:
         if st.button("Draw every head's queries and keys", key="card-qk",
                      help="Every head over the built-in corpus, as Queries & keys draws them (then shared)."):
-            pictures(*first_pictures(twin(ref))[0])
+            pictures(*first_pictures(ref.scratch())[0])
             st.rerun()
         return
     f = card.qk

@@ -14,7 +14,7 @@ from analysis.circuits import EdgeScores
 from models import HeadLensError
 
 from .messages import stop_with
-from .models import ModelRef, cached_model, twin
+from .models import ModelRef, cached_model
 from .shared import Bar, Warm, shared
 from .state import bound
 from .tasks import FIRST, TaskSpec, built_task, pick_task
@@ -64,7 +64,7 @@ def pick_circuit() -> CircuitChoice:
 
 def first_circuit(ref: ModelRef) -> list[tuple]:
     """What the Circuits page shows first: the indirect-object task's 50 pairs, EAP-IG in 5 steps, on the twin."""
-    return [(twin(ref), FIRST, "logit_diff", "eap_ig", AC.STEPS)]
+    return [(ref.scratch(), FIRST, "logit_diff", "eap_ig", AC.STEPS)]
 
 
 @shared("circuit scores", entries=8, waiting="Scoring every edge over the task", warm=Warm(10, first_circuit))

@@ -15,7 +15,7 @@ from viz import head_heatmap, role_grid
 from .attention import cached_attention
 from .card_links import click_opens_card
 from .exports import chart
-from .models import ModelRef, cached_model, twin
+from .models import ModelRef, cached_model
 from .shared import Bar, Warm, shared
 from .state import bound, choose, flag, head_from_url, head_to_url
 
@@ -32,7 +32,7 @@ NAMES = {"previous_token": "previous token", "duplicate_token": "duplicate token
 def _engines(ref: ModelRef) -> list[tuple]:
     """The detector on the sidebar's model and, when that is a transformers one, on its twin: Effects names a
     head's label on the engine it patches with."""
-    return [(ref,)] if twin(ref) == ref else [(ref,), (twin(ref),)]
+    return [(ref,)] if ref.scratch() == ref else [(ref,), (ref.scratch(),)]
 
 
 @shared("detector", entries=8, copy=True, waiting="Detecting this model's heads", warm=Warm(2, _engines))

@@ -15,7 +15,7 @@ from models import AttentionModel, HeadLensError
 from models.corpus import DEFAULT_TEXT
 
 from .messages import plain, stop_with
-from .models import TRAINED, ModelRef, cached_model, twin
+from .models import TRAINED, ModelRef, cached_model
 from .shared import Bar, Warm, shared, spinner
 from .state import bound
 from .training import trained_job
@@ -130,7 +130,7 @@ def prompt_trace(ref: ModelRef, text: str) -> Traced:
 def _pairs(ref: ModelRef) -> list[tuple]:
     """What Effects shows first, the first built-in pair on the model's twin patched exactly, then the other pairs
     (a head's card reads each)."""
-    return [(twin(ref), pair, "exact") for pair in PAIRS.values()]
+    return [(ref.scratch(), pair, "exact") for pair in PAIRS.values()]
 
 
 @shared("effects", entries=32, waiting="Patching these prompts", warm=Warm(6, _pairs))
@@ -182,7 +182,7 @@ def vocabulary(ref: ModelRef, prompt: str, layer: int, head: int, position: int)
 
 
 @shared("routes", entries=32, waiting="Reading this prompt's routes",
-        warm=Warm(6.5, lambda ref: [(twin(ref), DEFAULT_TEXT)]))  # a head's card on the sidebar's first sentence
+        warm=Warm(6.5, lambda ref: [(ref.scratch(), DEFAULT_TEXT)]))  # a head's card on the sidebar's first sentence
 def flow(ref: ModelRef, prompt: str) -> Flow:
     """Every residual update of ``prompt`` split into its parts' shares, read from the prompt's trace."""
     with spinner("Splitting every update of the residual stream into its parts…"):
@@ -193,7 +193,7 @@ def cheap_copying(ref: ModelRef) -> list[tuple]:
     """Every head's copying scores, prepared where reading the OV circuits takes about half a minute at most
     (SmolLM2: 4.9e11 multiply-adds, 20 s on two cores); Gemma 3's 262,144-token vocabulary takes 100 s and
     5 GB, so a page asks for it."""
-    return [(twin(ref),)] if copying_work(cached_model(twin(ref))) <= COPYING_PREPARED else []
+    return [(ref.scratch(),)] if copying_work(cached_model(ref.scratch())) <= COPYING_PREPARED else []
 
 
 @shared("copying", entries=4, waiting="Reading every head's OV circuit", warm=Warm(5, cheap_copying))

@@ -31,7 +31,7 @@ TRAINED = {
     "trained_start": "Your trained decoder at step 0 · this session",
 }
 TRANSFORMERS = {b.key for b in CATALOG}  # the bundled models on the transformers engine
-SCRATCH = {"untrained", *(b.scratch_key for b in CATALOG), *TRAINED}  # the choices that run our engine
+SCRATCH = {"untrained", *(b.scratch_key for b in CATALOG), *TRAINED}  # the choices on the from-scratch engine
 LLM = {k for b in CATALOG if b.decoder for k in b.engines()}  # the bundled decoder LLMs, on either engine
 DECODERS = " or ".join(b.title for b in CATALOG if b.decoder)  # their names, for a sentence
 
@@ -47,8 +47,17 @@ class ModelRef:
     download: bool = False     # "custom": fetch the model id from the Hub when it is not in the local cache
 
     @property
-    def scratch(self) -> bool:
+    def is_scratch(self) -> bool:
+        """It runs on the from-scratch engine."""
         return self.choice in SCRATCH
+
+    def scratch(self) -> "ModelRef | None":
+        """The same weights on the from-scratch engine (``AttentionModel.scratch`` of the model behind it): itself
+        when it runs there; None for a custom model."""
+        if self.is_scratch:
+            return self
+        model = bundled(self.choice)
+        return None if model is None else ModelRef(model.scratch_key, device=self.device)
 
     @property
     def cache_key(self) -> tuple:
@@ -64,15 +73,6 @@ class ModelRef:
     def title(self) -> str:
         """The model's name without its engine: "all-MiniLM-L6-v2"."""
         return {**MODELS, **TRAINED}[self.choice].split(" · ")[0]
-
-
-def twin(ref: ModelRef) -> ModelRef | None:
-    """The model behind ``ref`` on our engine (the same weights), its twin: itself when it runs there;
-    None for a custom model."""
-    if ref.scratch:
-        return ref
-    model = bundled(ref.choice)
-    return None if model is None else ModelRef(model.scratch_key, device=ref.device)
 
 
 def model_names() -> dict[str, str]:
@@ -183,13 +183,13 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
 
 
 def decoder_or_stop(ref: ModelRef, reason: str) -> tuple[ModelRef, AttentionModel]:
-    """``ref``'s twin on our engine and its model when that is a language model; else ``reason`` (what the page
+    """``ref`` on the from-scratch engine and its model when that is a language model; else ``reason`` (what the page
     needs that an encoder lacks) and which models to choose, and the run ends."""
-    ours = twin(ref) or ref
-    model = model_for(ours)
+    scratch = ref.scratch() or ref
+    model = model_for(scratch)
     stack = getattr(model, "stack", None)
     if stack is None or not stack.language_model:
         st.info(f"{reason}: it is an encoder. Choose a bundled decoder ({DECODERS}) in the sidebar, or a decoder you "
                 "trained on the Train page.")
         st.stop()
-    return ours, model
+    return scratch, model

@@ -14,7 +14,7 @@ from models import AttentionModel, Head, head_label
 from models.corpus import CORPUS, corpus_sample
 
 from .exports import model_zip
-from .models import LLM, TRAINED, ModelRef, cached_model, model_for, twin
+from .models import LLM, TRAINED, ModelRef, cached_model, model_for
 from .profiles import uploaded_sentences
 from .settings import Settings
 from .shared import Bar, Warm, shared
@@ -105,15 +105,15 @@ def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
     return source, sentences
 
 
-def engine_model(s: Settings) -> ModelRef:
+def scratch_or_stop(s: Settings) -> ModelRef:
     """The sidebar's model on our engine (its twin), which alone can switch heads off and prune."""
-    ours = twin(s.model)
-    if ours is None:
+    scratch = s.model.scratch()
+    if scratch is None:
         st.info(f"Pruning runs on the from-scratch engine, which holds BERT encoders and the Llama and Gemma 3 "
                 f"decoders. The sidebar's model is {s.model.title.lower()}; choose a bundled model or the "
                 "untrained encoder there.")
         st.stop()
-    return ours
+    return scratch
 
 
 @dataclass
@@ -125,7 +125,7 @@ class Importance:
 
 def first_measured(ref: ModelRef) -> list[tuple]:
     """What Pruning measures a bundled decoder on first: its twin, by gradient, on the default sentences."""
-    return [(twin(ref), "zero", corpus_sample(LLM_SAMPLE), "gradient")]
+    return [(ref.scratch(), "zero", corpus_sample(LLM_SAMPLE), "gradient")]
 
 
 @shared("importance", entries=12, waiting="Measuring every head", warm=Warm(3, first_measured))
@@ -171,7 +171,7 @@ def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ab
 
 
 @shared("proxies", entries=12, copy=True, waiting="Measuring attention",
-        warm=Warm(4, lambda ref: [(twin(ref), corpus_sample(LLM_SAMPLE))]))
+        warm=Warm(4, lambda ref: [(ref.scratch(), corpus_sample(LLM_SAMPLE))]))
 def proxy_table(ref: ModelRef, sentences: list[str]) -> pd.DataFrame:
     """Attention-only measures of each head on ``sentences`` (entropy, weight on special tokens)."""
     return attention_proxies(cached_model(ref).attend(sentences))

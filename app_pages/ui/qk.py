@@ -11,7 +11,7 @@ from models import AttentionModel
 from models.corpus import CORPUS
 from viz.qk import QkCanvas
 
-from .models import ModelRef, cached_model, model_for, twin
+from .models import ModelRef, cached_model, model_for
 from .profiles import uploaded_sentences
 from .settings import Settings
 from .shared import Bar, Warm, shared
@@ -68,8 +68,8 @@ def _frames_bytes(value: Pictures) -> int:
 
 def first_pictures(ref: ModelRef) -> list[tuple]:
     """What the page draws first: every head of the model's twin over the built-in corpus, fitted."""
-    ours = twin(ref)
-    return [(ours, tokens_within(cached_model(ours), list(CORPUS)), "fitted")]
+    scratch = ref.scratch()
+    return [(scratch, tokens_within(cached_model(scratch), list(CORPUS)), "fitted")]
 
 
 @shared("queries and keys", entries=4, max_bytes=512 * 2**20, size=_frames_bytes, waiting="Drawing every head's picture",

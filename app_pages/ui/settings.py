@@ -9,7 +9,7 @@ from models import Head
 from models.corpus import sentences_of
 
 from .generation import with_continuations
-from .models import LLM, ModelRef, ref_for, twin
+from .models import LLM, ModelRef, ref_for
 
 MAX_CHARS = 32_000  # a 4,096-token prompt is about 18,000 characters of English
 MAX_SENTENCES = 24
@@ -45,6 +45,6 @@ def settings() -> Settings:
     model = ref_for(ss.get("model", "minilm"), ss.get("device", "auto"))
     return Settings(model, with_continuations(sentences), bool(ss.get("hide_special")), bool(ss.get("merge_words")),
                     bool(ss.get("shared_scale", True)),
-                    model.scratch and model.choice not in LLM and bool(ss.get("causal")),  # a decoder is causal anyway
-                    tuple(ss.get("heads_off") or ()) if model.scratch else (),
-                    bool(ss.get("moved")) and twin(model) is not None)
+                    model.is_scratch and model.choice not in LLM and bool(ss.get("causal")),  # a decoder is causal anyway
+                    tuple(ss.get("heads_off") or ()) if model.is_scratch else (),
+                    bool(ss.get("moved")) and model.scratch() is not None)

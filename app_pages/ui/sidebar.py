@@ -7,7 +7,7 @@ import torch
 from models import head_label
 from models.corpus import DEFAULT_TEXT, EXAMPLES
 
-from .models import LLM, SCRATCH, model_for, model_names, ref_for, twin
+from .models import LLM, SCRATCH, model_for, model_names, ref_for
 from .warm_up import warm_up, warm_up_note
 from .settings import MAX_CHARS
 from .state import bound, flag, head_from_url, head_to_url, remember
@@ -50,7 +50,7 @@ def sidebar() -> None:
           help="Sum over a word's pieces as keys, average over them as queries (Clark et al., 2019).")
     bound(sb.toggle, "shared_scale", True, cast=flag, label="One colour scale for all heads")
     bound(sb.toggle, "moved", False, cast=flag, label="Weight by what each key sends",
-          disabled=twin(ref_for(choice, "auto")) is None,
+          disabled=ref_for(choice, "auto").scratch() is None,
           help="Scale each weight by the length of what its key sends through the head, ||α W_O (W_V x + b)|| "
                "(Kobayashi et al. 2020), then each row to 1: attention to a token that sends little, such as "
                "[SEP] or a sink, counts for little. This sentence's views only; profiles and pruning use raw "

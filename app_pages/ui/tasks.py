@@ -16,7 +16,7 @@ from analysis.tasks import CORRUPTIONS, PAGE_ROWS, TASKS, Task, from_csv, make_t
 from models import HeadLensError
 
 from .messages import stop_with
-from .models import ModelRef, cached_model, twin
+from .models import ModelRef, cached_model
 from .pruning import first_measured, importance
 from .shared import Bar, Warm, shared
 from .state import bound, flag
@@ -133,7 +133,7 @@ def task_or_stop(ref: ModelRef, spec: TaskSpec) -> Task:
 
 def first_task(ref: ModelRef) -> list[tuple]:
     """What Effects over a task shows first: indirect object, 50 pairs, by attribution patching, on the twin."""
-    return [(twin(ref), FIRST, "logit_diff", "attribution")]
+    return [(ref.scratch(), FIRST, "logit_diff", "attribution")]
 
 
 @shared("task effects", entries=8, waiting="Running the task's pairs", warm=Warm(9, first_task))

@@ -15,7 +15,7 @@ from viz.qk_attribution import cell_targets, writer_bars, writer_grid
 from .card_links import click_opens_card
 from .exports import chart
 from .messages import plain
-from .models import ModelRef, cached_model, twin
+from .models import ModelRef, cached_model
 from .shared import Bar, shared
 from .state import bound, choose, fresh_click, head_from_url, head_to_url, preset
 from .tasks import TaskSpec, built_task
@@ -24,10 +24,6 @@ ABOUT = ("A head's score from a query to a key is its query times its key. Each 
          "the sum of what the input, every earlier head and every earlier MLP wrote (with the norms' scales as they "
          "were in this run), so the score splits exactly into one part for each pair of a query-side writer and a "
          "key-side writer, the biases one more writer. A click on a head's bar opens its card.")
-
-
-def _ours(ref: ModelRef) -> ModelRef:
-    return twin(ref) or ref
 
 
 @shared("qk split", entries=32, owned=True, waiting="Splitting the head's scores")
@@ -70,9 +66,9 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
     if heading:
         st.subheader("Why it attends here")
         st.caption(ABOUT)
-    ours = _ours(ref)
+    scratch = (ref.scratch() or ref)
     try:
-        tokens = QA.prompt_tokens(cached_model(ours), text)
+        tokens = QA.prompt_tokens(cached_model(scratch), text)
     except HeadLensError as err:
         st.info(plain(str(err)))
         return
@@ -82,7 +78,7 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
     q = choose("Query", list(range(n)), f"{key}_query", default=n - 1 if query is None else query, container=a,
                format_func=names.__getitem__, help="The token whose attention is explained.")
     with st.spinner(f"Splitting {head_label(layer, head)}'s scores from {names[q]}…"):
-        split = qk_split(ours, text, layer, head, q)
+        split = qk_split(scratch, text, layer, head, q)
     moved = st.session_state.get(f"_{key}_asked", (text, layer, head, q)) != (text, layer, head, q)
     st.session_state[f"_{key}_asked"] = (text, layer, head, q)
     if moved:  # another query (or head, or text): its own strongest key first
@@ -94,7 +90,7 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
                help="One of the keys the query sees; the strongest first.")
     if k != split.key:  # its own largest writers run without
         with st.spinner(f"Splitting {head_label(layer, head)}'s score to {names[k]}…"):
-            split = qk_split(ours, text, layer, head, q, k)
+            split = qk_split(scratch, text, layer, head, q, k)
     top = split.pairs(k, 1).iloc[0]
     cols = st.columns(3)
     cols[0].metric("Score", f"{split.scores[k]:+.2f}", help="Before the softmax: the query times the key, scaled.")
@@ -117,7 +113,7 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
                        f"headlens-why-L{layer}H{head}-q{q}-k{k}.json", "application/json", key=f"{key}-json",
                        on_click="ignore")
     if spec is not None:
-        _over_task(ours, spec, layer, head, key)
+        _over_task(scratch, spec, layer, head, key)
 
 
 def _side_tables(sides: dict, weight: float, key: str) -> None:

@@ -167,7 +167,7 @@ _LAYER_RENAMES = {
 def state_dict_from_bert(hf: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
     """Rename a transformers BERT state dict to ours; q, k, v are concatenated into one projection."""
     hf = {_normalise_key(k): v for k, v in hf.items()}
-    ours: dict[str, torch.Tensor] = {}
+    scratch: dict[str, torch.Tensor] = {}
     missing: list[str] = []
 
     def take(name: str) -> torch.Tensor | None:
@@ -177,26 +177,26 @@ def state_dict_from_bert(hf: dict[str, torch.Tensor], n_layers: int) -> dict[str
 
     for part in ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight",
                  "LayerNorm.weight", "LayerNorm.bias"):
-        ours[f"embeddings.{part}"] = take(f"embeddings.{part}")
+        scratch[f"embeddings.{part}"] = take(f"embeddings.{part}")
     for i in range(n_layers):
         src, dst = f"encoder.layer.{i}.", f"layers.{i}."
         for kind in ("weight", "bias"):
             qkv = [take(f"{src}attention.self.{p}.{kind}") for p in ("query", "key", "value")]
             if all(t is not None for t in qkv):
-                ours[f"{dst}attn.in_proj_{kind}"] = torch.cat(qkv)
+                scratch[f"{dst}attn.in_proj_{kind}"] = torch.cat(qkv)
             for old, new in _LAYER_RENAMES.items():
-                ours[f"{dst}{new}.{kind}"] = take(f"{src}{old}.{kind}")
+                scratch[f"{dst}{new}.{kind}"] = take(f"{src}{old}.{kind}")
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise HeadLensError(f"These are not BERT encoder weights: missing {shown}.")
-    return ours
+    return scratch
 
 
-def state_dict_to_bert(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def state_dict_to_bert(scratch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our state dict in transformers BERT names, contiguous on the CPU, as safetensors stores it."""
     back = {new: old for old, new in _LAYER_RENAMES.items()}
     hf = {}
-    for name, tensor in ours.items():
+    for name, tensor in scratch.items():
         tensor = tensor.detach().to("cpu").contiguous()
         proj = re.fullmatch(r"layers\.(\d+)\.attn\.in_proj_(weight|bias)", name)
         other = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name)

@@ -110,9 +110,9 @@ class DecoderBlock(PreNormBlock):
         block = cls(c).to(layer.linear1.weight)
         block.attn = MultiHeadAttention.from_torch(layer.self_attn)
         with torch.no_grad():
-            for ours, theirs in ((block.ln_attn, layer.norm1), (block.ln_mlp, layer.norm2),
+            for scratch, theirs in ((block.ln_attn, layer.norm1), (block.ln_mlp, layer.norm2),
                                  (block.mlp_in, layer.linear1), (block.mlp_out, layer.linear2)):
-                ours.load_state_dict(theirs.state_dict())
+                scratch.load_state_dict(theirs.state_dict())
         return block
 
 

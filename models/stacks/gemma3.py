@@ -210,11 +210,11 @@ class Gemma3(Stack):
 
     @classmethod
     def from_file(cls, weights: dict[str, torch.Tensor], config: Gemma3Config) -> dict[str, torch.Tensor]:
-        ours, missing = {}, []
+        scratch, missing = {}, []
         for i in range(config.num_hidden_layers):
             qkv = [weights.get(f"model.layers.{i}.self_attn.{p}_proj.weight") for p in "qkv"]
             if all(t is not None for t in qkv):
-                ours[f"layers.{i}.attn.in_proj_weight"] = torch.cat(qkv)
+                scratch[f"layers.{i}.attn.in_proj_weight"] = torch.cat(qkv)
             else:
                 missing.append(f"model.layers.{i}.self_attn.q_proj.weight")
         with torch.device("meta"):  # the names only: nothing is allocated
@@ -223,11 +223,11 @@ class Gemma3(Stack):
             theirs = _to_hf(name)
             if theirs not in weights:
                 missing.append(theirs)
-            ours[name] = weights.get(theirs)
+            scratch[name] = weights.get(theirs)
         if missing:
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
             raise HeadLensError(f"These are not the weights of a Gemma 3 decoder: missing {shown}.")
-        return ours
+        return scratch
 
 
 _RENAMES = [  # ours -> transformers', on names without the "model." prefix
@@ -244,7 +244,7 @@ def _to_hf(name: str) -> str:
         return name
     layer = re.fullmatch(r"(layers\.\d+\.)(.+)", name)
     prefix, rest = layer.groups() if layer else ("", name)
-    for ours, theirs in sorted(_RENAMES, key=lambda r: -len(r[0])):  # ln_attn_out. before ln_attn.
-        if rest.startswith(ours):
-            return f"model.{prefix}{theirs}{rest[len(ours):]}"
+    for scratch, theirs in sorted(_RENAMES, key=lambda r: -len(r[0])):  # ln_attn_out. before ln_attn.
+        if rest.startswith(scratch):
+            return f"model.{prefix}{theirs}{rest[len(scratch):]}"
     return f"model.{name}"

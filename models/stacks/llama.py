@@ -191,7 +191,7 @@ class Llama(Stack):
 
     @classmethod
     def from_file(cls, weights: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
-        ours, missing = {}, []
+        scratch, missing = {}, []
 
         def take(name: str) -> torch.Tensor | None:
             if name not in weights:
@@ -202,17 +202,17 @@ class Llama(Stack):
             for kind in ("weight", "bias"):
                 qkv = [weights.get(f"model.layers.{i}.self_attn.{p}_proj.{kind}") for p in "qkv"]
                 if all(t is not None for t in qkv):
-                    ours[f"layers.{i}.attn.in_proj_{kind}"] = torch.cat(qkv)
+                    scratch[f"layers.{i}.attn.in_proj_{kind}"] = torch.cat(qkv)
                 elif kind == "weight":
                     missing.append(f"model.layers.{i}.self_attn.q_proj.weight")
         with torch.device("meta"):  # the names only: nothing is allocated
             expected = [n for n in cls(config).state_dict() if ".attn.in_proj_" not in n]
         for name in expected:
-            ours[name] = take(_to_hf(name))
+            scratch[name] = take(_to_hf(name))
         if missing:
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
             raise HeadLensError(f"These are not the weights of a Llama-family decoder: missing {shown}.")
-        return ours
+        return scratch
 
 
 _RENAMES = [  # ours -> transformers', on names without the "model." prefix
@@ -227,8 +227,8 @@ def _to_hf(name: str) -> str:
         return name
     layer = re.fullmatch(r"(layers\.\d+\.)(.+)", name)
     prefix, rest = layer.groups() if layer else ("", name)
-    for ours, theirs in _RENAMES:
-        if rest.startswith(ours):
-            return f"model.{prefix}{theirs}{rest[len(ours):]}"
+    for scratch, theirs in _RENAMES:
+        if rest.startswith(scratch):
+            return f"model.{prefix}{theirs}{rest[len(scratch):]}"
     return f"model.{name}"
 
