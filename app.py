@@ -26,7 +26,7 @@ PAGES = [
     st.Page("app_pages/layers.py", title="Across layers", icon=":material/stacks:", url_path="layers"),
     st.Page("app_pages/pruning.py", title="Pruning", icon=":material/content_cut:", url_path="pruning"),
     st.Page("app_pages/train.py", title="Train", icon=":material/model_training:", url_path="train"),
-    # The default page is served at "/" only; this hidden twin answers Explore's own address.
+    # The default page is served at "/" only; this hidden copy answers Explore's own address.
     st.Page(EXPLORE, title="Explore", icon=":material/grid_view:", url_path="explore", visibility="hidden"),
 ]
 

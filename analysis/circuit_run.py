@@ -90,7 +90,7 @@ def run_ray(model_name: str, task: Task, metric: str, method: str, steps: int, s
                "steps": steps}
 
     def mapped(fn, **more):
-        with warnings.catch_warnings():  # Ray 2.60 warns that remote-args functions go in 2.64; ours is pinned
+        with warnings.catch_warnings():  # Ray 2.60 warns that remote-args functions go in 2.64; this version is pinned
             warnings.simplefilter("ignore", DeprecationWarning)
             return ray.data.from_items(items, override_num_blocks=max(1, len(items) // CHUNK)).map_batches(
                 fn, batch_size=CHUNK, compute=ray.data.ActorPoolStrategy(size=actors),

@@ -188,7 +188,7 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
     from .roles import HeadProfiler
 
     lines = ray.data.read_text([str(f.resolve()) for f in files], encoding="utf-8-sig")
-    with warnings.catch_warnings():  # Ray 2.60 warns that remote-args functions go in 2.64; ours is pinned
+    with warnings.catch_warnings():  # Ray 2.60 warns that remote-args functions go in 2.64; this version is pinned
         warnings.simplefilter("ignore", DeprecationWarning)
         partials = lines.map_batches(
             ProfileBatches, batch_size=CHUNK, compute=ray.data.ActorPoolStrategy(size=actors),

@@ -185,7 +185,7 @@ def qk_attribution(model: AttentionModel, text: str, layer: int, head: int, quer
                    key: int | None = None) -> QKAttribution:
     """Head ``(layer, head)``'s scores from ``query`` (a token position; -1 the last) to every key, each split
     over (query-side writer, key-side writer) pairs; ``key`` chooses the key the frames read first (default the
-    one the head weighs most). On our engine (a language model's twin)."""
+    one the head weighs most). On the from-scratch engine (a language model's from-scratch counterpart)."""
     scratch, stack, graph = scratch_head_graph(model, layer, head)
     ids, tokens = _ids(scratch, text)
     query = _position(query, len(tokens), "query")

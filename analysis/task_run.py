@@ -83,7 +83,7 @@ def run_ray(model_name: str, task: Task, metric: str, method: str, *, residual: 
     ray, on_gpu, resources = start_ray(address, device)
     roles = ",".join(task.roles)
     items = [{"index": i, "pair": pickle.dumps(p), "roles": roles} for i, p in enumerate(task.pairs)]
-    with warnings.catch_warnings():  # Ray 2.60 warns that remote-args functions go in 2.64; ours is pinned
+    with warnings.catch_warnings():  # Ray 2.60 warns that remote-args functions go in 2.64; this version is pinned
         warnings.simplefilter("ignore", DeprecationWarning)
         parts = ray.data.from_items(items, override_num_blocks=max(1, len(items) // CHUNK)).map_batches(
             TaskBatches, batch_size=CHUNK, compute=ray.data.ActorPoolStrategy(size=actors),

@@ -20,7 +20,7 @@ ABOUT = ("Patching says which heads matter; a circuit says how they connect. Eve
 s = settings()
 st.title("Circuits")
 st.caption(ABOUT)
-# the same weights on our engine, which runs each edge on its own
+# the same weights on the from-scratch engine, which runs each edge on its own
 ref, _ = decoder_or_stop(s.model, f"Circuits run between a language model's heads up to its logits, and "
                                   f"{s.model.title} has no logits")
 choice = pick_circuit()

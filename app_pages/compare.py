@@ -34,7 +34,7 @@ for i, col in enumerate(st.columns(n)):
         if loaded.encoder_decoder:  # the part picked decides the layers
             att = attention(s, text, model, key=f"p{i + 1}_component")
             layer = pick_layer(att.n_layers, key=f"p{i + 1}_layer", windows=att.windows)
-        else:  # each pick computes its own layer only: our engine runs none above it
+        else:  # each pick computes its own layer only: the from-scratch engine runs none above it
             layer = pick_layer(loaded.n_layers, key=f"p{i + 1}_layer", windows=loaded.windows)
             att = attention(s, text, model, layers=(layer,))
         v = view(s, att)

@@ -24,7 +24,7 @@ SCOPES = {"pair": "One prompt pair", "task": "A task of many pairs"}
 s = settings()
 st.title("Effects")
 st.caption(ABOUT)
-# the same weights on our engine, which reads and patches each head
+# the same weights on the from-scratch engine, which reads and patches each head
 ref, model = decoder_or_stop(s.model, f"Effects are read through a language model's unembedding, and "
                                       f"{s.model.title} has none")
 scope = bound(st.segmented_control, "effects_scope", "pair", init="default", options=list(SCOPES), cast=str,

@@ -46,7 +46,7 @@ view.over_corpus(card, len(parts.attentions))
 view.examples(card)
 view.what_it_writes(s, ref, card, text)
 view.predictions(ref, card, text)
-if model.causal:  # any decoder our engine runs, bundled or not
+if model.causal:  # any decoder the from-scratch engine runs, bundled or not
     why_section(ref, text, layer, head, "why", spec=FIRST)
 view.queries_keys(ref, card)
 view.like_it(card, choices)

@@ -5,7 +5,7 @@
 For each built-in pair, timed back to back in one process: every head's output patched at every
 position by ``analysis.patch_heads`` (all the heads of a layer in one batch, each copy recomputing only
 the layers above its edit), and the same 270 patches as transformers' LlamaForCausalLM (its default SDPA
-attention) run once per head with a forward pre-hook on ``o_proj``. Aim: ours / theirs <= 0.25.
+attention) run once per head with a forward pre-hook on ``o_proj``. Aim: HeadLens / theirs <= 0.25.
 
 Then, on 16-token pairs, per-position patching of every head (aim: <= 60 s), once where the prompts
 differ late (positions before the difference cost nothing) and once where they differ at the first token
@@ -108,7 +108,7 @@ def main() -> None:
         overlap = len(top & set(np.argsort(-np.abs(estimated[-1]))[:10]))
         print(f"    attribution patching {t_est:.2f} s: Pearson {pearsonr(exact[-1], estimated[-1])[0]:.3f}, "
               f"Spearman {spearmanr(exact[-1], estimated[-1])[0]:.3f}, top-10 heads shared {overlap}/10")
-    print(f"every head, every position: median ours / theirs {np.median(ratios):.3f} (aim <= 0.25)")
+    print(f"every head, every position: median HeadLens / theirs {np.median(ratios):.3f} (aim <= 0.25)")
     every_exact, every_est = np.concatenate(exact), np.concatenate(estimated)
     print(f"attribution patching against exact over {len(pairs)} pairs x 270 heads: Pearson "
           f"{pearsonr(every_exact, every_est)[0]:.3f}, Spearman {spearmanr(every_exact, every_est)[0]:.3f}")

@@ -8,7 +8,7 @@ engine. Aims: first load <= 45 s, later loads <= 8 s.
 
 Speed, both engines returning every attention weight (``attend``), timed alternately in one process:
 64 sentences of about 20 tokens as padded batches, and one 1,000-token text (past the 512-token window
-of the sliding layers). Aim: ours / transformers <= 1.0. Then the peak resident memory of one
+of the sliding layers). Aim: HeadLens / transformers <= 1.0. Then the peak resident memory of one
 1,000-token ``attend`` above the loaded model, each engine in a fresh process (the bound: 512 MiB).
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         first = load_seconds("scratch", a.device, cache, name=NAME)
         later = {b: min(load_seconds(b, a.device, cache, name=NAME) for _ in range(3)) for b in ("scratch", "transformers")}
-    print(f"first load (empty cache, scratch engine): {first:.1f} s   aim <= 45 s   {'met' if first <= 45 else 'NOT met'}")
+    print(f"first load (empty cache, from-scratch engine): {first:.1f} s   aim <= 45 s   {'met' if first <= 45 else 'NOT met'}")
     for backend, seconds in later.items():
         print(f"later load, {backend} engine, first thing in a new process (best of 3): {seconds:.1f} s   aim <= 8 s   "
               f"{'met' if seconds <= 8 else 'NOT met'}")
@@ -64,7 +64,7 @@ def main() -> None:
 
     scratch, theirs = (load_model(NAME, backend=b, device=a.device) for b in ("scratch", "transformers"))
     batch, text = sentences(64), text_of(scratch, TOKENS)
-    print("workload              ours s   transformers s   ratio (<= 1.0 aimed)")
+    print("workload              HeadLens s   transformers s   ratio (<= 1.0 aimed)")
     for label, work in (("64 x ~20 tokens", batch), (f"1 x {scratch.token_counts([text])[0]} tokens", text)):
         r, mine, other = ratio(lambda: scratch.attend(work), lambda: theirs.attend(work), a.device,
                                rounds=a.rounds, repeat=1, warmup=1)

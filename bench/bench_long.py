@@ -9,7 +9,7 @@ process and back to back:
 - theirs: transformers' SmolLM2 (``LlamaForCausalLM``, SDPA attention, no weights) over the whole
   prompt, as a language model runs it (logits at every position); and its ``LlamaModel`` alone,
   without the unembedding, for a stricter comparison;
-- ours, Explore's first view of layer L from nothing: ``attend_long`` (tokenizing, the sink measured on
+- HeadLens, Explore's first view of layer L from nothing: ``attend_long`` (tokenizing, the sink measured on
   the first queries), the forward pass up to L, every head of L pooled to 128 x 128 blocks with its
   figures, the zoom's exact 128 x 128 weights, and both plotly figures serialised as the app sends
   them. Each layer of ``--layers`` starts from a new ``LongAttention``.
@@ -206,7 +206,7 @@ def main() -> None:
         print(f"\n## {n:,} tokens, median of {a.prompts} new prompts")
         print(f"transformers SDPA forward, LlamaForCausalLM (logits at every position): {sdpa:.2f} s; "
               f"LlamaModel alone: {sdpa_body:.2f} s")
-        print("Explore's first view of layer   ours s   / CausalLM forward   / LlamaModel forward")
+        print("Explore's first view of layer   HeadLens s   / CausalLM forward   / LlamaModel forward")
         for layer, times in rows.items():
             ratios = [t / f for t, f in zip(times, full)]
             ratios_body = [t / f for t, f in zip(times, body)]

@@ -5,7 +5,7 @@ task form, and what the splits find.
 
 - One head, one query, every key of a ``--tokens``-token prompt split over every (query-side, key-side) writer pair
   (SmolLM2: 301 writers a side, 91,204 pairs a key), the weights without each of the 10 largest writers of each
-  side run too: its time beside one forward pass of the same prompt through our engine (aim: the split within 2 s
+  side run too: its time beside one forward pass of the same prompt through the from-scratch engine (aim: the split within 2 s
   on two cores).
 - The task form: L23 H3's END → S2 score split on every clean and corrupted prompt of ``--pairs`` indirect-object
   pairs, and L18 H6's END → FIRST on as many induction pairs; each one's top writers per side.

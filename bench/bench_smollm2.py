@@ -9,7 +9,7 @@ server that has already opened the default model. Aims: first load <= 15 s, late
 
 Speed, both engines returning every attention weight (``attend``, which also splits the batch into
 results), timed alternately in one process: 64 sentences of about 20 tokens as padded batches, and
-one 512-token text. Aim: ours / transformers <= 1.0.
+one 512-token text. Aim: HeadLens / transformers <= 1.0.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def main() -> None:
         first = load_seconds("scratch", a.device, cache)
         later = {(b, server): min(load_seconds(b, a.device, cache, server) for _ in range(3))
                  for b in ("scratch", "transformers") for server in (False, True)}
-    print(f"first load (empty cache, scratch engine): {first:.1f} s   aim <= 15 s   {'met' if first <= 15 else 'NOT met'}")
+    print(f"first load (empty cache, from-scratch engine): {first:.1f} s   aim <= 15 s   {'met' if first <= 15 else 'NOT met'}")
     for (backend, server), seconds in later.items():
         where = "in a server that has opened the default model" if server else "first thing in a new process"
         print(f"later load, {backend} engine, {where} (best of 3): {seconds:.1f} s   aim <= 5 s   "
@@ -74,7 +74,7 @@ def main() -> None:
 
     scratch, theirs = (load_model(NAME, backend=b, device=a.device) for b in ("scratch", "transformers"))
     batch, text = sentences(64), text_of(scratch, 512)
-    print("workload              ours s   transformers s   ratio (<= 1.0 aimed)")
+    print("workload              HeadLens s   transformers s   ratio (<= 1.0 aimed)")
     for label, work in (("64 x ~20 tokens", batch), (f"1 x {scratch.token_counts([text])[0]} tokens", text)):
         r, mine, other = ratio(lambda: scratch.attend(work), lambda: theirs.attend(work), a.device,
                                rounds=a.rounds, repeat=1, warmup=1)

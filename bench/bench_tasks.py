@@ -7,7 +7,7 @@ then exact patching of every head at every position (``analysis.task_effects.run
 length, each copy running only the tokens after those its prompts share), timed in the same process as
 TransformerLens's ``patching.get_act_patch_attn_head_out_all_pos`` on a ``TransformerBridge`` of the same
 weights, one pair at a time (its clean cache, then its sweep), over the first ``--theirs`` pairs: its time per
-pair times ``--pairs`` is set against ours (aim: ours <= 0.05 x theirs), and the two grids of those pairs are
+pair times ``--pairs`` is set against HeadLens's (aim: HeadLens <= 0.05 x theirs), and the two grids of those pairs are
 compared. ``--theirs 0`` leaves TransformerLens out.
 
 ``--memory N``: the memory of attribution patching over 100 and over N pairs, each in a fresh process (resident,
@@ -126,7 +126,7 @@ def main() -> None:
         diff = np.abs(grids - exact.recovered()[:args.theirs]).max()
         theirs = per_pair * len(task)
         print(f"TransformerLens 4.3 get_act_patch_attn_head_out_all_pos: {per_pair:.1f} s a pair over "
-              f"{args.theirs} pairs, {theirs:.0f} s for {len(task)}; ours / theirs {t_exact / theirs:.3f} "
+              f"{args.theirs} pairs, {theirs:.0f} s for {len(task)}; HeadLens / theirs {t_exact / theirs:.3f} "
               f"(aim <= 0.05); largest difference of the recovered shares {diff:.1e}")
     if args.memory:
         for n in (100, args.memory):

@@ -35,7 +35,7 @@ def best_time(fn, device="cpu", repeat: int = 3) -> float:
 
 
 def ratio(scratch, theirs, device="cpu", rounds: int = 11, repeat: int = 3, warmup: int = 2):
-    """Median over rounds of time(ours) / time(theirs), each round timing both back to back.
+    """Median over rounds of time(HeadLens) / time(theirs), each round timing both back to back.
 
     Returns (ratio, ours_seconds, theirs_seconds) with the medians of each side.
     """

@@ -63,16 +63,16 @@ class AttentionModel:
 
         Args:
             texts: a string, or a list of strings (a list in, a list out, in the same order).
-            head_mask: ``(layers, heads)`` 0/1 array: 0 switches a head off (scratch backend).
+            head_mask: ``(layers, heads)`` 0/1 array: 0 switches a head off (from-scratch engine).
             head_means: ``(layers, heads, head_dim)``, from ``head_means``: a head switched off
-                outputs its mean instead of zero (mean ablation; scratch backend).
-            causal: masked self-attention (scratch backend).
+                outputs its mean instead of zero (mean ablation; from-scratch engine).
+            causal: masked self-attention (from-scratch engine).
             target: for encoder-decoder models, the decoder's text(s); default: the input itself.
             layers: only these layers' weights, in this order (``Attention.layers`` names them); the
                 from-scratch engine runs no layer above the highest and computes weights for these alone.
             batch_size: texts per forward pass; texts of similar length are batched together.
             progress: called as ``progress(done, total)`` after each batch.
-            edits: ``models.run.Edits`` reading or replacing what flows inside the run (scratch engine).
+            edits: ``models.run.Edits`` reading or replacing what flows inside the run (from-scratch engine).
         """
         single = isinstance(texts, str)
         items = [texts] if single else list(texts)
@@ -191,7 +191,7 @@ class AttentionModel:
 
         Texts are cut at the sentence-transformers length when the model folder gives one
         (``sentence_bert_config.json``, 256 tokens for all-MiniLM-L6-v2), else at ``max_tokens``.
-        ``head_mask`` and ``head_means`` switch heads off as in ``attend`` (scratch backend).
+        ``head_mask`` and ``head_means`` switch heads off as in ``attend`` (from-scratch engine).
         """
         items = [texts] if isinstance(texts, str) else list(texts)
         if not items:
@@ -235,12 +235,12 @@ class AttentionModel:
     def _head_mask(self, head_mask):
         if head_mask is None:
             return None
-        raise HeadLensError("Head masks need the scratch backend: transformers models no longer take them.")
+        raise HeadLensError("Head masks need the from-scratch engine: transformers models no longer take them.")
 
     def _head_fill(self, head_means, head_mask):
         if head_means is None:
             return None
-        raise HeadLensError("Mean ablation needs the scratch backend: transformers models no longer take head masks.")
+        raise HeadLensError("Mean ablation needs the from-scratch engine: transformers models no longer take head masks.")
 
     def _tokenize(self, *args, **kwargs):
         with self._tokenizer_lock:

@@ -1,5 +1,5 @@
-"""The models HeadLens ships, one row each: what the app's sidebar offers, what a transformers model's twin
-on the from-scratch engine is, and what the tests open. Every one runs on both engines."""
+"""The models HeadLens ships, one row each: what the app's sidebar offers, what each is
+on either engine, and what the tests open. Every one runs on both engines."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""The edges between a language model's nodes, run inside our own stack: edge attribution (EAP, EAP-IG), exact edge
+"""The edges between a language model's nodes, run inside the from-scratch engine: edge attribution (EAP, EAP-IG), exact edge
 patching and a circuit's run.
 
 The residual stream a node reads is the sum of what the nodes before it wrote (the attentions' output biases

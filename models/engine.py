@@ -32,7 +32,7 @@ def open_scratch(folder: Path, config: dict, display: str, device: torch.device,
         stack, display = cls.untrained(stack_config, seed), f"{display} (untrained, seed {seed})"
     else:
         if not (folder / "model.safetensors").is_file():
-            raise HeadLensError(f"The scratch engine reads model.safetensors, which {folder} lacks.")
+            raise HeadLensError(f"The from-scratch engine reads model.safetensors, which {folder} lacks.")
         stack = cls.from_pretrained(folder)
     model_class = DecoderModel if stack.language_model else ScratchModel
     return model_class(stack.eval().requires_grad_(False).to(device), tokenizer, display, device)  # read, not trained

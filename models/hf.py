@@ -31,7 +31,7 @@ def open_transformers(folder: Path, config: dict, display: str, device: torch.de
                       seed: int = 0, allow_pickle: bool = False) -> "TransformersModel":
     """The model in ``folder`` (its config.json already checked), as transformers builds it."""
     if untrained:
-        raise HeadLensError("An untrained model is built by the scratch backend; pass backend='scratch'.")
+        raise HeadLensError("An untrained model is built by the from-scratch engine; pass backend='scratch'.")
     if str(config.get("model_type", "")).startswith("headlens_"):
         raise HeadLensError(f"{display} was trained in HeadLens, and only HeadLens's own engine runs it; "
                             "open it with backend='scratch'.")
@@ -126,7 +126,7 @@ class TransformersModel(AttentionModel):
 
     def _attend_batch(self, texts, targets, head_mask, causal, head_fill=None, layers=None):
         if causal:
-            raise HeadLensError("A causal mask can be added to the scratch engine only; "
+            raise HeadLensError("A causal mask can be added to the from-scratch engine only; "
                                 "a transformers model attends as it was trained.")
         enc, lengths, originals = self._encode(texts)
         inputs = self._inputs(enc)

@@ -1,4 +1,4 @@
-"""A language model on our engine: ``ScratchModel`` with its next-token loss, predictions and generation."""
+"""A language model on the from-scratch engine: ``ScratchModel`` with its next-token loss, predictions and generation."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -16,7 +16,7 @@ BACKWARD_BLOCKS = 8  # under autograd a block's backward holds its logits severa
 
 
 class DecoderModel(ScratchModel):
-    """A language model on our engine (such as a decoder trained in HeadLens): attend, embed, ablate,
+    """A language model on the from-scratch engine (such as a decoder trained in HeadLens): attend, embed, ablate,
     prune, and its next-token loss."""
 
     @property

@@ -40,7 +40,7 @@ def load_model(name: str | os.PathLike | None = None, *, backend: str = "transfo
         backend: "transformers" (any supported family) or "scratch" (our own networks: BERT
             encoders and the decoders HeadLens trains).
         device: "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:1", "mps".
-        untrained: scratch backend only: random weights of the model's shape, seeded by ``seed``.
+        untrained: from-scratch engine only: random weights of the model's shape, seeded by ``seed``.
         allow_pickle: accept weights stored only as a pickle (``pytorch_model.bin``).
         download: a model id not in the local cache is fetched from the Hub (``HF_ENDPOINT``), its
             listing and config checked first, safetensors only (``models.download``); off by default.

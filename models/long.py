@@ -48,7 +48,7 @@ class LongAttention(Scans):
                  max_tokens: int | None = None):
         """``model``: a ``ScratchModel``; ``head_mask``, ``head_means`` and ``causal`` as ``attend`` takes them."""
         if getattr(model, "stack", None) is None:
-            raise HeadLensError("Long prompts are computed inside our own attention; load the model with "
+            raise HeadLensError("Long prompts are computed inside the from-scratch engine; load the model with "
                                 "backend='scratch' (the same weights give the same attention).")
         if model.encoder_decoder:
             raise HeadLensError("Long prompts are for encoders and decoder-only models.")

@@ -1,4 +1,4 @@
-"""Many prompt pairs at once, inside the scratch engine's stack: each batch a set of pairs of one token length (no
+"""Many prompt pairs at once, inside the from-scratch engine's stack: each batch a set of pairs of one token length (no
 padding), traced by ``models.run.trace_batch``; every run here is one run with edits (``models.run``).
 
 ``Measure`` reads a task's metric from each row's last position: a weighted sum of some tokens' logits (the

@@ -1,4 +1,4 @@
-"""What each head contributes to a prediction, computed inside the scratch engine's stack (TransformerLens's vocabulary).
+"""What each head contributes to a prediction, computed inside the from-scratch engine's stack (TransformerLens's vocabulary).
 
 A pre-norm decoder's last residual is the sum of what wrote into it: the embeddings, each head's
 ``result`` (its output ``z`` through its slice of the output projection), each attention's bias and each

@@ -1,4 +1,4 @@
-"""One run up a stack, with edits at named points: how every analysis on the scratch engine reads or changes a
+"""One run up a stack, with edits at named points: how every analysis on the from-scratch engine reads or changes a
 run, as TransformerLens's hooks serve all of its analyses.
 
 An edit is a function at a point of a layer, keyed ``(point, layer)``: given what flows there, it returns what
@@ -76,7 +76,7 @@ class Trace:
 
 
 def language_stack(model):
-    """The stack of ``model`` (scratch engine) when it is a pre-norm language model; a sentence otherwise."""
+    """The stack of ``model`` (from-scratch engine) when it is a pre-norm language model; a sentence otherwise."""
     stack = getattr(model, "stack", None)
     if stack is None or not stack.language_model:
         raise HeadLensError(f"What a head adds to a prediction is read through the unembedding, which {model.name} "

@@ -94,7 +94,7 @@ def test_a_finished_training_joins_explore_compare_and_downloads(new_app):
     assert "step 0" in grid["layout"]["title"]["text"]
     start_weights = job.run.initial_model().attend(" ".join(job.run.probe)).weights
     np.testing.assert_allclose(decode(heatmaps(grid)[0]["z"]), start_weights[1, 0], atol=1e-6)
-    # the model downloads as a folder that load_model opens with the scratch engine
+    # the model downloads as a folder that load_model opens with the from-scratch engine
     files = downloads(at)
     with zipfile.ZipFile(io.BytesIO(files["Model · ZIP"])) as z, __import__("tempfile").TemporaryDirectory() as tmp:
         z.extractall(tmp)

@@ -299,7 +299,7 @@ class LossModel:
         return ((pooled - self.target) ** 2).sum(1).mean()
 
     def scratch(self, what: str = "This"):
-        return self  # it runs on our engine, as the model it wraps does
+        return self  # it runs on the from-scratch engine, as the model it wraps does
 
     def __getattr__(self, name):
         return getattr(self.model, name)

@@ -113,7 +113,7 @@ def test_the_warm_up_asks_for_what_the_pages_declare():
 
 @pytest.mark.bundled
 def test_both_engines_of_a_model_ask_for_one_result_and_share_one_warm_up(warm, monkeypatch):
-    """SmolLM2 on transformers and on our engine give the same weights' numbers: their pages' keys are the same
+    """SmolLM2 on transformers and on the from-scratch engine give the same weights' numbers: their pages' keys are the same
     (the detector asked for on both engines once), and opening the other engine joins the running warm-up."""
     other = ModelRef("smollm2")
     assert [r.key(*a) for r, a in warm_up.steps(other)] == [r.key(*a) for r, a in warm_up.steps(REF)]

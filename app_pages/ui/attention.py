@@ -37,8 +37,8 @@ def _nbytes(att: Attention) -> int:
 def cached_attention(ref: ModelRef, text: str, causal: bool, heads_off: tuple, moved: bool = False,
                      layers: tuple[int, ...] | None = None) -> Attention:
     """The attention of ``text`` on ``ref``'s model (the last 64 within 512 MiB). ``moved``: each weight scaled by
-    what its key sends (``value_norms``, on the twin), rows renormalised. ``layers``: only these layers
-    (``attend(layers=...)``: our engine runs none above them)."""
+    what its key sends (``value_norms``, on the from-scratch engine), rows renormalised. ``layers``: only these layers
+    (``attend(layers=...)``: the from-scratch engine runs none above them)."""
     model = cached_model(ref)
     mask = head_mask(model, heads_off)
     att = model.attend(text, head_mask=mask, causal=causal, layers=layers)
@@ -55,14 +55,14 @@ LONG_BYTES = 640 * 2**20  # long prompts kept for every session: two 4,096-token
 @shared("long prompt", entries=4, max_bytes=LONG_BYTES, size=lambda att: att.nbytes, owned=True,
         waiting="Reading this long prompt")
 def long_prompt(ref: ModelRef, text: str, causal: bool, heads_off: tuple) -> LongAttention:
-    """``text`` as a ``LongAttention`` on ``ref``'s model (on our engine), each layer run when asked."""
+    """``text`` as a ``LongAttention`` on ``ref``'s model (on the from-scratch engine), each layer run when asked."""
     model = cached_model(ref)
     return model.attend_long(text, head_mask=head_mask(model, heads_off), causal=causal)
 
 
 def long_attention(s: Settings, text: str, ref: ModelRef, model: AttentionModel, container=st) -> LongAttention | None:
     """``text`` as a ``LongAttention`` shared by every session, when it is longer than ``model`` (``ref``'s)
-    keeps in ``attend`` and the model runs on our engine (a transformers model through its twin, which has
+    keeps in ``attend`` and the model runs on the from-scratch engine (a transformers model through it on the from-scratch engine, which has
     the same sizes); else None."""
     scratch = ref.scratch()
     if scratch is None or s.moved or model.encoder_decoder or not model.is_long(text):

@@ -47,7 +47,7 @@ def peaks(ref: ModelRef, causal: bool, heads_off: tuple) -> Peaks:
 @shared("writes", entries=8, waiting="Measuring what each head writes",
         warm=Warm(2.5, lambda ref: [(ref.scratch(), False, ())]))
 def writes(ref: ModelRef, causal: bool, heads_off: tuple) -> Writes:
-    """A decoder's heads' largest output norm in each sentence of its profile (our engine reads each head's output)."""
+    """A decoder's heads' largest output norm in each sentence of its profile (the from-scratch engine reads each head's output)."""
     _, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
     bar = Bar(f"Reading what every head writes in {len(attentions)} sentences")
     found = corpus_writes(cached_model(ref.scratch()), [a.text for a in attentions], progress=bar)
@@ -60,7 +60,7 @@ def decoder(ref: ModelRef) -> bool:
 
 
 def importance_args(ref: ModelRef) -> tuple:
-    """The importance Pruning opens with on ``ref``'s model (its twin): a bundled decoder's by gradient on its
+    """The importance Pruning opens with on ``ref``'s model (on the from-scratch engine): a bundled decoder's by gradient on its
     sample, an encoder's by mean ablation on the corpus sample."""
     if decoder(ref):
         return first_measured(ref)[0]

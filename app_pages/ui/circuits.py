@@ -63,7 +63,7 @@ def pick_circuit() -> CircuitChoice:
 
 
 def first_circuit(ref: ModelRef) -> list[tuple]:
-    """What the Circuits page shows first: the indirect-object task's 50 pairs, EAP-IG in 5 steps, on the twin."""
+    """What the Circuits page shows first: the indirect-object task's 50 pairs, EAP-IG in 5 steps, on the from-scratch engine."""
     return [(ref.scratch(), FIRST, "logit_diff", "eap_ig", AC.STEPS)]
 
 

@@ -30,7 +30,7 @@ NAMES = {"previous_token": "previous token", "duplicate_token": "duplicate token
 
 
 def _engines(ref: ModelRef) -> list[tuple]:
-    """The detector on the sidebar's model and, when that is a transformers one, on its twin: Effects names a
+    """The detector on the sidebar's model and, when that is a transformers one, on it on the from-scratch engine: Effects names a
     head's label on the engine it patches with."""
     return [(ref,)] if ref.scratch() == ref else [(ref,), (ref.scratch(),)]
 

@@ -128,7 +128,7 @@ def prompt_trace(ref: ModelRef, text: str) -> Traced:
 
 
 def _pairs(ref: ModelRef) -> list[tuple]:
-    """What Effects shows first, the first built-in pair on the model's twin patched exactly, then the other pairs
+    """What Effects shows first, the first built-in pair on the model on the from-scratch engine patched exactly, then the other pairs
     (a head's card reads each)."""
     return [(ref.scratch(), pair, "exact") for pair in PAIRS.values()]
 

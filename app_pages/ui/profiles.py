@@ -223,7 +223,7 @@ def document_profile(s: Settings) -> PageProfile:
     if not isinstance(att, LongAttention):
         stop_with(HeadLensError("Value-weighted attention is computed on whole texts; switch it off in the sidebar "
                                 "to profile a long text." if s.moved else
-                                "This model reads a long text only through our own engine, which it has no twin in; "
+                                "This model reads a long text only through the from-scratch engine, which does not implement it; "
                                 "profile the text's sentences instead."))
     profile, frame, per_sentence = in_context(att)
     st.caption(plain(f"{len(att.tokens):,} tokens, {len(profile.sentences):,} sentences, each read after the "

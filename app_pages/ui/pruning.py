@@ -106,7 +106,7 @@ def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
 
 
 def scratch_or_stop(s: Settings) -> ModelRef:
-    """The sidebar's model on our engine (its twin), which alone can switch heads off and prune."""
+    """The sidebar's model on the from-scratch engine (on the from-scratch engine), which alone can switch heads off and prune."""
     scratch = s.model.scratch()
     if scratch is None:
         st.info(f"Pruning runs on the from-scratch engine, which holds BERT encoders and the Llama and Gemma 3 "
@@ -124,7 +124,7 @@ class Importance:
 
 
 def first_measured(ref: ModelRef) -> list[tuple]:
-    """What Pruning measures a bundled decoder on first: its twin, by gradient, on the default sentences."""
+    """What Pruning measures a bundled decoder on first: it on the from-scratch engine, by gradient, on the default sentences."""
     return [(ref.scratch(), "zero", corpus_sample(LLM_SAMPLE), "gradient")]
 
 

@@ -22,8 +22,8 @@ class Settings:
     hide_special: bool
     merge_words: bool
     shared_scale: bool
-    causal: bool                 # our engine only
-    heads_off: tuple[Head, ...]  # our engine only
+    causal: bool                 # the from-scratch engine only
+    heads_off: tuple[Head, ...]  # the from-scratch engine only
     moved: bool = False          # weights scaled by what each key sends (value_norms), rows renormalised
 
 

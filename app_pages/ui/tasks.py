@@ -132,7 +132,7 @@ def task_or_stop(ref: ModelRef, spec: TaskSpec) -> Task:
 
 
 def first_task(ref: ModelRef) -> list[tuple]:
-    """What Effects over a task shows first: indirect object, 50 pairs, by attribution patching, on the twin."""
+    """What Effects over a task shows first: indirect object, 50 pairs, by attribution patching, on the from-scratch engine."""
     return [(ref.scratch(), FIRST, "logit_diff", "attribution")]
 
 

@@ -165,7 +165,7 @@ _LAYER_RENAMES = {
 
 
 def state_dict_from_bert(hf: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
-    """Rename a transformers BERT state dict to ours; q, k, v are concatenated into one projection."""
+    """Rename a transformers BERT state dict to the from-scratch engine's names; q, k, v are concatenated into one projection."""
     hf = {_normalise_key(k): v for k, v in hf.items()}
     scratch: dict[str, torch.Tensor] = {}
     missing: list[str] = []

@@ -101,7 +101,7 @@ class DecoderBlock(PreNormBlock):
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> "DecoderBlock":
         """Our block with the weights of a ``norm_first`` PyTorch layer (run it with a causal mask to compare)."""
         if not layer.norm_first or not layer.self_attn.batch_first:
-            raise ValueError("Only a norm_first, batch_first TransformerEncoderLayer is a pre-LayerNorm block like ours")
+            raise ValueError("Only a norm_first, batch_first TransformerEncoderLayer is a pre-LayerNorm block like the from-scratch engine's")
         act = layer.activation
         name = "gelu" if act is F.gelu or isinstance(act, nn.GELU) else "relu"
         c = DecoderConfig(n_heads=layer.self_attn.num_heads, d_model=layer.self_attn.embed_dim,

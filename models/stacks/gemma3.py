@@ -230,7 +230,7 @@ class Gemma3(Stack):
         return scratch
 
 
-_RENAMES = [  # ours -> transformers', on names without the "model." prefix
+_RENAMES = [  # the from-scratch engine's -> transformers', on names without the "model." prefix
     ("embedding.", "embed_tokens."), ("norm.", "norm."), ("ln_attn.", "input_layernorm."),
     ("ln_attn_out.", "post_attention_layernorm."), ("ln_mlp.", "pre_feedforward_layernorm."),
     ("ln_mlp_out.", "post_feedforward_layernorm."), ("attn.out_proj.", "self_attn.o_proj."),

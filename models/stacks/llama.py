@@ -215,7 +215,7 @@ class Llama(Stack):
         return scratch
 
 
-_RENAMES = [  # ours -> transformers', on names without the "model." prefix
+_RENAMES = [  # the from-scratch engine's -> transformers', on names without the "model." prefix
     ("embedding.", "embed_tokens."), ("norm.", "norm."), ("ln_attn.", "input_layernorm."),
     ("ln_mlp.", "post_attention_layernorm."), ("attn.out_proj.", "self_attn.o_proj."), ("gate.", "mlp.gate_proj."),
     ("up.", "mlp.up_proj."), ("down.", "mlp.down_proj."),
