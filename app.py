@@ -1,9 +1,9 @@
 """HeadLens: routing and the shared sidebar. Each page lives in app_pages/."""
 import streamlit as st
 
+from app_pages.results.threads import share_the_lock
 from app_pages.ui.janitor import janitor
 from app_pages.ui.sidebar import sidebar
-from app_pages.ui.threads import share_the_lock
 
 st.set_page_config(page_title="HeadLens", page_icon=":material/visibility:", layout="wide")
 share_the_lock()  # the sessions' torch work takes the interpreter lock back quickly beside others' Python

@@ -2,10 +2,12 @@
 import streamlit as st
 
 from analysis.atlas import METRICS, atlas_frame, head_map, metrics_of
-from app_pages.ui.card import atlas, card_parts, decoder, same_kind
+from app_pages.results.card import atlas, card_parts, decoder
+from app_pages.results.models import ModelRef
+from app_pages.ui.card import same_kind
 from app_pages.ui.card_links import click_opens_card
 from app_pages.ui.exports import chart
-from app_pages.ui.models import ModelRef, model_for
+from app_pages.ui.models import model_for
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound, choose, flag
 from models.catalog import CATALOG, bundled

@@ -2,8 +2,9 @@
 import streamlit as st
 
 from analysis import circuits as AC
+from app_pages.results.circuits import circuit_at, circuit_curve
 from app_pages.ui import circuit_view as view
-from app_pages.ui.circuits import circuit_at, circuit_curve, pick_circuit, pick_edges, scores_or_stop
+from app_pages.ui.circuits import pick_circuit, pick_edges, scores_or_stop
 from app_pages.ui.models import decoder_or_stop
 from app_pages.ui.settings import settings
 from app_pages.ui.task_view import problems

@@ -3,12 +3,12 @@ import streamlit as st
 
 from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button
-from app_pages.ui.views import causal_note, view
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
 from app_pages.ui.models import model_for, model_names, ref_for
+from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound, choose
+from app_pages.ui.views import causal_note, view
 from models import head_label
 from viz import head_heatmap
 

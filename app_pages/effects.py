@@ -2,15 +2,17 @@
 import streamlit as st
 
 from analysis.effects import METHODS
-from app_pages.ui.effects import effects, pick_pair
+from app_pages.results.effects import effects
+from app_pages.ui.effects import pick_pair
 from app_pages.ui.effects_view import (EffectsView, copying_section, downloads, flow_section, grids, head_section,
                                        metrics, open_clicked, parts_and_residual, pick_head, positions_section)
+from app_pages.results.tasks import chosen, task_effects
+from app_pages.ui import task_view as over_task
 from app_pages.ui.exports import exports
 from app_pages.ui.models import decoder_or_stop
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound
-from app_pages.ui import task_view as over_task
-from app_pages.ui.tasks import chosen, pick_task, task_effects, task_or_stop
+from app_pages.ui.tasks import pick_task, task_or_stop
 
 ABOUT = ("Which heads make this prediction? Direct logit attribution splits the clean prompt's logit difference, "
          "logit(answer) − logit(distractor) at its last token, into what each head writes there, read through the "

@@ -5,11 +5,11 @@ import streamlit as st
 from analysis import head_stats, special_share
 from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button, card_url
-from app_pages.ui.views import causal_note, special_words, view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import explore_long
 from app_pages.ui.pickers import pick_full_resolution, pick_head, pick_heads, pick_layer, pick_sentence, title_for
 from app_pages.ui.settings import settings
+from app_pages.ui.views import causal_note, special_words, view
 from app_pages.ui.why import explore_clicks, explore_why
 from models import head_label
 from models.long import LongAttention

@@ -1,15 +1,16 @@
 """Generate: a decoder continues a sentence, token by token; then every page shows prompt and continuation."""
 import streamlit as st
 
+from app_pages.results.messages import stop_with
+from app_pages.results.models import DECODERS, cached_model
 from app_pages.ui.attention import attention
-from app_pages.ui.views import view
 from app_pages.ui.exports import chart
 from app_pages.ui.generation import continuations, generated_from
-from app_pages.ui.messages import stop_with
-from app_pages.ui.models import DECODERS, cached_model, model_for
+from app_pages.ui.models import model_for
 from app_pages.ui.pickers import pick_layer, pick_sentence, title_for
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose
+from app_pages.ui.views import view
 from models import HeadLensError
 from viz import text_shading
 

@@ -3,13 +3,14 @@ import streamlit as st
 
 from analysis.atlas import atlas_frame, heads_like
 from analysis.head_card import card_from
+from app_pages.results.card import card_parts, decoder
+from app_pages.results.tasks import FIRST
 from app_pages.ui import card_view as view
-from app_pages.ui.card import card_parts, decoder, same_kind, stored_atlas
+from app_pages.ui.card import same_kind, stored_atlas
 from app_pages.ui.models import model_for
 from app_pages.ui.pickers import pick_sentence
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, head_from_url, head_to_url
-from app_pages.ui.tasks import FIRST
 from app_pages.ui.why import why_section
 from models import head_label
 from models.catalog import bundled

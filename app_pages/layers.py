@@ -2,15 +2,16 @@
 import streamlit as st
 
 from analysis import FLOW_MAX_TOKENS, rollout
+from app_pages.results.messages import stop_with
+from app_pages.results.shared import Named
+from app_pages.results.views import view_flow
 from app_pages.ui.attention import attention
-from app_pages.ui.shared import Named
-from app_pages.ui.views import causal_note, view, view_flow
 from app_pages.ui.exports import chart
 from app_pages.ui.long import layers_long
-from app_pages.ui.messages import stop_with
 from app_pages.ui.pickers import pick_query, pick_sentence, title_for
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound
+from app_pages.ui.views import causal_note, view
 from analysis import long_view
 from models import HeadLensError
 from models.long import LongAttention

@@ -3,14 +3,14 @@ import numpy as np
 import streamlit as st
 
 from analysis import head_stats, long_view, reach, special_share
+from app_pages.results.long import surveyed
 from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button
-from app_pages.ui.views import causal_note, view
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.long import surveyed
 from app_pages.ui.pickers import pick_sentence, title_for
 from app_pages.ui.settings import settings
 from app_pages.ui.state import open_page
+from app_pages.ui.views import causal_note, view
 from models.long import LongAttention
 from viz import overview, reach_grid
 from viz.figures import HIDDEN_NOTE

@@ -9,12 +9,13 @@ from analysis import ablate, heads_marked
 from analysis.ablation import ABLATIONS, NEIGHBOURS
 from analysis.importance import importance_by_role, most_important_with_a_later_layer
 from analysis.pruning import curve_summary, prune_counts
+from app_pages.results.messages import stop_with
+from app_pages.results.models import TRANSFORMERS
+from app_pages.results.pruning import curves, importance, measure_of, proxy_table
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.messages import stop_with
-from app_pages.ui.models import TRANSFORMERS, model_for
+from app_pages.ui.models import model_for
 from app_pages.ui.profiles import profile
-from app_pages.ui.pruning import (ABOUT, MEASURES, METHODS, correlations, curves, curves_csv, scratch_or_stop,
-                                  importance, measure_of, pruned_zip, proxy_table, pruning_sentences, show_point)
+from app_pages.ui.pruning import ABOUT, MEASURES, METHODS, correlations, curves_csv, pruned_zip, pruning_sentences, scratch_or_stop, show_point
 from app_pages.ui.settings import settings
 from app_pages.ui.state import bound, head_from_url, head_to_url
 from models import HeadLensError, head_label

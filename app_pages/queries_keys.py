@@ -3,12 +3,13 @@ once, one head as a scatter, and a clicked token's sentence as a heatmap."""
 import numpy as np
 import streamlit as st
 
-from app_pages.ui.attention import cached_attention
+from app_pages.results.attention import cached_attention
+from app_pages.results.messages import plain, short
+from app_pages.results.qk import pictures
 from app_pages.ui.card_links import card_button
 from app_pages.ui.exports import chart
-from app_pages.ui.messages import plain, short
 from app_pages.ui.models import model_for
-from app_pages.ui.qk import METHODS, pick_corpus, pictures, within_tokens
+from app_pages.ui.qk import METHODS, pick_corpus, within_tokens
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, fresh_click, preset
 from models import head_label

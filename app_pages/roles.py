@@ -3,11 +3,11 @@ import pandas as pd
 import streamlit as st
 
 from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view
+from app_pages.results.models import LLM
 from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button, click_opens_card
 from app_pages.ui.detector import show_decoder_heads
 from app_pages.ui.exports import chart, exports
-from app_pages.ui.models import LLM
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile, profile_file
 from app_pages.ui.roles import similar, strongest_in_document, strongest_sentences
 from app_pages.ui.settings import settings

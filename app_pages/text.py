@@ -2,11 +2,11 @@
 import streamlit as st
 
 from app_pages.ui.attention import attention
-from app_pages.ui.views import view
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import text_long
 from app_pages.ui.pickers import pick_head, pick_layer, pick_query, pick_sentence, title_for
 from app_pages.ui.settings import settings
+from app_pages.ui.views import view
 from analysis import long_view
 from models import head_label
 from models.long import LongAttention

@@ -1,9 +1,9 @@
 """Train: a small decoder learns on our multi-head attention while the page shows its heads form."""
 import streamlit as st
 
+from app_pages.results.messages import plain
+from app_pages.results.models import TRAINED
 from app_pages.ui.exports import chart, model_zip
-from app_pages.ui.messages import plain
-from app_pages.ui.models import TRAINED
 from app_pages.ui.state import bound, flag, open_page
 from app_pages.ui.training import (ABOUT, DEFAULTS, MAX_RUNNING, MAX_SECONDS, TASK_NAMES, current_job,
                                    snapshot_grids, start_job, summary, trained_job)

@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--model", action="append", help="a bundled decoder's key (default: smollm2, then gemma3)")
     a = ap.parse_args()
     logging.getLogger("streamlit").setLevel(logging.ERROR)
-    from app_pages.ui.threads import here
+    from app_pages.results.threads import here
 
     here.background = True  # no session: progress is published, not drawn
     print(f"# the preparation, step by step, on {machine('cpu')}")
@@ -38,7 +38,7 @@ def main() -> None:
 def prepare(key: str, peak: PeakMemory) -> None:
     """``key``'s two engines opened (the steps use both), then each step run and reported."""
     from app_pages.ui import warm_up
-    from app_pages.ui.models import ModelRef, cached_model
+    from app_pages.results.models import ModelRef, cached_model
     from models.memory import release_memory
 
     ref = ModelRef(key)

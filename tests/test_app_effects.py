@@ -161,7 +161,7 @@ def test_one_view_runs_each_prompt_once_and_a_head_click_none_again(new_app, smo
     """Attribution, both patchings, the vocabulary, the routes and the heatmaps read one trace of each prompt
     (TransformerLens's clean cache): the model embeds the clean prompt once and the corrupted once; the patched
     copies start from the trace's residual stream. Picking another head runs neither again."""
-    from app_pages.ui import shared
+    from app_pages.results import shared
     from models.stacks.llama import Llama
 
     pair = PAIRS["Indirect object: Anna and James"]

@@ -3,7 +3,7 @@ traceback, and the session keeps working afterwards."""
 import numpy as np
 import pytest
 
-from app_pages.ui.messages import short
+from app_pages.results.messages import short
 from app_pages.ui.settings import MAX_CHARS
 from tests.conftest import block_max, decode, figures, heatmaps, shown, tick_text, title_text
 from tests.test_hard_inputs import HARD
@@ -93,7 +93,7 @@ def test_a_crafted_link_falls_back_to_defaults(new_app, hf_model):
 
 
 def test_a_long_upload_is_profiled_within_the_memory_budget(new_app, hf_model, monkeypatch):
-    import app_pages.ui.profiles as c
+    import app_pages.results.profiles as c
 
     lines = [f"Sentence number {i} is about a cat that sat on mat {i}." for i in range(40)]
     sizes = np.cumsum([n * n * hf_model.bytes_per_token_pair for n in hf_model.token_counts(lines)])

@@ -9,7 +9,7 @@ import pytest
 
 from analysis.atlas import atlas_frame, head_map, metrics_of
 from analysis.cards import card_parts, head_card
-from app_pages.ui.messages import plain
+from app_pages.results.messages import plain
 from tests.conftest import decode, figures
 
 HEAD, ATLAS = "app_pages/head.py", "app_pages/atlas.py"
@@ -33,7 +33,7 @@ def title(at) -> str:
 
 
 def test_a_card_from_its_url_is_the_card_computed_directly(new_app, hf_model, minilm_parts):
-    from app_pages.ui.profiles import profile_similarity
+    from app_pages.results.profiles import profile_similarity
 
     profile_similarity.cache.clear()
     at = new_app({"head": "2.5"}, page=HEAD)
@@ -102,9 +102,9 @@ def test_a_decoders_card_reads_the_effects_pages_own_results(new_app, smollm2):
     Effects page's shared results for that pair (the first also against patching computed here), and the task's
     mean is the task table's."""
     from analysis.effects import PAIRS, patch_heads
-    from app_pages.ui.card import task_heads
-    from app_pages.ui.effects import effects
-    from app_pages.ui.models import ModelRef
+    from app_pages.results.card import task_heads
+    from app_pages.results.effects import effects
+    from app_pages.results.models import ModelRef
 
     at = new_app({"model": "smollm2"}, page="app_pages/effects.py")
     at.button(key="effects-card").click().run()

@@ -47,8 +47,8 @@ def test_compare_trained_with_untrained_and_more_picks(new_app, hf_model, untrai
     assert not at.exception
     assert [f["layout"]["title"]["text"].split(":")[0] for f in figures(at)[:4]] == ["1", "2", "3", "4"]
     # each pick computed its own layer only
-    from app_pages.ui.attention import cached_attention
-    from app_pages.ui.models import ModelRef
+    from app_pages.results.attention import cached_attention
+    from app_pages.results.models import ModelRef
 
     untrained_key = ModelRef("untrained").cache_key
     held = [a for key, a in cached_attention.cache._items.items() if key[1] == untrained_key and key[2] == COFFEE]

@@ -50,7 +50,7 @@ def test_sessions_asking_for_the_same_profile_compute_it_once(new_app, monkeypat
     """Two sessions open Head roles on the same new sentences at once: one computes, one waits."""
     import threading
 
-    import app_pages.ui.profiles as c
+    import app_pages.results.profiles as c
 
     calls, real = [], c.measure_heads
 
@@ -86,9 +86,9 @@ def test_sessions_asking_for_the_same_profile_compute_it_once(new_app, monkeypat
 
 
 def test_results_are_shared_read_only_and_kept_within_their_budget(new_app, hf_model):
-    from app_pages.ui.attention import cached_attention
-    from app_pages.ui.shared import SharedCache
-    from app_pages.ui.models import ModelRef
+    from app_pages.results.attention import cached_attention
+    from app_pages.results.shared import SharedCache
+    from app_pages.results.models import ModelRef
 
     a = new_app({"text": "A shared sentence."})
     b = new_app({"text": "A shared sentence."})
@@ -113,6 +113,6 @@ def test_the_server_hands_the_interpreter_lock_on_within_a_millisecond(app):
     another session ran Python: SmolLM2's forward pass on three sentences beside two such threads took 10 s."""
     import sys
 
-    from app_pages.ui.threads import SWITCH_INTERVAL_S
+    from app_pages.results.threads import SWITCH_INTERVAL_S
 
     assert SWITCH_INTERVAL_S <= 0.001 and sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)

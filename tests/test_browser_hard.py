@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from analysis.views import token_label
-from app_pages.ui.messages import short
+from app_pages.results.messages import short
 from tests.browser import ROOT, commit_text, every_kth, plot_title, settled, shot, wait_title, x_ticks
 from tests.test_hard_inputs import HARD
 from viz.figures import visible

@@ -3,8 +3,8 @@ never under another; a damaged file is removed and reported missing."""
 import numpy as np
 import pandas as pd
 
-from app_pages.ui import store
-from app_pages.ui.store import Store, code_digest, folder_digest
+from app_pages.results import store
+from app_pages.results.store import Store, code_digest, folder_digest
 
 
 def test_a_result_is_found_again_under_its_key_only(tmp_path):

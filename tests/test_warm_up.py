@@ -7,9 +7,10 @@ import time
 import pandas as pd
 import pytest
 
-from app_pages.ui import shared, warm_up
-from app_pages.ui.models import ModelRef
-from app_pages.ui.threads import here
+from app_pages.results import shared
+from app_pages.ui import warm_up
+from app_pages.results.models import ModelRef
+from app_pages.results.threads import here
 
 REF = ModelRef("smollm2_scratch")
 PAGES = ["app_pages/foci.py", "app_pages/roles.py", "app_pages/effects.py", "app_pages/pruning.py",
@@ -103,7 +104,8 @@ def test_the_warm_up_asks_for_what_the_pages_declare():
                                           "queries and keys", "curves", "task effects", "task table", "circuit scores",
                                           "circuit curve", "atlas"]
     # a head's card reads every one before the atlas; the Circuits page opens on the circuit steps
-    from app_pages.ui.pruning import LLM_SAMPLE, corpus_sample, curves, importance
+    from app_pages.results.pruning import LLM_SAMPLE, curves, importance
+    from app_pages.ui.pruning import corpus_sample
 
     sample = corpus_sample(LLM_SAMPLE)
     assert importance.key(REF, "zero", sample, "gradient") in {r.key(*a) for r, a in steps}

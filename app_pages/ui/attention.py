@@ -6,58 +6,15 @@ import dataclasses
 
 import streamlit as st
 
-from analysis import head_mask, renormalise_rows
 from models import Attention, AttentionModel
 from models.long import LongAttention
 
+from ..results.attention import cached_attention, long_prompt
+from ..results.models import ModelRef
 from .generation import generated_from
-from .models import ModelRef, cached_model, model_for
+from .models import model_for
 from .settings import Settings
-from .shared import shared
 from .state import choose
-
-
-def _frozen(att: Attention) -> Attention:
-    """``att`` with every weight array read-only, as a value shared by all sessions must be."""
-    for part in (att, att.decoder, att.cross):
-        if part is not None:
-            part.weights.flags.writeable = False
-    return att
-
-
-ATTENTION_BYTES = 512 * 2**20  # attention results kept for every session: one 512-token SmolLM2 text is 283 MB
-
-
-def _nbytes(att: Attention) -> int:
-    return sum(part.weights.nbytes for part in (att, att.decoder, att.cross) if part is not None)
-
-
-@shared("attention", entries=64, max_bytes=ATTENTION_BYTES, size=_nbytes, owned=True,
-        waiting="Computing this attention")
-def cached_attention(ref: ModelRef, text: str, causal: bool, heads_off: tuple, moved: bool = False,
-                     layers: tuple[int, ...] | None = None) -> Attention:
-    """The attention of ``text`` on ``ref``'s model (the last 64 within 512 MiB). ``moved``: each weight scaled by
-    what its key sends (``value_norms``, on the from-scratch engine), rows renormalised. ``layers``: only these layers
-    (``attend(layers=...)``: the from-scratch engine runs none above them)."""
-    model = cached_model(ref)
-    mask = head_mask(model, heads_off)
-    att = model.attend(text, head_mask=mask, causal=causal, layers=layers)
-    if moved:
-        norms = cached_model(ref.scratch()).value_norms(text, head_mask=mask, causal=causal)
-        norms = norms if layers is None else norms[list(layers)]
-        att = dataclasses.replace(att, weights=renormalise_rows(norms))
-    return _frozen(att)
-
-
-LONG_BYTES = 640 * 2**20  # long prompts kept for every session: two 4,096-token SmolLM2 prompts run to the top
-
-
-@shared("long prompt", entries=4, max_bytes=LONG_BYTES, size=lambda att: att.nbytes, owned=True,
-        waiting="Reading this long prompt")
-def long_prompt(ref: ModelRef, text: str, causal: bool, heads_off: tuple) -> LongAttention:
-    """``text`` as a ``LongAttention`` on ``ref``'s model (on the from-scratch engine), each layer run when asked."""
-    model = cached_model(ref)
-    return model.attend_long(text, head_mask=head_mask(model, heads_off), causal=causal)
 
 
 def long_attention(s: Settings, text: str, ref: ModelRef, model: AttentionModel, container=st) -> LongAttention | None:

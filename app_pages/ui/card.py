@@ -11,101 +11,12 @@ import time
 
 import pandas as pd
 
-from analysis.atlas import atlas_frame
-from analysis.effects import PAIRS
-from analysis.head_card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
-from analysis.task_effects import table
 from models.catalog import CATALOG, bundled
-from models.corpus import CORPUS, corpus_sample
 from models.files import resolve_model_dir
 
-from .detector import detected
-from .effects import cheap_copying, copying, effects
-from .models import LLM, ModelRef, cached_model
-from .profiles import corpus_profile
-from .pruning import SAMPLE, first_measured, importance
-from .qk import first_pictures, pictures
-from .shared import Bar, Warm, shared
-from .store import Store, folder_digest
-from .tasks import first_task, task_effects
-
-TASK_NAME = "Indirect object, 50 pairs"  # Effects' first task (``tasks.first_task``)
-
-
-def _unmasked(ref: ModelRef) -> list[tuple]:
-    return [(ref, False, ())]
-
-
-@shared("peaks", entries=8, waiting="Finding each head's strongest examples", warm=Warm(1.5, _unmasked))
-def peaks(ref: ModelRef, causal: bool, heads_off: tuple) -> Peaks:
-    """Each head's most concentrated query in each sentence of the built-in corpus, read from its Head roles
-    profile's attention."""
-    _, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
-    return corpus_peaks(attentions)
-
-
-@shared("writes", entries=8, waiting="Measuring what each head writes",
-        warm=Warm(2.5, lambda ref: [(ref.scratch(), False, ())]))
-def writes(ref: ModelRef, causal: bool, heads_off: tuple) -> Writes:
-    """A decoder's heads' largest output norm in each sentence of its profile (the from-scratch engine reads each head's output)."""
-    _, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
-    bar = Bar(f"Reading what every head writes in {len(attentions)} sentences")
-    found = corpus_writes(cached_model(ref.scratch()), [a.text for a in attentions], progress=bar)
-    bar.empty()
-    return found
-
-
-def decoder(ref: ModelRef) -> bool:
-    return ref.choice in LLM
-
-
-def importance_args(ref: ModelRef) -> tuple:
-    """The importance Pruning opens with on ``ref``'s model (on the from-scratch engine): a bundled decoder's by gradient on its
-    sample, an encoder's by mean ablation on the corpus sample."""
-    if decoder(ref):
-        return first_measured(ref)[0]
-    return (ref.scratch(), "mean", corpus_sample(SAMPLE), "ablation")
-
-
-def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, importance_too: bool = True,
-               qk_too: bool = True) -> CardParts:
-    """Every head's card parts on ``ref``'s model, each the shared result its page reads (computed here when no
-    page or preparation has): an encoder's profile and peaks, and a decoder's detector, copying, pairs, task,
-    importance and pictures. ``importance_too``, ``qk_too``: False takes those only when already computed."""
-    frame, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
-    parts = CardParts(frame, attentions, peaks(ref, causal, heads_off), windows=attentions[0].windows)
-    scratch = ref.scratch()
-    if scratch is not None:
-        measured, drawn = importance_args(scratch), first_pictures(scratch)[0]
-        if importance_too or importance.peek(*measured) is not None:
-            parts.importance = importance(*measured).frame
-        if qk_too or pictures.peek(*drawn) is not None:
-            parts.qk = pictures(*drawn).frames
-    if not decoder(ref):
-        return parts
-    parts.writes = writes(ref, causal, heads_off)
-    parts.detector = detected(ref)
-    parts.copying = copying(scratch) if cheap_copying(ref) else copying.peek(scratch)  # else on request: slow
-    for name, pair in PAIRS.items():
-        found = effects(scratch, pair, "exact")
-        parts.pairs[name] = (found.attribution, found.heads)
-    parts.task = task_heads(ref)
-    parts.task_name = TASK_NAME
-    return parts
-
-
-@shared("task table", entries=8, copy=True, waiting="Averaging the task's pairs",
-        warm=Warm(9.5, lambda ref: [(ref,)]))
-def task_heads(ref: ModelRef) -> pd.DataFrame:
-    """Each head's mean over Effects' first task, with its interval, p and q (``analysis.task_effects.table``):
-    its bootstrap and sign flips take half a second, once."""
-    return table(task_effects(*first_task(ref)[0]))
-
-
-@shared("atlas", entries=8, copy=True, waiting="Gathering every head's measures", warm=Warm(20, lambda ref: [(ref,)]))
-def atlas(ref: ModelRef) -> pd.DataFrame:
-    """Every head's row of measures, read from the card's parts (``analysis.atlas.atlas_frame``)."""
-    return atlas_frame(card_parts(ref, importance_too=decoder(ref), qk_too=False))
+from ..results.card import atlas
+from ..results.models import ModelRef
+from ..results.store import Store, folder_digest
 
 
 _ON_DISK: dict = {}  # (choice, device) -> (when looked, the atlas found on disk or None)

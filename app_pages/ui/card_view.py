@@ -14,14 +14,16 @@ from viz import head_heatmap, text_shading
 from viz.effects import vocabulary_bars
 from viz.qk import qk_tile
 
+from ..results.card import importance_args
+from ..results.effects import copying, flow, vocabulary
+from ..results.messages import markdown_table, plain
+from ..results.models import ModelRef
+from ..results.pruning import importance
+from ..results.qk import first_pictures, pictures
 from .attention import attention
-from .card import first_pictures, importance, importance_args, pictures
 from .card_links import card_button
 from .detector import NAMES
-from .effects import copying, flow, vocabulary
 from .exports import chart
-from .messages import markdown_table, plain
-from .models import ModelRef
 from .settings import Settings
 from .state import bound
 

@@ -10,13 +10,14 @@ from analysis.circuit_heads import PATTERNS, circuit_heads
 from analysis.circuits import EdgeScores
 from viz.circuits import circuit_figure, curve_figure
 
+from ..results.circuits import KINDS, circuit_roles
+from ..results.detector import detected
+from ..results.effects import cheap_copying, copying
+from ..results.messages import markdown_table, plain
+from ..results.models import ModelRef, cached_model
 from .card_links import point_opens_card
-from .circuits import KINDS, CircuitChoice, circuit_roles, comparison, graph_json, heads_above
-from .detector import detected
-from .effects import cheap_copying, copying
+from .circuits import CircuitChoice, comparison, graph_json, heads_above
 from .exports import chart, exports
-from .messages import markdown_table, plain
-from .models import ModelRef, cached_model
 from .state import bound, choose, fresh_click, head_from_url, head_to_url, preset
 from .why import edge_head
 from models.result import head_label

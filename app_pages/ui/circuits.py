@@ -9,18 +9,17 @@ import pandas as pd
 import streamlit as st
 
 from analysis import circuits as AC
-from analysis.circuit_heads import role_attention
 from analysis.circuits import EdgeScores
 from models import HeadLensError
 
-from .messages import stop_with
-from .models import ModelRef, cached_model
-from .shared import Bar, Warm, shared
+from ..results.circuits import KINDS, circuit_scores
+from ..results.messages import stop_with
+from ..results.models import ModelRef
+from ..results.tasks import TaskSpec
 from .state import bound
-from .tasks import FIRST, TaskSpec, built_task, pick_task
+from .tasks import pick_task
 
 METHODS = {"eap_ig": "EAP-IG", "eap": "EAP"}
-KINDS = {"q": "queries", "k": "keys", "v": "values", "mlp": "MLPs", "logits": "logits"}
 DRAWN = [5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500]   # circuit sizes the page draws
 DEFAULT_EDGES = 100
 
@@ -60,50 +59,6 @@ def pick_circuit() -> CircuitChoice:
         st.info("Choose at least one kind of edge to build circuits from.")
         st.stop()
     return CircuitChoice(choice.spec, choice.metric, method, int(steps), tuple(k for k in KINDS if k in kinds))
-
-
-def first_circuit(ref: ModelRef) -> list[tuple]:
-    """What the Circuits page shows first: the indirect-object task's 50 pairs, EAP-IG in 5 steps, on the from-scratch engine."""
-    return [(ref.scratch(), FIRST, "logit_diff", "eap_ig", AC.STEPS)]
-
-
-@shared("circuit scores", entries=8, waiting="Scoring every edge over the task", warm=Warm(10, first_circuit))
-def circuit_scores(ref: ModelRef, spec: TaskSpec, metric: str, method: str, steps: int) -> EdgeScores:
-    """Every edge of the model scored over the task's pairs, with a progress bar."""
-    model, task = cached_model(ref), built_task(ref, spec)
-    how = f"EAP-IG in {steps} steps" if method == "eap_ig" else "EAP"
-    bar = Bar(f"Scoring every edge over {len(task)} pairs by {how}")
-    scores = AC.edge_scores(model, task, method, steps, metric, progress=bar)
-    bar.empty()
-    return scores
-
-
-@shared("circuit curve", entries=8, waiting="Running circuits of every size",
-        warm=Warm(10.5, lambda ref: [(*first_circuit(ref)[0], tuple(KINDS))]))
-def circuit_curve(ref: ModelRef, spec: TaskSpec, metric: str, method: str, steps: int, kinds: tuple) -> AC.Curve:
-    """The faithfulness of the top edges' circuit at every size of ``analysis.circuits.default_sizes``."""
-    scores = circuit_scores(ref, spec, metric, method, steps)
-    bar = Bar("Running the circuit of the top edges at each size, every other edge corrupted")
-    curve = AC.faithfulness(cached_model(ref), scores, kinds=list(kinds), progress=bar)
-    bar.empty()
-    return curve
-
-
-@shared("circuit", entries=32, waiting="Running this circuit")
-def circuit_at(ref: ModelRef, spec: TaskSpec, metric: str, method: str, steps: int, kinds: tuple,
-               edges: int) -> AC.Curve:
-    """The faithfulness of the top ``edges`` edges' circuit alone."""
-    scores = circuit_scores(ref, spec, metric, method, steps)
-    bar = Bar(f"Running the circuit of the top {edges:,} edges")
-    curve = AC.faithfulness(cached_model(ref), scores, sizes=[edges], kinds=list(kinds), progress=bar)
-    bar.empty()
-    return curve
-
-
-@shared("role attention", entries=8, waiting="Reading the heads' attention between the task's roles")
-def circuit_roles(ref: ModelRef, spec: TaskSpec) -> dict:
-    """Every head's attention along each pattern of ``analysis.circuit_heads.PATTERNS``."""
-    return role_attention(cached_model(ref), built_task(ref, spec))
 
 
 def scores_or_stop(ref: ModelRef, c: CircuitChoice) -> EdgeScores:

@@ -5,18 +5,16 @@ import pandas as pd
 import streamlit as st
 
 from analysis import DETECTORS, make_view
-from analysis.detector import (DETECTOR_LABELS, LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector,
-                               repeated_sequences)
+from analysis.detector import DETECTOR_LABELS, LENGTH, SENTENCES, SEQUENCES, repeated_sequences
 from models import head_label
 from models.catalog import CATALOG, bundled
-from models.corpus import corpus_sample
 from viz import head_heatmap, role_grid
 
-from .attention import cached_attention
+from ..results.attention import cached_attention
+from ..results.detector import detected
+from ..results.models import ModelRef, cached_model
 from .card_links import click_opens_card
 from .exports import chart
-from .models import ModelRef, cached_model
-from .shared import Bar, Warm, shared
 from .state import bound, choose, flag, head_from_url, head_to_url
 
 ABOUT = (f"On {SEQUENCES} sequences of {LENGTH} random words repeated twice (Olsson et al. 2022): induction is the "
@@ -27,22 +25,6 @@ ABOUT = (f"On {SEQUENCES} sequences of {LENGTH} random words repeated twice (Ols
          "above its bar (" + ", ".join(f"{label} {bar}" for label, bar in DETECTOR_LABELS.values()) + "), else other.")
 NAMES = {"previous_token": "previous token", "duplicate_token": "duplicate token", "induction": "induction",
          "sink": "sink"}
-
-
-def _engines(ref: ModelRef) -> list[tuple]:
-    """The detector on the sidebar's model and, when that is a transformers one, on it on the from-scratch engine: Effects names a
-    head's label on the engine it patches with."""
-    return [(ref,)] if ref.scratch() == ref else [(ref,), (ref.scratch(),)]
-
-
-@shared("detector", entries=8, copy=True, waiting="Detecting this model's heads", warm=Warm(2, _engines))
-def detected(ref: ModelRef) -> pd.DataFrame:
-    """``head_detector`` on the model behind ``ref``, with a progress bar."""
-    bar = Bar(f"Running {SEQUENCES} repeated sequences")
-    df = head_detector(cached_model(ref), sentences=corpus_sample(SENTENCES), n_sequences=SEQUENCES, length=LENGTH,
-                       progress=bar)
-    bar.empty()
-    return df.assign(label=detector_labels(df))
 
 
 def show_decoder_heads(ref: ModelRef) -> None:

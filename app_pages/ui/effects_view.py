@@ -17,12 +17,14 @@ from models import AttentionModel, head_label
 from viz import head_heatmap
 from viz.effects import effect_grid, flow_figure, parts_bars, position_grid, vocabulary_bars
 
-from .detector import NAMES, detected
-from .effects import Effects, copying, flow, frame_csv, parts_frame, per_position, prompt_trace, vocabulary
-from .exports import chart
-from .models import LLM, TRAINED, ModelRef
-from .settings import Settings
+from ..results.detector import detected
+from ..results.effects import Effects, copying, flow, per_position, prompt_trace, vocabulary
+from ..results.models import LLM, ModelRef, TRAINED
 from .card_links import card_button
+from .detector import NAMES
+from .effects import frame_csv, parts_frame
+from .exports import chart
+from .settings import Settings
 from .state import bound, choose_head, click_head, flag, fresh_click
 from .training import trained_job
 

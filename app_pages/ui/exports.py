@@ -13,7 +13,7 @@ from analysis.export import attention_json, attention_npz, head_csv
 from models import Attention, head_label
 from viz.export import figure_html, figure_image
 
-from .messages import plain
+from ..results.messages import plain
 
 
 def model_zip(model, top: str) -> bytes:

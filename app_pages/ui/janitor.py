@@ -12,7 +12,7 @@ import streamlit as st
 
 from models.memory import release_memory
 
-from . import shared as declared
+from ..results import shared as declared
 
 log = logging.getLogger("headlens")
 SWEEP_EVERY = 5.0  # seconds between two sweeps of what closed sessions held

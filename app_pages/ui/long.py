@@ -2,14 +2,13 @@
 and pooled grids cached so that a rerun redraws without recomputing."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from analysis import FLOW_MAX_TOKENS, Grid, LongView, Survey, long_view, survey, zoom_window
+from analysis import FLOW_MAX_TOKENS, Grid, LongView, long_view, zoom_window
 from analysis.long import CELLS, ZOOM
 from analysis.views import first_token_sink
 from models import HeadLensError, head_label
@@ -17,30 +16,14 @@ from models.long import LongAttention
 from viz import head_grid, head_heatmap, text_shading, token_lines
 from viz.figures import HIDDEN_NOTE, block_categories
 
+from ..results.long import pooled, rolled, throttled
+from ..results.messages import plain, stop_with
 from .exports import chart, exports
-from .messages import plain, stop_with
 from .pickers import title_for
-from .shared import shared
 from .state import bound, choose, flag, fresh_click, preset
 from .views import special_words
 
-PROGRESS_EVERY = 1.0  # seconds between two updates of a progress bar
 ZOOM_REGIONS = 16  # click targets along each axis of a head's heatmap
-
-
-def throttled(update, seconds: float = PROGRESS_EVERY):
-    """``update(done, total)`` at most once every ``seconds``. Each update is a message after which the
-    browser redraws the page, charts included, on the cores the computation runs on: a 2,048-token view
-    of the top layer took 9 to 11 s in Chromium with an update a layer, 7 to 8 s with one a second."""
-    last = [0.0]
-
-    def progress(done: int, total: int) -> None:
-        now = time.monotonic()
-        if now - last[0] >= seconds:
-            last[0] = now
-            update(done, total)
-
-    return progress
 
 
 def run_layers(att: LongAttention, layer: int) -> None:
@@ -54,13 +37,6 @@ def run_layers(att: LongAttention, layer: int) -> None:
     except HeadLensError as err:
         stop_with(err)
     bar.empty()
-
-
-@shared("long grid", entries=64, owned=True, waiting="Computing this layer's weights")  # at most heads x 128 x 128
-def pooled(v: LongView, layer: int, heads: list[int], last: int | None) -> Grid:
-    """``v.grid``: the layer's heads pooled into blocks, for every session that shows the same prompt and rows."""
-    with st.spinner(f"Computing layer {layer}'s weights, a block of queries at a time…"):
-        return v.grid(layer, heads, last=last)
 
 
 def grid(v: LongView, layer: int, heads: list[int], last: int | None) -> Grid:
@@ -167,22 +143,6 @@ def explore_long(s, att: LongAttention, layer: int, focus: int, heads: list[int]
     exports("explore-zoom", zoom, None, sig=f"{att.text}|{layer}|{zoom_head}|{queries}|{keys}|{s}")
 
 
-@shared("long survey", entries=8, owned=True, waiting="Surveying every head")  # layers x heads x 96 x 96: 10 MB
-def surveyed(v: LongView) -> Survey:
-    """``analysis.survey`` of ``v``, under a progress bar."""
-    att = v.attention
-    bar = st.progress(0.0, text=f"Running the prompt's {len(att.tokens):,} tokens through every layer…")
-    run = att.layers_done < att.n_layers
-    if run:
-        att.run_to(att.n_layers - 1, progress=throttled(lambda done, total: bar.progress(
-            done / total / 2, text=f"Running the prompt's {len(att.tokens):,} tokens: layer {done - 1} of {total}")))
-    out = survey(v, progress=throttled(lambda done, total: bar.progress(
-        (0.5 if run else 0.0) + done / total * (0.5 if run else 1.0),
-        text=f"Every head's weights, a block of queries at a time: layer {done - 1} of {total}")))
-    bar.empty()
-    return out
-
-
 PASSAGE = 400  # tokens of a long prompt that Text shades at once
 
 
@@ -236,17 +196,6 @@ def tokens_long(s, att: LongAttention, layer: int, heads: list[int], query: int,
                "in the order they come (numbered); a line's opacity is its weight relative to the head's largest.")
     st.dataframe(table.style.format({"weight": "{:.3f}"}), hide_index=True, key="tokens-strongest")
     exports("tokens", fig, None, sig=f"{att.text}|{layer}|{heads}|{query}|{s}")
-
-
-@shared("long rollout", entries=64, owned=True, waiting="Rolling out")  # one row of a prompt's tokens each
-def rolled(v: LongView, query: int, window: tuple[int, int], residual: float) -> np.ndarray:
-    """``v.rollout`` to ``query`` through the layers of ``window``, one layer's weights at a time, under a bar."""
-    lo, hi = window
-    bar = st.progress(0.0, text=f"Rollout through layers {lo}–{hi}, one layer's weights at a time…")
-    out = v.rollout(query, window, residual, progress=throttled(lambda done, total: bar.progress(
-        done / total, text=f"Rollout through layers {lo}–{hi}: {done} of {total} layers")))
-    bar.empty()
-    return out
 
 
 def layers_long(s, att: LongAttention, v: LongView, query: int, window: tuple[int, int], residual: float) -> None:

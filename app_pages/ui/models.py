@@ -1,78 +1,16 @@
-"""Which model a page shows, and the model itself: one instance per model and device for every
-session, only ever read; a model trained in this session is this session's own."""
+"""The sidebar's models and a page's model loaded under a spinner, its error said as a sentence."""
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from pathlib import Path
 
 import streamlit as st
 
-from models import AttentionModel, HeadLensError, load_model
-from models.catalog import CATALOG, bundled
+from models import AttentionModel, HeadLensError
+from models.catalog import bundled
 
-from .messages import stop_with
-from .threads import in_background
-from .training import trained_job, trained_model
-
-def _choices(models) -> dict[str, str]:
-    return {k: f"{b.title} · {'transformers' if engine == 'transformers' else 'from-scratch engine'}"
-            for b in models for k, engine in b.engines().items()}
-
-
-MODELS = {  # the sidebar's choices: each bundled model on each engine (models.catalog), the untrained encoder
-    **_choices(b for b in CATALOG if not b.decoder),
-    "untrained": "Untrained encoder · from scratch, seed 0",
-    **_choices(b for b in CATALOG if b.decoder),
-    "custom": "Custom model (id or folder) · transformers",
-}
-TRAINED = {
-    "trained": "Your trained decoder · this session",
-    "trained_start": "Your trained decoder at step 0 · this session",
-}
-TRANSFORMERS = {b.key for b in CATALOG}  # the bundled models on the transformers engine
-SCRATCH = {"untrained", *(b.scratch_key for b in CATALOG), *TRAINED}  # the choices on the from-scratch engine
-LLM = {k for b in CATALOG if b.decoder for k in b.engines()}  # the bundled decoder LLMs, on either engine
-DECODERS = " or ".join(b.title for b in CATALOG if b.decoder)  # their names, for a sentence
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A model as the sidebar names it: what a cache key needs to find it again."""
-
-    choice: str                # a key of MODELS or TRAINED
-    folder: str = ""           # "custom": the model id or folder typed in the sidebar
-    run: str = ""              # "trained", "trained_start": the id of this session's training
-    device: str = "auto"
-    download: bool = False     # "custom": fetch the model id from the Hub when it is not in the local cache
-
-    @property
-    def is_scratch(self) -> bool:
-        """It runs on the from-scratch engine."""
-        return self.choice in SCRATCH
-
-    def scratch(self) -> "ModelRef | None":
-        """The same weights on the from-scratch engine (``AttentionModel.scratch`` of the model behind it): itself
-        when it runs there; None for a custom model."""
-        if self.is_scratch:
-            return self
-        model = bundled(self.choice)
-        return None if model is None else ModelRef(model.scratch_key, device=self.device)
-
-    @property
-    def cache_key(self) -> tuple:
-        """What a result computed from this model is kept under (``shared.key_of``): a bundled model's weights,
-        whichever engine runs them (both give the same numbers), so that both engines read one result; any
-        other model (custom, untrained, trained in a session) as itself."""
-        model = bundled(self.choice)
-        if model is None or self.choice == "untrained":
-            return ("model", self.choice, self.folder, self.run, self.device, self.download)
-        return ("weights", model.key, self.device)
-
-    @property
-    def title(self) -> str:
-        """The model's name without its engine: "all-MiniLM-L6-v2"."""
-        return {**MODELS, **TRAINED}[self.choice].split(" · ")[0]
+from ..results.messages import stop_with
+from ..results.models import DECODERS, LLM, MODELS, TRAINED, ModelRef, cached_model, check_custom_folder
+from ..results.threads import in_background
+from .training import trained_job
 
 
 def model_names() -> dict[str, str]:
@@ -89,39 +27,6 @@ def ref_for(choice: str, device: str) -> ModelRef:
         return ModelRef(choice, folder=(st.session_state.get("custom_model") or "").strip(), device=device,
                         download=bool(st.session_state.get("custom_download")))
     return ModelRef(choice, device=device)
-
-
-def check_custom_folder(name: str) -> None:
-    """Where ``HEADLENS_MODELS_DIR`` is set (a server for a class), custom model folders must lie under it.
-
-    Model ids still come from the server's Hugging Face cache; any other folder is refused
-    without saying whether it exists.
-    """
-    root = os.environ.get("HEADLENS_MODELS_DIR")
-    path = Path(name).expanduser()
-    if not root or not (path.is_absolute() or path.exists() or name.startswith((".", "~"))):
-        return
-    if not path.resolve().is_relative_to(Path(root).expanduser().resolve()):
-        raise HeadLensError(f"This server loads model folders from {root} only; give a folder there, "
-                            "or a model id from its Hugging Face cache.")
-
-
-def cached_model(ref: ModelRef) -> AttentionModel:
-    """The model behind ``ref``: shared by every session, or this session's trained decoder."""
-    if ref.choice in TRAINED:
-        return trained_model(ref.choice, ref.run)
-    return shared_model(ref.choice, ref.folder, ref.device)
-
-
-@st.cache_resource(max_entries=4, show_spinner=False)
-def shared_model(choice: str, folder: str, device: str) -> AttentionModel:
-    if choice == "custom":
-        if not folder:
-            raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
-        return load_model(folder, device=device)
-    model = bundled(choice)
-    return load_model(None if model is None else model.name, backend="transformers" if choice in TRANSFORMERS
-                      else "scratch", device=device, untrained=choice == "untrained")
 
 
 _READ: set[str] = set()  # the bundled GGUF models this server has found read into their folders

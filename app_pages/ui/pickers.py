@@ -6,7 +6,7 @@ import streamlit as st
 from analysis import View
 from models import Attention
 
-from .messages import short
+from ..results.messages import short
 from .settings import Settings
 from viz.figures import MAX_CELLS
 

@@ -9,24 +9,20 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis import RANKING_MEASURES, head_mask, head_similarity, measure_heads
-from analysis.long_roles import DocumentProfile, profile_document
+from analysis.long_roles import DocumentProfile
 from analysis.profile import corpus_hash, metadata, read_profile, write_profile
-from models import AttentionModel, HeadLensError, head_label
+from models import HeadLensError, head_label
 from models.corpus import CORPUS, sentences_of
 from models.long import LongAttention
 
+from ..results.messages import plain, stop_with
+from ..results.models import DECODERS
+from ..results.profiles import corpus_profile, in_context, profile_similarity
 from .attention import attention
-from .long import throttled
-from .messages import plain, stop_with
-from .models import DECODERS, ModelRef, model_for
+from .models import model_for
 from .settings import Settings
-from .shared import Bar, Warm, shared, spinner
 from .state import bound
-from .threads import in_background
 
-PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
-PROFILES_BYTES = 640 * 2**20  # and all the profiles kept for every session
 CONTENT_ATTENTION = ("Content attention is a head's attention with the special tokens ([CLS], [SEP]) dropped and "
                      "each row rescaled to 1: attention to them works as a no-op (Clark et al. 2019) and hides what "
                      "the head does with the words. In a decoder, the first token is dropped too "
@@ -150,54 +146,6 @@ def uploaded_sentences() -> list[str]:
     return lines[:UPLOAD_SENTENCES]
 
 
-def profile(s: Settings, sentences: list[str]):
-    """Head roles over ``sentences`` for the sidebar's model, with a progress bar while it runs (``corpus_profile``)."""
-    return corpus_profile(s.model, s.causal, s.heads_off, sentences)
-
-
-def _first(ref: ModelRef) -> list[tuple]:
-    """What pages show first, as the sidebar's model reads it unmasked: the built-in corpus (Foci, Head roles), and
-    the sentences Pruning measures a decoder on by default (its importance against each head's role)."""
-    from .pruning import LLM_SAMPLE, corpus_sample
-
-    return [*_corpus(ref), (ref, False, (), corpus_sample(LLM_SAMPLE))]
-
-
-def profile_bytes(value) -> int:
-    """What a profile holds: its attention weights, by far its largest part."""
-    _, _, attentions = value
-    return sum(a.weights.nbytes for a in attentions) if isinstance(attentions, list) else 0
-
-
-@shared("profile", entries=4, max_bytes=PROFILES_BYTES, size=profile_bytes, owned=True, copy=True,
-        waiting="Profiling these sentences", warm=Warm(1, _first))
-def corpus_profile(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]):
-    """Head roles over ``sentences`` on ``ref``'s model: the per-head frame, per-sentence measures (``(sentences,
-    layers, heads)`` each), and the attentions. Entries only closed sessions asked for are dropped; the built-in
-    corpus's, computed by the server, stay."""
-    model = model_for(ref)
-    sentences = within_budget(model, sentences)
-    bar = Bar(f"Profiling {len(sentences)} sentences")
-    attentions = model.attend(sentences, head_mask=head_mask(model, heads_off), causal=causal, progress=bar)
-    measures = measure_heads(attentions)
-    per_sentence = {name: measures.per_sentence(name) for name in RANKING_MEASURES}
-    bar.empty()
-    return measures.frame(), per_sentence, attentions
-
-
-def _corpus(ref: ModelRef) -> list[tuple]:
-    return [(ref, False, (), list(CORPUS))]
-
-
-@shared("similarity", entries=4, owned=True, waiting="Comparing every pair of heads", warm=Warm(2.2, _corpus))
-def profile_similarity(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]) -> np.ndarray:
-    """The heads' Jensen-Shannon divergences over a profile's sentences (``analysis.head_similarity``), for Head
-    roles' heads that behave alike: nearly as long as the rest of a profile, so only the page that shows it asks."""
-    _, _, attentions = corpus_profile(ref, causal, heads_off, sentences)
-    with spinner(f"Comparing the patterns of every pair of heads over {min(len(attentions), 100)} sentences…"):
-        return head_similarity(attentions)
-
-
 def long_text(s: Settings) -> str | None:
     """The first of the sidebar's texts that the model reads as a long prompt, or None."""
     model = model_for(s.model)
@@ -232,23 +180,6 @@ def document_profile(s: Settings) -> PageProfile:
     return PageProfile(frame.copy(), profile.measures.n_sentences, per_sentence, None, att, profile)
 
 
-@shared("document profile", entries=4, owned=True, copy=True, waiting="Profiling this text")
-def in_context(att: LongAttention):
-    """The long prompt's profile, each sentence read in its context, with its per-head frame and per-sentence
-    measures, kept together as a corpus profile keeps them: a rerun reads them instead of labelling every
-    head again."""
-    bar = st.progress(0.0, text=f"Profiling every head over {len(att.tokens):,} tokens…")
-    profile = profile_document(att, progress=throttled(lambda done, total: bar.progress(
-        done / total, text=f"Profiling… layer {done} of {total}")))
-    bar.empty()
-    return profile, profile.measures.frame(), {name: profile.measures.per_sentence(name) for name in RANKING_MEASURES}
-
-
-def within_budget(model: AttentionModel, sentences: list[str]) -> list[str]:
-    """The first sentences whose attention weights fit ``PROFILE_BYTES``, with a note when some are left out."""
-    sizes = np.cumsum([n * n * model.bytes_per_token_pair for n in model.token_counts(sentences)])
-    keep = max(1, int(np.searchsorted(sizes, PROFILE_BYTES, side="right")))
-    if keep < len(sentences) and not in_background():
-        st.warning(f"Profiling the first {keep:,} of {len(sentences):,} sentences: their attention weights "
-                   f"fill the {PROFILE_BYTES // 2**20} MiB a profile may hold.")
-    return sentences[:keep]
+def profile(s: Settings, sentences: list[str]):
+    """Head roles over ``sentences`` for the sidebar's model, with a progress bar while it runs (``corpus_profile``)."""
+    return corpus_profile(s.model, s.causal, s.heads_off, sentences)

@@ -1,23 +1,22 @@
 """Head importance and pruning curves: computed once for every session, with a progress bar."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
 from analysis.ablation import ABLATIONS, NEIGHBOURS
-from analysis.importance import attention_proxies, head_importance, proxy_correlations
-from analysis.pruning import ORDERS, curve_work, full_run, point_comparison, prune_counts, pruning_curve
+from analysis.importance import proxy_correlations
+from analysis.pruning import ORDERS, point_comparison
 from models import AttentionModel, Head, head_label
 from models.corpus import CORPUS, corpus_sample
 
+from ..results.models import LLM, ModelRef, TRAINED
+from ..results.pruning import Importance, LLM_SAMPLE, SAMPLE
 from .exports import model_zip
-from .models import LLM, TRAINED, ModelRef, cached_model, model_for
 from .profiles import uploaded_sentences
 from .settings import Settings
-from .shared import Bar, Warm, shared
 from .state import bound
 from .training import trained_job
 
@@ -57,12 +56,9 @@ ABOUT = {
               "rows and sentences: 0 unchanged, 1 looking somewhere else entirely. Layers before the first head "
               "switched off cannot change.",
 }
-SAMPLE = 100  # sentences of the built-in corpus the page measures by default: about a minute on 2 CPU cores
 MAX_SENTENCES = 400  # more would take many minutes: every step re-measures every remaining head
-SEEDS = (0, 1, 2)
 SOURCES = {"sample": f"{SAMPLE} sentences of the built-in corpus", "corpus": f"The whole built-in corpus ({len(CORPUS)})",
            "sidebar": "The sidebar's sentences", "upload": "An uploaded .txt"}
-LLM_SAMPLE = 24  # sentences a bundled decoder is measured on by default: 270 heads, each switched off in turn, take a minute
 METHODS = {"ablation": "Switching it off", "gradient": "Gradient"}
 # per measure: (column, name, help) of the two numbers a pruned model is judged by; the first is better lower for a loss
 MEASURES = {
@@ -71,11 +67,6 @@ MEASURES = {
     "loss": (("loss", "Next-token loss", "Mean cross-entropy of each next token, in nats; lower is better."),
              ("agreement", "Top-1 agreement", "Share of next-token predictions equal to the full model's.")),
 }
-
-
-def measure_of(ref: ModelRef) -> str:
-    """What a pruned model is judged by: a bundled decoder by its next-token loss, the others by their embeddings."""
-    return "loss" if ref.choice in LLM else "embedding"
 
 
 def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
@@ -116,67 +107,6 @@ def scratch_or_stop(s: Settings) -> ModelRef:
     return scratch
 
 
-@dataclass
-class Importance:
-    frame: pd.DataFrame          # head_importance
-    means: np.ndarray | None     # each head's mean output, for mean ablation
-    full: np.ndarray | float     # the full model's embeddings of the sentences, or its next-token loss
-
-
-def first_measured(ref: ModelRef) -> list[tuple]:
-    """What Pruning measures a bundled decoder on first: it on the from-scratch engine, by gradient, on the default sentences."""
-    return [(ref.scratch(), "zero", corpus_sample(LLM_SAMPLE), "gradient")]
-
-
-@shared("importance", entries=12, waiting="Measuring every head", warm=Warm(3, first_measured))
-def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> Importance:
-    """Every head's importance on ``sentences`` (by ablation or gradient), with a progress bar while it runs."""
-    model = model_for(ref)
-    measure = measure_of(ref)
-    bar = Bar(f"Switching each of {model.n_layers * model.n_heads} heads off in turn, on {len(sentences)} sentences"
-              if method == "ablation" else f"Differentiating the loss on {len(sentences)} sentences")
-    means = model.head_means(sentences) if ablation == "mean" else None
-    full = model.predictions(sentences)[0] if measure == "loss" else model.embed(sentences)
-    frame = head_importance(model, sentences, method=method, ablation=ablation, head_means=means,
-                            reference=full, measure=measure, progress=bar)
-    bar.empty()
-    for array in (full, means):
-        if isinstance(array, np.ndarray):
-            array.flags.writeable = False
-    return Importance(frame, means, full)
-
-
-@shared("curves", entries=12, copy=True, waiting="Computing the pruning curves",
-        warm=Warm(8, first_measured))
-def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> pd.DataFrame:
-    """The pruning curves by importance (``importance(ref, ablation, sentences, method)``), at random (``SEEDS``)
-    and by attention alone."""
-    imp = importance(ref, ablation, sentences, method)
-    model = cached_model(ref)
-    proxies = proxy_table(ref, sentences)
-    counts = prune_counts(model.n_layers * model.n_heads)
-    n = len(sentences)
-    runs = [("importance", 0), *(("random", seed) for seed in SEEDS), ("proxy", 0)]
-    works = [curve_work(model, n, counts, order, measure_of(ref), shared_full=True) for order, _ in runs]
-    bar = Bar(f"Pruning 10% of the heads at a time, {len(runs)} ways, on {n} sentences")
-    full = full_run(model, sentences, measure_of(ref))  # the unpruned model's run, shared by every curve
-    frames, measured = [], {}  # each pruned set's run, for the curves that reach it (every head, at the end)
-    for i, (order, seed) in enumerate(runs):
-        base = sum(works[:i])
-        frames.append(pruning_curve(model, sentences, order=order, seed=seed, ablation=ablation,
-                                    head_means=imp.means, proxies=proxies, measure=measure_of(ref), full=full,
-                                    runs=measured, progress=lambda done, _, base=base: bar(base + done, sum(works))))
-    bar.empty()
-    return pd.concat(frames, ignore_index=True)
-
-
-@shared("proxies", entries=12, copy=True, waiting="Measuring attention",
-        warm=Warm(4, lambda ref: [(ref.scratch(), corpus_sample(LLM_SAMPLE))]))
-def proxy_table(ref: ModelRef, sentences: list[str]) -> pd.DataFrame:
-    """Attention-only measures of each head on ``sentences`` (entropy, weight on special tokens)."""
-    return attention_proxies(cached_model(ref).attend(sentences))
-
-
 def correlations(imp: Importance, proxies: pd.DataFrame, labels: list[str] | None) -> pd.DataFrame:
     table = proxies.copy()
     if labels is not None:
@@ -193,7 +123,6 @@ def curves_csv(frame: pd.DataFrame) -> str:
     """The pruning curves as CSV, each step's pruned heads named as the page names them."""
     return frame.assign(heads=frame["heads"].map(lambda heads: ", ".join(head_label(*h) for h in heads))).to_csv(
         index=False)
-
 
 
 def show_point(summary: pd.DataFrame, at: int, measure: str) -> None:

@@ -11,9 +11,9 @@ from analysis.long_roles import SIMILARITY_ROWS
 from models import head_label
 from viz import head_heatmap
 
+from ..results.messages import plain
 from .exports import chart
 from .long import run_layers
-from .messages import plain
 from .profiles import PageProfile
 from .settings import Settings
 

@@ -8,8 +8,9 @@ import streamlit as st
 from models import Head
 from models.corpus import sentences_of
 
+from ..results.models import LLM, ModelRef
 from .generation import with_continuations
-from .models import LLM, ModelRef, ref_for
+from .models import ref_for
 
 MAX_CHARS = 32_000  # a 4,096-token prompt is about 18,000 characters of English
 MAX_SENTENCES = 24

@@ -7,10 +7,11 @@ import torch
 from models import head_label
 from models.corpus import DEFAULT_TEXT, EXAMPLES
 
-from .models import LLM, SCRATCH, model_for, model_names, ref_for
-from .warm_up import warm_up, warm_up_note
+from ..results.models import LLM, SCRATCH
+from .models import model_for, model_names, ref_for
 from .settings import MAX_CHARS
 from .state import bound, flag, head_from_url, head_to_url, remember
+from .warm_up import warm_up, warm_up_note
 
 
 def _load_example() -> None:

@@ -11,13 +11,14 @@ from models import AttentionModel, head_label
 from viz.effects import position_grid
 from viz.tasks import kept_curve, role_bars, strip_figure, task_grid
 
+from ..results.messages import plain
+from ..results.models import ModelRef
+from ..results.tasks import task_curve
+from .card_links import card_button
 from .effects import frame_csv
 from .exports import chart
-from .messages import plain
-from .models import ModelRef
-from .card_links import card_button
 from .state import bound, choose_head, click_head, clicked_grid_head, flag
-from .tasks import SHORT_METRICS, TaskChoice, role_attention_summary, task_curve
+from .tasks import SHORT_METRICS, TaskChoice, role_attention_summary
 
 MAX_PROBLEMS = 12  # a CSV's bad rows listed on the page (the rest counted)
 

@@ -159,14 +159,6 @@ def trained_job() -> Job | None:
     return st.session_state.get("trained_job")
 
 
-def trained_model(choice: str, job_id: str):
-    """The model behind the sidebar's "trained" choices, for this session only."""
-    job = st.session_state.get("trained_job")
-    if job is None or job.id != job_id:
-        raise HeadLensError("No trained model in this session: train one on the Train page first.")
-    return job.model(at_start=choice == "trained_start")
-
-
 def summary(job: Job) -> str:
     """A finished training in a sentence: its steps and speed, its loss, and its strongest induction head."""
     run = job.run

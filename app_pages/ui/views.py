@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-import numpy as np
 
-from analysis import View, flow, make_view
+from analysis import View, make_view
 from analysis.views import first_token_sink, token_label
 from models import Attention
 from viz.figures import HIDDEN_NOTE
 
-from .messages import plain
+from ..results.messages import plain
 from .settings import Settings
-from .shared import Named, shared
 
 
 def view(s: Settings, att: Attention) -> View:
@@ -48,7 +46,3 @@ def special_words(att: Attention, long: bool = False) -> str:
     return "[CLS], [SEP] and the like" if long else "to special tokens"
 
 
-@shared("flow", entries=32, waiting="Computing attention flow")
-def view_flow(v: Named, residual: float) -> np.ndarray:
-    """``analysis.flow`` of the view ``v.value``, named by what it was made from: seconds at 64 tokens, so kept."""
-    return flow(v.value, residual=residual)

@@ -8,10 +8,8 @@ page makes first and where they come in the preparation; nothing here names a pa
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import pkgutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,10 +23,11 @@ from models.files import resolve_model_dir
 from models.gguf import cache_root
 from models.memory import release_memory
 
-from . import shared as declared
-from .models import LLM, ModelRef
-from .store import Store, folder_digest
-from .threads import here, lower_priority
+from .. import results
+from ..results import shared as declared
+from ..results.models import LLM, ModelRef
+from ..results.store import Store, folder_digest
+from ..results.threads import here, lower_priority
 
 log = logging.getLogger("headlens")
 
@@ -69,10 +68,8 @@ def enabled() -> bool:
 
 
 def declarations() -> list[declared.Shared]:
-    """Every declared result, the page helpers that declare them imported first (each module of this package)."""
-    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        importlib.import_module(f"{__package__}.{module.name}")
-    return list(declared.DECLARED.values())
+    """Every declared result (``app_pages.results``), where the warm-up reads its steps."""
+    return results.declarations()
 
 
 def steps(ref: ModelRef) -> list[tuple[declared.Shared, tuple]]:

@@ -12,34 +12,18 @@ from analysis.views import token_label
 from models import HeadLensError, head_label
 from viz.qk_attribution import cell_targets, writer_bars, writer_grid
 
+from ..results.messages import plain
+from ..results.models import ModelRef, cached_model
+from ..results.tasks import TaskSpec, built_task
+from ..results.why import qk_split, qk_task
 from .card_links import click_opens_card
 from .exports import chart
-from .messages import plain
-from .models import ModelRef, cached_model
-from .shared import Bar, shared
 from .state import bound, choose, fresh_click, head_from_url, head_to_url, preset
-from .tasks import TaskSpec, built_task
 
 ABOUT = ("A head's score from a query to a key is its query times its key. Each is read from the residual stream, "
          "the sum of what the input, every earlier head and every earlier MLP wrote (with the norms' scales as they "
          "were in this run), so the score splits exactly into one part for each pair of a query-side writer and a "
          "key-side writer, the biases one more writer. A click on a head's bar opens its card.")
-
-
-@shared("qk split", entries=32, owned=True, waiting="Splitting the head's scores")
-def qk_split(ref: ModelRef, text: str, layer: int, head: int, query: int, key: int | None = None) -> QA.QKAttribution:
-    """The split of every key's score; the runs with a writer taken out for ``key``'s largest writers (None: the
-    strongest key's)."""
-    return QA.qk_attribution(cached_model(ref), text, layer, head, query, key)
-
-
-@shared("qk task", entries=8, owned=True, waiting="Splitting the head's score on every pair of the task")
-def qk_task(ref: ModelRef, spec: TaskSpec, layer: int, head: int, query_role: str, key_role: str) -> QA.QKTask:
-    task = built_task(ref, spec)
-    bar = Bar(f"Splitting {head_label(layer, head)}'s score on {len(task)} pairs")
-    found = QA.qk_attribution_task(cached_model(ref), task, layer, head, query_role, key_role, progress=bar)
-    bar.empty()
-    return found
 
 
 def _figures(rows, cols, grid, score, query_side, key_side, nodes, key: str, title: str) -> None:

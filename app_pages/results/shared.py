@@ -86,8 +86,8 @@ class Bar:
     also published under the key being computed, for the sessions waiting on it; in the server's own threads
     it is only published."""
 
-    def __init__(self, text: str):
-        self.text, self.start, self.shown = text, time.perf_counter(), 0.0
+    def __init__(self, text: str, every: float = 0.25):
+        self.text, self.start, self.shown, self.every = text, time.perf_counter(), 0.0, every
         self.key, self.cache = getattr(here, "key", None), getattr(here, "cache", None)
         self.bar = None if in_background() else st.progress(0.0, text=f"{text}…")
         self._publish(0.0, f"{text}…")
@@ -112,13 +112,17 @@ class Bar:
 
     def __call__(self, done: int, total: int) -> None:
         step_aside()
+        share = min(done / max(total, 1), 1.0)
+        left = (time.perf_counter() - self.start) * (1 - share) / share if share > 0.02 else None
+        self.show(share, f"{self.text}… {share:.0%}" + (f", about {left:.0f} s left" if left is not None else ""),
+                  last=done >= total)
+
+    def show(self, share: float, text: str, *, last: bool = False) -> None:
+        """``share`` done, said by ``text``; at most once every ``every`` seconds but the ``last``."""
         now = time.perf_counter()
-        if now - self.shown < 0.25 and done < total:
+        if now - self.shown < self.every and not last:
             return
         self.shown = now
-        share = min(done / max(total, 1), 1.0)
-        left = (now - self.start) * (1 - share) / share if share > 0.02 else None
-        text = f"{self.text}… {share:.0%}" + (f", about {left:.0f} s left" if left is not None else "")
         self._publish(share, text)
         if self.bar is not None:
             self.bar.progress(share, text=text)
@@ -126,6 +130,12 @@ class Bar:
     def empty(self) -> None:
         if self.bar is not None:
             self.bar.empty()
+
+
+def note(text: str) -> None:
+    """A warning on the page of the session computing; nothing in the server's own threads."""
+    if not in_background():
+        st.warning(text)
 
 
 def spinner(text: str):
