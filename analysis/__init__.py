@@ -1,6 +1,7 @@
 """Metrics and display transforms over attention; numpy, pandas and torch, no UI."""
 from .detector import DETECTORS, head_detector
-from .effects import PAIRS, logit_attribution, patch_heads, patch_residual
+from .defaults import PAIRS
+from .effects import logit_attribution, patch_heads, patch_residual
 from .vocabulary import copying_scores, head_vocabulary
 from .routes import flow_graph, prediction_flow, strongest_route
 from .flow import FLOW_MAX_TOKENS, agreement, flow, raw_attention, rollout, token_ablation

@@ -15,9 +15,11 @@ import pandas as pd
 from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS, corpus_sample
 
+from .defaults import DECODER_SAMPLE, FIRST_TASK, FIRST_TASK_PAIRS
 from .atlas import atlas_frame, heads_like
 from .detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector
-from .effects import PAIRS, logit_attribution, patch_heads
+from .defaults import PAIRS
+from .effects import logit_attribution, patch_heads
 from .head_card import CardParts, HeadCard, card_from, corpus_peaks, corpus_writes
 from .importance import head_importance
 from .qk import qk_embedding, qk_vectors
@@ -26,8 +28,8 @@ from .task_effects import run_task, table
 from .tasks import make_task
 from .vocabulary import copying_scores
 
-TASK = ("ioi", 50)  # the task Effects opens with: indirect object, 50 pairs, seed 0, its names swapped (s2)
-IMPORTANCE_SAMPLE = 24  # the sentences Pruning measures a bundled decoder's importance on, by gradient
+TASK = (FIRST_TASK, FIRST_TASK_PAIRS)  # the defaults table's (``analysis.defaults``), as the page's
+IMPORTANCE_SAMPLE = DECODER_SAMPLE
 CARD = "A head's card reads its heads"
 
 

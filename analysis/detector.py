@@ -31,6 +31,7 @@ from scipy.stats import bootstrap
 from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS
 
+from .defaults import DETECTOR_LENGTH, DETECTOR_SENTENCES, DETECTOR_SEQUENCES
 from .views import set_aside
 
 DETECTORS = ("previous_token", "duplicate_token", "induction", "sink")
@@ -134,8 +135,8 @@ def interval(values: np.ndarray, level: float = LEVEL, seed: int = 0) -> tuple[n
     return mean.reshape(shape), lo.reshape(shape), hi.reshape(shape)
 
 
-SENTENCES = 100  # natural sentences for previous-token and sink scores the app reads: spread over the corpus
-SEQUENCES, LENGTH = 32, 30  # repeated random sequences, and the tokens of each copy
+SENTENCES = DETECTOR_SENTENCES  # the defaults table's (``analysis.defaults``)
+SEQUENCES, LENGTH = DETECTOR_SEQUENCES, DETECTOR_LENGTH
 
 
 def head_detector(model: AttentionModel, *, seed: int = 0, sentences: Sequence[str] | None = None,

@@ -25,39 +25,12 @@ import torch
 from models import AttentionModel, HeadLensError
 from models import patching as P
 
+from .defaults import Pair
 from .traced import Traced, as_traced
 METHODS = {"exact": "exact patching: the corrupted prompt rerun with each activation patched",
            "attribution": "attribution patching: a first-order estimate from one forward and one backward pass"}
 
 Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A clean prompt, a corrupted one of the same length, and the two tokens whose logits are compared."""
-
-    name: str
-    task: str
-    clean: str
-    corrupted: str
-    answer: str | int      # a string the tokenizer reads as one token, or a token id
-    distractor: str | int
-
-
-def _names(a: str, b: str) -> Pair:
-    return Pair(f"Indirect object: {a} and {b}", "indirect object",
-                f"When {a} and {b} went to the store, {b} gave a drink to",
-                f"When {a} and {b} went to the store, {a} gave a drink to", f" {a}", f" {b}")
-
-
-PAIRS = {p.name: p for p in [
-    _names("Mary", "John"), _names("Alice", "Bob"), _names("Sarah", "Tom"), _names("Anna", "James"),
-    Pair("Fact: the Eiffel Tower's city", "factual recall", "The Eiffel Tower is located in the city of",
-         "The Colosseum is located in the city of", " Paris", " Rome"),
-    Pair("Induction: a repeated sequence", "induction",
-         "ocean violin pepper garden rocket silver. ocean violin pepper garden rocket",
-         "ocean violin pepper garden rocket marble. ocean violin pepper garden rocket", " silver", " marble"),
-]}
 
 
 def repeated_pair(model: AttentionModel, tokens: list[str]) -> Pair:

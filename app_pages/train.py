@@ -5,8 +5,8 @@ from app_pages.results.messages import plain
 from app_pages.results.models import TRAINED
 from app_pages.ui.exports import chart, model_zip
 from app_pages.ui.state import bound, flag, open_page
-from app_pages.ui.training import (ABOUT, DEFAULTS, MAX_RUNNING, MAX_SECONDS, TASK_NAMES, current_job,
-                                   snapshot_grids, start_job, summary, trained_job)
+from app_pages.results.models import current_job, trained_job
+from app_pages.ui.training import ABOUT, DEFAULTS, MAX_RUNNING, MAX_SECONDS, TASK_NAMES, snapshot_grids, start_job, summary
 from models import HeadLensError
 from models.training import LIMITS, TASKS, TrainConfig
 from viz.training import training_curves

@@ -20,7 +20,9 @@ import numpy as np
 import torch
 from scipy.stats import pearsonr, spearmanr
 
-from analysis.effects import PAIRS, patch_heads, patch_residual
+from analysis.defaults import PAIRS
+
+from analysis.effects import patch_heads, patch_residual
 from bench.common import machine, timed
 from models import load_model
 from models.files import resolve_model_dir

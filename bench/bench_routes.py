@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from analysis.effects import PAIRS, grid, patch_heads
+from analysis.defaults import PAIRS
+
+from analysis.effects import grid, patch_heads
 from analysis.routes import flow_graph, flow_heads, prediction_flow, strongest_route
 from analysis.vocabulary import copying_scores, head_vocabulary
 from bench.common import best_time, machine

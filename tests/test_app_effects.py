@@ -7,7 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.effects import PAIRS, logit_attribution, patch_heads, patch_residual
+from analysis.defaults import PAIRS
+
+from analysis.effects import logit_attribution, patch_heads, patch_residual
 from tests.conftest import decode, downloads, figures, heatmaps, shown, title_text
 
 PAGE = "app_pages/effects.py"

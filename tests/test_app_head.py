@@ -101,7 +101,8 @@ def test_a_decoders_card_reads_the_effects_pages_own_results(new_app, smollm2):
     """SmolLM2's L23 H3 opened from Effects' card button: each pair's patching and attribution on the card are the
     Effects page's shared results for that pair (the first also against patching computed here), and the task's
     mean is the task table's."""
-    from analysis.effects import PAIRS, patch_heads
+    from analysis.defaults import PAIRS
+    from analysis.effects import patch_heads
     from app_pages.results.card import task_heads
     from app_pages.results.effects import effects
     from app_pages.results.models import ModelRef

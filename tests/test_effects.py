@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.effects import (PAIRS, answer_token, grid, logit_attribution, parts_total, patch_heads,
-                              patch_residual)
+from analysis.defaults import PAIRS
+
+from analysis.effects import answer_token, grid, logit_attribution, parts_total, patch_heads, patch_residual
 from models import HeadLensError, load_model
 from models.run import Edits
 from models.stacks.decoder import Decoder, DecoderConfig

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.effects import PAIRS
+from analysis.defaults import PAIRS
 from analysis.routes import THRESHOLD, flow_graph, flow_heads, prediction_flow, strongest_route
 from analysis.vocabulary import copy_sample, copying_scores, head_vocabulary, ov_logits
 from models import HeadLensError, load_model

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.atlas import atlas_frame
-from analysis.effects import PAIRS
+from analysis.defaults import FIRST_TASK_NAME, PAIRS
 from analysis.head_card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
 from analysis.task_effects import table
 from models.corpus import CORPUS, corpus_sample
@@ -102,4 +102,4 @@ def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, im
     return parts
 
 
-TASK_NAME = "Indirect object, 50 pairs"  # Effects' first task (``tasks.first_task``)
+TASK_NAME = FIRST_TASK_NAME  # Effects' first task (``tasks.first_task``)

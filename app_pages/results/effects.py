@@ -5,7 +5,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.effects import PAIRS, Pair, logit_attribution, patch_heads, patch_residual, top_predictions
+from analysis.defaults import PAIRS, Pair
+
+from analysis.effects import logit_attribution, patch_heads, patch_residual, top_predictions
 from analysis.routes import Flow, prediction_flow
 from analysis.traced import Traced, traced
 from analysis.vocabulary import copying_scores, copying_work, head_vocabulary

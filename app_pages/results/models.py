@@ -122,3 +122,15 @@ def trained_model(choice: str, job_id: str):
     if job is None or job.id != job_id:
         raise HeadLensError("No trained model in this session: train one on the Train page first.")
     return job.model(at_start=choice == "trained_start")
+
+
+def current_job():
+    return st.session_state.get("train_job")
+
+
+def trained_job():
+    """This session's last finished training: the one the other pages open."""
+    job = current_job()
+    if job is not None and job.finished:
+        st.session_state["trained_job"] = job
+    return st.session_state.get("trained_job")

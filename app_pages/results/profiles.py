@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from analysis import RANKING_MEASURES, head_mask, head_similarity, measure_heads
+from analysis.defaults import DECODER_SAMPLE
 from analysis.long_roles import profile_document
 from models import AttentionModel
-from models.corpus import CORPUS
+from models.corpus import CORPUS, corpus_sample
 from models.long import LongAttention
 
 from .long import PROGRESS_EVERY
@@ -24,9 +25,8 @@ PROFILES_BYTES = 640 * 2**20  # and all the profiles kept for every session
 def _first(ref: ModelRef) -> list[tuple]:
     """What pages show first, as the sidebar's model reads it unmasked: the built-in corpus (Foci, Head roles), and
     the sentences Pruning measures a decoder on by default (its importance against each head's role)."""
-    from .pruning import LLM_SAMPLE, corpus_sample
 
-    return [*_corpus(ref), (ref, False, (), corpus_sample(LLM_SAMPLE))]
+    return [*_corpus(ref), (ref, False, (), corpus_sample(DECODER_SAMPLE))]
 
 
 def profile_bytes(value) -> int:

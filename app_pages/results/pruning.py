@@ -6,18 +6,21 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analysis.defaults import DECODER_SAMPLE, ENCODER_SAMPLE
 from analysis.importance import attention_proxies, head_importance
 from analysis.pruning import curve_work, full_run, prune_counts, pruning_curve
+from analysis.task_ablation import kept_curve, order_by_effect
 from models.corpus import corpus_sample
 
 from .models import LLM, ModelRef, cached_model
 from .shared import Bar, Warm, shared
+from .tasks import TaskSpec, chosen, task_effects
 
 
-SAMPLE = 100  # sentences of the built-in corpus the page measures by default: about a minute on 2 CPU cores
+SAMPLE = ENCODER_SAMPLE  # the defaults table's (``analysis.defaults``)
 
 
-LLM_SAMPLE = 24  # sentences a bundled decoder is measured on by default: 270 heads, each switched off in turn, take a minute
+LLM_SAMPLE = DECODER_SAMPLE
 
 
 @dataclass
@@ -87,3 +90,20 @@ SEEDS = (0, 1, 2)
 def measure_of(ref: ModelRef) -> str:
     """What a pruned model is judged by: a bundled decoder by its next-token loss, the others by their embeddings."""
     return "loss" if ref.choice in LLM else "embedding"
+
+
+@shared("task curve", entries=8, waiting="Measuring the task with fewer heads")
+def task_curve(ref: ModelRef, spec: TaskSpec, metric: str, method: str, normalise: str,
+               correct_only: bool) -> pd.DataFrame:
+    """The task's metric against the heads kept: by the task's mean effect, and by the Pruning page's importance."""
+    model = cached_model(ref)
+    effects = chosen(task_effects(ref, spec, metric, method), correct_only)
+    imp = importance(*first_measured(ref)[0]).frame
+    by_importance = [(int(r.layer), int(r.head)) for r in imp.sort_values("importance", ascending=False,
+                                                                          kind="stable").itertuples()]
+    bar = Bar("Measuring the task with fewer heads")
+    frame = kept_curve(model, effects.task, {"by the task's mean effect": order_by_effect(effects, normalise),
+                                             "by importance (the Pruning page's)": by_importance},
+                       metric=metric, progress=bar)
+    bar.empty()
+    return frame

@@ -5,16 +5,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-import pandas as pd
 
-from analysis.task_ablation import kept_curve, order_by_effect
+from analysis.defaults import FIRST_TASK, FIRST_TASK_PAIRS
 from analysis.task_effects import TaskEffects, run_task
 from analysis.tasks import Task, from_csv, make_task
 from models import HeadLensError
 
 from .messages import stop_with
 from .models import ModelRef, cached_model
-from .pruning import first_measured, importance
 from .shared import Bar, Warm, shared
 
 
@@ -33,7 +31,7 @@ class TaskSpec:
         return ("task", self.source, self.pairs, self.seed, self.corruption, hashlib.sha256(self.csv).hexdigest())
 
 
-FIRST = TaskSpec("ioi", 50)  # the task the page opens with
+FIRST = TaskSpec(FIRST_TASK, FIRST_TASK_PAIRS)  # the defaults table's (``analysis.defaults``)
 
 
 @shared("task", entries=16, waiting="Building the task's pairs")
@@ -59,23 +57,6 @@ def task_effects(ref: ModelRef, spec: TaskSpec, metric: str, method: str) -> Tas
     effects = run_task(model, task, metric, method, progress=bar)
     bar.empty()
     return effects
-
-
-@shared("task curve", entries=8, waiting="Measuring the task with fewer heads")
-def task_curve(ref: ModelRef, spec: TaskSpec, metric: str, method: str, normalise: str,
-               correct_only: bool) -> pd.DataFrame:
-    """The task's metric against the heads kept: by the task's mean effect, and by the Pruning page's importance."""
-    model = cached_model(ref)
-    effects = chosen(task_effects(ref, spec, metric, method), correct_only)
-    imp = importance(*first_measured(ref)[0]).frame
-    by_importance = [(int(r.layer), int(r.head)) for r in imp.sort_values("importance", ascending=False,
-                                                                          kind="stable").itertuples()]
-    bar = Bar("Measuring the task with fewer heads")
-    frame = kept_curve(model, effects.task, {"by the task's mean effect": order_by_effect(effects, normalise),
-                                             "by importance (the Pruning page's)": by_importance},
-                       metric=metric, progress=bar)
-    bar.empty()
-    return frame
 
 
 METHOD_LABELS = {"attribution": "Attribution", "exact": "Exact"}

@@ -5,14 +5,16 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from analysis.effects import PAIRS, Pair, answer_token, repeated_pair, token_text
+from analysis.defaults import PAIRS, Pair
+
+from analysis.effects import answer_token, repeated_pair, token_text
 from models import AttentionModel, HeadLensError
 
 from ..results.effects import candidates
 from ..results.messages import plain, stop_with
 from ..results.models import ModelRef, TRAINED
 from .state import bound
-from .training import trained_job
+from ..results.models import trained_job
 
 SOURCES = {"builtin": "A built-in pair", "own": "Your own prompts"}
 

@@ -26,7 +26,7 @@ from .effects import frame_csv, parts_frame
 from .exports import chart
 from .settings import Settings
 from .state import bound, choose_head, click_head, flag, fresh_click
-from .training import trained_job
+from ..results.models import trained_job
 
 TOP_HEADS = 12  # heads shown position by position
 

@@ -10,7 +10,7 @@ from models.catalog import bundled
 from ..results.messages import stop_with
 from ..results.models import DECODERS, LLM, MODELS, TRAINED, ModelRef, cached_model, check_custom_folder
 from ..results.threads import in_background
-from .training import trained_job
+from ..results.models import trained_job
 
 
 def model_names() -> dict[str, str]:

@@ -12,7 +12,7 @@ import streamlit as st
 from analysis.long_roles import DocumentProfile
 from analysis.profile import corpus_hash, metadata, read_profile, write_profile
 from models import HeadLensError, head_label
-from models.corpus import CORPUS, sentences_of
+from models.corpus import CORPUS
 from models.long import LongAttention
 
 from ..results.messages import plain, stop_with
@@ -22,13 +22,12 @@ from .attention import attention
 from .models import model_for
 from .settings import Settings
 from .state import bound
+from .uploads import uploaded, uploaded_sentences
 
 CONTENT_ATTENTION = ("Content attention is a head's attention with the special tokens ([CLS], [SEP]) dropped and "
                      "each row rescaled to 1: attention to them works as a no-op (Clark et al. 2019) and hides what "
                      "the head does with the words. In a decoder, the first token is dropped too "
                      "when it is an attention sink (later tokens give it half their attention or more).")
-UPLOAD_LIMIT = 1_000_000  # bytes
-UPLOAD_SENTENCES = 2000
 SOURCES = {"corpus": f"Built-in corpus ({len(CORPUS)} sentences)", "sidebar": "The sidebar's sentences",
            "document": "The sidebar's long text, in context", "upload": "An uploaded .txt",
            "saved": "Open a saved profile"}
@@ -118,32 +117,6 @@ def profile_file(s: Settings, p: PageProfile) -> bytes:
     out = io.BytesIO()
     write_profile(p.frame, meta, out)
     return out.getvalue()
-
-
-def uploaded(label: str, kind: str, prompt: str) -> tuple[str, bytes]:
-    """The name and bytes of a file the user uploads, within ``UPLOAD_LIMIT``; ``prompt`` until there is one."""
-    file = st.file_uploader(label, type=[kind], max_upload_size=1)
-    if file is None:
-        st.info(prompt)
-        st.stop()
-    data = file.getvalue()
-    if len(data) > UPLOAD_LIMIT:
-        stop_with(HeadLensError(f"That file has {len(data):,} bytes; the limit is {UPLOAD_LIMIT:,}."))
-    return file.name, data
-
-
-def uploaded_sentences() -> list[str]:
-    _, data = uploaded("A .txt file, one sentence per line", "txt", "Upload a text file to profile its sentences.")
-    if b"\x00" in data:
-        stop_with(HeadLensError("That file is binary, not text; upload a .txt with one sentence per line."))
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        stop_with(HeadLensError("That file is not UTF-8 text; save it as UTF-8 and upload it again."))
-    lines = sentences_of(text)
-    if not lines:
-        stop_with(HeadLensError("That file has no sentences in it."))
-    return lines[:UPLOAD_SENTENCES]
 
 
 def long_text(s: Settings) -> str | None:

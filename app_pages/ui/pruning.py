@@ -15,10 +15,10 @@ from models.corpus import CORPUS, corpus_sample
 from ..results.models import LLM, ModelRef, TRAINED
 from ..results.pruning import Importance, LLM_SAMPLE, SAMPLE
 from .exports import model_zip
-from .profiles import uploaded_sentences
+from .uploads import uploaded_sentences
 from .settings import Settings
 from .state import bound
-from .training import trained_job
+from ..results.models import trained_job
 
 ABOUT = {
     "page": "A head's importance is what removing it alone does to the model's output: one minus the cosine of each "

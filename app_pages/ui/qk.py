@@ -8,7 +8,7 @@ from models import AttentionModel
 from models.corpus import CORPUS
 
 from ..results.qk import QK_TOKENS, _within
-from .profiles import uploaded_sentences
+from .uploads import uploaded_sentences
 from .settings import Settings
 from .state import bound
 

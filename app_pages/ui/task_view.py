@@ -13,7 +13,7 @@ from viz.tasks import kept_curve, role_bars, strip_figure, task_grid
 
 from ..results.messages import plain
 from ..results.models import ModelRef
-from ..results.tasks import task_curve
+from ..results.pruning import task_curve
 from .card_links import card_button
 from .effects import frame_csv
 from .exports import chart

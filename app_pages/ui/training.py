@@ -147,18 +147,6 @@ def start_job(config: TrainConfig, *, text: str | None, device: str) -> Job:
     return job
 
 
-def current_job() -> Job | None:
-    return st.session_state.get("train_job")
-
-
-def trained_job() -> Job | None:
-    """This session's last finished training: the one the other pages open."""
-    job = current_job()
-    if job is not None and job.finished:
-        st.session_state["trained_job"] = job
-    return st.session_state.get("trained_job")
-
-
 def summary(job: Job) -> str:
     """A finished training in a sentence: its steps and speed, its loss, and its strongest induction head."""
     run = job.run
