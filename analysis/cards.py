@@ -9,18 +9,20 @@ app's defaults (the same corpus, detector sentences, pairs, task and importance 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import pandas as pd
 
 from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS, corpus_sample
 
-from .defaults import DECODER_SAMPLE, FIRST_TASK, FIRST_TASK_PAIRS
+from .defaults import DECODER_SAMPLE, FIRST_TASK, FIRST_TASK_NAME, FIRST_TASK_PAIRS, Pair
 from .atlas import atlas_frame, heads_like
 from .detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector
 from .defaults import PAIRS
 from .effects import logit_attribution, patch_heads
-from .head_card import CardParts, HeadCard, card_from, corpus_peaks, corpus_writes
+from .head_card import CardParts, HeadCard, Peaks, Writes, card_from, corpus_peaks, corpus_writes
 from .importance import head_importance
 from .qk import qk_embedding, qk_vectors
 from .roles import measure_heads
@@ -43,34 +45,109 @@ def is_decoder(model: AttentionModel) -> bool:
         return False
 
 
+class CardSource(Protocol):
+    """Where each part of a card comes from: computed here (``Computed``), or the app's shared results
+    (``app_pages.results.card``). ``assemble`` asks each for the same parts in the same way."""
+
+    def profile(self) -> tuple[pd.DataFrame, list]: ...               # Head roles' frame, the corpus' attention
+    def peaks(self, attentions: list) -> Peaks: ...
+    def importance(self) -> pd.DataFrame | None: ...                  # None: not measured
+    def pictures(self) -> dict | None: ...                            # queries and keys, None: not drawn
+    def decoder(self) -> bool: ...
+    def writes(self) -> Writes: ...
+    def detector(self) -> pd.DataFrame: ...
+    def copying(self) -> pd.DataFrame | None: ...
+    def pairs(self) -> dict[str, Pair]: ...
+    def pair(self, pair: Pair) -> tuple[pd.DataFrame, pd.DataFrame]: ...  # attribution, every head patched
+    def task(self) -> tuple[pd.DataFrame, str] | None: ...             # the task's table and name
+
+
+def assemble(source: CardSource) -> CardParts:
+    """Every head's card parts, each taken from ``source``: the one place a card is put together."""
+    frame, attentions = source.profile()
+    parts = CardParts(frame, attentions, source.peaks(attentions), windows=attentions[0].windows)
+    parts.importance, parts.qk = source.importance(), source.pictures()
+    if not source.decoder():
+        return parts
+    parts.writes, parts.detector, parts.copying = source.writes(), source.detector(), source.copying()
+    for name, pair in source.pairs().items():
+        parts.pairs[name] = source.pair(pair)
+    task = source.task()
+    if task is not None:
+        parts.task, parts.task_name = task
+    return parts
+
+
+@dataclass
+class Computed:
+    """Each part computed here, as its page computes it (``card_parts``)."""
+
+    model: AttentionModel
+    sentences: list[str]
+    pairs_given: dict | None = None
+    task_given: tuple[str, int] | None = TASK
+    importance_too: bool = True
+    progress: object = None
+
+    def profile(self):
+        attentions = self.model.attend(self.sentences, progress=self.progress)
+        return measure_heads(attentions).frame(), attentions
+
+    def peaks(self, attentions):
+        return corpus_peaks(attentions)
+
+    def decoder(self) -> bool:
+        return is_decoder(self.model)
+
+    @property
+    def engine(self) -> AttentionModel:
+        return self.model.scratch(CARD)
+
+    def importance(self):
+        if not (self.importance_too and self.decoder()):
+            return None
+        return head_importance(self.engine, corpus_sample(IMPORTANCE_SAMPLE), method="gradient", ablation="zero",
+                               measure="loss")
+
+    def pictures(self):
+        return None  # drawn for one head on request (``head_card(qk=True)``)
+
+    def writes(self):
+        return corpus_writes(self.engine, self.sentences)
+
+    def detector(self):
+        detected = head_detector(self.model, sentences=corpus_sample(SENTENCES), n_sequences=SEQUENCES, length=LENGTH)
+        return detected.assign(label=detector_labels(detected))
+
+    def copying(self):
+        return copying_scores(self.engine)
+
+    def pairs(self):
+        return PAIRS if self.pairs_given is None else self.pairs_given
+
+    def pair(self, pair):
+        e = self.engine
+        return (logit_attribution(e, pair.clean, pair.answer, pair.distractor),
+                patch_heads(e, pair.clean, pair.corrupted, pair.answer, pair.distractor))
+
+    def task(self):
+        if self.task_given is None:
+            return None
+        name, n = self.task_given
+        e = self.engine
+        found = table(run_task(e, make_task(e, name, n), "logit_diff", "attribution", residual=False))
+        return found, FIRST_TASK_NAME if self.task_given == TASK else f"{name}, {n} pairs"
+
+
 def card_parts(model: AttentionModel, *, sentences: Sequence[str] | None = None, pairs: dict | None = None,
                task: tuple[str, int] | None = TASK, importance: bool = True, progress=None) -> CardParts:
-    """Every head's card parts, each as its page computes it: Head roles over ``sentences`` (the built-in corpus),
-    and for a decoder the head detector, the OV copying scores, each of ``pairs`` (the built-in pairs) attributed
-    and patched exactly, ``task`` (a generator's name and its pairs; None for none) by attribution patching, and
-    (``importance``) each head's importance by gradient on Pruning's sample."""
-    sentences = list(CORPUS if sentences is None else sentences)
-    attentions = model.attend(sentences, progress=progress)
-    parts = CardParts(measure_heads(attentions).frame(), attentions, corpus_peaks(attentions),
-                      windows=attentions[0].windows)
-    if not is_decoder(model):
-        return parts
-    engine = model.scratch(CARD)
-    parts.writes = corpus_writes(engine, sentences)
-    detected = head_detector(model, sentences=corpus_sample(SENTENCES), n_sequences=SEQUENCES, length=LENGTH)
-    parts.detector = detected.assign(label=detector_labels(detected))
-    parts.copying = copying_scores(engine)
-    for name, pair in (PAIRS if pairs is None else pairs).items():
-        parts.pairs[name] = (logit_attribution(engine, pair.clean, pair.answer, pair.distractor),
-                             patch_heads(engine, pair.clean, pair.corrupted, pair.answer, pair.distractor))
-    if task is not None:
-        name, n = task
-        parts.task = table(run_task(engine, make_task(engine, name, n), "logit_diff", "attribution", residual=False))
-        parts.task_name = f"{name}, {n} pairs"
-    if importance:
-        parts.importance = head_importance(engine, corpus_sample(IMPORTANCE_SAMPLE), method="gradient",
-                                           ablation="zero", measure="loss")
-    return parts
+    """Every head's card parts, each as its page computes it (``assemble`` over ``Computed``): Head roles over
+    ``sentences`` (the built-in corpus), and for a decoder the head detector, the OV copying scores, each of
+    ``pairs`` (the built-in pairs) attributed and patched exactly, ``task`` (a generator's name and its pairs; None
+    for none) by attribution patching, and (``importance``) each head's importance by gradient on Pruning's
+    sample."""
+    return assemble(Computed(model, list(CORPUS if sentences is None else sentences), pairs, task, importance,
+                             progress))
 
 
 def head_card(model: AttentionModel, layer: int, head: int, *, parts: CardParts | None = None,

@@ -29,7 +29,7 @@ import pandas as pd
 from models import HeadLensError
 
 from . import circuits as AC
-from .profile import check_model, no_restarts, start_ray, worker_errors
+from .ray_run import check_model, no_restarts, start_ray, worker_errors
 from .task_run import build_task, parsed, task_parser
 from .tasks import Task
 

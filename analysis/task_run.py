@@ -28,7 +28,7 @@ import numpy as np
 
 from models import HeadLensError
 
-from .profile import check_model, no_restarts, start_ray, worker_errors
+from .ray_run import check_model, no_restarts, start_ray, worker_errors
 from .task_effects import METRICS, NORMALISE, TaskEffects, run_task, table
 from .tasks import MAX_PAIRS, TASKS, Task, from_csv, make_task
 

@@ -5,7 +5,7 @@
 SmolLM2's embedding of three sentences (the from-scratch engine: a forward pass of many small operations, each giving the
 lock up and taking it back) timed alone, then beside ``--threads`` threads running a pure-Python loop (as a
 server's other sessions do while they build figures and send pages), at each switch interval in turn, in
-this one process: the median of 15 runs each. The server sets ``app_pages.ui.threads.SWITCH_INTERVAL_S``.
+this one process: the median of 15 runs each. The server sets ``app_pages.results.threads.SWITCH_INTERVAL_S``.
 """
 from __future__ import annotations
 

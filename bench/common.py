@@ -60,15 +60,15 @@ def machine(device="cpu") -> str:
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
-def memory_mib(*fields: str) -> float:
-    """This process's memory in MiB: ``Pss`` (each page it maps counted once, however many of its mappings
+def memory_mib(*fields: str, pid: int | str = "self") -> float:
+    """This process's memory in MiB (or process ``pid``'s): ``Pss`` (each page it maps counted once, however many of its mappings
     share it: two engines mapping one weights file count it once) or other fields of ``/proc/self/smaps_rollup``
     (``Pss_Anon:``), or fields of ``/proc/self/status`` such as ``VmRSS:`` (which counts such a page once per
     mapping) or ``RssAnon:``; with several fields, the first minus the others, read at once."""
     fields = fields or ("Pss:",)
     found = {}
     try:
-        for line in open("/proc/self/smaps_rollup" if fields[0].startswith("Pss") else "/proc/self/status"):
+        for line in open(f"/proc/{pid}/smaps_rollup" if fields[0].startswith("Pss") else f"/proc/{pid}/status"):
             name = line.split(maxsplit=1)[0] if line.strip() else ""
             if name in fields:
                 found[name] = int(line.split()[1]) / 1024
@@ -85,22 +85,22 @@ class PeakMemory:
     and page faults wait meanwhile), so it is read once a second and the anonymous memory, where the
     computations' temporaries live, every 50 ms: each sample is the last ``Pss`` of the rest plus it."""
 
-    def __init__(self, every: float = 0.05, full_every: int = 20):
+    def __init__(self, every: float = 0.05, full_every: int = 20, pid: int | str = "self"):
         import threading
 
-        self.every, self.full_every, self._stop = every, full_every, threading.Event()
+        self.every, self.full_every, self._stop, self.pid = every, full_every, threading.Event(), pid
         self.peak = self.highest = 0.0
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _now(self) -> float:
-        self._rest = memory_mib("Pss:", "Pss_Anon:")  # one walk of the mappings
-        return self._rest + memory_mib("RssAnon:")
+        self._rest = memory_mib("Pss:", "Pss_Anon:", pid=self.pid)  # one walk of the mappings
+        return self._rest + memory_mib("RssAnon:", pid=self.pid)
 
     def _sample(self) -> None:
         n = 0
         while not self._stop.wait(self.every):
             n += 1
-            now = self._now() if n % self.full_every == 0 else self._rest + memory_mib("RssAnon:")
+            now = self._now() if n % self.full_every == 0 else self._rest + memory_mib("RssAnon:", pid=self.pid)
             self.peak, self.highest = max(self.peak, now), max(self.highest, now)
 
     def reset(self) -> float:

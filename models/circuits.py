@@ -53,12 +53,20 @@ class Graph:
         return {"input": "input", "head": f"L{layer} H{index}", "mlp": f"MLP {layer}"}[kind]
 
     def receiver_name(self, r: int) -> str:
+        """The receiver's name: its node's (``receiver_node_name``) and, for a head's input, which one."""
+        kind = self.receivers[r][0]
+        node = self.receiver_node_name(r)
+        return f"{node}.{kind}" if kind in ("q", "k", "v") else node
+
+    def receiver_node_name(self, r: int) -> str:
+        """The name of the node a receiver belongs to: a head (or a key/value head read by several), an MLP, the
+        logits."""
         kind, layer, index = self.receivers[r]
         if kind == "q":
-            return f"L{layer} H{index}.q"
+            return f"L{layer} H{index}"
         if kind in ("k", "v"):
             heads = self.reads[layer][index]
-            return f"L{layer} H{heads[0]}.{kind}" if len(heads) == 1 else f"L{layer} KV{index}.{kind}"
+            return f"L{layer} H{heads[0]}" if len(heads) == 1 else f"L{layer} KV{index}"
         return "logits" if kind == "logits" else f"MLP {layer}"
 
     def receiver_node(self, r: int) -> tuple[str, int, int]:

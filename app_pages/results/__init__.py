@@ -3,7 +3,8 @@
 page names (``ModelRef``, ``cached_model``).
 
 Nothing here imports ``app_pages.ui``: the widgets, views and page state there read results from here. The
-warm-up reads its steps from these declarations (``declarations``).
+server's preparation reads its steps from these declarations (``steps``); ``python -m
+app_pages.results.preparation`` runs them from the command line.
 """
 from __future__ import annotations
 
@@ -18,3 +19,17 @@ def declarations() -> list:
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
     return list(DECLARED.values())
+
+
+def steps(ref) -> list[tuple]:
+    """(result, arguments) of what ``ref``'s pages ask for first, in the order the declarations give (``Warm``),
+    each result once (both engines of a model ask for the same one)."""
+    found = sorted((d for d in declarations() if d.warm is not None), key=lambda d: d.warm.step)
+    out, keys = [], set()
+    for d in found:
+        for args in d.warm.calls(ref):
+            key = d.key(*args)
+            if key not in keys:
+                keys.add(key)
+                out.append((d, tuple(args)))
+    return out

@@ -8,9 +8,12 @@ two measures, each head's strongest examples and what it writes, are declared he
 from __future__ import annotations
 
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from analysis.atlas import atlas_frame
+from analysis.cards import assemble
 from analysis.defaults import FIRST_TASK_NAME, PAIRS
 from analysis.head_card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
 from analysis.task_effects import table
@@ -75,31 +78,67 @@ def decoder(ref: ModelRef) -> bool:
     return ref.choice in LLM
 
 
+@dataclass
+class FromPages:
+    """A card's parts as the pages' shared results (``analysis.cards.CardSource``), computed here when no page or
+    preparation has; ``importance_too``, ``qk_too``: False takes those only when already computed."""
+
+    ref: ModelRef
+    causal: bool = False
+    heads_off: tuple = ()
+    importance_too: bool = True
+    qk_too: bool = True
+
+    def profile(self):
+        frame, _, attentions = corpus_profile(self.ref, self.causal, self.heads_off, list(CORPUS))
+        return frame, attentions
+
+    def peaks(self, attentions):
+        return peaks(self.ref, self.causal, self.heads_off)
+
+    def importance(self):
+        scratch = self.ref.scratch()
+        measured = None if scratch is None else importance_args(scratch)
+        if measured is None or not (self.importance_too or importance.peek(*measured) is not None):
+            return None
+        return importance(*measured).frame
+
+    def pictures(self):
+        scratch = self.ref.scratch()
+        drawn = None if scratch is None else first_pictures(scratch)[0]
+        if drawn is None or not (self.qk_too or pictures.peek(*drawn) is not None):
+            return None
+        return pictures(*drawn).frames
+
+    def decoder(self) -> bool:
+        return decoder(self.ref)
+
+    def writes(self):
+        return writes(self.ref, self.causal, self.heads_off)
+
+    def detector(self):
+        return detected(self.ref)
+
+    def copying(self):
+        scratch = self.ref.scratch()
+        return copying(scratch) if cheap_copying(self.ref) else copying.peek(scratch)  # else on request: slow
+
+    def pairs(self):
+        return PAIRS
+
+    def pair(self, pair):
+        found = effects(self.ref.scratch(), pair, "exact")
+        return found.attribution, found.heads
+
+    def task(self):
+        return task_heads(self.ref), TASK_NAME
+
+
 def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, importance_too: bool = True,
                qk_too: bool = True) -> CardParts:
-    """Every head's card parts on ``ref``'s model, each the shared result its page reads (computed here when no
-    page or preparation has): an encoder's profile and peaks, and a decoder's detector, copying, pairs, task,
-    importance and pictures. ``importance_too``, ``qk_too``: False takes those only when already computed."""
-    frame, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
-    parts = CardParts(frame, attentions, peaks(ref, causal, heads_off), windows=attentions[0].windows)
-    scratch = ref.scratch()
-    if scratch is not None:
-        measured, drawn = importance_args(scratch), first_pictures(scratch)[0]
-        if importance_too or importance.peek(*measured) is not None:
-            parts.importance = importance(*measured).frame
-        if qk_too or pictures.peek(*drawn) is not None:
-            parts.qk = pictures(*drawn).frames
-    if not decoder(ref):
-        return parts
-    parts.writes = writes(ref, causal, heads_off)
-    parts.detector = detected(ref)
-    parts.copying = copying(scratch) if cheap_copying(ref) else copying.peek(scratch)  # else on request: slow
-    for name, pair in PAIRS.items():
-        found = effects(scratch, pair, "exact")
-        parts.pairs[name] = (found.attribution, found.heads)
-    parts.task = task_heads(ref)
-    parts.task_name = TASK_NAME
-    return parts
+    """Every head's card parts on ``ref``'s model, put together by ``analysis.cards.assemble`` (as a card from
+    Python is) from the shared results its pages read."""
+    return assemble(FromPages(ref, causal, heads_off, importance_too, qk_too))
 
 
 TASK_NAME = FIRST_TASK_NAME  # Effects' first task (``tasks.first_task``)

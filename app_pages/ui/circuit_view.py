@@ -27,7 +27,8 @@ def graph_section(ref: ModelRef, c: CircuitChoice, scores: EdgeScores, n: int, f
     """The circuit of the top ``n`` edges drawn layer by layer; a click on a head opens its card."""
     frame = scores.frame(n, list(c.kinds))
     f, low, high = float(faith.faithfulness[0]), float(faith.low[0]), float(faith.high[0])
-    nodes = len({*frame.sender, *(r.split(".")[0] for r in frame.receiver)})
+    g = scores.graph
+    nodes = len({*frame.sender, *(g.receiver_node_name(r) for r in frame.receiver_index)})
     title = (f"The top {n:,} edges ({nodes} nodes): faithfulness {f:.0%} [{low:.0%}, {high:.0%}] over "
              f"{len(scores.task)} pairs")
     fig = circuit_figure(frame, scores.graph, cached_model(ref).n_heads, title=title,

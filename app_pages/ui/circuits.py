@@ -81,7 +81,7 @@ def graph_json(scores: EdgeScores, n: int, kinds, faithfulness: float, low: floa
     frame = scores.frame(n, list(kinds))
     g = scores.graph
     nodes = sorted({(g.sender_name(s), *g.senders[s]) for s in frame.sender_index}
-                   | {(g.receiver_name(r).split(".")[0], *g.receiver_node(r)) for r in frame.receiver_index})
+                   | {(g.receiver_node_name(r), *g.receiver_node(r)) for r in frame.receiver_index})
     return json.dumps({
         "task": scores.task.title, "pairs": len(scores.task), "metric": scores.metric, "method": scores.method,
         "steps": scores.steps, "faithfulness": faithfulness, "interval": [low, high],

@@ -23,7 +23,7 @@ from models.files import resolve_model_dir
 from models.gguf import cache_root
 from models.memory import release_memory
 
-from .. import results
+from ..results import declarations, steps
 from ..results import shared as declared
 from ..results.models import LLM, ModelRef
 from ..results.store import Store, folder_digest
@@ -65,25 +65,6 @@ def results_root() -> Path:
 
 def enabled() -> bool:
     return os.environ.get("HEADLENS_WARM_UP", "1") != "0"
-
-
-def declarations() -> list[declared.Shared]:
-    """Every declared result (``app_pages.results``), where the warm-up reads its steps."""
-    return results.declarations()
-
-
-def steps(ref: ModelRef) -> list[tuple[declared.Shared, tuple]]:
-    """(result, arguments) of what ``ref``'s pages ask for first, in the order the declarations give, each
-    result once (both engines of a model ask for the same one)."""
-    found = sorted((d for d in declarations() if d.warm is not None), key=lambda d: d.warm.step)
-    out, keys = [], set()
-    for d in found:
-        for args in d.warm.calls(ref):
-            key = d.key(*args)
-            if key not in keys:
-                keys.add(key)
-                out.append((d, tuple(args)))
-    return out
 
 
 def job(ref: ModelRef) -> "Warmup | None":
