@@ -5,7 +5,7 @@ from analysis.atlas import METRICS, atlas_frame, head_map, metrics_of
 from app_pages.results.card import atlas, card_parts, decoder
 from app_pages.results.models import ModelRef
 from app_pages.ui.card import same_kind
-from app_pages.ui.card_links import click_opens_card
+from app_pages.ui.card_links import click_picks_head
 from app_pages.ui.exports import chart
 from app_pages.ui.models import model_for
 from app_pages.ui.settings import settings
@@ -69,7 +69,7 @@ for col, (title, (r, frame)) in zip(st.columns(len(frames)), frames.items()):
                             title=f"{title} · {len(frame)} heads", title_chars=38 if len(frames) > 1 else 64)
         key = f"atlas-{r.choice}"
         event = chart(fig, key, on_select="rerun", selection_mode="points")
-        click_opens_card(event, key, fig, None, choice=r.choice)
+        click_picks_head(event, key, fig, None, choice=r.choice)
         if plot == "map":
             st.caption(f"The first two principal components of every measure (z-scored), keeping {share:.0%} of their "
                        "variance: heads close on the map are alike on most measures.")

@@ -7,7 +7,7 @@ from app_pages.ui import circuit_view as view
 from app_pages.ui.circuits import pick_circuit, pick_edges, scores_or_stop
 from app_pages.ui.models import decoder_or_stop
 from app_pages.ui.settings import settings
-from app_pages.ui.task_view import problems
+from app_pages.ui.effects_task import problems
 from app_pages.ui.tasks import task_or_stop
 from app_pages.ui.why import circuit_why
 

@@ -5,7 +5,7 @@ import streamlit as st
 from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view
 from app_pages.results.models import LLM
 from app_pages.ui.attention import attention
-from app_pages.ui.card_links import card_button, click_opens_card
+from app_pages.ui.card_links import card_button, click_picks_head
 from app_pages.ui.detector import show_decoder_heads
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile, profile_file
@@ -36,7 +36,7 @@ def tip(r) -> str:
 
 grid = role_grid(frame["layer"].to_numpy(), frame["head"].to_numpy(), frame["label"].tolist(),
                  [tip(r) for _, r in frame.iterrows()], title=f"Roles over {profiled.n_sentences:,} sentences")
-click_opens_card(chart(grid, "roles-grid", on_select="rerun", selection_mode="points"), "roles-grid", grid,
+click_picks_head(chart(grid, "roles-grid", on_select="rerun", selection_mode="points"), "roles-grid", grid,
                  int(frame["head"].max()) + 1)
 counts = ", ".join(f"{FOCUS_NAMES[f]} {int(frame[f'{f}_n'].iloc[0])}" for f in FOCI)
 st.caption(f"Labels: positional above {THRESHOLDS['positional']}; a focus when the lower end of its lift's 95% "

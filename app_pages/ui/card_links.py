@@ -7,7 +7,7 @@ import streamlit as st
 
 from models import head_label
 
-from .state import fresh_click, head_of, open_page
+from .state import click_head, fresh_click, head_of, open_page
 
 HEAD_PAGE = "app_pages/head.py"
 
@@ -37,17 +37,24 @@ def card_button(layer: int, head: int, key: str, container=st, choice: str | Non
                      "on one page.")
 
 
-def click_opens_card(event, key: str, figure, n_heads: int | None, choice: str | None = None) -> None:
-    """A fresh click on a head opens its card (of ``choice``'s model, else the sidebar's): a point of a grid's
-    "heads" trace (one a head, in order, ``n_heads`` a row), or a point whose ``customdata`` is ``[layer, head]``."""
+def click_picks_head(event, key: str, figure, n_heads: int | None, *, picker: str | None = None,
+                     choice: str | None = None) -> None:
+    """A fresh click on a head (``point_picks_head``), if ``event`` holds one."""
     point = fresh_click(event, key)
     if point is not None:
-        point_opens_card(point, figure, n_heads, choice)
+        point_picks_head(point, figure, n_heads, picker=picker, choice=choice)
 
 
-def point_opens_card(point: dict, figure, n_heads: int | None, choice: str | None = None) -> None:
-    """Open the card of the head a clicked ``point`` names (``click_opens_card``), if it names one."""
+def point_picks_head(point: dict, figure, n_heads: int | None, *, picker: str | None = None,
+                     choice: str | None = None) -> None:
+    """What a click on a head does, on every page: where the page shows one head (``picker``, the key of its head
+    picker: Effects) the head is picked there; everywhere else its card opens (of ``choice``'s model, else the
+    sidebar's). The head is the one a point of a grid's "heads" trace names (one a head, in order, ``n_heads`` a
+    row), or a point whose ``customdata`` is ``[layer, head]``; a point that names none does nothing."""
     head = head_of(point, figure, n_heads)
-    if head is not None:
-        open_card(*head, choice)
-        st.rerun()
+    if head is None:
+        return
+    if picker is not None:
+        click_head(picker, head)
+    open_card(*head, choice)
+    st.rerun()

@@ -15,7 +15,7 @@ from ..results.detector import detected
 from ..results.effects import cheap_copying, copying
 from ..results.messages import markdown_table, plain
 from ..results.models import ModelRef, cached_model
-from .card_links import point_opens_card
+from .card_links import point_picks_head
 from .circuits import CircuitChoice, comparison, graph_json, heads_above
 from .exports import chart, exports
 from .state import bound, choose, fresh_click, head_from_url, head_to_url, preset
@@ -40,7 +40,7 @@ def graph_section(ref: ModelRef, c: CircuitChoice, scores: EdgeScores, n: int, f
         if edge is not None:  # an edge into a query or a key: why that head attends where it does, below
             preset("cwhy_head", edge)
             st.rerun()
-        point_opens_card(point, fig, None, ref.choice)
+        point_picks_head(point, fig, None, choice=ref.choice)
     st.caption("Blue edges carry the task (corrupting one lowers the metric), red ones work against it; wider is a "
                "larger |score|. Solid lines enter a query, an MLP or the logits, dashed ones a key, dotted ones a "
                "value (a key/value head's input is drawn below the heads that share it). Hover an edge's middle for "

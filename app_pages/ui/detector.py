@@ -13,7 +13,7 @@ from viz import head_heatmap, role_grid
 from ..results.attention import cached_attention
 from ..results.detector import detected
 from ..results.models import ModelRef, cached_model
-from .card_links import click_opens_card
+from .card_links import click_picks_head
 from .exports import chart
 from .state import bound, choose, flag, head_from_url, head_to_url
 
@@ -35,7 +35,7 @@ def show_decoder_heads(ref: ModelRef) -> None:
             for _, r in df.iterrows()]
     grid = role_grid(df["layer"].to_numpy(), df["head"].to_numpy(), df["label"].tolist(), tips,
                      title="Decoder heads · repeated random sequences and the built-in corpus")
-    click_opens_card(chart(grid, "roles-detector", on_select="rerun", selection_mode="points"), "roles-detector", grid,
+    click_picks_head(chart(grid, "roles-detector", on_select="rerun", selection_mode="points"), "roles-detector", grid,
                      int(df["head"].max()) + 1)
     st.caption(ABOUT)
     columns = ["layer", "head", "label", *(c for n in DETECTORS for c in (n, f"{n}_lo", f"{n}_hi"))]
@@ -77,7 +77,7 @@ def beside(ref: ModelRef, df: pd.DataFrame) -> None:
             grid = role_grid(frame["layer"].to_numpy(), frame["head"].to_numpy(), frame["label"].tolist(), tips,
                              title=f"{title} · {L} layers × {H} heads", compact=True, title_chars=38)
             key = f"roles-beside-{r.choice}"
-            click_opens_card(chart(grid, key, on_select="rerun", selection_mode="points"), key, grid, H, r.choice)
+            click_picks_head(chart(grid, key, on_select="rerun", selection_mode="points"), key, grid, H, choice=r.choice)
     counts = pd.DataFrame({t: f["label"].value_counts() for t, f in zip(titles, frames)}).fillna(0).astype(int)
     counts.loc["heads"] = [len(f) for f in frames]
     st.dataframe(counts, key="roles-beside-counts")

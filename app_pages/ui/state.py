@@ -150,15 +150,6 @@ def head_of(point: dict, figure, n_heads: int | None) -> Head | None:
         return divmod(int(point["point_index"]), n_heads)
     data = point.get("customdata")
     if trace.name != "this head" and data is not None and len(data) >= 2:
-        return tuple(int(data[k]) for k in ((0, 1) if isinstance(data, (list, tuple)) else ("0", "1")))
-    return None
-
-
-def clicked_grid_head(events, figures: dict, n_heads: int):
-    """The head of a fresh click on a head grid's "heads" trace among ``events`` (``(key, event)``, each key's
-    figure in ``figures`` as ``(name, figure, …)``), or None."""
-    for key, event in events:
-        point = fresh_click(event, key)
-        if point is not None and figures[key][1].data[int(point.get("curve_number", -1))].name == "heads":
-            return head_of(point, figures[key][1], n_heads)
+        head = tuple(int(data[k]) for k in ((0, 1) if isinstance(data, (list, tuple)) else ("0", "1")))
+        return head if head[0] >= 0 else None  # a point of no head (an MLP's, the embeddings')
     return None

@@ -16,7 +16,7 @@ from ..results.messages import plain
 from ..results.models import ModelRef, cached_model
 from ..results.tasks import TaskSpec, built_task
 from ..results.why import qk_split, qk_task
-from .card_links import click_opens_card
+from .card_links import click_picks_head
 from .exports import chart
 from .state import bound, choose, fresh_click, head_from_url, head_to_url, preset
 
@@ -38,7 +38,7 @@ def _figures(rows, cols, grid, score, query_side, key_side, nodes, key: str, tit
     fig_bars = writer_bars({"Query side": bars(query_side), "Key side": bars(key_side)},
                            title="Each side's largest writers, summed over the other side")
     event = chart(fig_bars, f"{key}-bars", on_select="rerun", selection_mode="points")
-    click_opens_card(event, f"{key}-bars", fig_bars, None)
+    click_picks_head(event, f"{key}-bars", fig_bars, None)
 
 
 def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, query: int | None = None,

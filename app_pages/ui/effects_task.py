@@ -17,7 +17,7 @@ from ..results.pruning import task_curve
 from .card_links import card_button
 from .effects import frame_csv
 from .exports import chart
-from .state import bound, choose_head, click_head, clicked_grid_head, flag
+from .state import bound, choose_head, flag
 from .tasks import SHORT_METRICS, TaskChoice, role_attention_summary
 
 MAX_PROBLEMS = 12  # a CSV's bad rows listed on the page (the rest counted)
@@ -168,12 +168,6 @@ def curve_section(v: TaskView) -> pd.DataFrame | None:
                "over the task's tokens, which removes what they do on these prompts, the general work of a layer "
                "included.")
     return frame
-
-
-def open_clicked(v: TaskView) -> None:
-    head = clicked_grid_head(v.events, v.figures, v.model.n_heads)
-    if head is not None:
-        click_head("task_head", head)
 
 
 def downloads(v: TaskView, layer: int, head: int, pairs: pd.DataFrame, curve: pd.DataFrame | None) -> None:
