@@ -25,7 +25,7 @@ from .detector import NAMES
 from .effects import frame_csv, parts_frame
 from .exports import chart
 from .settings import Settings
-from .state import bound, choose_head, flag
+from .state import bound, flag
 from ..results.models import trained_job
 
 TOP_HEADS = 12  # heads shown position by position
@@ -68,14 +68,12 @@ def metrics(v: EffectsView) -> None:
                    help=f"Patching this head alone brings back {best['recovered']:.2f} of the difference.")
 
 
-def pick_head(v: EffectsView) -> tuple[int, int]:
-    """The head the page opens: from a click on a grid in the run before, the picker or the URL."""
-    picks = list(zip(v.ranked["layer"].tolist(), v.ranked["head"].tolist()))
-    return choose_head("effects_head", picks,
-                       format_func=lambda h: f"{head_label(*h)} · recovered {v.recovered[h]:+.2f} · attribution "
-                                             f"{v.attribution[h]:+.2f}",
-                       help="Heads in order of the share patching recovers, largest in size first; a click on either "
-                            "grid picks one too.")
+PICK_HELP = "Heads in order of the share patching recovers, largest in size first; a click on either grid picks one too."
+
+
+def head_note(v: EffectsView, h: tuple[int, int]) -> str:
+    """What the head picker says of head ``h`` beside its name."""
+    return f"recovered {v.recovered[h]:+.2f} · attribution {v.attribution[h]:+.2f}"
 
 
 def grids(v: EffectsView, selected: tuple[int, int]) -> None:

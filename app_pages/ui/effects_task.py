@@ -17,7 +17,7 @@ from ..results.pruning import task_curve
 from .card_links import card_button
 from .effects import frame_csv
 from .exports import chart
-from .state import bound, choose_head, flag
+from .state import bound, flag
 from .tasks import SHORT_METRICS, TaskChoice, role_attention_summary
 
 MAX_PROBLEMS = 12  # a CSV's bad rows listed on the page (the rest counted)
@@ -69,13 +69,12 @@ def metrics(v: TaskView) -> None:
                         "permutation p-values, Benjamini-Hochberg corrected over every head.")
 
 
-def pick_head(v: TaskView) -> tuple[int, int]:
-    picks = list(zip(v.ranked["layer"].tolist(), v.ranked["head"].tolist()))
-    return choose_head("task_head", picks,
-                       format_func=lambda h: f"{head_label(*h)} · recovered {v.grid['mean'][h]:+.3f} "
-                                             f"[{v.grid['low'][h]:+.3f}, {v.grid['high'][h]:+.3f}]",
-                       help="Heads in order of their mean recovered share, largest in size first; a click on a grid "
-                            "picks one too.")
+PICK_HELP = "Heads in order of their mean recovered share, largest in size first; a click on a grid picks one too."
+
+
+def head_note(v: TaskView, h: tuple[int, int]) -> str:
+    """What the head picker says of head ``h`` beside its name."""
+    return f"recovered {v.grid['mean'][h]:+.3f} [{v.grid['low'][h]:+.3f}, {v.grid['high'][h]:+.3f}]"
 
 
 def grids(v: TaskView, selected: tuple[int, int]) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from analysis.effects import METHODS
-from models import AttentionModel
+from models import AttentionModel, head_label
 
 from ..results.effects import effects
 from ..results.models import ModelRef
@@ -19,7 +19,7 @@ from .card_links import click_picks_head
 from .effects import pick_pair
 from .exports import exports
 from .settings import Settings
-from .state import bound
+from .state import bound, choose_head
 from .tasks import pick_task, task_or_stop
 
 SCOPES = {"pair": "One prompt pair", "task": "A task of many pairs"}
@@ -31,7 +31,7 @@ class Mode:
     """What a mode gives the view: its results' view (``figures``, ``events``), the picker a clicked head goes to,
     what its exports are signed with, and its sections."""
 
-    module: object                         # effects_pair or effects_task: metrics, pick_head, grids
+    module: object                         # effects_pair or effects_task: metrics, head_note, PICK_HELP, grids
     view: object
     picker: str
     signature: str
@@ -49,7 +49,9 @@ def show(s: Settings, ref: ModelRef, model: AttentionModel) -> None:
     mode = _task(ref, model) if scope == "task" else _pair(s, ref, model)
     v = mode.view
     mode.module.metrics(v)
-    layer, head = mode.module.pick_head(v)
+    picks = list(zip(v.ranked["layer"].tolist(), v.ranked["head"].tolist()))
+    layer, head = choose_head(mode.picker, picks, help=mode.module.PICK_HELP,
+                              format_func=lambda h: f"{head_label(*h)} · {mode.module.head_note(v, h)}")
     mode.module.grids(v, (layer, head))
     given = mode.sections(layer, head)
     for key, event in v.events:
