@@ -5,10 +5,7 @@ from collections.abc import Callable, Iterator
 
 from models.errors import HeadLensError
 
-
 CHUNK = 512  # sentences read at a time (and lines in one Ray batch)
-
-
 CHUNK_BYTES = 256 * 2**20  # attention weights held at once: fewer sentences of a chunk when they are long
 
 

@@ -54,9 +54,6 @@ class Edits(dict):
                 **({} if kv is None else {"prefix": kv(None)})}
 
 
-NO_EDITS = Edits()
-
-
 def reading(into: list) -> Edit:
     """An edit that reads: what flows there is appended to ``into`` and goes on as it is."""
     def read(value):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from .shared import DECLARED
+
 
 def declarations() -> list:
     """Every ``@shared`` declaration, each module here imported so that it has declared its own."""
-    from .shared import DECLARED
-
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
     return list(DECLARED.values())

@@ -56,5 +56,6 @@ def point_picks_head(point: dict, figure, n_heads: int | None, *, picker: str | 
         return
     if picker is not None:
         click_head(picker, head)
-    open_card(*head, choice)
-    st.rerun()
+    else:
+        open_card(*head, choice)
+        st.rerun()

@@ -3,6 +3,7 @@ sections in the same order (what the prompts give, the head picked, the grids, w
 downloads), a click on a head selecting it in both (``card_links.click_picks_head``), and each figure's export."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import streamlit as st
@@ -35,8 +36,8 @@ class Mode:
     view: object
     picker: str
     signature: str
-    sections: object                       # (layer, head) -> what the downloads need
-    downloads: object                      # (layer, head, what the sections gave) -> None
+    sections: Callable[[int, int], object]            # (layer, head) -> what the downloads need
+    downloads: Callable[[int, int, object], None]     # (layer, head, what the sections gave)
 
 
 def show(s: Settings, ref: ModelRef, model: AttentionModel) -> None:
