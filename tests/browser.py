@@ -179,14 +179,34 @@ def assert_readable(page, where: str) -> dict:
     return r
 
 
+# Scroll the page's scrolling container so that the point {x, y} sits mid-height, clear of the fixed header
+CENTRE = """({x, y}) => {
+  let el = document.querySelector('.js-plotly-plot');
+  while (el && !(el.scrollHeight > el.clientHeight && /(auto|scroll)/.test(getComputedStyle(el).overflowY))) {
+    el = el.parentElement;
+  }
+  const dy = y - window.innerHeight / 2;
+  if (el) el.scrollTop += dy; else window.scrollBy(0, dy);
+}"""
+
+# The point {x, y} lies inside the viewport on a chart's drawing, nothing drawn over it
+ON_A_PLOT = """({x, y}) => {
+  const el = document.elementFromPoint(x, y);
+  return !!el && !!el.closest('.js-plotly-plot');
+}"""
+
+
 def click_until(page, target_js: str, target_arg, done_js: str, done_arg, tries: int = 3,
                 each: float = 60_000) -> None:
     """Click the point ``target_js(target_arg)`` gives until ``done_js(done_arg)`` holds, as a person clicks again
-    when a chart was redrawn under the pointer; the point is read afresh before each click."""
+    when a chart was redrawn under the pointer; the point is read afresh before each click, after scrolling it to
+    the middle of the window, and clicked once nothing covers it."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for attempt in range(tries):
+        page.evaluate(CENTRE, page.evaluate(target_js, target_arg))
         target = page.evaluate(target_js, target_arg)
+        page.wait_for_function(ON_A_PLOT, arg=target, timeout=each)
         page.mouse.click(target["x"], target["y"])
         try:
             page.wait_for_function(done_js, arg=done_arg, timeout=each)
