@@ -61,7 +61,8 @@ BLOCKED_FROM = 256  # the fewest tokens ``causal_attention`` is used for: below,
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
-                     rows: int = BLOCK_ROWS, into: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     rows: int = BLOCK_ROWS, into: torch.Tensor | None = None,
+                     softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal self-attention with its weights, a block of ``rows`` query rows at a time, each block scored only
     against the keys one of its queries sees: none after the block, none beyond a sliding ``window``. No score
     outside them is formed; the weights there are zero, as the masked softmax gives them.
@@ -69,6 +70,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     Args:
         q, k, v: ``(B, H, L, Dh)``, q not yet scaled by ``1 / sqrt(Dh)``.
         into: ``(B, H, L, L)`` zeros the weights are written into (a slice of a larger buffer), or None.
+        softcap: the scores squashed to ``softcap * tanh(score / softcap)`` (``capped``).
 
     Returns:
         the weights ``(B, H, L, L)`` and the output ``(B, H, L, Dh)``. For inference (no gradient).
@@ -80,7 +82,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     for start in range(0, L, rows):
         stop = min(L, start + rows)
         first = 0 if window is None else max(0, start - window + 1)
-        scores = torch.matmul(q[:, :, start:stop], k[:, :, first:stop].transpose(-2, -1))  # (B, H, rows, seen)
+        scores = capped(torch.matmul(q[:, :, start:stop], k[:, :, first:stop].transpose(-2, -1)), softcap)
         query = torch.arange(start, stop, device=q.device)
         key = torch.arange(first, stop, device=q.device)
         blocked = key.view(1, -1) > query.view(-1, 1)
@@ -93,9 +95,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     return weights, out
 
 
+def capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """``softcap * tanh(scores / softcap)``: Gemma 2's soft cap on the attention scores, before any mask; the scores
+    as they are without one."""
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
+
+
 def attention_weights(q: torch.Tensor, k: torch.Tensor, blocked: torch.Tensor | None,
-                      bias: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(Dh) + bias) with blocked pairs at zero.
+                      bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(Dh) + bias) with blocked pairs at zero, the scores ``capped`` first with a ``softcap``.
 
     Args:
         q: ``(B, H, Lq, Dh)``; k: ``(B, H, Lk, Dh)``; blocked (bool) and bias (float): each None
@@ -105,7 +113,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, blocked: torch.Tensor | 
         ``(B, H, Lq, Lk)``; rows with every key blocked (or at -inf) are all zeros.
     """
     # Scaling q costs B*Lq*E multiplies, scaling the scores B*H*Lq*Lk: H*Lk is usually far larger than E.
-    scores = torch.matmul(q * (q.shape[-1] ** -0.5), k.transpose(-2, -1))  # (B, H, Lq, Lk)
+    scores = capped(torch.matmul(q * (q.shape[-1] ** -0.5), k.transpose(-2, -1)), softcap)  # (B, H, Lq, Lk)
     if bias is not None:
         scores = scores + bias
     if blocked is not None:

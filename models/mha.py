@@ -31,18 +31,23 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights, active in training mode only.
         kdim, vdim: sizes of keys and values for cross-attention (default E).
         qk_norm: a norm of each head's query and one of each head's key, applied over ``Dh`` before the
-            rotary rotation (Gemma 3's QK-norm), one module each for every head.
+            rotary rotation (Gemma 3's and Qwen3's QK-norm), one module each for every head; with
+            ``qk_norm_over="projection"``, a norm of the whole query projection and one of the whole key projection
+            (OLMo-2's), which ties the heads of a layer together.
         scale: what the scores are multiplied by, ``1 / sqrt(Dh)`` unless given (Gemma 3's
             ``query_pre_attn_scalar ** -0.5``).
         window: in causal self-attention, a query sees only the last ``window`` keys, itself included (a
             sliding-window layer: Mistral's, Gemma 3's local layers); None sees every earlier key.
+        softcap: the scores squashed to ``softcap * tanh(score / softcap)`` before the softmax (Gemma 2's
+            attention-logit soft-capping); the weights are then formed on every path.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, head_dim: int | None = None, bias: bool = True,
                  dropout: float = 0.0, kdim: int | None = None, vdim: int | None = None,
                  num_kv_heads: int | None = None, kv_heads: list[int] | None = None, out_bias: bool | None = None,
                  rotary: Rotary | None = None, qk_norm: "tuple[nn.Module, nn.Module] | None" = None,
-                 scale: float | None = None, window: int | None = None):
+                 scale: float | None = None, window: int | None = None, qk_norm_over: str = "head",
+                 softcap: float | None = None):
         super().__init__()
         if head_dim is None:
             if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
@@ -67,7 +72,10 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.rotary = rotary
         self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
-        self.scale, self.window = scale, window
+        if qk_norm_over not in ("head", "projection"):
+            raise ValueError(f"qk_norm_over is 'head' or 'projection', not {qk_norm_over!r}")
+        self.qk_norm_over = qk_norm_over
+        self.scale, self.window, self.softcap = scale, window, softcap
         # the softmax's own 1 / sqrt(Dh) turned into ``scale`` by the queries: 1 unless a scale is given
         self.q_factor = 1.0 if scale is None else scale * head_dim ** 0.5
         self.fused = self.kdim == embed_dim and self.vdim == embed_dim
@@ -130,6 +138,10 @@ class MultiHeadAttention(nn.Module):
         """
         H, Dh, E = self.num_heads, self.head_dim, self.embed_dim
         dropped = [h for h in range(H) if h not in keep]
+        if dropped and self.q_norm is not None and self.qk_norm_over == "projection":
+            raise ValueError("This attention norms its whole query projection at once, so each head's query depends "
+                             "on every other head's: a head cannot be cut out of it. Switch heads off with a mask "
+                             "instead.")
         if head_fill is not None and dropped and self.out_proj.bias is None:
             raise ValueError("Mean ablation folds a removed head's output into the output bias, which this "
                              "attention does not have; prune with zero ablation instead.")
@@ -141,7 +153,7 @@ class MultiHeadAttention(nn.Module):
                             kdim=self.kdim, vdim=self.vdim, num_kv_heads=len(kv_keep),
                             kv_heads=None if self.kv_heads is None else [kv_keep.index(groups[h]) for h in keep],
                             out_bias=self.out_proj.bias is not None, rotary=self.rotary, qk_norm=norms,
-                            scale=self.scale, window=self.window)
+                            scale=self.scale, window=self.window, qk_norm_over=self.qk_norm_over, softcap=self.softcap)
         pruned.to(device=ref.device, dtype=ref.dtype)
 
         def rows(heads: list[int]) -> torch.Tensor:
@@ -190,10 +202,13 @@ class MultiHeadAttention(nn.Module):
         rotated and each query head given its group's key and value."""
         B, Lq, _ = q.shape
         Lk, H, Dh = k.shape[1], self.num_heads, self.head_dim
+        whole = self.q_norm is not None and self.qk_norm_over == "projection"
+        if whole:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.reshape(B, Lq, H, Dh).transpose(1, 2)                        # (B, H, Lq, Dh)
         k = k.reshape(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)        # (B, Hkv, Lk, Dh)
         v = v.reshape(B, Lk, self.num_kv_heads, Dh).transpose(1, 2)        # (B, Hkv, Lk, Dh)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not whole:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.q_factor != 1.0:
             q = q * self.q_factor
@@ -278,6 +293,7 @@ class MultiHeadAttention(nn.Module):
                  and prefix is None)  # causal alone
         only_causal = plain and window is None
         dropout = self.dropout if self.training else 0.0
+        wanted, need_weights = need_weights, need_weights or self.softcap is not None  # no fused kernel caps scores
         blockwise = (need_weights and plain and Lq == Lk >= BLOCKED_FROM and dropout == 0
                      and not torch.is_grad_enabled())
         if only_causal and not need_weights or blockwise:  # the fused kernel, or causal_attention, masks by itself
@@ -289,12 +305,12 @@ class MultiHeadAttention(nn.Module):
                 after = _after_prefix(offset, Lq, window, query.device)
                 blocked = after if blocked is None else blocked | after
         if blockwise:  # no score beyond what a query sees is formed: a long text's later keys, a window's older ones
-            weights, out = causal_attention(q, k, v, window, into=into)    # (B, H, L, L), (B, H, L, Dh)
+            weights, out = causal_attention(q, k, v, window, into=into, softcap=self.softcap)  # (B, H, L, L), (.., Dh)
             if head_mask is not None:
                 weights.mul_(head_mask.to(weights.dtype).view(1, H, 1, 1))
                 out = out * head_mask.to(out.dtype).view(1, H, 1, 1)
         elif need_weights:
-            weights = attention_weights(q, k, blocked, bias)               # (B, H, Lq, Lk)
+            weights = attention_weights(q, k, blocked, bias, self.softcap)  # (B, H, Lq, Lk)
             if head_mask is not None:
                 weights = weights * head_mask.to(weights.dtype).view(1, H, 1, 1)
             if dropout > 0:
@@ -313,6 +329,7 @@ class MultiHeadAttention(nn.Module):
         if hook_z is not None:
             out = hook_z(out)
         out = out.transpose(1, 2).reshape(B, Lq, self.inner_dim)           # (B, Lq, H * Dh)
+        weights = weights if wanted else None
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)                                  # (B, Lq, Lk)
         return self.out_proj(out), weights

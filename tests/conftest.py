@@ -98,16 +98,18 @@ def build_tiny(family: str, folder, minilm_dir):
         else:
             model = tf.DistilBertModel(tf.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4,
                                                            hidden_dim=37, max_position_embeddings=64))
-    elif family in ("roberta", "gpt2", "bart"):
+    elif family in ("roberta", "gpt2", "bart", "bloom"):
         vocab, merges = _bpe_vocab()
         if family == "roberta":
             tok = tf.RobertaTokenizer(vocab=vocab, merges=merges)
             model = tf.RobertaModel(tf.RobertaConfig(vocab_size=len(vocab), max_position_embeddings=66,
                                                      pad_token_id=1, bos_token_id=0, eos_token_id=2, **small))
-        elif family == "gpt2":
+        elif family in ("gpt2", "bloom"):  # BLOOM's ALiBi: a decoder the from-scratch engine does not implement
             tok = tf.GPT2Tokenizer(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
             model = tf.GPT2Model(tf.GPT2Config(vocab_size=len(vocab), n_embd=32, n_layer=2, n_head=4,
-                                               n_positions=64, bos_token_id=0, eos_token_id=2))
+                                               n_positions=64, bos_token_id=0, eos_token_id=2)) if family == "gpt2" \
+                else tf.BloomModel(tf.BloomConfig(vocab_size=len(vocab), hidden_size=32, n_layer=2, n_head=4,
+                                                  bos_token_id=0, eos_token_id=2))
         else:
             tok = tf.BartTokenizer(vocab=vocab, merges=merges)
             model = tf.BartModel(tf.BartConfig(
@@ -128,7 +130,8 @@ def build_tiny(family: str, folder, minilm_dir):
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory, minilm_dir):
-    """``tiny("gpt2")`` -> folder of a saved tiny GPT-2; each family is built once per run."""
+    """``tiny("gpt2")`` -> folder of a saved tiny GPT-2; each family is built once per run. ``tiny("bloom")`` is a
+    decoder the from-scratch engine does not implement."""
     built = {}
 
     def make(family: str):

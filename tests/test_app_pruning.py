@@ -99,7 +99,7 @@ def test_switching_heads_off_shows_what_changes_later(new_app, scratch_model, me
 
 
 def test_what_the_page_cannot_do_it_says(new_app, tiny):
-    at = new_app({"model": "custom", "custom_model": str(tiny("gpt2"))}, page="app_pages/pruning.py")
+    at = new_app({"model": "custom", "custom_model": str(tiny("bloom"))}, page="app_pages/pruning.py")
     assert "from-scratch engine" in at.info[0].value and not figures(at)
     at = new_app({"prune_on": "sidebar", "text": "Only one sentence here."}, page="app_pages/pruning.py")
     assert "at least two" in at.info[0].value and not figures(at)

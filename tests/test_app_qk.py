@@ -60,7 +60,7 @@ def test_colouring_by_word_class_names_the_classes(new_app):
 
 
 def test_a_model_our_engine_does_not_run_gets_a_sentence(new_app, tiny):
-    at = new_app({"model": "custom", "custom_model": str(tiny("gpt2"))}, page=PAGE)
+    at = new_app({"model": "custom", "custom_model": str(tiny("bloom"))}, page=PAGE)
     assert any("from-scratch engine" in i.value for i in at.info)
     assert not at.get("plotly_chart")
 

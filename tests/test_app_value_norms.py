@@ -25,6 +25,6 @@ def test_explore_draws_each_row_as_the_share_of_what_reaches_the_query(new_app, 
 
 
 def test_the_option_is_off_for_a_custom_model_and_moves_nothing_there(new_app, tiny):
-    at = new_app({"model": "custom", "custom_model": str(tiny("gpt2")), "moved": "true"})
+    at = new_app({"model": "custom", "custom_model": str(tiny("bloom")), "moved": "true"})
     assert at.sidebar.toggle(key="moved").disabled
     assert not any("what its key sends" in c.value for c in at.caption)

@@ -264,7 +264,7 @@ def test_what_cannot_be_patched_gets_a_sentence(decoder, hf_model, tiny):
     with pytest.raises(HeadLensError, match="encoder, not a language model"):
         logit_attribution(hf_model, "Which do you like better, coffee or tea?", "tea")
     with pytest.raises(HeadLensError, match="the from-scratch engine, which does not implement"):
-        logit_attribution(load_model(tiny("gpt2")), "Hello world", 5)
+        logit_attribution(load_model(tiny("bloom")), "Hello world", 5)
 
 
 def test_smollm2_does_the_indirect_object_task_through_its_name_movers(smollm2):

@@ -241,13 +241,13 @@ def test_the_transformers_engine_hands_head_masks_and_causal_masks_to_its_twin(h
 
 
 def test_options_a_backend_does_not_have(hf_model, tiny):
-    gpt2 = load_model(tiny("gpt2"))
+    bloom = load_model(tiny("bloom"))
     with pytest.raises(HeadLensError, match="the from-scratch engine, which does not implement"):
-        gpt2.attend("hi", head_mask=np.ones((2, 4)))
+        bloom.attend("hi", head_mask=np.ones((2, 4)))
     with pytest.raises(HeadLensError, match="the from-scratch engine, which does not implement"):
-        gpt2.embed("hi", head_mask=np.ones((2, 4)))
+        bloom.embed("hi", head_mask=np.ones((2, 4)))
     with pytest.raises(HeadLensError, match="implements BERT encoders"):
-        load_model(tiny("gpt2"), backend="scratch")
+        load_model(tiny("bloom"), backend="scratch")
     with pytest.raises(HeadLensError, match="backend='scratch'"):
         load_model(untrained=True)
     with pytest.raises(HeadLensError, match="Unknown backend"):

@@ -82,12 +82,13 @@ def test_strongest_puts_nan_last_either_way():
 
 def test_the_engine_finds_its_architectures_by_model_type(tmp_path):
     assert for_model_type("bert") is BertEncoder and for_model_type("headlens_decoder") is Decoder
-    assert for_model_type("gpt2") is None
+    assert for_model_type("bloom") is None and for_model_type("gpt2").description == "GPT-2 decoders"
     assert {BertEncoder, Decoder, Llama} <= set(architectures()) and for_model_type("qwen2") is Llama
-    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2}')
+    (tmp_path / "config.json").write_text('{"model_type": "bloom", "n_layer": 2}')
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert for_model_type("gemma3_text") is Gemma3
-    with pytest.raises(HeadLensError, match=r"implements BERT encoders, the decoders HeadLens trains, Llama-family "
-                                            r"decoders \(Llama, Mistral, Qwen2\) and Gemma 3 decoders \(text\); this "
-                                            r"model is 'gpt2'"):
+    with pytest.raises(HeadLensError, match=r"implements BERT encoders, the decoders HeadLens trains, Gemma 2 decoders, "
+                                            r"Gemma 3 decoders \(text\), GPT-2 decoders, GPT-NeoX decoders \(Pythia\), "
+                                            r"Llama-family decoders \(Llama, Mistral, Qwen2\), OLMo-2 decoders, Phi-3 "
+                                            r"decoders and Qwen3 decoders; this model is 'bloom'"):
         load_model(tmp_path, backend="scratch")

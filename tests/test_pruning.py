@@ -445,4 +445,4 @@ def test_transformers_models_are_ablated_through_their_twin(hf_model, scratch_mo
     np.testing.assert_array_equal(got.cosine, want.cosine)
     assert got.cosine.min() < 1 - 1e-4
     with pytest.raises(HeadLensError, match="Head importance switches heads off .* the from-scratch engine, which does not implement"):
-        head_importance(load_model(tiny("gpt2")), TEXTS)
+        head_importance(load_model(tiny("bloom")), TEXTS)

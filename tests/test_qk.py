@@ -70,7 +70,7 @@ def test_the_transformers_engine_and_pruned_heads_get_sentences(hf_model, scratc
     np.testing.assert_array_equal(via_twin.queries, ours.queries)
     np.testing.assert_array_equal(via_twin.keys, ours.keys)
     with pytest.raises(HeadLensError, match="the from-scratch engine, which does not implement"):
-        qk_vectors(load_model(tiny("gpt2")), SENTENCES, 0, 0)
+        qk_vectors(load_model(tiny("bloom")), SENTENCES, 0, 0)
     with pytest.raises(HeadLensError, match="pruned away"):
         qk_vectors(scratch_model.pruned([(2, 3)]), SENTENCES, 2, 3)
     with pytest.raises(HeadLensError, match="no head 12"):

@@ -71,4 +71,4 @@ def test_the_transformers_engine_gives_its_twins_value_norms(hf_model, scratch_m
 
     np.testing.assert_array_equal(hf_model.value_norms(TEXT), scratch_model.value_norms(TEXT))
     with pytest.raises(HeadLensError, match="Value norms read .* the from-scratch engine, which does not implement"):
-        load_model(tiny("gpt2")).value_norms(TEXT)
+        load_model(tiny("bloom")).value_norms(TEXT)

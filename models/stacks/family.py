@@ -1,0 +1,321 @@
+"""A decoder family as a declaration: what its blocks compute (``Family``), its sizes as config.json gives them
+(``FamilyConfig``) and where its weights lie (``weights.Weights``). ``FamilyDecoder`` builds any of them.
+
+A family file says only what is its own, in a few dozen lines: for Llama, RMSNorm before each part, rotary
+positions and a SiLU-gated feed-forward; for GPT-2, LayerNorm with a bias, learned positions and a GELU
+feed-forward in transposed Conv1D weights; for GPT-NeoX, attention and feed-forward side by side reading the
+same stream, a quarter of each head rotated; for Gemma 2, ``1 + weight`` norms before and after each part and
+soft-capped scores. The block (``FamilyBlock``) and the stack are written here once.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import HeadLensError
+from ..mha import MultiHeadAttention
+from ..rotary import Rotary
+from .base import Stack, StackConfig, TransformersSizes
+from .blocks import PreNormBlock
+from .norms import NORMS
+from .weights import Weights
+
+ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu,
+               "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+               "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a family's blocks compute, whatever its sizes.
+
+    ``norm``: "rms" (``weight``), "gemma_rms" (``1 + weight``) or "layer" (LayerNorm with a bias), for every norm;
+    ``pre_norms``: a norm before each part (OLMo-2 has none); ``post_norms``: a norm after each part (Gemma 2 and
+    3, OLMo-2); ``parallel``: attention and feed-forward read the same stream and add their writes (GPT-NeoX);
+    ``positions``: "rotary" or "learned" (absolute, added to the token embeddings: GPT-2); ``qk_norm``: None,
+    "head" (each head's query and key, Qwen3 and Gemma 3) or "projection" (the whole projections, OLMo-2);
+    ``gated``: ``down(act(gate(x)) * up(x))``, else ``down(act(up(x)))``; ``embed_scale``: embeddings times
+    ``sqrt(hidden_size)`` (Gemma)."""
+
+    norm: str = "rms"
+    pre_norms: bool = True
+    post_norms: bool = False
+    parallel: bool = False
+    positions: str = "rotary"
+    qk_norm: str | None = None
+    gated: bool = True
+    embed_scale: bool = False
+
+
+@dataclass(frozen=True)
+class FamilyConfig(TransformersSizes, StackConfig):
+    """A decoder's sizes under transformers' Llama names, which each family's ``from_dict`` reads its own into.
+
+    ``layer_types`` (per layer, "sliding_attention" or "full_attention"; none: every layer as ``sliding_window``
+    says) give each layer its window and rotary base (``rope_local_base_freq`` in a sliding layer, when given).
+    ``source`` is the config.json it was read from (written back on saving, pruned heads updated), or empty.
+    """
+
+    model_type: str = ""
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None    # None: one per query head
+    head_dim: int | None = None               # None: hidden_size // num_attention_heads
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6                # every norm's eps, a LayerNorm's too
+    rope_theta: float = 10000.0
+    rope_local_base_freq: float | None = None
+    partial_rotary_factor: float = 1.0
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None
+    layer_types: tuple = ()
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    pruned_heads: tuple = ()
+    source: str = ""
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.attention_bias
+
+    @property
+    def out_bias(self) -> bool:
+        return self.attention_bias
+
+    def window(self, layer: int) -> int | None:
+        """How many keys a query of ``layer`` sees (None: every earlier one)."""
+        return self.sliding_window if not self.layer_types or self.layer_types[layer] == SLIDING else None
+
+    def rope_base(self, layer: int) -> float:
+        sliding = self.layer_types and self.layer_types[layer] == SLIDING
+        return self.rope_local_base_freq if sliding and self.rope_local_base_freq else self.rope_theta
+
+    @classmethod
+    def read(cls, d: dict, source: dict | None = None, **fixed):
+        """The config from ``d`` (config.json's keys under these names), with the checks every family shares:
+        plain rotary positions, a known activation, layer types naming every layer, heads sharing key/value heads
+        evenly. ``source``: the config.json to write back."""
+        d = {**d, **fixed}
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope = rope.get(FULL, rope)  # Gemma 3 gives each kind of layer its own
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise HeadLensError(f"The from-scratch engine has plain rotary positions only; this model scales them "
+                                f"('{rope.get('rope_type', rope.get('type'))}'). Choose the transformers engine for it.")
+        d.setdefault("rope_theta", rope.get("rope_theta", cls.rope_theta))
+        d.setdefault("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+        if d.get("hidden_act", cls.hidden_act) not in ACTIVATIONS:
+            raise HeadLensError(f"The from-scratch engine has no activation '{d['hidden_act']}'. Choose the "
+                                "transformers engine for this model.")
+        n = d.get("num_hidden_layers", cls.num_hidden_layers)
+        types = tuple(d.get("layer_types") or ())
+        if types and (len(types) != n or any(t not in (SLIDING, FULL) for t in types)):
+            raise HeadLensError(f"The model's layer_types must name {n} layers, each sliding_attention or "
+                                "full_attention.")
+        d["layer_types"] = types
+        if source is not None:
+            d["source"] = json.dumps(source)
+        config = cls.from_fields(d)
+        if config.num_attention_heads % config.kv_heads:
+            raise HeadLensError(f"The model's {config.num_attention_heads} query heads do not share its "
+                                f"{config.kv_heads} key/value heads evenly.")
+        return config
+
+    def to_dict(self) -> dict:
+        if self.source:  # the file it came from, with the heads pruned since
+            return {**json.loads(self.source), "pruned_heads": super().to_dict()["pruned_heads"]}
+        d = {k: v for k, v in super().to_dict().items() if v is not None and k != "source"}
+        d["layer_types"] = list(self.layer_types)
+        return d
+
+
+class FamilyBlock(PreNormBlock):
+    """``x + post(Attn(pre(x)))``, then ``x + post(MLP(pre(x)))``, or both parts on ``x`` side by side; each norm
+    as the family has it (None where it has none), with the query heads ``kept`` of the config's."""
+
+    def __init__(self, family: Family, c: FamilyConfig, kept: list[int], layer: int, rotary: dict[float, Rotary]):
+        super().__init__()
+        E, Dh = c.hidden_size, c.dim_per_head
+        norm = NORMS[family.norm]
+        group = c.num_attention_heads // c.kv_heads
+        kv_kept = sorted({h // group for h in kept})
+        qk_norm = None
+        if family.qk_norm == "head":
+            qk_norm = (norm(Dh, c.rms_norm_eps), norm(Dh, c.rms_norm_eps))
+        elif family.qk_norm == "projection":
+            qk_norm = (norm(c.num_attention_heads * Dh, c.rms_norm_eps), norm(c.kv_heads * Dh, c.rms_norm_eps))
+        self.ln_attn = norm(E, c.rms_norm_eps) if family.pre_norms else None
+        self.attn = MultiHeadAttention(
+            E, len(kept), head_dim=Dh, bias=c.qkv_bias, out_bias=c.out_bias, num_kv_heads=len(kv_kept),
+            kv_heads=[kv_kept.index(h // group) for h in kept],
+            rotary=rotary.get(c.rope_base(layer)) if family.positions == "rotary" else None, qk_norm=qk_norm,
+            qk_norm_over=family.qk_norm or "head",
+            scale=None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5,
+            window=c.window(layer), softcap=c.attn_logit_softcapping)
+        self.ln_attn_out = norm(E, c.rms_norm_eps) if family.post_norms else None
+        self.ln_mlp = norm(E, c.rms_norm_eps) if family.pre_norms else None
+        if family.gated:
+            self.gate = nn.Linear(E, c.intermediate_size, bias=c.mlp_bias)
+        self.up = nn.Linear(E, c.intermediate_size, bias=c.mlp_bias)
+        self.down = nn.Linear(c.intermediate_size, E, bias=c.mlp_bias)
+        self.ln_mlp_out = norm(E, c.rms_norm_eps) if family.post_norms else None
+        self.act = ACTIVATIONS[c.hidden_act]
+        self.gated, self.parallel = family.gated, family.parallel
+
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the attention reads of the block's input ``x``: its norm (``x`` itself without one)."""
+        return x if self.ln_attn is None else self.ln_attn(x)
+
+    def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing=None, causal: bool = True,
+                need_weights: bool = False, head_mask=None, head_fill=None, hook_in=None, hook_z=None,
+                weights_into=None, prefix=None):
+        """``x`` ``(B, L, E)``, or ``(N, E)`` real tokens when ``packing`` is given; and the weights or None.
+        ``prefix``: the keys and values of the tokens before ``x`` (``MultiHeadAttention.forward``)."""
+        h = self.attention_input(x)
+        padded = h if packing is None else packing.unpack(h)
+        padded = padded if hook_in is None else hook_in(padded)                  # (B, L, E)
+        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal,
+                               need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
+                               head_fill=head_fill, hook_z=hook_z, into=weights_into, prefix=prefix)
+        written = self.write_alone(a if packing is None else packing.pack(a))
+        if self.parallel:
+            return x + (self.mlp_write(x) + written), weights
+        x = x + written
+        return x + self.mlp_write(x), weights
+
+    def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
+        """What the feed-forward part writes into the stream ``x`` it reads (its norms included)."""
+        h = x if self.ln_mlp is None else self.ln_mlp(x)
+        inner = self.act(self.gate(h)) * self.up(h) if self.gated else self.act(self.up(h))
+        m = self.down(inner)
+        return m if self.ln_mlp_out is None else self.ln_mlp_out(m)
+
+
+class FamilyDecoder(Stack):
+    """Token embeddings (and learned positions), the family's causal blocks, a final norm and the unembedding,
+    tied to the embeddings when the config says so. A family subclasses it with its ``family``, ``config_class``,
+    ``weights`` and ``model_types``."""
+
+    family: ClassVar[Family]
+    weights: ClassVar[Weights]
+    causal = True
+    language_model = True
+
+    def __init__(self, config: FamilyConfig):
+        super().__init__(config)
+        self.family = f = self.family_for(config)
+        E = config.hidden_size
+        rotary = {}
+        if f.positions == "rotary":
+            dims = int(config.dim_per_head * config.partial_rotary_factor)
+            for base in sorted({config.rope_base(i) for i in range(config.num_hidden_layers)}):
+                rotary[base] = Rotary(config.dim_per_head, base, dims)
+        self.embedding = nn.Embedding(config.vocab_size, E)
+        if f.positions == "learned":
+            self.positions = nn.Embedding(config.max_position_embeddings, E)
+        self.layers = nn.ModuleList(FamilyBlock(f, config, kept, i, rotary) for i, kept in enumerate(self.kept))
+        self.norm = NORMS[f.norm](E, config.rms_norm_eps)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(E, config.vocab_size, bias=False)
+
+    @classmethod
+    def family_for(cls, config: FamilyConfig) -> Family:
+        """The family's description for ``config`` (a family whose config.json switches a part on or off)."""
+        return cls.family
+
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if token_type_ids is not None:
+            raise ValueError("A decoder reads no token types (see input_names).")
+        x = self.token_vectors(input_ids)                                      # (B, L, E)
+        if self.family.positions == "learned":
+            L = input_ids.shape[1]
+            if L > self.max_positions:
+                raise HeadLensError(f"This model reads at most {self.max_positions} tokens; the text has {L}.")
+            x = x + self.positions.weight[:L]
+        return x
+
+    def token_vectors(self, ids: torch.Tensor) -> torch.Tensor:
+        w = self.embedding.weight
+        x = self.embedding(ids.to(w.device))
+        if self.family.embed_scale:  # sqrt(hidden_size) in the weights' dtype, as transformers multiplies by it
+            x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=w.dtype, device=w.device)
+        return x
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(h, self.unembedding())                                # (B, L, vocab)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def unembedding(self) -> torch.Tensor:
+        return self.embedding.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+    @property
+    def _layer_norm(self) -> bool:
+        return isinstance(self.norm, nn.LayerNorm)
+
+    def norm_alone(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) - self.norm.bias if self._layer_norm else self.norm(x)
+
+    def norm_linear(self, x: torch.Tensor) -> torch.Tensor:
+        if self._layer_norm:
+            return (x - x.mean(-1, keepdim=True)) * self.norm.weight
+        return x * self.norm.gain().to(x.dtype)
+
+    def frozen_finish(self, x: torch.Tensor):
+        norm = self.norm
+        if self._layer_norm:
+            scale = norm.weight / torch.sqrt(x.var(-1, unbiased=False) + norm.eps)             # (E,)
+            return (lambda part: (part - part.mean(-1, keepdim=True)) * scale), norm.bias.clone()
+        scale = norm.gain().to(x.dtype) * norm.inverse_rms(x).to(x.dtype)                        # (E,)
+        return (lambda part: part * scale), torch.zeros_like(x)
+
+    @classmethod
+    def untrained(cls, config: FamilyConfig, seed: int = 0) -> "FamilyDecoder":
+        """Weights drawn from normal(0, 0.02) reproducibly for ``seed`` (transformers' initializer_range), biases
+        at 0, norms as they start (a gain of 1)."""
+        gen = torch.Generator().manual_seed(seed)
+        model = cls(config)
+        gemma = cls.family.norm == "gemma_rms"
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif p.dim() == 1:
+                    p.fill_(0.0 if gemma else 1.0)
+                else:
+                    p.normal_(0.0, 0.02, generator=gen)
+        return model.eval()
+
+    def to_file(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.weights.write(state, self)
+
+    @classmethod
+    def from_file(cls, weights: dict[str, torch.Tensor], config: FamilyConfig) -> dict[str, torch.Tensor]:
+        with torch.device("meta"):  # the names and sizes only: nothing is allocated
+            return cls.weights.read(weights, cls(config))

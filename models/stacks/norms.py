@@ -1,0 +1,49 @@
+"""The norms a family puts in its blocks: RMSNorm (Llama's), Gemma's ``1 + weight`` RMSNorm, and LayerNorm with a
+bias (GPT-2's, GPT-NeoX's). Each RMSNorm says its ``gain`` and ``inverse_rms``, so that an analysis can freeze its
+scale."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x²) + eps) * weight``, computed in float32 as transformers does (float64 stays float64)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def inverse_rms(self, x: torch.Tensor) -> torch.Tensor:
+        """``1 / sqrt(mean(x²) + eps)`` over the last axis (kept), in float32 or float64."""
+        h = x if x.dtype == torch.float64 else x.float()
+        return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def gain(self) -> torch.Tensor:
+        """What a normalised vector is multiplied by."""
+        return self.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x if x.dtype == torch.float64 else x.float()
+        return self.weight * (h * self.inverse_rms(h)).to(x.dtype)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """``x / sqrt(mean(x²) + eps) * (1 + weight)``, in float32 (float64 stays float64), as transformers' Gemma."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__(size, eps)
+        nn.init.zeros_(self.weight)
+
+    def gain(self) -> torch.Tensor:
+        """What a normalised vector is multiplied by: ``1 + weight``."""
+        return 1.0 + self.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x if x.dtype == torch.float64 else x.float()
+        return (h * self.inverse_rms(h) * (1.0 + self.weight.to(h.dtype))).to(x.dtype)
+
+
+NORMS = {"rms": RMSNorm, "gemma_rms": GemmaRMSNorm,
+         "layer": lambda size, eps: nn.LayerNorm(size, eps=eps)}
