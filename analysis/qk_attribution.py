@@ -46,8 +46,9 @@ def scratch_head_graph(model: AttentionModel, layer: int, head: int):
     return scratch, scratch.stack, C.graph_of(scratch.stack)
 
 
-def _softmax(scores: np.ndarray, visible: np.ndarray) -> np.ndarray:
-    s = np.where(visible, scores, -np.inf)
+def _softmax(scores: np.ndarray, visible: np.ndarray, softcap: float | None = None) -> np.ndarray:
+    """The weights of ``scores`` over the ``visible`` keys, each score soft-capped first where the model caps it."""
+    s = np.where(visible, scores if softcap is None else np.tanh(scores / softcap) * softcap, -np.inf)
     e = np.exp(s - s.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
 
@@ -71,10 +72,11 @@ class QKAttribution:
     scores: np.ndarray
     visible: np.ndarray
     removed: dict[tuple[str, int], np.ndarray]
+    softcap: float | None = None                  # the cap on a score before the softmax (Gemma 2)
 
     @property
     def weights(self) -> np.ndarray:
-        return _softmax(self.scores, self.visible)
+        return _softmax(self.scores, self.visible, self.softcap)
 
     def _key(self, key: int | None) -> int:
         key = self.key if key is None else int(key)
@@ -103,9 +105,9 @@ class QKAttribution:
         predicted, real = [], []
         for w in order:
             less = self.scores - (self.split[w].sum(0) if side == "q" else self.split[:, w].sum(0))
-            predicted.append(_softmax(less, self.visible)[key])
+            predicted.append(_softmax(less, self.visible, self.softcap)[key])
             run = self.removed.get((side, int(w)))
-            real.append(np.nan if run is None else _softmax(run, self.visible)[key])
+            real.append(np.nan if run is None else _softmax(run, self.visible, self.softcap)[key])
         return pd.DataFrame({"writer": [self.writers[w] for w in order], "part": parts[order],
                              "share": parts[order] / self.scores[key], "weight": self.weights[key],
                              "weight_without": predicted, "weight_without_run": real, "index": order})
@@ -195,7 +197,7 @@ def qk_attribution(model: AttentionModel, text: str, layer: int, head: int, quer
         split = sides.split(query)[:, :, 0].double().cpu().numpy()               # (W, W, query + 1)
         visible = sides.visible(query).cpu().numpy()
     scores = split.sum((0, 1))
-    weights = _softmax(scores, visible)
+    weights = _softmax(scores, visible, sides.softcap)
     key = int(np.argmax(weights)) if key is None else _position(key, query + 1, "key")
     if not visible[key]:
         raise HeadLensError(f"Query {query} does not see key {key}: it lies outside this layer's window.")
@@ -206,7 +208,7 @@ def qk_attribution(model: AttentionModel, text: str, layer: int, head: int, quer
             removed[(side, int(w))] = Q.scores_without(stack, graph, run, layer, head, query, int(w), side)[0] \
                 .double().cpu().numpy()
     return QKAttribution(model.name, layer, head, tokens, query, key, Q.writer_names(graph, layer),
-                         Q.writer_nodes(graph, layer), split, scores, visible, removed)
+                         Q.writer_nodes(graph, layer), split, scores, visible, removed, sides.softcap)
 
 
 @dataclass(frozen=True)

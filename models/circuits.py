@@ -6,7 +6,7 @@ aside, which no corruption changes). The nodes that write (*senders*): the input
 each MLP. The nodes that read (*receivers*): each head's query input, each key/value head's key and value inputs
 (a query head reads its group's), each MLP's input and the logits. An *edge* is one sender's output within one
 receiver's input; senders are ordered (input, then per layer its heads and its MLP) so that a receiver's senders
-are the first ``reach[r]`` of them.
+are the first ``reach[r]`` of them (an MLP beside its layer's attention, GPT-NeoX's, reads none of its heads).
 
 ``run_graph`` runs a batch with every receiver reading its own copy of the stream, which is what gives each
 receiver its own gradient (EAP) and lets a circuit's run rebuild each receiver's input from its circuit senders'
@@ -23,7 +23,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from .kernels import attention_masks, fused_attention
+from .kernels import attention_masks, attention_weights, fused_attention
 from .pairs import Measure
 
 
@@ -104,9 +104,9 @@ def graph_of(stack) -> Graph:
                                                          for g in range(attn.num_kv_heads)]
         reach += [before] * (len(kept) + 2 * attn.num_kv_heads)
         senders += [("head", layer, h) for h in kept]
-        if block_mlp(block):
+        if block_mlp(block):  # beside the attention (GPT-NeoX), the MLP reads what the heads read
             receivers.append(("mlp", layer, -1))
-            reach.append(len(senders))
+            reach.append(before if getattr(block, "parallel", False) else len(senders))
             senders.append(("mlp", layer, -1))
     receivers.append(("logits", stack.n_layers, -1))
     reach.append(len(senders))
@@ -158,8 +158,12 @@ def attention_parts(block, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor)
         projected.append((p if b is None else p + b).reshape(B, n, -1))
     q, k, v = attn.shape_heads(*projected)                                           # (B, H, n, Dh) each
     window = attn.window if attn.window is not None and n > attn.window else None
-    blocked = None if window is None else attention_masks(B, H, n, n, causal=True, like=q, window=window)[0]
-    z = fused_attention(q, k, v, blocked, None, 0.0, only_causal=window is None)    # (B, H, n, Dh)
+    if attn.softcap is not None:  # soft-capped scores (Gemma 2): no fused kernel forms them
+        blocked = attention_masks(B, H, n, n, causal=True, like=q, window=window)[0]
+        z = torch.matmul(attention_weights(q, k, blocked, None, attn.softcap), v)      # (B, H, n, Dh)
+    else:
+        blocked = None if window is None else attention_masks(B, H, n, n, causal=True, like=q, window=window)[0]
+        z = fused_attention(q, k, v, blocked, None, 0.0, only_causal=window is None)    # (B, H, n, Dh)
     writes = torch.einsum("bhnd,ehd->hbne", z, attn.out_proj.weight.view(E, H, Dh))
     bias = attn.out_proj.bias
     scale = block.attention_scale(writes.sum(0) + (0 if bias is None else bias))
@@ -222,6 +226,7 @@ def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: to
     for layer, block in enumerate(stack.layers):
         heads, attn_r, mlp_r = graph.layer_span(layer)
         H, G = block.attn.num_heads, block.attn.num_kv_heads
+        before = x
         if H:
             inputs = streams(attn_r, x, H + 2 * G)
             writes, const = attention_parts(block, inputs[:H], inputs[H:H + G], inputs[H + G:])
@@ -230,7 +235,7 @@ def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: to
         elif block.attn.out_proj.bias is not None:
             x = x + block.write_alone(block.attn.out_proj.bias.expand_as(x))
         if mlp_r >= 0:
-            m = block.mlp_write(streams(mlp_r, x, 1)[0])
+            m = block.mlp_write(streams(mlp_r, before if getattr(block, "parallel", False) else x, 1)[0])
             record(heads.stop, m)
             x = x + m
     final = streams(len(graph.receivers) - 1, x, 1)[0]

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import HeadLensError
 from .kernels import (BLOCKED_FROM, attention_masks, attention_weights, causal_attention, fused_attention,
                       outside_window)
 from .rotary import Rotary
@@ -139,9 +140,9 @@ class MultiHeadAttention(nn.Module):
         H, Dh, E = self.num_heads, self.head_dim, self.embed_dim
         dropped = [h for h in range(H) if h not in keep]
         if dropped and self.q_norm is not None and self.qk_norm_over == "projection":
-            raise ValueError("This attention norms its whole query projection at once, so each head's query depends "
-                             "on every other head's: a head cannot be cut out of it. Switch heads off with a mask "
-                             "instead.")
+            raise HeadLensError("This model norms its whole query projection at once (OLMo-2), so each head's query "
+                                "depends on every other head's: a head cannot be cut out of it. Switch heads off "
+                                "instead (ablation and importance do).")
         if head_fill is not None and dropped and self.out_proj.bias is None:
             raise ValueError("Mean ablation folds a removed head's output into the output bias, which this "
                              "attention does not have; prune with zero ablation instead.")

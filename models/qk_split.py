@@ -7,6 +7,8 @@ scale frozen at its value in the run (the block's input norm; Gemma 3's QK-norm)
 fixed linear map at each position, both are sums over the stream's writers (``models.circuits``' senders: the
 input, each earlier head, each earlier MLP) plus a constant (projection and norm biases, the attentions' output
 biases): the score is exactly a sum over (query-side writer, key-side writer) pairs, the constant one of them.
+OLMo-2's norm of the whole query (key) projection is frozen the same way, at every head's projection in the run.
+A soft-capped score (Gemma 2's) is split before its cap, which the softmax then applies.
 """
 from __future__ import annotations
 
@@ -24,11 +26,12 @@ class HeadSides:
     """One head's query and key split by writer, ``(writers + 1, B, n, Dh)`` each (the last row the constant),
     rotated, normed with frozen scales and with the query multiplied by the score's ``scale``: ``q[:, b, i].sum(0)
     · k[:, b, j].sum(0)`` is the head's score from query ``i`` to key ``j``. ``window``: how many last keys a
-    query sees (None: every earlier one)."""
+    query sees (None: every earlier one); ``softcap``: the cap the softmax applies to a score first (Gemma 2's)."""
 
     q: torch.Tensor
     k: torch.Tensor
     window: int | None
+    softcap: float | None = None
 
     @property
     def n_writers(self) -> int:
@@ -74,6 +77,8 @@ def writers_run(stack, graph: C.Graph, ids: torch.Tensor) -> C.Run:
 def _frozen_norm(norm, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """A norm of ``x`` ``(..., E)`` with its scale frozen: ``(gain, centre, per-vector scale (..., 1))`` such that
     ``norm(x) = (centred x) * scale * gain + bias``; ``centre`` is True for a LayerNorm (the mean taken out)."""
+    if norm is None:  # no norm before the attention (OLMo-2): the stream as it is
+        return 1.0, None, 1.0
     if hasattr(norm, "inverse_rms"):  # RMSNorm: Llama's weight, Gemma's 1 + weight
         return norm.gain().to(x.dtype), None, norm.inverse_rms(x).to(x.dtype)
     if isinstance(norm, torch.nn.LayerNorm):
@@ -126,11 +131,18 @@ def head_sides(stack, graph: C.Graph, run: C.Run, layer: int, head: int) -> Head
     (wq, bq), (wk, bk), _ = C._weights(attn)
     q = _side(block.ln_attn, wq[i], None if bq is None else bq[i], parts, x)
     k = _side(block.ln_attn, wk[g], None if bk is None else bk[g], parts, x)
-    q, k = _qk_norm(attn.q_norm, q), _qk_norm(attn.k_norm, k)
+    if attn.q_norm is not None and attn.qk_norm_over == "projection":  # OLMo-2: over every head's projection
+        h = block.attention_input(x)
+        whole_q, whole_k, _ = attn.project(h, h, h)
+        Dh = attn.head_dim
+        q = q * (attn.q_norm.inverse_rms(whole_q) * attn.q_norm.gain()[i * Dh:(i + 1) * Dh]).to(q.dtype)
+        k = k * (attn.k_norm.inverse_rms(whole_k) * attn.k_norm.gain()[g * Dh:(g + 1) * Dh]).to(k.dtype)
+    else:
+        q, k = _qk_norm(attn.q_norm, q), _qk_norm(attn.k_norm, k)
     q = q * (attn.q_factor * attn.head_dim ** -0.5)
     if attn.rotary is not None:
         q, k = attn.rotary(q, k)
-    return HeadSides(q, k, attn.window)
+    return HeadSides(q, k, attn.window, attn.softcap)
 
 
 def writer_names(graph: C.Graph, layer: int) -> list[str]:

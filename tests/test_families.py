@@ -1,14 +1,18 @@
 """Every decoder family the from-scratch engine declares (GPT-2, GPT-NeoX, Qwen3, Phi-3, OLMo-2, Gemma 2) against
 transformers' eager run of the same tiny random model built here, in float64: each layer's attention, the logits,
-saving back to a folder transformers opens, and the analyses (attribution, head patching) against hooks on
-transformers' own modules. Prompts are longer than every sliding window."""
+saving back to a folder transformers opens, and the analyses (attribution, head patching, circuits, a head's score
+split over its writers) against transformers' own run, with hooks on its modules where the analysis changes the
+run. Prompts are longer than every sliding window."""
 import numpy as np
 import pytest
 import torch
 import transformers as tf
 
-from analysis.effects import logit_attribution, parts_total, patch_heads
-from models import load_model
+from analysis.effects import logit_attribution, parts_total, patch_heads, patch_residual
+from models import circuits as C
+from models import HeadLensError, load_model
+from models import qk_split as Q
+from models.pairs import Measure
 from models.stacks import for_model_type
 from tests.conftest import _bpe_vocab
 
@@ -22,6 +26,9 @@ LLAMA_LIKE = dict(SIZES, num_key_value_heads=2, head_dim=8)
 
 def _o_proj(hf, i):
     return hf.model.layers[i].self_attn.o_proj
+
+
+LAYERS = {"gpt2": lambda hf: hf.transformer.h, "gpt_neox": lambda hf: hf.gpt_neox.layers}  # else hf.model.layers
 
 
 FAMILIES = {  # model_type: (config, model, sizes, the module whose input is each head's z side by side)
@@ -141,3 +148,155 @@ def test_attribution_and_head_patching_equal_hooks_on_transformers(family):
             got = heads.query("layer == @layer and head == @head")["recovered"].item()
             assert got == pytest.approx(want, abs=1e-4), (name, layer, head)
     assert heads["recovered"].abs().max() > 0.01
+
+
+def uncapped_difference(hf, ids, answer: int, distractor: int) -> torch.Tensor:
+    """``(B,)``: transformers' logit of ``answer`` less ``distractor``'s at the last position, before a final soft cap."""
+    with torch.inference_mode():
+        logits = hf(ids).logits[:, -1]
+    cap = getattr(hf.config, "final_logit_softcapping", None)
+    logits = logits if cap is None else torch.atanh(logits / cap) * cap
+    return logits[:, answer] - logits[:, distractor]
+
+
+def test_circuits_and_the_qk_split_hold_on_each_family(family):
+    """A circuit of every edge runs as transformers' clean prompts, of none as its corrupted ones (an MLP beside its
+    attention reading what the heads read); edge attribution scores edges only; a head's score split over its
+    writers sums to the score whose softmax (capped where the model caps) is transformers' attention."""
+    name, folder, hf, tok = family
+    stack = for_model_type(name).from_pretrained(folder).double().requires_grad_(False)  # read, as the app opens it
+    graph = C.graph_of(stack)
+    gen = torch.Generator().manual_seed(0)
+    clean = torch.randint(5, hf.config.vocab_size, (2, 12), generator=gen)
+    bad = clean.clone()
+    bad[:, 3] = torch.randint(5, hf.config.vocab_size, (2,), generator=gen)
+    measure, rows = Measure("logit", torch.tensor([[7, 9]] * 2), torch.tensor([[1.0, -1.0]] * 2)), torch.arange(2)
+    with torch.inference_mode():
+        corrupted = C.run_ids(stack, graph, bad, measure, rows)
+        every = C.circuit_values(stack, graph, clean, corrupted, C.all_edges(graph), measure, rows)
+        none = C.circuit_values(stack, graph, clean, corrupted, torch.zeros(graph.mask().shape), measure, rows)
+    want_clean, want_bad = uncapped_difference(hf, clean, 7, 9), uncapped_difference(hf, bad, 7, 9)
+    np.testing.assert_allclose(every.numpy(), want_clean.numpy(), atol=1e-5)
+    np.testing.assert_allclose(none.numpy(), want_bad.numpy(), atol=1e-5)
+    assert (want_clean - want_bad).abs().max() > 1e-3
+    scores = C.edge_attribution(stack, graph, clean, bad, measure, rows, steps=2)[0]
+    mask = torch.as_tensor(graph.mask())
+    assert scores[mask].abs().max() > 0 and not scores[~mask].any()
+    if name == "gpt_neox":  # the MLP reads the stream the heads read, not their writes
+        mlp = graph.receivers.index(("mlp", 1, -1))
+        assert graph.reach[mlp] == graph.senders.index(("head", 1, 0))
+
+    run = Q.writers_run(stack, graph, clean)
+    with torch.inference_mode():
+        attentions = hf(clean, output_attentions=True).attentions
+    for layer, head in ((1, 3), (1, 0), (0, 2)):
+        sides = Q.head_sides(stack, graph, run, layer, head)
+        query = 11
+        total = sides.split(query).sum((0, 1))                                            # (B, keys)
+        capped = total if sides.softcap is None else torch.tanh(total / sides.softcap) * sides.softcap
+        weights = torch.softmax(capped.masked_fill(~sides.visible(query), -torch.inf), -1)
+        torch.testing.assert_close(weights, attentions[layer][:, head, query, :query + 1], atol=1e-6, rtol=0)
+
+
+def layer_input_patched(hf, name, ids, layer, position, value):
+    """transformers' last logits of ``ids`` with layer ``layer``'s input at ``position`` replaced by ``value``."""
+    def put(m, args, kw):
+        h = (args[0] if args else kw["hidden_states"]).clone()
+        h[0, position] = value
+        return ((h, *args[1:]), kw) if args else (args, {**kw, "hidden_states": h})
+
+    kept = []
+    layers = LAYERS.get(name, lambda hf: hf.model.layers)(hf)
+    handles = [layers[layer].register_forward_pre_hook(put, with_kwargs=True),
+               layers[layer].register_forward_pre_hook(lambda m, a, kw: kept.append(a[0] if a else kw["hidden_states"]),
+                                                        with_kwargs=True)]
+    try:
+        with torch.inference_mode():
+            logits = hf(ids).logits[0, -1]
+    finally:
+        for h in handles:
+            h.remove()
+    cap = getattr(hf.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.atanh(logits / cap) * cap
+
+
+def test_residual_and_attribution_patching_equal_hooks_on_transformers(family):
+    """Patching the stream entering a layer at one position, against a hook on that layer's input; attribution
+    patching, against the corrupted run's gradient by each head's z (autograd through transformers' modules) times
+    the clean z less the corrupted one."""
+    name, folder, hf, tok = family
+    o_proj = FAMILIES[name][3]
+    ours = load_model(folder, backend="scratch")
+    ours.stack.double()
+    clean_ids, corrupted_ids = (tok(t, return_tensors="pt")["input_ids"] for t in (CLEAN, CORRUPTED))
+    clean, clean_z = run_hf(hf, o_proj, clean_ids)
+    corrupted, _ = run_hf(hf, o_proj, corrupted_ids)
+    answer, distractor = clean.topk(2).indices.tolist()
+    span = float(clean[answer] - clean[distractor] - corrupted[answer] + corrupted[distractor])
+    frame = patch_residual(ours, CLEAN, CORRUPTED, answer, distractor)
+    inputs = []
+    layers = LAYERS.get(name, lambda hf: hf.model.layers)(hf)
+    handle = layers[1].register_forward_pre_hook(lambda m, a, kw: inputs.append(a[0] if a else kw["hidden_states"]),
+                                                 with_kwargs=True)
+    with torch.inference_mode():
+        hf(clean_ids)
+    handle.remove()
+    n = clean_ids.shape[1]
+    for position in (n - 3, n - 1):
+        logits = layer_input_patched(hf, name, corrupted_ids, 1, position, inputs[0][0, position])
+        want = (float(logits[answer] - logits[distractor]) - float(corrupted[answer] - corrupted[distractor])) / span
+        got = frame.query("layer == 1 and position == @position")["recovered"].item()
+        assert got == pytest.approx(want, abs=1e-4), (name, position)
+
+    H = hf.config.num_attention_heads
+    zs, handles = [], []
+    for i in range(hf.config.num_hidden_layers):
+        handles.append(o_proj(hf, i).register_forward_pre_hook(lambda m, args: zs.append(args[0])))
+    try:
+        logits = hf(corrupted_ids).logits[0, -1]
+        cap = getattr(hf.config, "final_logit_softcapping", None)
+        logits = logits if cap is None else torch.atanh(logits / cap) * cap
+        grads = torch.autograd.grad(logits[answer] - logits[distractor], zs)  # each z's, through the later layers
+    finally:
+        for h in handles:
+            h.remove()
+    estimated = patch_heads(ours, CLEAN, CORRUPTED, answer, distractor, method="attribution")
+    for layer in range(2):
+        moved = ((clean_z[layer] - zs[layer].detach()) * grads[layer])[0].view(n, H, -1).sum((0, 2)) / span
+        for head in range(H):
+            got = estimated.query("layer == @layer and head == @head")["recovered"].item()
+            assert got == pytest.approx(float(moved[head]), abs=1e-4), (name, layer, head)
+    assert estimated["recovered"].abs().max() > 0.01
+
+
+def test_a_pruned_copy_is_transformers_with_those_heads_output_columns_at_zero(family, tmp_path):
+    """Pruning two heads (one a layer) takes their q rows and output columns away: the copy's logits are
+    transformers' with those heads' columns of the output projection zeroed; OLMo-2's norm over the whole query
+    projection ties the heads of a layer together, which pruning says."""
+    name, folder, hf, tok = family
+    o_proj = FAMILIES[name][3]
+    ours = load_model(folder, backend="scratch")
+    if name == "olmo2":
+        with pytest.raises(HeadLensError, match="whole query projection"):
+            ours.pruned([(0, 1)])
+        return
+    pruned = ours.pruned([(0, 1), (1, 2)])
+    assert pruned.stack.kept == [[0, 2, 3], [0, 1, 3]]
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    import copy
+    cut = copy.deepcopy(hf)
+    Dh = cut.config.hidden_size // cut.config.num_attention_heads if name in ("gpt2", "gpt_neox") else 8
+    with torch.no_grad():
+        for layer, head in ((0, 1), (1, 2)):
+            w = o_proj(cut, layer).weight
+            if name == "gpt2":  # Conv1D: (in, out)
+                w[head * Dh:(head + 1) * Dh] = 0
+            else:
+                w[:, head * Dh:(head + 1) * Dh] = 0
+    with torch.inference_mode():
+        want = cut(ids).logits[0].float().numpy()
+        got = pruned.stack(ids).logits[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    pruned.stack.save_pretrained(tmp_path)  # a pruned copy saves and opens again with its heads recorded
+    again = for_model_type(name).from_pretrained(tmp_path)
+    assert again.kept == pruned.stack.kept
