@@ -300,3 +300,81 @@ def test_a_pruned_copy_is_transformers_with_those_heads_output_columns_at_zero(f
     pruned.stack.save_pretrained(tmp_path)  # a pruned copy saves and opens again with its heads recorded
     again = for_model_type(name).from_pretrained(tmp_path)
     assert again.kept == pruned.stack.kept
+
+
+# --- the encoders: RoBERTa and DistilBERT on the BERT encoder ---------------------------------------------------
+
+ENCODERS = {  # model_type: (config, model, sizes, the output projection of layer i's attention)
+    "roberta": (tf.RobertaConfig, tf.RobertaModel,
+                dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                     max_position_embeddings=66, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+                lambda hf, i: hf.encoder.layer[i].attention.output.dense),
+    "distilbert": (tf.DistilBertConfig, tf.DistilBertModel,
+                   dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=64, pad_token_id=0),
+                   lambda hf, i: hf.transformer.layer[i].attention.out_lin),
+}
+SENTENCES = ["Which do you like better, coffee or tea?", "The cat sat on the mat."]
+
+
+@pytest.fixture(scope="module", params=list(ENCODERS))
+def encoder(request, tmp_path_factory):
+    """(model_type, folder, transformers' model in float64, tokenizer) of a tiny random encoder."""
+    name = request.param
+    config_class, model_class, sizes, _ = ENCODERS[name]
+    folder = tmp_path_factory.mktemp(f"encoder-{name}")
+    vocab, merges = _bpe_vocab()
+    torch.manual_seed(0)
+    hf = model_class(config_class(vocab_size=len(vocab), **sizes)).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.3)
+    hf.save_pretrained(folder)
+    tf.RobertaTokenizerFast(vocab=vocab, merges=merges).save_pretrained(folder)
+    tok = tf.AutoTokenizer.from_pretrained(folder)
+    return name, folder, model_class.from_pretrained(folder, attn_implementation="eager").eval().double(), tok
+
+
+def test_an_encoder_equals_transformers_padded_and_saved_back(encoder, tmp_path):
+    name, folder, hf, tok = encoder
+    stack = for_model_type(name).from_pretrained(folder).double()
+    batch = tok(SENTENCES, return_tensors="pt", padding=True)
+    assert not batch["attention_mask"].all()  # a padded batch: positions must not move with the padding
+    inputs = {k: v for k, v in batch.items() if k in stack.input_names}
+    with torch.inference_mode():
+        theirs = hf(**inputs, output_attentions=True)
+        ours = stack(**inputs)
+    real = batch["attention_mask"].bool()
+    np.testing.assert_allclose(ours.last_hidden_state[real].numpy(), theirs.last_hidden_state[real].numpy(), atol=1e-5)
+    for a, b in zip(ours.attentions, theirs.attentions):
+        np.testing.assert_allclose(a[0].numpy(), b[0].numpy(), atol=1e-5)  # the longer sentence: no padding
+    stack.save_pretrained(tmp_path)
+    again = type(hf).from_pretrained(tmp_path, attn_implementation="eager").eval().double()
+    with torch.inference_mode():
+        np.testing.assert_allclose(again(**inputs).last_hidden_state.numpy(), theirs.last_hidden_state.numpy(),
+                                   atol=1e-6)
+
+
+def test_an_encoders_heads_switched_off_equal_transformers_with_their_columns_at_zero(encoder):
+    """What the encoder pages do (ablation, importance, pruning): heads switched off on the from-scratch engine,
+    against transformers' model with those heads' columns of the output projection at zero."""
+    import copy
+
+    name, folder, hf, tok = encoder
+    model = load_model(folder)                       # the transformers engine, switching heads off on its twin
+    mask = np.ones((2, 4))
+    mask[0, 1] = mask[1, 3] = 0
+    got = model.embed(SENTENCES, head_mask=mask)
+    cut = copy.deepcopy(hf).float()
+    with torch.no_grad():
+        for layer, head in ((0, 1), (1, 3)):
+            ENCODERS[name][3](cut, layer).weight[:, head * 8:(head + 1) * 8] = 0
+    batch = tok(SENTENCES, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        hidden = cut(**{k: v for k, v in batch.items() if k != "token_type_ids"}).last_hidden_state
+    m = batch["attention_mask"].unsqueeze(-1).float()
+    mean = (hidden * m).sum(1) / m.sum(1)  # mean pooling over the real tokens, L2-normalised
+    want = (mean / mean.norm(dim=-1, keepdim=True)).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    pruned = model.scratch("Pruning happens").pruned([(0, 1), (1, 3)])
+    np.testing.assert_allclose(pruned.embed(SENTENCES), want, atol=1e-4)

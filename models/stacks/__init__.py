@@ -13,7 +13,7 @@ from .base import Stack, StackOutput
 
 
 def architectures() -> list[type[Stack]]:
-    """Every ``Stack`` subclass of this package's modules, in module-name order."""
+    """Every ``Stack`` subclass of this package's modules: the encoders, then the decoders, each in module-name order."""
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         importlib.import_module(f"{__name__}.{info.name}")
     found, todo = [], list(Stack.__subclasses__())
@@ -21,7 +21,7 @@ def architectures() -> list[type[Stack]]:
         cls = todo.pop(0)
         found.append(cls)
         todo.extend(cls.__subclasses__())
-    return sorted((cls for cls in found if cls.model_types), key=lambda cls: cls.__module__)
+    return sorted((cls for cls in found if cls.model_types), key=lambda cls: (cls.language_model, cls.__module__))
 
 
 def for_model_type(model_type: str) -> type[Stack] | None:

@@ -1,11 +1,15 @@
-"""A BERT-family encoder built on our MultiHeadAttention.
+"""The BERT-family encoder built on our MultiHeadAttention: BERT here, RoBERTa and DistilBERT as declarations on it
+(``encoders.py``).
 
 Embeddings (word + position + token type, LayerNorm), then post-LayerNorm blocks:
 ``x = LN(x + Attn(x)); x = LN(x + FFN(x))`` with a GELU feed-forward. Loads a transformers
-BERT checkpoint (safetensors) and reproduces ``transformers.BertModel`` number for number.
+BERT checkpoint (safetensors) and reproduces ``transformers.BertModel`` number for number. A family differs in
+where its positions start (RoBERTa's after the padding index), whether it has token types (DistilBERT has none),
+its config.json's names and its weights'.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -16,6 +20,7 @@ from torch import nn
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention
 from .base import Packing, Stack, StackConfig, TransformersSizes, initialised
+from .weights import Weights, separate_qkv
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -46,6 +51,17 @@ class EncoderConfig(TransformersSizes, StackConfig):
     pad_token_id: int = 0
     # heads removed by pruning, as ((layer, (head, ...)), ...); config.json writes {"layer": [head, ...]}
     pruned_heads: tuple = ()
+    source: str = ""                          # the config.json a family read its sizes from, written back
+
+    @property
+    def position_offset(self) -> int:
+        """The row of the position table the first token reads (RoBERTa's: after the padding index)."""
+        return 0
+
+    def to_dict(self) -> dict:
+        if self.source:
+            return {**json.loads(self.source), "pruned_heads": super().to_dict()["pruned_heads"]}
+        return {k: v for k, v in super().to_dict().items() if k != "source"}
 
 
     @classmethod
@@ -69,17 +85,18 @@ class Embeddings(nn.Module):
         super().__init__()
         self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
         self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
-        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
+        if c.type_vocab_size:
+            self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = c.hidden_dropout_prob
+        self.offset = c.position_offset
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         L = input_ids.shape[1]
-        x = self.word_embeddings(input_ids) + self.position_embeddings.weight[:L]  # (B, L, E)
-        if token_type_ids is None:
-            x = x + self.token_type_embeddings.weight[0]
-        else:
-            x = x + self.token_type_embeddings(token_type_ids)
+        x = self.word_embeddings(input_ids) + self.position_embeddings.weight[self.offset:self.offset + L]  # (B, L, E)
+        types = getattr(self, "token_type_embeddings", None)  # a family without token types has none (DistilBERT)
+        if types is not None:
+            x = x + (types.weight[0] if token_type_ids is None else types(token_type_ids))
         return F.dropout(self.LayerNorm(x), self.dropout, self.training)
 
 
@@ -120,12 +137,14 @@ class Block(nn.Module):
 
 
 class BertEncoder(Stack):
-    """Embeddings and post-LayerNorm blocks, as ``transformers.BertModel`` computes them."""
+    """Embeddings and post-LayerNorm blocks, as ``transformers.BertModel`` computes them; a family of encoders
+    subclasses it with its config and its ``weights``."""
 
     config_class = EncoderConfig
     model_types = ("bert",)
     description = "BERT encoders"
     input_names = ("input_ids", "attention_mask", "token_type_ids")
+    weights = None  # set below: BERT's file names
 
     def __init__(self, config: EncoderConfig):
         if config.hidden_size % config.num_attention_heads:
@@ -147,72 +166,33 @@ class BertEncoder(Stack):
         return model.eval()
 
     def to_file(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """In transformers BERT names, q, k and v apart, as a BERT checkpoint holds them."""
-        return state_dict_to_bert(state)
+        """In the family's transformers names, q, k and v apart, as its checkpoints hold them."""
+        return self.weights.write(state, self)
 
     @classmethod
     def from_file(cls, weights: dict[str, torch.Tensor], config: EncoderConfig) -> dict[str, torch.Tensor]:
-        return state_dict_from_bert(weights, config.num_hidden_layers)
+        with torch.device("meta"):  # the names and sizes only: nothing is allocated
+            return cls.weights.read(weights, cls(config))
 
 
-_LAYER_RENAMES = {
-    "attention.output.dense": "attn.out_proj",
-    "attention.output.LayerNorm": "ln_attn",
-    "intermediate.dense": "ffn_in",
-    "output.dense": "ffn_out",
-    "output.LayerNorm": "ln_ffn",
-}
+def encoder_weights(layer: str, renames: dict[str, str], qkv: tuple[str, str], what: str, prefix: str) -> Weights:
+    """An encoder family's file names: ``layer`` a layer's start (``{i}`` its number), ``renames`` our block's
+    modules -> theirs within it, ``qkv`` (a template with ``{p}``, the names of q, k and v joined by commas);
+    ``prefix`` the model's name some files put first (``bert.``), and TensorFlow's ``gamma`` and ``beta`` read
+    as ``weight`` and ``bias``."""
+    template, parts = qkv
+    table = (("embeddings.", "embeddings."),) + tuple((f"layers.{{i}}.{ours}.", f"{layer}{theirs}.")
+                                                      for ours, theirs in renames.items())
+
+    def normalise(key: str) -> str:
+        key = re.sub(rf"^({prefix}|model)\.", "", key)
+        return re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", key))
+
+    return Weights(table, tuple(separate_qkv(layer + template, kind, tuple(parts.split(",")))
+                                for kind in ("weight", "bias")), what=what, normalise=normalise)
 
 
-def state_dict_from_bert(hf: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
-    """Rename a transformers BERT state dict to the from-scratch engine's names; q, k, v are concatenated into one projection."""
-    hf = {_normalise_key(k): v for k, v in hf.items()}
-    scratch: dict[str, torch.Tensor] = {}
-    missing: list[str] = []
-
-    def take(name: str) -> torch.Tensor | None:
-        if name not in hf:
-            missing.append(name)
-        return hf.get(name)
-
-    for part in ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight",
-                 "LayerNorm.weight", "LayerNorm.bias"):
-        scratch[f"embeddings.{part}"] = take(f"embeddings.{part}")
-    for i in range(n_layers):
-        src, dst = f"encoder.layer.{i}.", f"layers.{i}."
-        for kind in ("weight", "bias"):
-            qkv = [take(f"{src}attention.self.{p}.{kind}") for p in ("query", "key", "value")]
-            if all(t is not None for t in qkv):
-                scratch[f"{dst}attn.in_proj_{kind}"] = torch.cat(qkv)
-            for old, new in _LAYER_RENAMES.items():
-                scratch[f"{dst}{new}.{kind}"] = take(f"{src}{old}.{kind}")
-    if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise HeadLensError(f"These are not BERT encoder weights: missing {shown}.")
-    return scratch
-
-
-def state_dict_to_bert(scratch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict in transformers BERT names, contiguous on the CPU, as safetensors stores it."""
-    back = {new: old for old, new in _LAYER_RENAMES.items()}
-    hf = {}
-    for name, tensor in scratch.items():
-        tensor = tensor.detach().to("cpu").contiguous()
-        proj = re.fullmatch(r"layers\.(\d+)\.attn\.in_proj_(weight|bias)", name)
-        other = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name)
-        if proj is not None:
-            i, kind = proj.groups()
-            parts = tensor.reshape(3, tensor.shape[0] // 3, *tensor.shape[1:])  # q, k, v: the rows of the kept heads
-            for part, chunk in zip(("query", "key", "value"), parts):
-                hf[f"encoder.layer.{i}.attention.self.{part}.{kind}"] = chunk.contiguous()
-        elif other is not None:
-            i, module, kind = other.groups()
-            hf[f"encoder.layer.{i}.{back[module]}.{kind}"] = tensor
-        else:
-            hf[name] = tensor
-    return hf
-
-
-def _normalise_key(key: str) -> str:
-    key = re.sub(r"^(bert|model)\.", "", key)
-    return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
+BertEncoder.weights = encoder_weights(
+    "encoder.layer.{i}.", {"attn.out_proj": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
+                           "ffn_in": "intermediate.dense", "ffn_out": "output.dense", "ln_ffn": "output.LayerNorm"},
+    ("attention.self.{p}", "query,key,value"), "BERT encoder weights", "bert")

@@ -32,4 +32,4 @@ class Gemma2(FamilyDecoder):
     model_types = ("gemma2",)
     description = "Gemma 2 decoders"
     family = Family(norm="gemma_rms", post_norms=True, embed_scale=True)
-    weights = Weights(GEMMA_NAMES, LLAMA_QKV, family="a Gemma 2 decoder")
+    weights = Weights(GEMMA_NAMES, LLAMA_QKV, what="the weights of a Gemma 2 decoder")

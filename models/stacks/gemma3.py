@@ -89,4 +89,4 @@ class Gemma3(FamilyDecoder):
     model_types = ("gemma3_text",)
     description = "Gemma 3 decoders (text)"
     family = Family(norm="gemma_rms", post_norms=True, qk_norm="head", embed_scale=True)
-    weights = Weights(GEMMA_NAMES, LLAMA_QKV[:1], family="a Gemma 3 decoder")
+    weights = Weights(GEMMA_NAMES, LLAMA_QKV[:1], what="the weights of a Gemma 3 decoder")

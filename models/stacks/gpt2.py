@@ -51,10 +51,6 @@ class GPT2(FamilyDecoder):
         (transposed("layers.{i}.attn.in_proj_weight", H + "attn.c_attn.weight"),
          transposed("layers.{i}.attn.out_proj.weight", H + "attn.c_proj.weight"),
          transposed("layers.{i}.up.weight", H + "mlp.c_fc.weight"),
-         transposed("layers.{i}.down.weight", H + "mlp.c_proj.weight")), family="GPT-2")
-
-    @classmethod
-    def from_file(cls, weights, config):
-        """A ``GPT2Model``'s file names its weights without the ``transformer.`` a ``GPT2LMHeadModel``'s has."""
-        return super().from_file({k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}": v
-                                  for k, v in weights.items()}, config)
+         transposed("layers.{i}.down.weight", H + "mlp.c_proj.weight")), what="the weights of a GPT-2 decoder",
+        # a GPT2Model's file names its weights without the "transformer." a GPT2LMHeadModel's has
+        normalise=lambda k: k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}")

@@ -41,7 +41,7 @@ class GPTNeoX(FamilyDecoder):
          ("layers.{i}.ln_mlp.", L + "post_attention_layernorm."), ("layers.{i}.attn.out_proj.", L + "attention.dense."),
          ("layers.{i}.up.", L + "mlp.dense_h_to_4h."), ("layers.{i}.down.", L + "mlp.dense_4h_to_h.")),
         tuple(per_head_qkv(L + "attention.query_key_value", kind) for kind in ("weight", "bias")),
-        family="a GPT-NeoX decoder")
+        what="the weights of a GPT-NeoX decoder")
 
     @classmethod
     def family_for(cls, config: GPTNeoXConfig) -> Family:

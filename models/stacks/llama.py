@@ -66,4 +66,4 @@ class Llama(FamilyDecoder):
     model_types = ("llama", "mistral", "qwen2")
     description = "Llama-family decoders (Llama, Mistral, Qwen2)"
     family = Family()
-    weights = Weights(LLAMA_NAMES, LLAMA_QKV, family="a Llama-family decoder")
+    weights = Weights(LLAMA_NAMES, LLAMA_QKV, what="the weights of a Llama-family decoder")

@@ -28,4 +28,4 @@ class Olmo2(FamilyDecoder):
     family = Family(pre_norms=False, post_norms=True, qk_norm="projection")
     weights = Weights(LLAMA_NAMES + (("layers.{i}.ln_attn_out.", "model.layers.{i}.post_attention_layernorm."),
                                      ("layers.{i}.ln_mlp_out.", "model.layers.{i}.post_feedforward_layernorm.")),
-                      LLAMA_QKV, family="an OLMo-2 decoder")
+                      LLAMA_QKV, what="the weights of an OLMo-2 decoder")

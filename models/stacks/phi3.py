@@ -28,4 +28,4 @@ class Phi3(FamilyDecoder):
     family = Family()
     weights = Weights(LLAMA_NAMES + (("layers.{i}.attn.in_proj_weight", "model.layers.{i}.self_attn.qkv_proj.weight"),),
                       (stacked(("layers.{i}.gate.weight", "layers.{i}.up.weight"), "model.layers.{i}.mlp.gate_up_proj.weight"),),
-                      family="a Phi-3 decoder")
+                      what="the weights of a Phi-3 decoder")

@@ -25,4 +25,4 @@ class Qwen3(FamilyDecoder):
     model_types = ("qwen3",)
     description = "Qwen3 decoders"
     family = Family(qk_norm="head")
-    weights = Weights(LLAMA_NAMES, LLAMA_QKV, family="a Qwen3 decoder")
+    weights = Weights(LLAMA_NAMES, LLAMA_QKV, what="the weights of a Qwen3 decoder")

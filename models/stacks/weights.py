@@ -33,7 +33,8 @@ class Weights:
 
     renames: tuple[tuple[str, str], ...]
     joined: tuple[Joined, ...] = ()
-    family: str = "this family"            # in the sentence naming what is missing
+    what: str = "the weights of this family"  # "These are not <what>: missing ..."
+    normalise: Callable[[str], str] | None = None  # a file's name as the table has it (a prefix some files add)
 
     def theirs(self, name: str) -> str:
         """The file's name of our tensor ``name`` that no ``Joined`` covers."""
@@ -47,6 +48,8 @@ class Weights:
 
     def read(self, weights: dict[str, torch.Tensor], stack) -> dict[str, torch.Tensor]:
         """The file's ``weights`` under the names of ``stack`` (built on the meta device: its names and sizes)."""
+        if self.normalise is not None:
+            weights = {self.normalise(k): v for k, v in weights.items()}
         expected = set(stack.state_dict())
         ours, missing = {}, []
         for i, block in enumerate(stack.layers):
@@ -68,8 +71,9 @@ class Weights:
             else:
                 missing.append(theirs)
         if missing:
+            missing = sorted(missing)
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            raise HeadLensError(f"These are not the weights of {self.family}: missing {shown}.")
+            raise HeadLensError(f"These are not {self.what}: missing {shown}.")
         return ours
 
     def write(self, state: dict[str, torch.Tensor], stack) -> dict[str, torch.Tensor]:
@@ -96,9 +100,9 @@ def _layer(name: str) -> tuple[int | None, str]:
 
 # --- the ways a file stores what the from-scratch engine keeps as one q/k/v projection ---------------------------
 
-def separate_qkv(theirs: str, kind: str = "weight") -> Joined:
-    """q, k and v as three tensors, ``theirs`` a template with ``{p}`` for q, k, v (Llama's ``q_proj``)."""
-    return Joined((f"layers.{{i}}.attn.in_proj_{kind}",), tuple(theirs.replace("{p}", p) + f".{kind}" for p in "qkv"),
+def separate_qkv(theirs: str, kind: str = "weight", parts: tuple[str, str, str] = ("q", "k", "v")) -> Joined:
+    """q, k and v as three tensors, ``theirs`` a template with ``{p}`` for each of ``parts`` (Llama's ``q_proj``)."""
+    return Joined((f"layers.{{i}}.attn.in_proj_{kind}",), tuple(theirs.replace("{p}", p) + f".{kind}" for p in parts),
                   lambda ts, attn: (torch.cat(ts),), lambda ts, attn: ts[0].split(attn.sizes))
 
 

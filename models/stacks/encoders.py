@@ -1,0 +1,85 @@
+"""RoBERTa and DistilBERT as declarations on the BERT encoder (``bert.BertEncoder``): the same post-LayerNorm
+blocks; RoBERTa's positions start after its padding index and its files prefix ``roberta.``; DistilBERT has no token
+types, its own config.json names (``dim``, ``n_layers``, ...) and its own weight names."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..errors import HeadLensError
+from .bert import ACTIVATIONS, BertEncoder, EncoderConfig, encoder_weights
+
+
+def _checked(d: dict, kind: str) -> dict:
+    if d.get("position_embedding_type", "absolute") != "absolute":
+        raise HeadLensError("The from-scratch engine supports absolute position embeddings only; "
+                            "choose the transformers engine for this model.")
+    act = d.get("hidden_act", d.get("activation", "gelu"))
+    if act not in ACTIVATIONS:
+        raise HeadLensError(f"The from-scratch engine has no activation '{act}'.")
+    if d.get("model_type", kind) != kind:
+        raise HeadLensError(f"This config.json is of a '{d['model_type']}' model, not a {kind} one.")
+    return d
+
+
+@dataclass(frozen=True)
+class RobertaConfig(EncoderConfig):
+    """A transformers RoBERTa ``config.json``: BERT's names, one token type, positions after the padding index."""
+
+    model_type: ClassVar[str] = "roberta"
+    vocab_size: int = 50265
+    max_position_embeddings: int = 514
+    type_vocab_size: int = 1
+    layer_norm_eps: float = 1e-5
+    pad_token_id: int = 1
+
+    @property
+    def position_offset(self) -> int:
+        return self.pad_token_id + 1
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RobertaConfig":
+        return cls.from_fields({**_checked(d, "roberta"), "source": json.dumps(d)})
+
+
+class Roberta(BertEncoder):
+    config_class = RobertaConfig
+    model_types = ("roberta",)
+    description = "RoBERTa encoders"
+    weights = encoder_weights(
+        "encoder.layer.{i}.", {"attn.out_proj": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
+                               "ffn_in": "intermediate.dense", "ffn_out": "output.dense", "ln_ffn": "output.LayerNorm"},
+        ("attention.self.{p}", "query,key,value"), "RoBERTa encoder weights", "roberta")
+
+
+@dataclass(frozen=True)
+class DistilBertConfig(EncoderConfig):
+    """A transformers DistilBERT ``config.json``, its ``dim``, ``n_layers``, ``n_heads``, ``hidden_dim`` read into
+    BERT's names; no token types."""
+
+    model_type: ClassVar[str] = "distilbert"
+    type_vocab_size: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DistilBertConfig":
+        _checked(d, "distilbert")
+        return cls.from_fields({
+            "vocab_size": d.get("vocab_size", 30522), "hidden_size": d.get("dim", 768),
+            "num_hidden_layers": d.get("n_layers", 6), "num_attention_heads": d.get("n_heads", 12),
+            "intermediate_size": d.get("hidden_dim", 3072), "max_position_embeddings": d.get("max_position_embeddings", 512),
+            "hidden_act": d.get("activation", "gelu"), "hidden_dropout_prob": d.get("dropout", 0.1),
+            "attention_probs_dropout_prob": d.get("attention_dropout", 0.1), "pad_token_id": d.get("pad_token_id", 0),
+            "initializer_range": d.get("initializer_range", 0.02), "pruned_heads": d.get("pruned_heads"),
+            "source": json.dumps(d)})
+
+
+class DistilBert(BertEncoder):
+    config_class = DistilBertConfig
+    model_types = ("distilbert",)
+    description = "DistilBERT encoders"
+    input_names = ("input_ids", "attention_mask")
+    weights = encoder_weights(
+        "transformer.layer.{i}.", {"attn.out_proj": "attention.out_lin", "ln_attn": "sa_layer_norm",
+                                   "ffn_in": "ffn.lin1", "ffn_out": "ffn.lin2", "ln_ffn": "output_layer_norm"},
+        ("attention.{p}", "q_lin,k_lin,v_lin"), "DistilBERT encoder weights", "distilbert")
