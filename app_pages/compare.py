@@ -4,6 +4,7 @@ import streamlit as st
 from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button
 from app_pages.ui.exports import chart, exports
+from app_pages.results.models import CUSTOM
 from app_pages.ui.models import model_for, model_names, ref_for
 from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
 from app_pages.ui.settings import settings
@@ -17,7 +18,7 @@ st.title("Compare")
 n = bound(st.segmented_control, "picks", 2, init="default", options=[1, 2, 3, 4], cast=int, label="Picks",
           required=True)
 MODELS = model_names()
-choices = [m for m in MODELS if m != "custom" or s.model.folder]
+choices = [m for m in MODELS if m not in CUSTOM or s.model.folder]
 first = s.model.choice if s.model.choice in choices else "minilm"
 defaults = [(first, 0), (first, 1), ("untrained", 0), ("scratch" if first != "scratch" else "minilm", 0)]
 if first in ("trained", "trained_start"):  # how training changed one head: step 0 beside the last step

@@ -206,3 +206,28 @@ def test_markup_in_a_sentence_stays_text(app):
     assert "<script>" not in fig["layout"]["title"]["text"]
     html = downloads(app)["Figure · HTML"].decode()
     assert "<script>alert(1)</script>" not in html
+
+
+def test_a_custom_folder_opens_on_either_engine_and_a_family_it_does_not_know_gets_a_sentence(new_app, tiny):
+    """GPT-2 from a folder on the from-scratch engine draws its own weights (transformers' to 1e-6); BLOOM, which
+    that engine does not implement, gets a sentence naming the families it does, and shows on the transformers
+    engine."""
+    from models import load_model
+
+    folder = str(tiny("gpt2"))
+    at = new_app({"model": "custom_scratch", "custom_model": folder})
+    assert not at.exception and not at.error
+    ours, theirs = load_model(folder, backend="scratch").attend(COFFEE), load_model(folder).attend(COFFEE)
+    fig, zs = grid(at)
+    for h, z in enumerate(zs):  # a later key is not drawn (NaN): a decoder's query never sees it
+        assert np.isnan(z[np.triu_indices(len(z), 1)]).all()
+        np.testing.assert_allclose(np.nan_to_num(z), ours.weights[0, h], atol=TOL)
+        np.testing.assert_allclose(np.nan_to_num(z), theirs.weights[0, h], atol=1e-5)
+    assert "Running on **cpu** · 2 layers × 4 heads" in [c.value for c in at.sidebar.caption]
+    bloom = str(tiny("bloom"))
+    at = new_app({"model": "custom_scratch", "custom_model": bloom})
+    said = at.error[0].value.replace("\\", "")  # shown as plain text: markdown's characters escaped
+    assert not at.exception and "implements BERT encoders, RoBERTa encoders" in said and "GPT-2 decoders" in said \
+        and "this model is 'bloom'" in said
+    at = new_app({"model": "custom", "custom_model": bloom})
+    assert not at.exception and not at.error and len(grid(at)[1]) == 4

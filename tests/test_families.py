@@ -3,6 +3,8 @@ transformers' eager run of the same tiny random model built here, in float64: ea
 saving back to a folder transformers opens, and the analyses (attribution, head patching, circuits, a head's score
 split over its writers) against transformers' own run, with hooks on its modules where the analysis changes the
 run. Prompts are longer than every sliding window."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ from models import circuits as C
 from models import HeadLensError, load_model
 from models import qk_split as Q
 from models.pairs import Measure
+from models.corpus import CORPUS
 from models.stacks import for_model_type
 from tests.conftest import _bpe_vocab
 
@@ -48,11 +51,22 @@ FAMILIES = {  # model_type: (config, model, sizes, the module whose input is eac
 }
 
 
+def _vocab():
+    """A byte-level BPE of 600 tokens over the built-in corpus: enough whole words for the head detector."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS, vocab_size=600, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False)
+    spec = json.loads(bpe._tokenizer.to_str())["model"]
+    return spec["vocab"], [tuple(m) for m in spec["merges"]]
+
+
 def build(family: str, folder):
     """(folder, transformers' model in float64, tokenizer) of a tiny random ``family`` decoder saved in ``folder``
     with a byte-level BPE tokenizer; norms given weights of their own, so that a misplaced one shows."""
     config_class, model_class, sizes, _ = FAMILIES[family]
-    vocab, merges = _bpe_vocab()
+    vocab, merges = _vocab()
     torch.manual_seed(0)
     hf = model_class(config_class(vocab_size=len(vocab), **sizes)).eval()
     with torch.no_grad():
@@ -378,3 +392,34 @@ def test_an_encoders_heads_switched_off_equal_transformers_with_their_columns_at
     np.testing.assert_allclose(got, want, atol=1e-4)
     pruned = model.scratch("Pruning happens").pruned([(0, 1), (1, 3)])
     np.testing.assert_allclose(pruned.embed(SENTENCES), want, atol=1e-4)
+
+
+def test_a_heads_card_on_each_family_reads_transformers_numbers(family):
+    """A head's card (roles, examples, what it writes, copying, a pair attributed and patched, importance) on each
+    decoder family: its pair's recovered share is transformers' with that head's z patched by a hook, its strongest
+    example's weight is transformers' attention there."""
+    from analysis.cards import card_parts, head_card
+    from analysis.defaults import Pair
+
+    name, folder, hf, tok = family
+    o_proj = FAMILIES[name][3]
+    model = load_model(folder, backend="scratch")
+    clean_ids, corrupted_ids = (tok(t, return_tensors="pt")["input_ids"] for t in (CLEAN, CORRUPTED))
+    clean, clean_z = run_hf(hf, o_proj, clean_ids)
+    corrupted, _ = run_hf(hf, o_proj, corrupted_ids)
+    answer, distractor = clean.topk(2).indices.tolist()
+    pair = Pair("warm or cold", "test", CLEAN, CORRUPTED, answer, distractor)
+    parts = card_parts(model, sentences=[TEXT, CLEAN], pairs={pair.name: pair}, task=None)
+    card = head_card(model, 1, 2, parts=parts)
+    patched, _ = run_hf(hf, o_proj, corrupted_ids, (1, 2, clean_z[1]))
+    ld = [float(x[answer] - x[distractor]) for x in (clean, corrupted, patched)]
+    assert card.pairs.set_index("pair").loc[pair.name, "recovered"] == pytest.approx(
+        (ld[2] - ld[1]) / (ld[0] - ld[1]), abs=1e-4)
+    top = card.top.iloc[0]
+    ids = tok(top.text, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        weight = hf(ids, output_attentions=True).attentions[1][0, 2, top.query, top.key]
+    assert top.weight == pytest.approx(float(weight), abs=1e-5)
+    assert card.importance is not None and np.isfinite(card.importance["importance"])
+    assert card.copying is not None and len(card.writes) > 0
+    assert name in card.summary() or "L1 H2" in card.summary()

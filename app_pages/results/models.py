@@ -23,7 +23,11 @@ MODELS = {  # the sidebar's choices: each bundled model on each engine (models.c
     "untrained": "Untrained encoder · from scratch, seed 0",
     **_choices(b for b in CATALOG if b.decoder),
     "custom": "Custom model (id or folder) · transformers",
+    "custom_scratch": "Custom model (id or folder) · from-scratch engine",
 }
+
+
+CUSTOM = {"custom", "custom_scratch"}  # a model id or folder typed in the sidebar, on either engine
 
 
 TRAINED = {
@@ -35,7 +39,7 @@ TRAINED = {
 TRANSFORMERS = {b.key for b in CATALOG}  # the bundled models on the transformers engine
 
 
-SCRATCH = {"untrained", *(b.scratch_key for b in CATALOG), *TRAINED}  # the choices on the from-scratch engine
+SCRATCH = {"untrained", "custom_scratch", *(b.scratch_key for b in CATALOG), *TRAINED}  # on the from-scratch engine
 
 
 LLM = {k for b in CATALOG if b.decoder for k in b.engines()}  # the bundled decoder LLMs, on either engine
@@ -49,10 +53,10 @@ class ModelRef:
     """A model as the sidebar names it: what a cache key needs to find it again."""
 
     choice: str                # a key of MODELS or TRAINED
-    folder: str = ""           # "custom": the model id or folder typed in the sidebar
+    folder: str = ""           # CUSTOM: the model id or folder typed in the sidebar
     run: str = ""              # "trained", "trained_start": the id of this session's training
     device: str = "auto"
-    download: bool = False     # "custom": fetch the model id from the Hub when it is not in the local cache
+    download: bool = False     # CUSTOM: fetch the model id from the Hub when it is not in the local cache
 
     @property
     def is_scratch(self) -> bool:
@@ -61,7 +65,8 @@ class ModelRef:
 
     def scratch(self) -> "ModelRef | None":
         """The same weights on the from-scratch engine (``AttentionModel.scratch`` of the model behind it): itself
-        when it runs there; None for a custom model."""
+        when it runs there; None for a custom model on the transformers engine (whose analyses ask its model's own
+        ``scratch``; the sidebar's "custom_scratch" opens it there)."""
         if self.is_scratch:
             return self
         model = bundled(self.choice)
@@ -107,10 +112,10 @@ def cached_model(ref: ModelRef) -> AttentionModel:
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def shared_model(choice: str, folder: str, device: str) -> AttentionModel:
-    if choice == "custom":
+    if choice in CUSTOM:
         if not folder:
             raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
-        return load_model(folder, device=device)
+        return load_model(folder, device=device, backend="scratch" if choice == "custom_scratch" else "transformers")
     model = bundled(choice)
     return load_model(None if model is None else model.name, backend="transformers" if choice in TRANSFORMERS
                       else "scratch", device=device, untrained=choice == "untrained")

@@ -8,7 +8,7 @@ from models import AttentionModel, HeadLensError
 from models.catalog import bundled
 
 from ..results.messages import stop_with
-from ..results.models import DECODERS, LLM, MODELS, TRAINED, ModelRef, cached_model, check_custom_folder
+from ..results.models import CUSTOM, DECODERS, LLM, MODELS, TRAINED, ModelRef, cached_model, check_custom_folder
 from ..results.threads import in_background
 from ..results.models import trained_job
 
@@ -23,7 +23,7 @@ def ref_for(choice: str, device: str) -> ModelRef:
     if choice in TRAINED:
         job = st.session_state.get("trained_job")
         return ModelRef(choice, run=job.id if job is not None else "", device=device)
-    if choice == "custom":
+    if choice in CUSTOM:
         return ModelRef(choice, folder=(st.session_state.get("custom_model") or "").strip(), device=device,
                         download=bool(st.session_state.get("custom_download")))
     return ModelRef(choice, device=device)
@@ -71,7 +71,7 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
         return cached_model(ref)
     slot = container.empty()  # keeps the elements after it in place, spinner or not
     try:
-        if ref.choice == "custom":
+        if ref.choice in CUSTOM:
             check_custom_folder(ref.folder)  # before the cache, which may hold it from before
             if ref.download:
                 fetched(ref.folder, slot)

@@ -7,7 +7,7 @@ import torch
 from models import head_label
 from models.corpus import DEFAULT_TEXT, EXAMPLES
 
-from ..results.models import LLM, SCRATCH
+from ..results.models import CUSTOM, LLM, SCRATCH
 from .models import model_for, model_names, ref_for
 from .settings import MAX_CHARS
 from .state import bound, flag, head_from_url, head_to_url, remember
@@ -26,7 +26,7 @@ def sidebar() -> None:
     names = model_names()
     choice = bound(sb.selectbox, "model", "minilm", init="index", options=list(names), label="Model",
                    format_func=names.get)
-    if choice == "custom":
+    if choice in CUSTOM:
         bound(sb.text_input, "custom_model", "", label="Model id or folder",
               placeholder="bert-base-uncased or /path/to/model",
               help="A model already in the local Hugging Face cache, or a folder with config.json and "
