@@ -22,6 +22,8 @@ import torch
 
 from .errors import HeadLensError
 from .limits import MAX_PARAMETERS, MAX_WEIGHT_BYTES, check_config_sizes
+from .stacks.gemma3 import Gemma3
+from .stacks.llama import Llama
 
 # Models that ship inside a PyPI package as a GGUF file: name -> (package, file). A file of None: the package
 # holds the file in chunks (each in a package of its own) and its ``assemble(path)`` joins and checks them.
@@ -199,19 +201,8 @@ def llama_config(metadata: dict, tensors: set[str], name: str):
 
 
 def expected_shapes(config) -> dict[str, tuple[int, ...]]:
-    """transformers' name -> shape of every weight of a LlamaForCausalLM with ``config``."""
-    E, I, Dh = config.hidden_size, config.intermediate_size, config.head_dim
-    q, kv = config.num_attention_heads * Dh, config.num_key_value_heads * Dh
-    shapes = {"model.embed_tokens.weight": (config.vocab_size, E), "model.norm.weight": (E,),
-              "lm_head.weight": (config.vocab_size, E)}
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (E,), p + "post_attention_layernorm.weight": (E,),
-                       p + "self_attn.q_proj.weight": (q, E), p + "self_attn.k_proj.weight": (kv, E),
-                       p + "self_attn.v_proj.weight": (kv, E), p + "self_attn.o_proj.weight": (E, q),
-                       p + "mlp.gate_proj.weight": (I, E), p + "mlp.up_proj.weight": (I, E),
-                       p + "mlp.down_proj.weight": (E, I)})
-    return shapes
+    """transformers' name -> shape of every weight of a LlamaForCausalLM with ``config`` (the family's own names)."""
+    return Llama.file_shapes(config.to_dict())
 
 
 def _hf_name(gguf_name: str, file: str) -> str:
@@ -348,20 +339,7 @@ def gemma3_config(metadata: dict, tensors: set[str], vocab: int, name: str):
 
 def gemma3_shapes(config) -> dict[str, tuple[int, ...]]:
     """transformers' name -> shape of every weight of a Gemma3ForCausalLM with ``config``."""
-    E, I, Dh = config.hidden_size, config.intermediate_size, config.head_dim
-    q, kv = config.num_attention_heads * Dh, config.num_key_value_heads * Dh
-    shapes = {"model.embed_tokens.weight": (config.vocab_size, E), "model.norm.weight": (E,),
-              "lm_head.weight": (config.vocab_size, E)}
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes.update({p + f"{n}.weight": (E,) for n in ("input_layernorm", "post_attention_layernorm",
-                                                          "pre_feedforward_layernorm", "post_feedforward_layernorm")})
-        shapes.update({p + "self_attn.q_norm.weight": (Dh,), p + "self_attn.k_norm.weight": (Dh,),
-                       p + "self_attn.q_proj.weight": (q, E), p + "self_attn.k_proj.weight": (kv, E),
-                       p + "self_attn.v_proj.weight": (kv, E), p + "self_attn.o_proj.weight": (E, q),
-                       p + "mlp.gate_proj.weight": (I, E), p + "mlp.up_proj.weight": (I, E),
-                       p + "mlp.down_proj.weight": (E, I)})
-    return shapes
+    return Gemma3.file_shapes(config.to_dict())
 
 
 def _gemma_name(gguf_name: str, file: str) -> str:

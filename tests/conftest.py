@@ -59,11 +59,12 @@ def smollm2():
     return load_model("HuggingFaceTB/SmolLM2-135M-Instruct", backend="scratch")
 
 
-def _bpe_vocab():
+def _bpe_vocab(size: int = 320):
+    """A byte-level BPE of ``size`` tokens over the built-in corpus: its vocabulary and merges."""
     from tokenizers import ByteLevelBPETokenizer
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(CORPUS, vocab_size=320, min_frequency=1,
+    bpe.train_from_iterator(CORPUS, vocab_size=size, min_frequency=1,
                             special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False)
     spec = json.loads(bpe._tokenizer.to_str())["model"]
     return spec["vocab"], [tuple(m) for m in spec["merges"]]

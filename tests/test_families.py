@@ -3,7 +3,7 @@ transformers' eager run of the same tiny random model built here, in float64: ea
 saving back to a folder transformers opens, and the analyses (attribution, head patching, circuits, a head's score
 split over its writers) against transformers' own run, with hooks on its modules where the analysis changes the
 run. Prompts are longer than every sliding window."""
-import json
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -11,17 +11,18 @@ import torch
 import transformers as tf
 
 from analysis.effects import logit_attribution, parts_total, patch_heads, patch_residual
+from analysis.task_effects import run_task
+from analysis.tasks import Task, TaskPair
 from models import circuits as C
 from models import HeadLensError, load_model
 from models import qk_split as Q
 from models.pairs import Measure
-from models.corpus import CORPUS
 from models.stacks import for_model_type
 from tests.conftest import _bpe_vocab
 
 TEXT = "The cat sat on the mat because it was warm and the dog ran."
 CLEAN = "The cat sat on the mat because it was warm."
-CORRUPTED = "The cat sat on the mat because it was cold."
+CORRUPTED = "The cat sat on the mat because it was close."  # one token apart, as CLEAN
 SIZES = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=64, initializer_range=0.3, bos_token_id=0, eos_token_id=2, pad_token_id=1)
 LLAMA_LIKE = dict(SIZES, num_key_value_heads=2, head_dim=8)
@@ -51,22 +52,11 @@ FAMILIES = {  # model_type: (config, model, sizes, the module whose input is eac
 }
 
 
-def _vocab():
-    """A byte-level BPE of 600 tokens over the built-in corpus: enough whole words for the head detector."""
-    from tokenizers import ByteLevelBPETokenizer
-
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(CORPUS, vocab_size=600, min_frequency=1,
-                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False)
-    spec = json.loads(bpe._tokenizer.to_str())["model"]
-    return spec["vocab"], [tuple(m) for m in spec["merges"]]
-
-
 def build(family: str, folder):
     """(folder, transformers' model in float64, tokenizer) of a tiny random ``family`` decoder saved in ``folder``
     with a byte-level BPE tokenizer; norms given weights of their own, so that a misplaced one shows."""
     config_class, model_class, sizes, _ = FAMILIES[family]
-    vocab, merges = _vocab()
+    vocab, merges = _bpe_vocab(600)  # enough whole words for the head detector
     torch.manual_seed(0)
     hf = model_class(config_class(vocab_size=len(vocab), **sizes)).eval()
     with torch.no_grad():
@@ -137,30 +127,58 @@ def run_hf(hf, o_proj, ids, patch=None):
             h.remove()
 
 
-def test_attribution_and_head_patching_equal_hooks_on_transformers(family):
+@dataclass
+class PairRun:
+    """A family's clean and corrupted prompts run through transformers (hooks keeping each head's z), with the two
+    tokens the analyses compare, and the model on the from-scratch engine in float64."""
+
+    ours: object
+    o_proj: object
+    ids: tuple
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    clean_z: list
+    answer: int
+    distractor: int
+
+    def ld(self, logits) -> float:
+        return float(logits[self.answer] - logits[self.distractor])
+
+
+def pair_run(family) -> PairRun:
     name, folder, hf, tok = family
     o_proj = FAMILIES[name][3]
     ours = load_model(folder, backend="scratch")
     ours.stack.double()
-    clean_ids, corrupted_ids = (tok(t, return_tensors="pt")["input_ids"] for t in (CLEAN, CORRUPTED))
-    clean, clean_z = run_hf(hf, o_proj, clean_ids)
-    corrupted, _ = run_hf(hf, o_proj, corrupted_ids)
-    answer, distractor = clean.topk(2).indices.tolist()
+    ids = tuple(tok(t, return_tensors="pt")["input_ids"] for t in (CLEAN, CORRUPTED))
+    clean, clean_z = run_hf(hf, o_proj, ids[0])
+    corrupted, _ = run_hf(hf, o_proj, ids[1])
+    return PairRun(ours, o_proj, ids, clean, corrupted, clean_z, *clean.topk(2).indices.tolist())
 
-    def ld(logits):
-        return float(logits[answer] - logits[distractor])
+
+
+def test_attribution_and_head_patching_equal_hooks_on_transformers(family):
+    name, folder, hf, tok = family
+    r = pair_run(family)
+    ours, o_proj, corrupted_ids, clean, corrupted, clean_z = r.ours, r.o_proj, r.ids[1], r.clean, r.corrupted, r.clean_z
+    answer, distractor, ld = r.answer, r.distractor, r.ld
 
     frame = logit_attribution(ours, CLEAN, answer, distractor)
     assert frame.attrs["logit_diff"] == pytest.approx(ld(clean), abs=1e-5)
     assert parts_total(frame) == pytest.approx(ld(clean), abs=1e-5)  # heads, MLPs, embeddings and biases add up
     heads = patch_heads(ours, CLEAN, CORRUPTED, answer, distractor)
     assert heads.attrs["ld_corrupted"] == pytest.approx(ld(corrupted), abs=1e-5)
+    pair = TaskPair(CLEAN, CORRUPTED, tuple(r.ids[0][0].tolist()), tuple(corrupted_ids[0].tolist()), answer,
+                    distractor, (("END", corrupted_ids.shape[1] - 1),))
+    task = run_task(ours, Task("warm or cold", "Warm or cold", (pair,)), "logit_diff", "exact", residual=False)
     for layer in range(2):
         for head in range(4):
             patched, _ = run_hf(hf, o_proj, corrupted_ids, (layer, head, clean_z[layer]))
             want = (ld(patched) - ld(corrupted)) / (ld(clean) - ld(corrupted))
             got = heads.query("layer == @layer and head == @head")["recovered"].item()
             assert got == pytest.approx(want, abs=1e-4), (name, layer, head)
+            # a task's effects: the same patch, in the metric's own units
+            assert task.heads[0, layer, head] == pytest.approx(ld(patched) - ld(corrupted), abs=1e-4)
     assert heads["recovered"].abs().max() > 0.01
 
 
@@ -239,13 +257,10 @@ def test_residual_and_attribution_patching_equal_hooks_on_transformers(family):
     patching, against the corrupted run's gradient by each head's z (autograd through transformers' modules) times
     the clean z less the corrupted one."""
     name, folder, hf, tok = family
-    o_proj = FAMILIES[name][3]
-    ours = load_model(folder, backend="scratch")
-    ours.stack.double()
-    clean_ids, corrupted_ids = (tok(t, return_tensors="pt")["input_ids"] for t in (CLEAN, CORRUPTED))
-    clean, clean_z = run_hf(hf, o_proj, clean_ids)
-    corrupted, _ = run_hf(hf, o_proj, corrupted_ids)
-    answer, distractor = clean.topk(2).indices.tolist()
+    r = pair_run(family)
+    ours, o_proj, (clean_ids, corrupted_ids), clean, corrupted, clean_z = r.ours, r.o_proj, r.ids, r.clean, \
+        r.corrupted, r.clean_z
+    answer, distractor = r.answer, r.distractor
     span = float(clean[answer] - clean[distractor] - corrupted[answer] + corrupted[distractor])
     frame = patch_residual(ours, CLEAN, CORRUPTED, answer, distractor)
     inputs = []
@@ -402,12 +417,9 @@ def test_a_heads_card_on_each_family_reads_transformers_numbers(family):
     from analysis.defaults import Pair
 
     name, folder, hf, tok = family
-    o_proj = FAMILIES[name][3]
-    model = load_model(folder, backend="scratch")
-    clean_ids, corrupted_ids = (tok(t, return_tensors="pt")["input_ids"] for t in (CLEAN, CORRUPTED))
-    clean, clean_z = run_hf(hf, o_proj, clean_ids)
-    corrupted, _ = run_hf(hf, o_proj, corrupted_ids)
-    answer, distractor = clean.topk(2).indices.tolist()
+    r = pair_run(family)
+    model, o_proj, corrupted_ids = r.ours, r.o_proj, r.ids[1]
+    clean, corrupted, clean_z, answer, distractor = r.clean, r.corrupted, r.clean_z, r.answer, r.distractor
     pair = Pair("warm or cold", "test", CLEAN, CORRUPTED, answer, distractor)
     parts = card_parts(model, sentences=[TEXT, CLEAN], pairs={pair.name: pair}, task=None)
     card = head_card(model, 1, 2, parts=parts)
@@ -423,3 +435,33 @@ def test_a_heads_card_on_each_family_reads_transformers_numbers(family):
     assert card.importance is not None and np.isfinite(card.importance["importance"])
     assert card.copying is not None and len(card.writes) > 0
     assert name in card.summary() or "L1 H2" in card.summary()
+
+
+def test_head_patching_equals_transformerlens(family):
+    """TransformerLens 4.3 opens each of these families: its sweep of every head's output at every position
+    (``get_act_patch_attn_head_out_all_pos`` on a ``TransformerBridge`` of the same float64 weights) against
+    HeadLens's, the metric the logit difference before a final soft cap."""
+    import os
+
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    from transformer_lens import patching
+    from transformer_lens.model_bridge import TransformerBridge
+
+    name, folder, hf, tok = family
+    r = pair_run(family)
+    bridge = TransformerBridge.boot_transformers(str(folder), hf_model=hf, tokenizer=tf.AutoTokenizer.from_pretrained(
+        folder))
+    cap = getattr(hf.config, "final_logit_softcapping", None)
+
+    def ld(logits):
+        last = logits[0, -1] if cap is None else torch.atanh(logits[0, -1] / cap) * cap
+        return last[r.answer] - last[r.distractor]
+
+    with torch.inference_mode():
+        clean, cache = bridge.run_with_cache(r.ids[0])
+        lo, hi = float(ld(bridge(r.ids[1]))), float(ld(clean))
+        theirs = patching.get_act_patch_attn_head_out_all_pos(bridge, r.ids[1], cache, lambda l: (ld(l) - lo) / (hi - lo))
+    assert hi == pytest.approx(r.ld(r.clean), abs=1e-6)
+    ours = patch_heads(r.ours, CLEAN, CORRUPTED, r.answer, r.distractor)["recovered"].to_numpy().reshape(2, 4)
+    np.testing.assert_allclose(ours, torch.as_tensor(theirs).double().numpy(), atol=1e-5)  # its grid is float32
+    assert np.abs(ours).max() > 0.01

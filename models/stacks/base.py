@@ -8,7 +8,7 @@ and reading and writing safetensors. A subclass gives its modules and a few smal
   ``n_layers``, ``n_heads`` and ``max_positions`` (properties where its own names differ);
 - ``embed(input_ids, token_type_ids)``: the input of the first block, ``(B, L, E)``;
 - ``finish(x)``: the last hidden state from the last block's output; ``logits(h)`` for a language model;
-- ``to_file(state)`` and ``from_file(weights, config)`` when its file names differ from its own;
+- ``weights``, a ``weights.Weights`` table, when its file names differ from its own;
 - blocks called as ``block(x, key_padding_mask=, packing=, causal=, need_weights=, head_mask=, head_fill=,
   hook_in=, hook_z=, weights_into=)`` (a causal language model's also ``prefix=``), returning ``(x, weights or
   None)``, each with an ``attn`` (``MultiHeadAttention``) and ``attention_input(x)``, what that attention reads of
@@ -102,6 +102,7 @@ class Stack(nn.Module):
     language_model: ClassVar[bool] = False                         # gives logits, so a next-token loss
     causal: ClassVar[bool] = False                                  # a decoder masks later keys whatever it is asked
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
+    weights: ClassVar = None  # its files' names (``weights.Weights``); None: the stack's own names
     layers: nn.ModuleList
 
     def __init__(self, config):
@@ -292,13 +293,28 @@ class Stack(nn.Module):
         return copy.train(self.training)
 
     def to_file(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The state dict under the names its files use."""
-        return state
+        """The state dict under the names its files use (``weights``')."""
+        return state if self.weights is None else self.weights.write(state, self)
 
     @classmethod
     def from_file(cls, weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
         """A file's weights under this stack's names."""
-        return weights
+        if cls.weights is None:
+            return weights
+        with torch.device("meta"):  # the names and sizes only: nothing is allocated
+            return cls.weights.read(weights, cls(config))
+
+    @classmethod
+    def file_shapes(cls, config: dict) -> dict[str, tuple[int, ...]]:
+        """The file's name -> shape of every weight of this stack built from ``config`` (a config.json's keys), the
+        unembedding's too when it is tied to the embeddings (a file may hold it): what a file must hold."""
+        c = cls.config_class.from_dict(config)
+        with torch.device("meta"):  # the names and sizes only: nothing is allocated
+            stack = cls(c)
+        shapes = {name: tuple(t.shape) for name, t in stack.to_file(stack.state_dict()).items()}
+        if getattr(c, "tie_word_embeddings", False):
+            shapes.setdefault("lm_head.weight", (c.vocab_size, c.hidden_size))
+        return shapes
 
     def save_pretrained(self, folder: str | Path) -> None:
         """``config.json`` and ``model.safetensors``, pruned heads recorded; ``from_pretrained`` opens the folder again."""

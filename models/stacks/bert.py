@@ -144,7 +144,7 @@ class BertEncoder(Stack):
     model_types = ("bert",)
     description = "BERT encoders"
     input_names = ("input_ids", "attention_mask", "token_type_ids")
-    weights = None  # set below: BERT's file names
+    weights = None  # set below: BERT's file names (in transformers' names, q, k and v apart)
 
     def __init__(self, config: EncoderConfig):
         if config.hidden_size % config.num_attention_heads:
@@ -164,15 +164,6 @@ class BertEncoder(Stack):
         with torch.no_grad():
             model.embeddings.word_embeddings.weight[config.pad_token_id].zero_()
         return model.eval()
-
-    def to_file(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """In the family's transformers names, q, k and v apart, as its checkpoints hold them."""
-        return self.weights.write(state, self)
-
-    @classmethod
-    def from_file(cls, weights: dict[str, torch.Tensor], config: EncoderConfig) -> dict[str, torch.Tensor]:
-        with torch.device("meta"):  # the names and sizes only: nothing is allocated
-            return cls.weights.read(weights, cls(config))
 
 
 def encoder_weights(layer: str, renames: dict[str, str], qkv: tuple[str, str], what: str, prefix: str) -> Weights:

@@ -89,6 +89,8 @@ class FamilyConfig(TransformersSizes, StackConfig):
     pad_token_id: int | None = None
     pruned_heads: tuple = ()
     source: str = ""
+    ignored: ClassVar[tuple[str, ...]] = ()   # config.json keys a family does not read (``from_dict``)
+    defaults: ClassVar[dict] = {}             # a family's values for keys its config.json may leave out
 
     @property
     def kv_heads(self) -> int:
@@ -115,11 +117,17 @@ class FamilyConfig(TransformersSizes, StackConfig):
         return self.rope_local_base_freq if sliding and self.rope_local_base_freq else self.rope_theta
 
     @classmethod
+    def from_dict(cls, d: dict):
+        """A family whose config.json names its sizes as Llama's does: read as it is, but for the keys the family's
+        stack does not read (``ignored``)."""
+        return cls.read({k: v for k, v in d.items() if k not in cls.ignored}, source=d)
+
+    @classmethod
     def read(cls, d: dict, source: dict | None = None, **fixed):
-        """The config from ``d`` (config.json's keys under these names), with the checks every family shares:
-        plain rotary positions, a known activation, layer types naming every layer, heads sharing key/value heads
-        evenly. ``source``: the config.json to write back."""
-        d = {**d, **fixed}
+        """The config from ``d`` (config.json's keys under these names; ``defaults`` for those it lacks), with the
+        checks every family shares: plain rotary positions, a known activation, layer types naming every layer,
+        heads sharing key/value heads evenly. ``source``: the config.json to write back."""
+        d = {**cls.defaults, **d, **fixed}
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         rope = rope.get(FULL, rope)  # Gemma 3 gives each kind of layer its own
         if rope.get("rope_type", rope.get("type", "default")) != "default":
@@ -311,11 +319,3 @@ class FamilyDecoder(Stack):
                 else:
                     p.normal_(0.0, 0.02, generator=gen)
         return model.eval()
-
-    def to_file(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.weights.write(state, self)
-
-    @classmethod
-    def from_file(cls, weights: dict[str, torch.Tensor], config: FamilyConfig) -> dict[str, torch.Tensor]:
-        with torch.device("meta"):  # the names and sizes only: nothing is allocated
-            return cls.weights.read(weights, cls(config))

@@ -10,6 +10,7 @@ earlier key and rotate by the global base. A final norm and the unembedding, tie
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..errors import HeadLensError
 from .family import FULL, SLIDING, Family, FamilyConfig, FamilyDecoder
@@ -37,24 +38,15 @@ class Gemma3Config(FamilyConfig):
     """A transformers ``gemma3_text`` config.json's sizes, under its own names."""
 
     model_type: str = "gemma3_text"
-    vocab_size: int = 262144
-    hidden_size: int = 640
-    intermediate_size: int = 2048
-    num_hidden_layers: int = 18
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 1
-    head_dim: int = 256
-    max_position_embeddings: int = 32768
-    rope_theta: float = 1_000_000.0           # the global layers' base
-    rope_local_base_freq: float = 10_000.0    # the sliding layers' base
-    sliding_window: int = 512
-    query_pre_attn_scalar: float = 256.0
-    tie_word_embeddings: bool = True
+    defaults: ClassVar[dict] = dict(  # transformers' Gemma 3 270M values, for a config.json that leaves one out
+        vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, max_position_embeddings=32768, rope_theta=1_000_000.0,
+        rope_local_base_freq=10_000.0, sliding_window=512, query_pre_attn_scalar=256.0, tie_word_embeddings=True)
     hidden_act: str = "gelu_pytorch_tanh"
 
     @classmethod
     def from_dict(cls, d: dict) -> "Gemma3Config":
-        d = dict(d)
+        d = {**cls.defaults, **d}
         rope = d.get("rope_parameters") or {}
         for kind, key in ((FULL, "rope_theta"), (SLIDING, "rope_local_base_freq")):
             params = rope.get(kind) or {}

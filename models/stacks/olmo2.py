@@ -4,6 +4,7 @@ RMS-normed before they are split into heads, rotary positions and a SwiGLU feed-
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .family import Family, FamilyConfig, FamilyDecoder
 from .llama import LLAMA_NAMES, LLAMA_QKV
@@ -15,10 +16,7 @@ class Olmo2Config(FamilyConfig):
     """A transformers OLMo-2 ``config.json``'s sizes."""
 
     model_type: str = "olmo2"
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Olmo2Config":
-        return cls.read({k: v for k, v in d.items() if k not in ("layer_types", "sliding_window")}, source=d)
+    ignored: ClassVar = ("layer_types", "sliding_window")
 
 
 class Olmo2(FamilyDecoder):

@@ -4,6 +4,7 @@ then k's then v's) and the feed-forward's gate and up in one (``gate_up_proj``),
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .family import Family, FamilyConfig, FamilyDecoder
 from .llama import LLAMA_NAMES
@@ -15,10 +16,7 @@ class Phi3Config(FamilyConfig):
     """A transformers Phi-3 ``config.json``'s sizes."""
 
     model_type: str = "phi3"
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Phi3Config":
-        return cls.read({k: v for k, v in d.items() if k not in ("layer_types", "attention_bias")}, source=d)
+    ignored: ClassVar = ("layer_types", "attention_bias")
 
 
 class Phi3(FamilyDecoder):
