@@ -1,5 +1,5 @@
 """What the blocks of a language model say of how their attention writes into the residual stream (the decoder
-families' ``family.FamilyBlock`` and the trained ``decoder.DecoderBlock``)."""
+families' ``family.FamilyBlock``, the trained decoder's ``decoder.DecoderBlock`` among them)."""
 from __future__ import annotations
 
 import torch

@@ -41,7 +41,7 @@ class Family:
     ``positions``: "rotary" or "learned" (absolute, added to the token embeddings: GPT-2); ``qk_norm``: None,
     "head" (each head's query and key, Qwen3 and Gemma 3) or "projection" (the whole projections, OLMo-2);
     ``gated``: ``down(act(gate(x)) * up(x))``, else ``down(act(up(x)))``; ``embed_scale``: embeddings times
-    ``sqrt(hidden_size)`` (Gemma)."""
+    ``sqrt(hidden_size)`` (Gemma); ``mlp``: a feed-forward part at all (a decoder trained attention-only has none)."""
 
     norm: str = "rms"
     pre_norms: bool = True
@@ -51,6 +51,7 @@ class Family:
     qk_norm: str | None = None
     gated: bool = True
     embed_scale: bool = False
+    mlp: bool = True
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class FamilyConfig(TransformersSizes, StackConfig):
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    dropout: float = 0.0                      # on the attention weights and each part's write, in training
     pruned_heads: tuple = ()
     source: str = ""
     ignored: ClassVar[tuple[str, ...]] = ()   # config.json keys a family does not read (``from_dict``)
@@ -177,21 +179,26 @@ class FamilyBlock(PreNormBlock):
             qk_norm = (norm(c.num_attention_heads * Dh, c.rms_norm_eps), norm(c.kv_heads * Dh, c.rms_norm_eps))
         self.ln_attn = norm(E, c.rms_norm_eps) if family.pre_norms else None
         self.attn = MultiHeadAttention(
-            E, len(kept), head_dim=Dh, bias=c.qkv_bias, out_bias=c.out_bias, num_kv_heads=len(kv_kept),
-            kv_heads=[kv_kept.index(h // group) for h in kept],
+            E, len(kept), head_dim=Dh, bias=c.qkv_bias, out_bias=c.out_bias, dropout=c.dropout,
+            num_kv_heads=len(kv_kept), kv_heads=None if group == 1 else [kv_kept.index(h // group) for h in kept],
             rotary=rotary.get(c.rope_base(layer)) if family.positions == "rotary" else None, qk_norm=qk_norm,
             qk_norm_over=family.qk_norm or "head",
             scale=None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5,
             window=c.window(layer), softcap=c.attn_logit_softcapping)
         self.ln_attn_out = norm(E, c.rms_norm_eps) if family.post_norms else None
-        self.ln_mlp = norm(E, c.rms_norm_eps) if family.pre_norms else None
-        if family.gated:
-            self.gate = nn.Linear(E, c.intermediate_size, bias=c.mlp_bias)
-        self.up = nn.Linear(E, c.intermediate_size, bias=c.mlp_bias)
-        self.down = nn.Linear(c.intermediate_size, E, bias=c.mlp_bias)
-        self.ln_mlp_out = norm(E, c.rms_norm_eps) if family.post_norms else None
+        self.attention_only = not family.mlp
+        if family.mlp:
+            self.ln_mlp = norm(E, c.rms_norm_eps) if family.pre_norms else None
+            if family.gated:  # Llama's gate, up and down
+                self.gate = nn.Linear(E, c.intermediate_size, bias=c.mlp_bias)
+                self.up = nn.Linear(E, c.intermediate_size, bias=c.mlp_bias)
+                self.down = nn.Linear(c.intermediate_size, E, bias=c.mlp_bias)
+            else:  # an ungated feed-forward's in and out (GPT-2's c_fc and c_proj)
+                self.mlp_in = nn.Linear(E, c.intermediate_size, bias=c.mlp_bias)
+                self.mlp_out = nn.Linear(c.intermediate_size, E, bias=c.mlp_bias)
+            self.ln_mlp_out = norm(E, c.rms_norm_eps) if family.post_norms else None
         self.act = ACTIVATIONS[c.hidden_act]
-        self.gated, self.parallel = family.gated, family.parallel
+        self.gated, self.parallel, self.dropout = family.gated, family.parallel, c.dropout
 
     def attention_input(self, x: torch.Tensor) -> torch.Tensor:
         """What the attention reads of the block's input ``x``: its norm (``x`` itself without one)."""
@@ -208,7 +215,9 @@ class FamilyBlock(PreNormBlock):
         a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal,
                                need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
                                head_fill=head_fill, hook_z=hook_z, into=weights_into, prefix=prefix)
-        written = self.write_alone(a if packing is None else packing.pack(a))
+        written = F.dropout(self.write_alone(a if packing is None else packing.pack(a)), self.dropout, self.training)
+        if self.attention_only:
+            return x + written, weights
         if self.parallel:
             return x + (self.mlp_write(x) + written), weights
         x = x + written
@@ -217,9 +226,12 @@ class FamilyBlock(PreNormBlock):
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         """What the feed-forward part writes into the stream ``x`` it reads (its norms included)."""
         h = x if self.ln_mlp is None else self.ln_mlp(x)
-        inner = self.act(self.gate(h)) * self.up(h) if self.gated else self.act(self.up(h))
-        m = self.down(inner)
-        return m if self.ln_mlp_out is None else self.ln_mlp_out(m)
+        if self.gated:
+            m = self.down(F.dropout(self.act(self.gate(h)) * self.up(h), self.dropout, self.training))
+        else:
+            m = self.mlp_out(F.dropout(self.act(self.mlp_in(h)), self.dropout, self.training))
+        m = m if self.ln_mlp_out is None else self.ln_mlp_out(m)
+        return F.dropout(m, self.dropout, self.training)
 
 
 class FamilyDecoder(Stack):
@@ -232,27 +244,34 @@ class FamilyDecoder(Stack):
     causal = True
     language_model = True
 
-    def __init__(self, config: FamilyConfig):
+    def __init__(self, config):
         super().__init__(config)
         self.family = f = self.family_for(config)
-        E = config.hidden_size
+        self.sizes = c = self.sizes_of(config)
+        E = c.hidden_size
         rotary = {}
         if f.positions == "rotary":
-            dims = int(config.dim_per_head * config.partial_rotary_factor)
-            for base in sorted({config.rope_base(i) for i in range(config.num_hidden_layers)}):
-                rotary[base] = Rotary(config.dim_per_head, base, dims)
-        self.embedding = nn.Embedding(config.vocab_size, E)
+            dims = int(c.dim_per_head * c.partial_rotary_factor)
+            for base in sorted({c.rope_base(i) for i in range(c.num_hidden_layers)}):
+                rotary[base] = Rotary(c.dim_per_head, base, dims)
+        self.embedding = nn.Embedding(c.vocab_size, E)
         if f.positions == "learned":
-            self.positions = nn.Embedding(config.max_position_embeddings, E)
-        self.layers = nn.ModuleList(FamilyBlock(f, config, kept, i, rotary) for i, kept in enumerate(self.kept))
-        self.norm = NORMS[f.norm](E, config.rms_norm_eps)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(E, config.vocab_size, bias=False)
+            self.positions = nn.Embedding(c.max_position_embeddings, E)
+        self.layers = nn.ModuleList(FamilyBlock(f, c, kept, i, rotary) for i, kept in enumerate(self.kept))
+        self.norm = NORMS[f.norm](E, c.rms_norm_eps)
+        if not c.tie_word_embeddings:
+            self.lm_head = nn.Linear(E, c.vocab_size, bias=False)
 
     @classmethod
-    def family_for(cls, config: FamilyConfig) -> Family:
+    def family_for(cls, config) -> Family:
         """The family's description for ``config`` (a family whose config.json switches a part on or off)."""
         return cls.family
+
+    @classmethod
+    def sizes_of(cls, config) -> FamilyConfig:
+        """``config`` under the shared names the blocks read (a family whose config is not a ``FamilyConfig``
+        gives it here)."""
+        return config
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         if token_type_ids is not None:
@@ -269,7 +288,7 @@ class FamilyDecoder(Stack):
         w = self.embedding.weight
         x = self.embedding(ids.to(w.device))
         if self.family.embed_scale:  # sqrt(hidden_size) in the weights' dtype, as transformers multiplies by it
-            x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=w.dtype, device=w.device)
+            x = x * torch.tensor(self.sizes.hidden_size ** 0.5, dtype=w.dtype, device=w.device)
         return x
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
@@ -277,11 +296,11 @@ class FamilyDecoder(Stack):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         logits = F.linear(h, self.unembedding())                                # (B, L, vocab)
-        cap = self.config.final_logit_softcapping
+        cap = self.sizes.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def unembedding(self) -> torch.Tensor:
-        return self.embedding.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        return self.embedding.weight if self.sizes.tie_word_embeddings else self.lm_head.weight
 
     @property
     def _layer_norm(self) -> bool:

@@ -46,11 +46,11 @@ class GPT2(FamilyDecoder):
         (("embedding.", "transformer.wte."), ("positions.", "transformer.wpe."), ("norm.", "transformer.ln_f."),
          ("lm_head.", "lm_head."), ("layers.{i}.", H), ("layers.{i}.ln_attn.", H + "ln_1."),
          ("layers.{i}.ln_mlp.", H + "ln_2."), ("layers.{i}.attn.in_proj_bias", H + "attn.c_attn.bias"),
-         ("layers.{i}.attn.out_proj.bias", H + "attn.c_proj.bias"), ("layers.{i}.up.bias", H + "mlp.c_fc.bias"),
-         ("layers.{i}.down.bias", H + "mlp.c_proj.bias")),
+         ("layers.{i}.attn.out_proj.bias", H + "attn.c_proj.bias"), ("layers.{i}.mlp_in.bias", H + "mlp.c_fc.bias"),
+         ("layers.{i}.mlp_out.bias", H + "mlp.c_proj.bias")),
         (transposed("layers.{i}.attn.in_proj_weight", H + "attn.c_attn.weight"),
          transposed("layers.{i}.attn.out_proj.weight", H + "attn.c_proj.weight"),
-         transposed("layers.{i}.up.weight", H + "mlp.c_fc.weight"),
-         transposed("layers.{i}.down.weight", H + "mlp.c_proj.weight")), what="the weights of a GPT-2 decoder",
+         transposed("layers.{i}.mlp_in.weight", H + "mlp.c_fc.weight"),
+         transposed("layers.{i}.mlp_out.weight", H + "mlp.c_proj.weight")), what="the weights of a GPT-2 decoder",
         # a GPT2Model's file names its weights without the "transformer." a GPT2LMHeadModel's has
         normalise=lambda k: k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}")

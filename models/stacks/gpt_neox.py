@@ -39,7 +39,7 @@ class GPTNeoX(FamilyDecoder):
         (("embedding.", "gpt_neox.embed_in."), ("norm.", "gpt_neox.final_layer_norm."), ("lm_head.", "embed_out."),
          ("layers.{i}.", L), ("layers.{i}.ln_attn.", L + "input_layernorm."),
          ("layers.{i}.ln_mlp.", L + "post_attention_layernorm."), ("layers.{i}.attn.out_proj.", L + "attention.dense."),
-         ("layers.{i}.up.", L + "mlp.dense_h_to_4h."), ("layers.{i}.down.", L + "mlp.dense_4h_to_h.")),
+         ("layers.{i}.mlp_in.", L + "mlp.dense_h_to_4h."), ("layers.{i}.mlp_out.", L + "mlp.dense_4h_to_h.")),
         tuple(per_head_qkv(L + "attention.query_key_value", kind) for kind in ("weight", "bias")),
         what="the weights of a GPT-NeoX decoder")
 
