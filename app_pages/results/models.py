@@ -22,8 +22,8 @@ MODELS = {  # the sidebar's choices: each bundled model on each engine (models.c
     **_choices(b for b in CATALOG if not b.decoder),
     "untrained": "Untrained encoder · from scratch, seed 0",
     **_choices(b for b in CATALOG if b.decoder),
-    "custom": "Custom model (id or folder) · transformers",
-    "custom_scratch": "Custom model (id or folder) · from-scratch engine",
+    "custom": "Custom model · transformers",
+    "custom_scratch": "Custom model · from-scratch engine",
 }
 
 
