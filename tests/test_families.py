@@ -191,18 +191,24 @@ def uncapped_difference(hf, ids, answer: int, distractor: int) -> torch.Tensor:
     return logits[:, answer] - logits[:, distractor]
 
 
+def circuit_setup(name: str, folder, vocab: int, seed: int):
+    """The family's stack in float64 (read, as the app opens it), its graph, two batches of 12 random tokens one
+    token apart (at 3), and the logit difference of tokens 7 and 9."""
+    stack = for_model_type(name).from_pretrained(folder).double().requires_grad_(False)
+    gen = torch.Generator().manual_seed(seed)
+    clean = torch.randint(5, vocab, (2, 12), generator=gen)
+    bad = clean.clone()
+    bad[:, 3] = torch.randint(5, vocab, (2,), generator=gen)
+    measure = Measure("logit", torch.tensor([[7, 9]] * 2), torch.tensor([[1.0, -1.0]] * 2))
+    return stack, C.graph_of(stack), clean, bad, measure, torch.arange(2)
+
+
 def test_circuits_and_the_qk_split_hold_on_each_family(family):
     """A circuit of every edge runs as transformers' clean prompts, of none as its corrupted ones (an MLP beside its
     attention reading what the heads read); edge attribution scores edges only; a head's score split over its
     writers sums to the score whose softmax (capped where the model caps) is transformers' attention."""
     name, folder, hf, tok = family
-    stack = for_model_type(name).from_pretrained(folder).double().requires_grad_(False)  # read, as the app opens it
-    graph = C.graph_of(stack)
-    gen = torch.Generator().manual_seed(0)
-    clean = torch.randint(5, hf.config.vocab_size, (2, 12), generator=gen)
-    bad = clean.clone()
-    bad[:, 3] = torch.randint(5, hf.config.vocab_size, (2,), generator=gen)
-    measure, rows = Measure("logit", torch.tensor([[7, 9]] * 2), torch.tensor([[1.0, -1.0]] * 2)), torch.arange(2)
+    stack, graph, clean, bad, measure, rows = circuit_setup(name, folder, hf.config.vocab_size, seed=0)
     with torch.inference_mode():
         corrupted = C.run_ids(stack, graph, bad, measure, rows)
         every = C.circuit_values(stack, graph, clean, corrupted, C.all_edges(graph), measure, rows)
@@ -465,3 +471,31 @@ def test_head_patching_equals_transformerlens(family):
     ours = patch_heads(r.ours, CLEAN, CORRUPTED, r.answer, r.distractor)["recovered"].to_numpy().reshape(2, 4)
     np.testing.assert_allclose(ours, torch.as_tensor(theirs).double().numpy(), atol=1e-5)  # its grid is float32
     assert np.abs(ours).max() > 0.01
+
+
+FINAL_NORM = {"gpt2": lambda hf: hf.transformer.ln_f, "gpt_neox": lambda hf: hf.gpt_neox.final_layer_norm}
+
+
+def test_exact_edge_patching_into_the_logits_equals_a_hook_on_transformers_final_norm(family):
+    """An edge into the logits patched exactly (a head's and an MLP's): the circuit's run with that edge carrying
+    the corrupted run's output, against transformers' clean run with the stream its final norm reads changed by
+    the same amount by a hook."""
+    name, folder, hf, tok = family
+    stack, graph, clean, bad, measure, rows = circuit_setup(name, folder, hf.config.vocab_size, seed=1)
+    logits = graph.receivers.index(("logits", stack.n_layers, -1))
+    norm = FINAL_NORM.get(name, lambda hf: hf.model.norm)(hf)
+    changed = []
+    for sender in (("head", 1, 2), ("mlp", 0, -1), ("head", 0, 1)):
+        s = graph.senders.index(sender)
+        with torch.inference_mode():
+            good, corrupted = (C.run_ids(stack, graph, ids, measure, rows) for ids in (clean, bad))
+            ours = C.circuit_values(stack, graph, clean, corrupted, C.without(graph, [(s, logits)]), measure, rows)
+        delta = good.outs[s] - corrupted.outs[s]
+        handle = norm.register_forward_pre_hook(lambda m, a: (a[0] - delta,))
+        try:
+            theirs = uncapped_difference(hf, clean, 7, 9)
+        finally:
+            handle.remove()
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5, err_msg=f"{name} {sender}")
+        changed.append(float((ours - good.value).abs().max()))
+    assert max(changed) > 1e-4  # the patch changes the metric: not two clean runs compared
