@@ -158,12 +158,11 @@ def attention_parts(block, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor)
         projected.append((p if b is None else p + b).reshape(B, n, -1))
     q, k, v = attn.shape_heads(*projected)                                           # (B, H, n, Dh) each
     window = attn.window if attn.window is not None and n > attn.window else None
-    if attn.softcap is not None:  # soft-capped scores (Gemma 2): no fused kernel forms them
-        blocked = attention_masks(B, H, n, n, causal=True, like=q, window=window)[0]
-        z = torch.matmul(attention_weights(q, k, blocked, None, attn.softcap), v)      # (B, H, n, Dh)
-    else:
-        blocked = None if window is None else attention_masks(B, H, n, n, causal=True, like=q, window=window)[0]
-        z = fused_attention(q, k, v, blocked, None, 0.0, only_causal=window is None)    # (B, H, n, Dh)
+    capped = attn.softcap is not None  # soft-capped scores (Gemma 2): no fused kernel forms them
+    blocked = None if window is None and not capped else \
+        attention_masks(B, H, n, n, causal=True, like=q, window=window)[0]
+    z = torch.matmul(attention_weights(q, k, blocked, None, attn.softcap), v) if capped else \
+        fused_attention(q, k, v, blocked, None, 0.0, only_causal=window is None)      # (B, H, n, Dh)
     writes = torch.einsum("bhnd,ehd->hbne", z, attn.out_proj.weight.view(E, H, Dh))
     bias = attn.out_proj.bias
     scale = block.attention_scale(writes.sum(0) + (0 if bias is None else bias))

@@ -36,14 +36,19 @@ class StackOutput:
 
 
 class StackConfig:
-    """What a stack's config (a frozen dataclass with ``pruned_heads``) shares: its config.json."""
+    """What a stack's config (a frozen dataclass with ``pruned_heads``, and a ``source`` where a family read it from
+    another config.json than its own fields) shares: its config.json."""
 
     model_type: ClassVar[str]
     header: ClassVar[dict] = {}                                     # written after model_type, before the fields
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        """Its fields under their names, or the config.json it was read from (``source``), with the heads pruned
+        since."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
         d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
+        if getattr(self, "source", ""):
+            return {**json.loads(self.source), "pruned_heads": d["pruned_heads"]}
         return {"model_type": self.model_type, **self.header, **d}
 
     @classmethod

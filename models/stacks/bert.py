@@ -9,9 +9,9 @@ its config.json's names and its weights'.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -20,14 +20,9 @@ from torch import nn
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention
 from .base import Packing, Stack, StackConfig, TransformersSizes, initialised
+from .norms import ACTIVATIONS
 from .weights import Weights, separate_qkv
 
-ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
 
 
 @dataclass(frozen=True)
@@ -35,6 +30,7 @@ class EncoderConfig(TransformersSizes, StackConfig):
     """A transformers BERT ``config.json``'s sizes, with the pruned heads where transformers 4 kept them."""
 
     model_type = "bert"
+    title: ClassVar[str] = "BERT encoders"   # what the engine says it implements when a config is another's
     header = {"architectures": ["BertModel"]}
     vocab_size: int = 30522
     hidden_size: int = 384
@@ -58,26 +54,27 @@ class EncoderConfig(TransformersSizes, StackConfig):
         """The row of the position table the first token reads (RoBERTa's: after the padding index)."""
         return 0
 
-    def to_dict(self) -> dict:
-        if self.source:
-            return {**json.loads(self.source), "pruned_heads": super().to_dict()["pruned_heads"]}
-        return {k: v for k, v in super().to_dict().items() if k != "source"}
-
-
     @classmethod
-    def from_dict(cls, d: dict) -> "EncoderConfig":
-        """From a transformers ``config.json`` of a BERT model; unknown keys are ignored."""
-        model_type = d.get("model_type", "bert")
-        if model_type != "bert":
+    def checked(cls, d: dict) -> dict:
+        """``d`` once the checks every encoder family shares have passed: its own model_type, absolute positions, an
+        activation the engine has (``hidden_act``, DistilBERT's ``activation``)."""
+        model_type = d.get("model_type", cls.model_type)
+        if model_type != cls.model_type:
             raise HeadLensError(
-                f"The from-scratch engine implements BERT encoders; this model is '{model_type}'. "
+                f"The from-scratch engine implements {cls.title}; this model is '{model_type}'. "
                 "Choose the transformers engine for it.")
         if d.get("position_embedding_type", "absolute") != "absolute":
             raise HeadLensError("The from-scratch engine supports absolute position embeddings only; "
                                 "choose the transformers engine for this model.")
-        if d.get("hidden_act", "gelu") not in ACTIVATIONS:
-            raise HeadLensError(f"The from-scratch engine has no activation '{d['hidden_act']}'.")
-        return cls.from_fields(d)
+        act = d.get("hidden_act", d.get("activation", "gelu"))
+        if act not in ACTIVATIONS:
+            raise HeadLensError(f"The from-scratch engine has no activation '{act}'.")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EncoderConfig":
+        """From a transformers ``config.json`` of a BERT model; unknown keys are ignored."""
+        return cls.from_fields(cls.checked(d))
 
 
 class Embeddings(nn.Module):
@@ -183,7 +180,8 @@ def encoder_weights(layer: str, renames: dict[str, str], qkv: tuple[str, str], w
                                 for kind in ("weight", "bias")), what=what, normalise=normalise)
 
 
-BertEncoder.weights = encoder_weights(
-    "encoder.layer.{i}.", {"attn.out_proj": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
-                           "ffn_in": "intermediate.dense", "ffn_out": "output.dense", "ln_ffn": "output.LayerNorm"},
-    ("attention.self.{p}", "query,key,value"), "BERT encoder weights", "bert")
+# a BERT layer's names in its files (RoBERTa's too): its start, our modules -> theirs, q, k and v
+BERT_LAYER = ("encoder.layer.{i}.", {"attn.out_proj": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
+                                     "ffn_in": "intermediate.dense", "ffn_out": "output.dense",
+                                     "ln_ffn": "output.LayerNorm"}, ("attention.self.{p}", "query,key,value"))
+BertEncoder.weights = encoder_weights(*BERT_LAYER, "BERT encoder weights", "bert")

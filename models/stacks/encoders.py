@@ -7,20 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..errors import HeadLensError
-from .bert import ACTIVATIONS, BertEncoder, EncoderConfig, encoder_weights
-
-
-def _checked(d: dict, kind: str) -> dict:
-    if d.get("position_embedding_type", "absolute") != "absolute":
-        raise HeadLensError("The from-scratch engine supports absolute position embeddings only; "
-                            "choose the transformers engine for this model.")
-    act = d.get("hidden_act", d.get("activation", "gelu"))
-    if act not in ACTIVATIONS:
-        raise HeadLensError(f"The from-scratch engine has no activation '{act}'.")
-    if d.get("model_type", kind) != kind:
-        raise HeadLensError(f"This config.json is of a '{d['model_type']}' model, not a {kind} one.")
-    return d
+from .bert import BERT_LAYER, BertEncoder, EncoderConfig, encoder_weights
 
 
 @dataclass(frozen=True)
@@ -28,6 +15,7 @@ class RobertaConfig(EncoderConfig):
     """A transformers RoBERTa ``config.json``: BERT's names, one token type, positions after the padding index."""
 
     model_type: ClassVar[str] = "roberta"
+    title: ClassVar[str] = "RoBERTa encoders"
     vocab_size: int = 50265
     max_position_embeddings: int = 514
     type_vocab_size: int = 1
@@ -40,17 +28,14 @@ class RobertaConfig(EncoderConfig):
 
     @classmethod
     def from_dict(cls, d: dict) -> "RobertaConfig":
-        return cls.from_fields({**_checked(d, "roberta"), "source": json.dumps(d)})
+        return cls.from_fields({**cls.checked(d), "source": json.dumps(d)})
 
 
 class Roberta(BertEncoder):
     config_class = RobertaConfig
     model_types = ("roberta",)
     description = "RoBERTa encoders"
-    weights = encoder_weights(
-        "encoder.layer.{i}.", {"attn.out_proj": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
-                               "ffn_in": "intermediate.dense", "ffn_out": "output.dense", "ln_ffn": "output.LayerNorm"},
-        ("attention.self.{p}", "query,key,value"), "RoBERTa encoder weights", "roberta")
+    weights = encoder_weights(*BERT_LAYER, "RoBERTa encoder weights", "roberta")
 
 
 @dataclass(frozen=True)
@@ -59,11 +44,12 @@ class DistilBertConfig(EncoderConfig):
     BERT's names; no token types."""
 
     model_type: ClassVar[str] = "distilbert"
+    title: ClassVar[str] = "DistilBERT encoders"
     type_vocab_size: int = 0
 
     @classmethod
     def from_dict(cls, d: dict) -> "DistilBertConfig":
-        _checked(d, "distilbert")
+        cls.checked(d)
         return cls.from_fields({
             "vocab_size": d.get("vocab_size", 30522), "hidden_size": d.get("dim", 768),
             "num_hidden_layers": d.get("n_layers", 6), "num_attention_heads": d.get("n_heads", 12),

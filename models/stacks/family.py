@@ -22,12 +22,9 @@ from ..mha import MultiHeadAttention
 from ..rotary import Rotary
 from .base import Stack, StackConfig, TransformersSizes
 from .blocks import PreNormBlock
-from .norms import NORMS
+from .norms import ACTIVATIONS, NORMS
 from .weights import Weights
 
-ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu,
-               "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-               "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
@@ -155,9 +152,10 @@ class FamilyConfig(TransformersSizes, StackConfig):
         return config
 
     def to_dict(self) -> dict:
-        if self.source:  # the file it came from, with the heads pruned since
-            return {**json.loads(self.source), "pruned_heads": super().to_dict()["pruned_heads"]}
-        d = {k: v for k, v in super().to_dict().items() if v is not None and k != "source"}
+        d = super().to_dict()
+        if self.source:  # the file it came from, as it was
+            return d
+        d = {k: v for k, v in d.items() if v is not None}  # transformers reads null as a value
         d["layer_types"] = list(self.layer_types)
         return d
 

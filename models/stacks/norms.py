@@ -1,10 +1,15 @@
-"""The norms a family puts in its blocks: RMSNorm (Llama's), Gemma's ``1 + weight`` RMSNorm, and LayerNorm with a
-bias (GPT-2's, GPT-NeoX's). Each RMSNorm says its ``gain`` and ``inverse_rms``, so that an analysis can freeze its
-scale."""
+"""The norms and activations a family names in its blocks: RMSNorm (Llama's), Gemma's ``1 + weight`` RMSNorm, and
+LayerNorm with a bias (GPT-2's, GPT-NeoX's, BERT's); the feed-forwards' activations by their config.json names.
+Each RMSNorm says its ``gain`` and ``inverse_rms``, so that an analysis can freeze its scale."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu,
+               "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+               "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class RMSNorm(nn.Module):
