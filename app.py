@@ -1,6 +1,7 @@
 """HeadLens: routing and the shared sidebar. Each page lives in app_pages/."""
 import streamlit as st
 
+from app_pages.results.shared import complete, page_begins
 from app_pages.results.threads import share_the_lock
 from app_pages.ui.janitor import janitor
 from app_pages.ui.sidebar import sidebar
@@ -30,6 +31,7 @@ PAGES = [
     st.Page(EXPLORE, title="Explore", icon=":material/grid_view:", url_path="explore", visibility="hidden"),
 ]
 
+page_begins()
 page = st.navigation(PAGES, expanded=True)  # every page in the sidebar, not ten and "View more"
 if "_open_page" in st.session_state:  # asked for by a page (ui.state.open_page)
     st.switch_page(st.session_state.pop("_open_page"))
@@ -37,3 +39,4 @@ janitor()  # drops what only closed sessions held
 st.sidebar.title("HeadLens")
 sidebar()
 page.run()
+complete()  # the full forms of what the page showed first, then the page again with them

@@ -67,11 +67,14 @@ def assemble(source: CardSource) -> CardParts:
     frame, attentions = source.profile()
     parts = CardParts(frame, attentions, source.peaks(attentions), windows=attentions[0].windows)
     parts.importance, parts.qk = source.importance(), source.pictures()
-    if not source.decoder():
+    parts.decoder = source.decoder()
+    if not parts.decoder:
         return parts
     parts.writes, parts.detector, parts.copying = source.writes(), source.detector(), source.copying()
     for name, pair in source.pairs().items():
-        parts.pairs[name] = source.pair(pair)
+        found = source.pair(pair)
+        if found is not None:  # a source may leave out what it has not got yet
+            parts.pairs[name] = found
     task = source.task()
     if task is not None:
         parts.task, parts.task_name = task

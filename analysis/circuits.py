@@ -143,6 +143,12 @@ class Curve:
         reached = np.flatnonzero(self.faithfulness >= target)
         return int(self.sizes[reached[0]]) if len(reached) else None
 
+    def at(self, size: int) -> "Curve":
+        """The curve at one of its sizes alone."""
+        i = [int(np.flatnonzero(self.sizes == size)[0])]
+        return Curve(self.sizes[i], self.values[:, i], self.clean, self.corrupted, self.faithfulness[i], self.low[i],
+                     self.high[i])
+
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({"edges": self.sizes, "faithfulness": self.faithfulness, "low": self.low,
                              "high": self.high})

@@ -166,6 +166,7 @@ class CardParts:
     importance: pd.DataFrame | None = None     # head_importance (Pruning)
     qk: dict | None = None                     # (layer, head) -> qk_embedding frame (Queries & keys)
     windows: tuple | None = None               # each layer's sliding window, None for a global layer
+    decoder: bool = False                      # a decoder's card (its parts above may be missing while prepared)
 
 
 def _row(frame: pd.DataFrame | None, layer: int, head: int) -> pd.Series | None:
@@ -259,7 +260,7 @@ def card_from(parts: CardParts, model: str, layer: int, head: int, k: int = TOP)
         importance["rank"], importance["of"] = rank_of(parts.importance, "importance", layer, head), len(parts.importance)
     window = parts.windows[layer] if parts.windows else None
     return HeadCard(
-        model=model, layer=layer, head=head, decoder=parts.writes is not None, role=str(measures["label"]),
+        model=model, layer=layer, head=head, decoder=parts.decoder or parts.writes is not None, role=str(measures["label"]),
         measures=measures, detector=detector, detector_role=None if detector is None else str(detector["label"]),
         window=window, top=top_examples(parts.peaks, parts.attentions, layer, head, k),
         writes=None if parts.writes is None else top_writes(parts.writes, parts.attentions, layer, head, k),

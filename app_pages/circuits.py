@@ -1,4 +1,6 @@
 """Circuits: the edges between heads that carry a task, scored over its pairs, run as a circuit and checked."""
+from dataclasses import replace
+
 import streamlit as st
 
 from analysis import circuits as AC
@@ -25,9 +27,12 @@ st.caption(ABOUT)
 ref, _ = decoder_or_stop(s.model, f"Circuits run between a language model's heads up to its logits, and "
                                   f"{s.model.title} has no logits")
 choice = pick_circuit()
-task = task_or_stop(ref, choice.spec)
+# on a cold server, the first form (EAP over a few pairs) while the preparation computes this choice's
+_, spec, metric, method, steps, kinds, *sizes = circuit_curve.now(ref, *choice.args, choice.kinds)
+shown = replace(choice, spec=spec, metric=metric, method=method, steps=steps)
+task = task_or_stop(ref, shown.spec)
 problems(task)
-scores = scores_or_stop(ref, choice)
+scores = scores_or_stop(ref, shown)
 span = scores.clean - scores.corrupted
 cols = st.columns(4)
 cols[0].metric("Pairs", f"{len(task):,}")
@@ -37,15 +42,15 @@ cols[2].metric("Clean − corrupted", f"{span.mean():+.2f}", help="The task metr
                "is asked to recover.")
 cols[3].metric("Model right", f"{(scores.clean > 0).mean():.0%}", help="The pairs whose clean prompt favours the "
                "answer (metric above zero).")
-curve = circuit_curve(ref, *choice.args, choice.kinds)
+curve = circuit_curve(ref, *shown.args, kinds, *sizes)
 n = pick_edges(curve)
-faith = circuit_at(ref, *choice.args, choice.kinds, n)
-figures = {"circuit-graph": ("The circuit", view.graph_section(ref, choice, scores, n, faith)),
+faith = circuit_at(ref, *shown.args, kinds, n, *sizes)
+figures = {"circuit-graph": ("The circuit", view.graph_section(ref, shown, scores, n, faith)),
            "circuit-curve": ("The faithfulness curve", view.curve_section(curve, n))}
-view.heads_section(ref, choice, scores, n)
-circuit_why(ref, choice.spec, task, scores.frame(n, list(choice.kinds)), scores.graph)
-view.path_section(ref, choice, scores)
-view.downloads(scores, choice, n, faith, curve, figures)
+view.heads_section(ref, shown, scores, n)
+circuit_why(ref, shown.spec, task, scores.frame(n, list(kinds)), scores.graph)
+view.path_section(ref, shown, scores)
+view.downloads(scores, shown, n, faith, curve, figures)
 smallest = curve.smallest()
 st.caption(f"{scores.method.upper().replace('_', '-')} over {len(task)} pairs; "
            + (f"{smallest:,} edges reach {AC.TARGET:.0%} faithfulness." if smallest else

@@ -44,6 +44,7 @@ with a:
     sentences = pick_corpus(s)
 method = choose("Projection", list(METHODS), "qk_method", container=b, cast=str, format_func=METHODS.get)
 sentences = within_tokens(model, sentences)
+_, sentences, method = pictures.now(ref, sentences, method)  # on a cold server, over fewer sentences first
 if s.heads_off or s.causal:
     st.caption("Drawn from the model as it is: the heads switched off and the causal mask in the sidebar do not "
                "apply on this page.")

@@ -182,3 +182,41 @@ def test_the_preparation_never_pauses_for_a_session_that_waits_on_it():
     assert needs == "prepared" and time.perf_counter() - begin < 5
     thread.join(30)
     assert len(ticks) == 40 and (shared.SESSIONS.computing, shared.SESSIONS.waiting) == (0, 0)
+
+
+def _declared(name: str, compute) -> shared.Shared:
+    """A result declared as ``@shared`` declares one, kept out of the app's own list."""
+    return shared.Shared(compute, name, 4, None, None, False, f"Computing {name}", None, False)
+
+
+def test_a_session_waiting_on_a_queued_step_moves_it_to_the_front():
+    """A session asking for a step the preparation has not started waits for the preparation to run it, and the
+    preparation runs it next, inside the step under way, which pauses; a step that reads what the paused one
+    computes runs as soon as that one ends, before the rest of the queue."""
+    events, ticking = [], threading.Event()
+
+    def slow():
+        for i in range(60):
+            if i == 2:
+                ticking.set()
+            shared.step_aside()  # a progress point
+            time.sleep(0.02)
+        events.append(("slow", threading.current_thread().name))
+        return "slow"
+
+    first = _declared("slow", slow)
+    second = _declared("second", lambda: events.append(("second", threading.current_thread().name)) or "second")
+    wanted = _declared("wanted", lambda: events.append(("wanted", threading.current_thread().name)) or "wanted")
+    reads = _declared("reads", lambda: (first(), events.append(("reads", threading.current_thread().name)))[0])
+    queue = shared.Queue([(first, ()), (second, ()), (reads, ()), (wanted, ())], lambda result, args: result(*args))
+    thread = threading.Thread(target=queue.prepare, name="preparation", daemon=True)
+    thread.start()
+    assert ticking.wait(10)
+    assert shared.preparing(wanted.key()) is queue
+    assert wanted() == "wanted"  # this session waits; the preparation computes it, while "slow" is paused
+    assert events == [("wanted", "preparation")]
+    assert reads() == "slow"  # needs "slow": runs right after it, before "second"
+    thread.join(30)
+    assert events == [("wanted", "preparation"), ("slow", "preparation"), ("reads", "preparation"),
+                      ("second", "preparation")]
+    assert not shared.QUEUES and shared.SESSIONS.waiting == 0

@@ -88,6 +88,11 @@ class FromPages:
     heads_off: tuple = ()
     importance_too: bool = True
     qk_too: bool = True
+    first: bool = False  # a first card: leave out what the server is preparing and has not got yet (``later``)
+
+    def _ready(self, result, *args):
+        """``result(*args)``; for a first card, None while the server prepares it."""
+        return None if self.first and result.later(*args) else result(*args)
 
     def profile(self):
         frame, _, attentions = corpus_profile(self.ref, self.causal, self.heads_off, list(CORPUS))
@@ -101,7 +106,8 @@ class FromPages:
         measured = None if scratch is None else importance_args(scratch)
         if measured is None or not (self.importance_too or importance.peek(*measured) is not None):
             return None
-        return importance(*measured).frame
+        found = self._ready(importance, *measured)
+        return None if found is None else found.frame
 
     def pictures(self):
         scratch = self.ref.scratch()
@@ -114,31 +120,32 @@ class FromPages:
         return decoder(self.ref)
 
     def writes(self):
-        return writes(self.ref, self.causal, self.heads_off)
+        return self._ready(writes, self.ref, self.causal, self.heads_off)
 
     def detector(self):
-        return detected(self.ref)
+        return self._ready(detected, self.ref)
 
     def copying(self):
         scratch = self.ref.scratch()
-        return copying(scratch) if cheap_copying(self.ref) else copying.peek(scratch)  # else on request: slow
+        return self._ready(copying, scratch) if cheap_copying(self.ref) else copying.peek(scratch)  # else on request
 
     def pairs(self):
         return PAIRS
 
     def pair(self, pair):
-        found = effects(self.ref.scratch(), pair, "exact")
-        return found.attribution, found.heads
+        found = self._ready(effects, self.ref.scratch(), pair, "exact")
+        return None if found is None else (found.attribution, found.heads)
 
     def task(self):
-        return task_heads(self.ref), TASK_NAME
+        found = self._ready(task_heads, self.ref)
+        return None if found is None else (found, TASK_NAME)
 
 
 def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, importance_too: bool = True,
-               qk_too: bool = True) -> CardParts:
+               qk_too: bool = True, first: bool = False) -> CardParts:
     """Every head's card parts on ``ref``'s model, put together by ``analysis.cards.assemble`` (as a card from
-    Python is) from the shared results its pages read."""
-    return assemble(FromPages(ref, causal, heads_off, importance_too, qk_too))
+    Python is) from the shared results its pages read; ``first``: without those the server is still preparing."""
+    return assemble(FromPages(ref, causal, heads_off, importance_too, qk_too, first))
 
 
 TASK_NAME = FIRST_TASK_NAME  # Effects' first task (``tasks.first_task``)

@@ -2,14 +2,14 @@
 session: every edge's score, the faithfulness curve, one circuit's faithfulness, the heads' attention between roles."""
 from __future__ import annotations
 
-
+from dataclasses import replace
 
 from analysis import circuits as AC
 from analysis.circuit_heads import role_attention
 from analysis.circuits import EdgeScores
 
 from .models import ModelRef, cached_model
-from .shared import Bar, Warm, shared
+from .shared import Bar, First, Warm, shared
 from .tasks import FIRST, TaskSpec, built_task
 
 
@@ -29,21 +29,35 @@ def circuit_scores(ref: ModelRef, spec: TaskSpec, metric: str, method: str, step
     return scores
 
 
+FIRST_PAIRS, FIRST_SIZES = 8, (10, 100, 1000)  # a circuit's first form: EAP over 8 pairs, a curve at 3 sizes
+
+
+def _first(ref: ModelRef, spec: TaskSpec, metric: str, method: str, steps: int, kinds: tuple, sizes: tuple = ()):
+    return ref, replace(spec, pairs=min(spec.pairs, FIRST_PAIRS)), metric, "eap", 1, kinds, FIRST_SIZES
+
+
 @shared("circuit curve", entries=8, waiting="Running circuits of every size",
-        warm=Warm(10.5, lambda ref: [(*first_circuit(ref)[0], tuple(KINDS))]))
-def circuit_curve(ref: ModelRef, spec: TaskSpec, metric: str, method: str, steps: int, kinds: tuple) -> AC.Curve:
-    """The faithfulness of the top edges' circuit at every size of ``analysis.circuits.default_sizes``."""
+        warm=Warm(10.5, lambda ref: [(*first_circuit(ref)[0], tuple(KINDS))]),
+        first=First(_first, f"EAP over {FIRST_PAIRS} of the task's pairs and circuits of {len(FIRST_SIZES)} sizes"))
+def circuit_curve(ref: ModelRef, spec: TaskSpec, metric: str, method: str, steps: int, kinds: tuple,
+                  sizes: tuple = ()) -> AC.Curve:
+    """The faithfulness of the top edges' circuit at each of ``sizes`` (``analysis.circuits.default_sizes`` when
+    none are given)."""
     scores = circuit_scores(ref, spec, metric, method, steps)
     bar = Bar("Running the circuit of the top edges at each size, every other edge corrupted")
-    curve = AC.faithfulness(cached_model(ref), scores, kinds=list(kinds), progress=bar)
+    curve = AC.faithfulness(cached_model(ref), scores, sizes=list(sizes) or None, kinds=list(kinds), progress=bar)
     bar.empty()
     return curve
 
 
 @shared("circuit", entries=32, waiting="Running this circuit")
 def circuit_at(ref: ModelRef, spec: TaskSpec, metric: str, method: str, steps: int, kinds: tuple,
-               edges: int) -> AC.Curve:
-    """The faithfulness of the top ``edges`` edges' circuit alone."""
+               edges: int, sizes: tuple = ()) -> AC.Curve:
+    """The faithfulness of the top ``edges`` edges' circuit alone: read from the curve of ``sizes`` when it ran
+    that size."""
+    curve = circuit_curve.peek(ref, spec, metric, method, steps, kinds, *(sizes and (sizes,)))
+    if curve is not None and edges in curve.sizes:
+        return curve.at(edges)
     scores = circuit_scores(ref, spec, metric, method, steps)
     bar = Bar(f"Running the circuit of the top {edges:,} edges")
     curve = AC.faithfulness(cached_model(ref), scores, sizes=[edges], kinds=list(kinds), progress=bar)

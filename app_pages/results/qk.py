@@ -11,7 +11,7 @@ from models.corpus import CORPUS
 from viz.qk import QkCanvas
 
 from .models import ModelRef, cached_model
-from .shared import Bar, Warm, shared
+from .shared import Bar, First, Warm, shared
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,15 @@ def first_pictures(ref: ModelRef) -> list[tuple]:
     return [(scratch, tokens_within(cached_model(scratch), list(CORPUS)), "fitted")]
 
 
+def _fewer(ref: ModelRef, sentences: list[str], method: str) -> tuple:
+    return ref, sentences[:max(1, len(sentences) // FIRST_SHARE)], method
+
+
+FIRST_SHARE = 8  # the first form draws every head over the first eighth of the sentences
+
+
 @shared("queries and keys", entries=4, max_bytes=512 * 2**20, size=_frames_bytes, waiting="Drawing every head's picture",
-        warm=Warm(7, first_pictures))
+        warm=Warm(7, first_pictures), first=First(_fewer, f"every head over the first 1/{FIRST_SHARE} of the sentences"))
 def pictures(ref: ModelRef, sentences: list[str], method: str) -> Pictures:
     """``qk_embedding`` of every head of ``ref``'s model over ``sentences``, with a progress bar; the heads drawn so
     far are published a layer at a time while they are computed (a page shows them with ``partial=``)."""

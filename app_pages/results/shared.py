@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
+import torch
 
 from analysis.profile import corpus_hash
 from models import HeadLensError
@@ -76,9 +77,121 @@ SESSIONS = Sessions()
 
 
 def step_aside() -> None:
-    """Where the server's preparation may pause for the sessions (``Sessions``); elsewhere nothing."""
+    """Where the server's preparation may pause for the sessions (``Sessions``), and first runs a step some session
+    waits on (``Queue.wanted``); elsewhere nothing."""
     if getattr(here, "steps_aside", False):
+        queue = getattr(here, "queue", None)
+        if queue is not None:
+            queue.run_wanted()
         SESSIONS.step_aside()
+
+
+class Reentered(Exception):
+    """A step run inside another (``Queue.run_wanted``) needs a value the outer one is computing."""
+
+
+class Queue:
+    """A preparation's steps not yet started, each ``(result, args)``, in order. A session that asks for one waits
+    on the preparation rather than computing it (``wait_for``): the step moves to the front, and the preparation
+    runs it at its next progress point, inside the step under way, which pauses (``run_wanted``); only a step that
+    needs a value the paused one is computing waits for it to end."""
+
+    def __init__(self, todo, run: Callable):
+        self.todo, self.run = list(todo), run  # run(result, args): one step, as the preparation takes it
+        self.wanted: set = set()  # the keys sessions wait on
+        self.running: list = []  # the steps under way, (result, args) (one inside another: ``run_wanted``)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(item) -> tuple:
+        result, args = item
+        return result.key(*args)
+
+    def holds(self, key) -> bool:
+        """Whether ``key`` is a step not yet done (queued or under way)."""
+        with self._lock:
+            return any(self._key(item) == key for item in self.running + self.todo)
+
+    def started(self, key) -> bool:
+        """Whether ``key``'s step is under way."""
+        with self._lock:
+            return any(self._key(item) == key for item in self.running)
+
+    def to_front(self, key) -> bool:
+        """Move ``key``'s step to the front, wanted; whether it was queued."""
+        with self._lock:
+            for i, item in enumerate(self.todo):
+                if self._key(item) == key:
+                    self.todo.insert(0, self.todo.pop(i))
+                    self.wanted.add(key)
+                    return True
+        return False
+
+    def take(self, wanted: bool = False):
+        """The next step, taken off the queue (None when none is left, or with ``wanted`` none a session waits on)."""
+        with self._lock:
+            if not self.todo or (wanted and self._key(self.todo[0]) not in self.wanted):
+                return None
+            item = self.todo.pop(0)
+            self.wanted.discard(self._key(item))
+            self.running.append(item)
+            return item
+
+    def _ran(self, item, again: bool = False) -> None:
+        """``item``'s step has ended, or goes back to the front (``again``)."""
+        with self._lock:
+            if again:
+                self.todo.insert(0, item)
+            self.running.remove(item)
+
+    def progress(self) -> tuple[float, str]:
+        """How far the step under way has got (the innermost), as its progress bar says."""
+        with self._lock:
+            if not self.running:
+                return 0.0, ""
+            result, args = self.running[-1]
+        return result.cache.progress.get(result.key(*args), (0.0, result.waiting))
+
+    def prepare(self) -> None:
+        """Run every step in this thread, the server's own, in order but for those sessions want first."""
+        here.background = here.steps_aside = True
+        here.queue = self
+        QUEUES.append(self)
+        try:
+            while (item := self.take()) is not None:
+                try:
+                    step_aside()
+                    self.run(*item)
+                finally:
+                    self._ran(item)
+        finally:
+            QUEUES.remove(self)
+            here.queue = None
+
+    def run_wanted(self) -> None:
+        """Run the steps sessions wait on, here, inside the step under way (not inside one of them)."""
+        if getattr(here, "nested", False):
+            return
+        here.nested = True
+        try:
+            while (item := self.take(wanted=True)) is not None:
+                try:
+                    with torch.inference_mode(False), torch.enable_grad():  # as a step starts, whatever this one set
+                        self.run(*item)
+                except Reentered:  # it reads what the paused step computes: it goes first once that step ends
+                    self._ran(item, again=True)
+                    return
+                self._ran(item)
+        finally:
+            here.nested = False
+
+
+QUEUES: list[Queue] = []  # the preparations under way
+
+
+def preparing(key) -> Queue | None:
+    """The preparation that has ``key`` queued and not started, if any."""
+    return next((q for q in list(QUEUES) if q.holds(key)), None)
 
 
 class Bar:
@@ -211,11 +324,17 @@ class SharedCache:
         value = self.get(key)
         if value is not None:
             return value
+        if (self, key) in getattr(here, "holding", ()):
+            raise Reentered(key)
         with self.computing(key):
             value = self.get(key)
             if value is None:
-                with computing_as(self, key):
-                    value = compute()
+                here.holding = getattr(here, "holding", ()) + ((self, key),)
+                try:
+                    with computing_as(self, key):
+                        value = compute()
+                finally:
+                    here.holding = here.holding[:-1]
                 self.put(key, value)
         return value
 
@@ -249,8 +368,16 @@ def computed_once(cache: SharedCache, key, compute, waiting: str, partial=None):
         return value
     if in_background():  # the server's own work: no page to wait on, and an error is the caller's to report
         return cache.get_or_compute(key, compute)
+    queue = preparing(key)
+    if queue is not None and queue.to_front(key):  # the preparation runs it next: this session waits for it
+        bar = st.empty()
+        with SESSIONS.counted("waiting"):
+            waited(queue, key, lambda text: bar.progress(*text), f"{waiting}, next in the server's preparation "
+                                                                  "for every session")
+        bar.empty()
     lock = cache.computing(key)
     if not lock.acquire(blocking=False):
+        waiting = f"{waiting}, once for every session (already under way):"
         bar, shown, drawn = st.progress(0.0, text=waiting), None, None
         with SESSIONS.counted("waiting"):
             while not lock.acquire(timeout=0.5):
@@ -307,13 +434,22 @@ class Warm:
     calls: Callable
 
 
+@dataclass(frozen=True)
+class First:
+    """A result's first form: ``args(*full_args)``, the same computation at a size that takes seconds, which a page
+    shows while the preparation computes the full one (``Shared.now``); ``says`` what it is, beside the full one."""
+
+    args: Callable
+    says: str
+
+
 class Shared:
     """A declared result (``shared``): call it as the function it wraps."""
 
     def __init__(self, compute: Callable, name: str, entries: int, max_bytes: int | None, size: Callable | None,
-                 owned: bool, waiting: str, warm: Warm | None, copy: bool):
-        self.compute, self.name, self.owned, self.waiting, self.warm, self.copy = (
-            compute, name, owned, waiting, warm, copy)
+                 owned: bool, waiting: str, warm: Warm | None, copy: bool, first: First | None = None):
+        self.compute, self.name, self.owned, self.waiting, self.warm, self.copy, self.first = (
+            compute, name, owned, waiting, warm, copy, first)
         self.__doc__, self.__wrapped__ = compute.__doc__, compute
         self._cache = (entries, max_bytes, size)
 
@@ -335,13 +471,91 @@ class Shared:
 
     def __call__(self, *args, partial=None):
         """The shared value of ``compute(*args)``; ``partial``: as ``computed_once`` takes it."""
-        value = computed_once(self.cache, self.key(*args), lambda: self.compute(*args),
-                              f"{self.waiting}, once for every session (already under way):", partial=partial)
+        value = computed_once(self.cache, self.key(*args), lambda: self.compute(*args), self.waiting,
+                              partial=partial)
         return _copied(value) if self.copy else value
 
     def peek(self, *args):
         """The value if some session has computed it, else None; computes nothing."""
         return self.cache.get(self.key(*args))
+
+    def now(self, *args) -> tuple:
+        """The arguments a page asks with to show something at once: ``args`` when their value is ready or no
+        preparation holds it; else the first form's (``First``), a note saying so where it is called, and the full
+        form's step moved to the front of the preparation. Once the page is drawn it waits for the full form under
+        that note (``complete``) and runs again with it, which draws it in place."""
+        if self.first is None or not self.later(*args, says=f"A first answer: {self.first.says}. The full one"):
+            return args
+        return self.first.args(*args)
+
+    def later(self, *args, says: str = "") -> bool:
+        """Whether a page should go on without this value: not ready, and held by a preparation, which then takes
+        it next. Once the page is drawn it waits for it (``complete``) and runs again with it; ``says`` heads the
+        note (drawn here) of what is shown meanwhile."""
+        key = self.key(*args)
+        if in_background() or self.cache.get(key) is not None:
+            return False
+        queue = preparing(key)
+        if queue is None:
+            return False
+        queue.to_front(key)
+        slot = None
+        if says:
+            slot = st.empty()
+            slot.info(f"{says} is being prepared for every session and takes its place here when it is ready.",
+                      icon=":material/hourglass_top:")
+        _pending().append((self, args, queue, slot, says))
+        return True
+
+
+def waited(queue: Queue, key, show: Callable, saying: str, every_s: float = 1.0) -> None:
+    """Wait until the preparation ``queue`` has done ``key``'s step (or stopped), ``show((share, text))`` saying
+    how far the step under way has got, at least every ``every_s`` (a click on the page then ends the wait)."""
+    shown, at = None, 0.0
+    while queue in QUEUES and queue.holds(key):
+        share, text = queue.progress()
+        if not queue.started(key):
+            share, text = 0.0, f"it starts when the step under way pauses ({text or 'starting'})"
+        now = time.perf_counter()
+        if (share, text) != shown or now - at > every_s:
+            shown, at = (share, text), now
+            show((share, f"{saying}: {text}"))
+        time.sleep(0.2)
+
+
+def _pending() -> list:
+    """The full forms this run of a page showed a first form for (``Shared.now``)."""
+    if not hasattr(here, "pending"):
+        here.pending = []
+    return here.pending
+
+
+def pending() -> int:
+    """How many values this run of a page goes on without (``Shared.later``)."""
+    return len(_pending())
+
+
+def page_begins() -> None:
+    """A page's run starts: nothing pending from the last."""
+    here.pending = []
+
+
+def complete() -> None:
+    """At the end of a page's run: wait for each full form it showed a first form for, its progress in the note,
+    then run the page again (which finds them ready)."""
+    pending, here.pending = _pending(), []
+    if not pending:
+        return
+    bottom = None
+    with SESSIONS.counted("waiting"):
+        for result, args, queue, slot, says in pending:
+            if slot is None:
+                bottom = slot = bottom or st.empty()
+            waited(queue, result.key(*args), lambda text, slot=slot: slot.progress(*text),
+                   f"{says or result.waiting} is being prepared for every session")
+    for result, args, *_ in pending:
+        result(*args)  # ready (computed here only if the preparation stopped first)
+    st.rerun()
 
 
 def _copied(value):
@@ -359,7 +573,8 @@ _lock = threading.Lock()
 
 
 def shared(name: str, *, entries: int = 8, max_bytes: int | None = None, size: Callable | None = None,
-           owned: bool = False, waiting: str = "Computing this", warm: Warm | None = None, copy: bool = False):
+           owned: bool = False, waiting: str = "Computing this", warm: Warm | None = None, copy: bool = False,
+           first: First | None = None):
     """Declare ``compute`` a result shared by every session (the module's docstring says what follows).
 
     Args:
@@ -369,9 +584,10 @@ def shared(name: str, *, entries: int = 8, max_bytes: int | None = None, size: C
         waiting: what a session waiting on another's computation reads, before "once for every session".
         warm: how the server prepares it for a bundled decoder.
         copy: hand out copies of its frames, for pages that add to them.
+        first: its first form, which a page shows while the preparation computes it (``Shared.now``).
     """
     def declare(compute: Callable) -> Shared:
-        declared = Shared(compute, name, entries, max_bytes, size, owned, waiting, warm, copy)
+        declared = Shared(compute, name, entries, max_bytes, size, owned, waiting, warm, copy, first)
         DECLARED[name] = declared
         return declared
 

@@ -15,7 +15,7 @@ from viz.effects import vocabulary_bars
 from viz.qk import qk_tile
 
 from ..results.card import importance_args
-from ..results.effects import copying, flow, vocabulary
+from ..results.effects import cheap_copying, copying, flow, vocabulary
 from ..results.messages import markdown_table, plain
 from ..results.models import ModelRef
 from ..results.pruning import importance
@@ -112,6 +112,9 @@ def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> Non
         chart(vocabulary_bars(words, title=f"The logits it adds at “{token_label(tokens[at])}”"), "card-vocabulary")
     with right:
         c = card.copying
+        if c is None and cheap_copying(ref):
+            st.caption("Its OV copying and suppression scores are being prepared.")
+            return
         if c is None:
             if st.button("Read every head's OV circuit", key="card-copying", help="Copying and suppression scores "
                          "over the whole vocabulary, computed once per server (Gemma 3's 262,144 tokens: about 100 s "
@@ -130,15 +133,21 @@ def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
     """What the head does to predictions: each built-in pair, the task, its flow share, its importance."""
     st.subheader("What it does to predictions")
     if card.decoder:
-        st.markdown(markdown_table([{"built-in pair": r.pair, "attribution (logits)": f"{r.attribution:+.3f}",
-                                     "rank": r.attribution_rank, "patching recovers": f"{r.recovered:+.3f}",
-                                     "rank ": r.recovered_rank} for r in card.pairs.itertuples()]))
+        if card.pairs is None:
+            st.caption("The built-in pairs, each head patched, are being prepared.")
+        else:
+            st.markdown(markdown_table([{"built-in pair": r.pair, "attribution (logits)": f"{r.attribution:+.3f}",
+                                         "rank": r.attribution_rank, "patching recovers": f"{r.recovered:+.3f}",
+                                         "rank ": r.recovered_rank} for r in card.pairs.itertuples()]))
         t = card.task
         cols = st.columns(3)
-        cols[0].metric(f"{card.task_name}: mean recovered", f"{t['mean']:+.3f}",
-                       help=f"95% interval {t['low']:.3f} to {t['high']:.3f}; q = {t['q']:.3g}; rank {int(t['rank'])} "
-                            "by size, attribution patching.")
-        cols[0].caption(f"[{t['low']:.3f}, {t['high']:.3f}], rank {int(t['rank'])}")
+        if t is None:
+            cols[0].caption("The task's mean effects are being prepared.")
+        else:
+            cols[0].metric(f"{card.task_name}: mean recovered", f"{t['mean']:+.3f}",
+                           help=f"95% interval {t['low']:.3f} to {t['high']:.3f}; q = {t['q']:.3g}; rank "
+                                f"{int(t['rank'])} by size, attribution patching.")
+            cols[0].caption(f"[{t['low']:.3f}, {t['high']:.3f}], rank {int(t['rank'])}")
         shares = flow_heads(flow(ref.scratch(), text))
         rank = int((shares > shares[card.layer, card.head]).sum()) + 1
         cols[1].metric("Flow share on your text", f"{shares[card.layer, card.head]:.3f}",

@@ -43,6 +43,7 @@ class Warmup:
     total: int = 0
     error: str | None = None
     thread: threading.Thread | None = None
+    queue: "declared.Queue | None" = None  # the steps not yet started
 
     @property
     def running(self) -> bool:
@@ -124,24 +125,29 @@ def _warm(job: Warmup) -> None:
         store = Store(results_root(), folder_digest(folder))
         todo = steps(job.ref)
         job.total = len(todo)
-        for result, args in todo:
-            declared.step_aside()
-            job.current = result.name
-            start = time.perf_counter()
-            value, how = result.peek(*args), "found"  # a session may have asked for it first
-            if value is None:
-                value, how = store.load(result.file_key(*args)), "stored"
-                if value is not None:
-                    result.cache.put(result.key(*args), value)
-            if value is None:
-                result(*args)
-                value, how = result.peek(*args), "computed"
-            if how != "stored" and value is not None:
-                store.save(result.file_key(*args), value)
-            release_memory()  # what the step held for a while goes back to the system before the next
-            job.done.append((result.name, how, time.perf_counter() - start))
+        job.queue = declared.Queue(todo, lambda result, args: _step(job, store, result, args))
+        job.queue.prepare()
         job.state = "done"
         store.drop_stale()
     except Exception as err:  # noqa: BLE001 - the pages compute what is missing themselves
         job.error, job.state = f"{type(err).__name__}: {err}", "failed"
         log.warning("HeadLens's warm-up of %s stopped: %s", job.ref.choice, job.error)
+
+
+def _step(job: Warmup, store: Store, result, args) -> None:
+    """One step: the value a session has already computed, else the one on disk, else computed and kept there."""
+    outer, job.current = job.current, result.name
+    start = time.perf_counter()
+    value, how = result.peek(*args), "found"  # a session may have asked for it first
+    if value is None:
+        value, how = store.load(result.file_key(*args)), "stored"
+        if value is not None:
+            result.cache.put(result.key(*args), value)
+    if value is None:
+        result(*args)
+        value, how = result.peek(*args), "computed"
+    if how != "stored" and value is not None:
+        store.save(result.file_key(*args), value)
+    release_memory()  # what the step held for a while goes back to the system before the next
+    job.done.append((result.name, how, time.perf_counter() - start))
+    job.current = outer
