@@ -1,6 +1,6 @@
 """Every page's first view on a bundled LLM: seconds until its first picture, and until it is done.
 
-    python -m bench.bench_first_view [--model smollm2] [--pages foci,queries_keys] [--restart]
+    python -m bench.bench_first_view [--model smollm2] [--pages foci,queries_keys] [--cold] [--wait S]
 
 Starts ``streamlit run app.py``, loads the model once (Explore, as whoever starts a server for a
 class would), then opens each page in a fresh browser session, one at a time, on the otherwise idle
@@ -11,13 +11,14 @@ model loads before the first page, for what the server computes in the backgroun
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 
 from bench.common import machine
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, PLOT, streamlit_server
 
-PAGES = ["home", "foci", "compare", "overview", "tokens", "text", "generate", "roles", "effects", "queries_keys",
-         "layers", "pruning", "train"]
+PAGES = ["home", "foci", "compare", "overview", "tokens", "text", "generate", "roles", "effects", "circuits",
+         "queries_keys", "head", "atlas", "layers", "pruning", "train"]
 RUNNING = "[data-testid='stStatusWidgetRunningIcon']"
 
 
@@ -57,9 +58,14 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--pages", default=",".join(PAGES))
     parser.add_argument("--wait", type=float, default=0.0)
+    parser.add_argument("--cold", action="store_true", help="an empty results folder: the server prepares from "
+                        "nothing while the pages open")
     args = parser.parse_args()
     print(machine())
-    with streamlit_server() as (url, _), sync_playwright() as p:
+    env = {"HEADLENS_WARM_UP": "1"}
+    if args.cold:
+        env["HEADLENS_RESULTS"] = tempfile.mkdtemp(prefix="headlens-cold-")
+    with streamlit_server(env=env) as (url, _), sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         load, done, _ = first_view(browser, f"{url}/?model={args.model}")
         print(f"model loaded (Explore, first session): first picture {load:.1f} s, done {done:.1f} s")

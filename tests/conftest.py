@@ -158,7 +158,7 @@ TIERS = {  # marker: the fixtures that put a test in it
     "browser": {"server", "browser", "page", "qk_page"},  # a Streamlit server and Chromium
     "load": {"load_server"},                                # many sessions on a server for a minute or more
     "app": {"app", "new_app", "warm"},                      # the app's pages in AppTest
-    "bundled": {"smollm2", "converted", "gemma_cache"},     # a bundled decoder LLM (SmolLM2, Gemma 3)
+    "bundled": {"smollm2", "converted", "gemma_cache", "prepared"},  # a bundled decoder LLM (SmolLM2, Gemma 3)
     "slow": {"induction_run", "local_ray"},                 # a training run to induction heads, a Ray cluster
 }
 BUNDLED = ("SmolLM2-135M", "gemma-3-270m", '"smollm2', '"gemma3')  # a test that opens one by name
@@ -305,6 +305,16 @@ def server():
 
     with streamlit_server() as (url, proc):
         yield url
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory):
+    """SmolLM2's preparation from nothing into one results folder, once per run (``tests.prepared``): started for
+    the first test given it, which finds a cold server; ``prepared.finished()`` for the folder, filled."""
+    from tests.prepared import Preparation, cleared
+
+    yield Preparation(tmp_path_factory.mktemp("results")).start()
+    cleared()
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A class on the LLM, shortened: one session training a decoder, one on a 3,000-token prompt switching
-layers, two typing sentences and opening pages (one on each engine), all on SmolLM2 on one server for 90 s, once
-the server has prepared its pages from nothing. No errors, the
+layers, two typing sentences and opening pages (one on each engine), all on SmolLM2 on one server for 60 s, once
+the server has read its pages' preparation (the run's one, from nothing: ``tests.prepared``). No errors, the
 server's peak within 3 GiB, and once the sessions close it returns within 300 MiB of where it was
 before they came. bench/bench_load.py --llm runs the full mix and prints its latencies; the report
 is written to artifacts/load-llm.txt.
@@ -16,12 +16,13 @@ PEAK_MIB, RETURN_MIB = 3 * 1024, 300
 SMALL = TRAINING + "&train_layers=1&train_width=16&train_seq=16"
 
 
-def test_a_class_on_smollm2_shares_the_server_and_gives_its_memory_back(load_server, tmp_path):
+def test_a_class_on_smollm2_shares_the_server_and_gives_its_memory_back(load_server, prepared):
     text = prompt(load_model(NAME, backend="transformers").tokenizer, 3000, seed=3)
-    env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": str(tmp_path)}  # a new server: it prepares from nothing
+    # a new server on the run's one preparation (``tests.prepared``): it reads every step from that folder
+    env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": str(prepared.finished().folder)}
     with load_server(env=env) as (url, proc):
         report = run_llm_load(url, proc.pid, "smollm2", [text], 30, visitors=2, long_prompts=1, trainers=1,
-                              seconds=90, settle=30, training=SMALL, idle_s=5)
+                              seconds=60, settle=30, training=SMALL, idle_s=5)
         port = url.rsplit(":", 1)[1]
     log = (LOGS / f"streamlit-{port}.log").read_text(errors="replace")
     lines = [report.summary(), "by action: " + report.by_kind(), report.memory(), *report.errors]

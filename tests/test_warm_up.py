@@ -11,17 +11,10 @@ from app_pages.results import shared
 from app_pages.ui import warm_up
 from app_pages.results.models import ModelRef
 from app_pages.results.threads import here
+from tests.prepared import REF, cleared, fingerprint
 
-REF = ModelRef("smollm2_scratch")
 PAGES = ["app_pages/foci.py", "app_pages/roles.py", "app_pages/effects.py", "app_pages/pruning.py",
          "app_pages/queries_keys.py"]
-
-
-def cleared() -> None:
-    """The server as a restart leaves it: no warm-up, and nothing in the caches the warm-up fills."""
-    warm_up.warmups().clear()
-    for result, _ in warm_up.steps(REF):
-        result.cache.clear()
 
 
 def finished(at_most_s: float = 900) -> warm_up.Warmup:
@@ -40,20 +33,42 @@ def warm(monkeypatch, tmp_path):
     cleared()
 
 
-def test_the_pages_find_what_the_warm_up_computed_and_a_restart_reads_it_from_disk(new_app, warm, monkeypatch):
-    at = new_app({"model": REF.choice})  # whoever opens the model first starts the warm-up
-    assert not at.exception
-    job = finished()
+def same(a, b) -> None:
+    """``a`` equals ``b``: frames as frames, a tuple part by part."""
+    if isinstance(b, pd.DataFrame):
+        pd.testing.assert_frame_equal(a, b)
+    elif isinstance(b, tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            same(x, y)
+    else:
+        assert a == b
+
+
+def test_a_restart_reads_the_preparation_from_disk_and_the_pages_compute_none_of_it(new_app, prepared, monkeypatch):
+    """The run's one preparation from nothing (``tests.prepared``) kept every step on disk; a restarted server reads
+    each back, equal to what was computed, the other engine of the model finds every one, and each page's default
+    view reads what it needs and computes none of it."""
+    prepared.finished()
     steps = warm_up.steps(REF)
     names = [result.name for result, _ in steps]
-    assert [name for name, _, _ in job.done] == names
-    assert {how for _, how, _ in job.done} == {"computed"}
-    assert len(list(warm.rglob("*.pkl"))) == len(names)
-    first = {result.key(*args): result.peek(*args) for result, args in steps}
-    assert all(value is not None for value in first.values())
+    assert sorted(name for name, _, _ in prepared.done) == sorted(names)
+    assert len(list(prepared.folder.rglob("*.pkl"))) == len(names)
+    monkeypatch.setenv("HEADLENS_WARM_UP", "1")
+    monkeypatch.setenv("HEADLENS_RESULTS", str(prepared.folder))
+    cleared()  # a restart: the caches are empty, the disk is not
+    at = new_app({"model": REF.choice})
+    job = finished(at_most_s=180)
+    assert {how for _, how, _ in job.done} == {"stored"}
+    again = {result.key(*args): result.peek(*args) for result, args in steps}
+    assert again.keys() == prepared.prints.keys() and all(value is not None for value in again.values())
+    for key, value in again.items():
+        same(fingerprint(value), prepared.prints[key])
+    assert {key[0] for key, was in prepared.prints.items() if was is not None} >= {
+        "profile", "detector", "curves", "proxies", "importance", "queries and keys"}
     other = ModelRef("smollm2")  # the transformers engine of the same weights finds every result
     assert warm_up.warm_up(other) is job
-    assert all(result.peek(*args) is first[result.key(*args)] for result, args in warm_up.steps(other))
+    assert all(result.peek(*args) is again[result.key(*args)] for result, args in warm_up.steps(other))
 
     puts = []
     real_put = shared.SharedCache.put
@@ -62,30 +77,8 @@ def test_the_pages_find_what_the_warm_up_computed_and_a_restart_reads_it_from_di
     for page in PAGES:  # each page's default view reads the corpus results it needs, and computes none of them
         at.switch_page(page).run()
         assert not at.exception and not at.error, (page, at.exception, [e.value for e in at.error])
-    assert not set(first) & set(puts), [k[0] for k in set(first) & set(puts)]
-    monkeypatch.setattr(shared.SharedCache, "put", real_put)
-
-    cleared()  # a restart: the caches are empty, the disk is not
-    at = new_app({"model": REF.choice})
-    job = finished(at_most_s=120)
-    assert {how for _, how, _ in job.done} == {"stored"}
-    again = {result.key(*args): result.peek(*args) for result, args in warm_up.steps(REF)}
-    assert again.keys() == first.keys()
-    by_name = {}
-    for key in first:
-        by_name.setdefault(key[0], []).append(key)
-    for key in by_name["profile"]:
-        frame, per_sentence, attentions = again[key]
-        pd.testing.assert_frame_equal(frame, first[key][0])
-        assert [a.text for a in attentions] == [a.text for a in first[key][2]]
-    for key in by_name["detector"] + by_name["curves"] + by_name["proxies"]:
-        pd.testing.assert_frame_equal(again[key], first[key])
-    (key,) = by_name["importance"]
-    pd.testing.assert_frame_equal(again[key].frame, first[key].frame)
-    (key,) = by_name["queries and keys"]
-    assert again[key].png == first[key].png
-    for pair, frame in first[key].frames.items():
-        pd.testing.assert_frame_equal(again[key].frames[pair], frame)
+    assert not set(again) & set(puts), [k[0] for k in set(again) & set(puts)]
+    cleared()
 
 
 def test_no_warm_up_unless_a_bundled_decoder_loads(new_app, warm):

@@ -25,7 +25,7 @@ from models.memory import release_memory
 
 from ..results import declarations, steps
 from ..results import shared as declared
-from ..results.models import LLM, ModelRef
+from ..results.models import LLM, ModelRef, cached_model
 from ..results.store import Store, folder_digest
 from ..results.threads import here, lower_priority
 
@@ -123,6 +123,8 @@ def _warm(job: Warmup) -> None:
     try:
         folder, _ = resolve_model_dir(bundled(job.ref.choice).name)
         store = Store(results_root(), folder_digest(folder))
+        for choice in bundled(job.ref.choice).engines():  # both engines, which the pages read, whether or not the
+            cached_model(ModelRef(choice, device=job.ref.device))  # steps are computed or read from disk
         todo = steps(job.ref)
         job.total = len(todo)
         job.queue = declared.Queue(todo, lambda result, args: _step(job, store, result, args))
