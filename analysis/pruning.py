@@ -53,7 +53,8 @@ class CurvePoint:
 def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str = "importance",
                   step: float = 0.1, seed: int = 0, ablation: str = "zero", head_means=None,
                   proxies: pd.DataFrame | None = None, measure: str = "embedding", full=None,
-                  runs: dict | None = None, progress: Progress | None = None) -> pd.DataFrame:
+                  runs: dict | None = None, importance: pd.DataFrame | None = None,
+                  progress: Progress | None = None) -> pd.DataFrame:
     """Prune ``step`` of the heads at a time in ``order`` and measure each pruned model on ``sentences``.
 
     ``order``: "importance" (recomputed on the pruned model before each step: ablation importance
@@ -69,7 +70,8 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     ``full``: the full model's run of the sentences and its seconds, ``full_run(model, sentences, measure)``,
     for several curves over the same sentences to share; computed here when not given. ``runs``: a dict that
     several curves with the same ablation share, each pruned model's run kept under its set of heads, so that
-    a set two curves reach (every head, at the end) is run once.
+    a set two curves reach (every head, at the end) is run once. ``importance``: the full model's, as the first
+    step by importance would measure it (``head_importance`` with this ablation and measure), when already taken.
     """
     model = model.scratch("Pruning switches heads off")
     check_measure(model, measure)
@@ -107,7 +109,12 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     for count in counts:
         if count > len(pruned):
             need = count - len(pruned)
-            if order == "importance" and count < total_heads:
+            if order == "importance" and count < total_heads and not pruned and importance is not None:
+                imp = importance.assign(pruned=False) if "pruned" not in importance else importance
+                tick(len(sentences) * (1 if measure == "loss" else total_heads))  # the measurement it stands for
+                ranked = imp[~imp["pruned"]].sort_values("importance", kind="stable")
+                chosen = [(int(r.layer), int(r.head)) for r in ranked.head(need).itertuples()]
+            elif order == "importance" and count < total_heads:
                 release_memory()
                 before = done
                 imp = head_importance(current, sentences, method="gradient" if measure == "loss" else "ablation",

@@ -3,6 +3,7 @@ hand (their columns of the output projection zeroed): the loss, each head's abla
 curves' losses and top-1 agreement, and the gradient of the loss; and what content attention sets
 aside in a decoder (its first token, when that is a sink)."""
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -155,6 +156,11 @@ def test_curves_measure_each_pruned_model_as_transformers_with_those_heads_remov
             assert row.loss == pytest.approx(loss, rel=1e-4), (order, row.n_pruned)
             assert row.agreement == pytest.approx(np.mean(np.concatenate(pruned_tops) == np.concatenate(tops)))
         assert "fidelity" not in curve
+    # Pruning's importance by gradient, as the server prepares it, stands for the curve's first step
+    imp = head_importance(ours, TEXTS, method="gradient", measure="loss", reference=ours.predictions(TEXTS)[0])
+    given = pruning_curve(ours, TEXTS, order="importance", step=0.25, measure="loss", importance=imp)
+    want = pruning_curve(ours, TEXTS, order="importance", step=0.25, measure="loss")
+    pd.testing.assert_frame_equal(given.drop(columns="forward_s"), want.drop(columns="forward_s"))
 
 
 def test_the_loss_measure_needs_a_language_model(scratch_model):

@@ -428,6 +428,13 @@ def test_pruning_curves_measure_each_pruned_model(tiny_scratch):
     assert counted[1]["forward_s"].iloc[-1] == counted[0]["forward_s"].iloc[-1]
     sets = {frozenset(h) for got in counted for h in got["heads"] if h}
     assert set(measured) == sets and len(sets) < 2 * (len(prune_counts(8)) - 1)  # run once each
+    # the full model's importance already measured (Pruning's own): the same curve, and the progress all counted
+    ticks = []
+    given = pruning_curve(tiny_scratch, TEXTS, order="importance", full=shared, importance=head_importance(
+        tiny_scratch, TEXTS, reference=full), progress=lambda *t: ticks.append(t))
+    pd.testing.assert_frame_equal(given.drop(columns="forward_s"), curve.drop(columns="forward_s"))
+    work = curve_work(tiny_scratch, len(TEXTS), prune_counts(8), "importance", shared_full=True)
+    assert ticks[-1] == (work, work)
     means = tiny_scratch.head_means(TEXTS)
     mean_curve = pruning_curve(tiny_scratch, TEXTS, order="proxy", ablation="mean", head_means=means)
     last = mean_curve.iloc[-1]

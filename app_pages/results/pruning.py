@@ -67,12 +67,15 @@ def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ab
     works = [curve_work(model, n, counts, order, measure_of(ref), shared_full=True) for order, _ in runs]
     bar = Bar(f"Pruning 10% of the heads at a time, {len(runs)} ways, on {n} sentences")
     full = full_run(model, sentences, measure_of(ref))  # the unpruned model's run, shared by every curve
+    # the page's importance is the curve's first step when measured the way the curve measures
+    first_step = imp.frame if method == ("gradient" if measure_of(ref) == "loss" else "ablation") else None
     frames, measured = [], {}  # each pruned set's run, for the curves that reach it (every head, at the end)
     for i, (order, seed) in enumerate(runs):
         base = sum(works[:i])
         frames.append(pruning_curve(model, sentences, order=order, seed=seed, ablation=ablation,
                                     head_means=imp.means, proxies=proxies, measure=measure_of(ref), full=full,
-                                    runs=measured, progress=lambda done, _, base=base: bar(base + done, sum(works))))
+                                    runs=measured, importance=first_step,
+                                    progress=lambda done, _, base=base: bar(base + done, sum(works))))
     bar.empty()
     return pd.concat(frames, ignore_index=True)
 

@@ -74,10 +74,10 @@ def job(ref: ModelRef) -> "Warmup | None":
 
 
 def warm_up(ref: ModelRef) -> Warmup | None:
-    """Start ``ref``'s warm-up, once per server, when it is a bundled decoder. For any other model, only spaCy's
-    English pipeline is loaded in the background (once, a second), which every word-level measure of Head roles,
-    Foci and a head's card reads."""
-    if enabled() and (ref.choice not in LLM or ref.run):
+    """Start ``ref``'s warm-up, once per server, when it is a bundled decoder. For any model, spaCy's English
+    pipeline is loaded in the background (once, a second), which every word-level measure of Head roles, Foci and
+    a head's card reads (a preparation read from disk reads none)."""
+    if enabled():
         _pipeline_loaded()
     if not enabled() or ref.choice not in LLM or ref.run:
         return None
