@@ -3,7 +3,7 @@ import streamlit as st
 
 from analysis.atlas import METRICS, atlas_frame, head_map, metrics_of
 from app_pages.results.card import atlas, card_parts, decoder
-from app_pages.results.shared import pending
+from app_pages.results.shared import note_pending
 from app_pages.results.models import ModelRef
 from app_pages.ui.card import same_kind
 from app_pages.ui.card_links import click_picks_head
@@ -28,9 +28,8 @@ if model_for(ref).encoder_decoder:
     st.stop()
 frames = {ref.title: (ref, atlas_frame(card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False,
                                                  first=True)))}
-if pending():  # on a cold server, the measures prepared so far: the rest join in place
-    st.info("A first atlas: the measures the server has prepared so far. The rest are being prepared for every "
-            "session and join it here when they are ready.", icon=":material/hourglass_top:")
+note_pending("A first atlas: the measures the server has prepared so far. The rest are being prepared for every "
+             "session and join it here when they are ready.")  # on a cold server
 others = [b for b in CATALOG if bundled(ref.choice) is None or b.key != bundled(ref.choice).key]
 if others and bound(st.toggle, "atlas_beside", False, cast=flag, label="Beside another bundled model",
                     help="The other model's heads placed by the same measures, its points beside these (the first "

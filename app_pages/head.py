@@ -4,7 +4,7 @@ import streamlit as st
 from analysis.atlas import atlas_frame, heads_like
 from analysis.head_card import card_from
 from app_pages.results.card import card_parts, decoder
-from app_pages.results.shared import pending
+from app_pages.results.shared import note_pending
 from app_pages.results.tasks import FIRST
 from app_pages.ui import card_view as view
 from app_pages.ui.card import same_kind, stored_atlas
@@ -31,9 +31,8 @@ if model.encoder_decoder:
 # a bundled decoder's importance is prepared (2 s if not yet); every head's queries-and-keys picture (45 s) and an
 # encoder's importance (a minute) are shown once computed, on their pages or a button here
 parts = card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False, first=True)
-if pending():  # a first card, on a cold server: what is prepared joins it in place
-    st.info("A first card: what the server has prepared so far. The rest is being prepared for every session and "
-            "joins the card here when it is ready.", icon=":material/hourglass_top:")
+note_pending("A first card: what the server has prepared so far. The rest is being prepared for every session "
+             "and joins the card here when it is ready.")  # on a cold server
 card = card_from(parts, ref.title, layer, head)
 others, choices = {}, {ref.title: ref.choice}
 for key in same_kind(ref):

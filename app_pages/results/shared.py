@@ -530,14 +530,17 @@ def _pending() -> list:
     return here.pending
 
 
-def pending() -> int:
-    """How many values this run of a page goes on without (``Shared.later``)."""
-    return len(_pending())
+def note_pending(text: str) -> None:
+    """Say on the page, here, what it shows while the values it went on without (``later``) are prepared; their
+    progress replaces the note while the page waits for them (``complete``)."""
+    if _pending():
+        here.note = st.empty()
+        here.note.info(text, icon=":material/hourglass_top:")
 
 
 def page_begins() -> None:
     """A page's run starts: nothing pending from the last."""
-    here.pending = []
+    here.pending, here.note = [], None
 
 
 def complete() -> None:
@@ -546,7 +549,7 @@ def complete() -> None:
     pending, here.pending = _pending(), []
     if not pending:
         return
-    bottom = None
+    bottom = getattr(here, "note", None)
     with SESSIONS.counted("waiting"):
         for result, args, queue, slot, says in pending:
             if slot is None:
