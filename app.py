@@ -1,7 +1,7 @@
 """HeadLens: routing and the shared sidebar. Each page lives in app_pages/."""
 import streamlit as st
 
-from app_pages.results.shared import complete, page_begins
+from app_pages.results.shared import SESSIONS, complete, page_begins
 from app_pages.results.threads import share_the_lock
 from app_pages.ui.janitor import janitor
 from app_pages.ui.sidebar import sidebar
@@ -37,6 +37,7 @@ if "_open_page" in st.session_state:  # asked for by a page (ui.state.open_page)
     st.switch_page(st.session_state.pop("_open_page"))
 janitor()  # drops what only closed sessions held
 st.sidebar.title("HeadLens")
-sidebar()
-page.run()
+with SESSIONS.counted("computing"):  # the server's preparation pauses at its next progress point while a page runs
+    sidebar()
+    page.run()
 complete()  # the full forms of what the page showed first, then the page again with them

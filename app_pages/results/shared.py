@@ -39,10 +39,11 @@ from .threads import here, in_background, session_id
 
 
 class Sessions:
-    """How many sessions are computing a shared result now, and how many wait on another's computation. The
-    server's preparation steps aside for them (``step_aside``, at each of its progress points): a page a session
-    opens while the server prepares is computed first, on the cores the preparation leaves it, whether or not
-    its result was queued. It never waits while a session waits, which may be on the preparation itself."""
+    """How many sessions are running a page or computing a shared result now (``computing``), and how many wait
+    on another's computation or the preparation (``waiting``). The server's preparation steps aside for the
+    first (``step_aside``, at each of its progress points): a page a session opens while the server prepares runs
+    first, on the cores the preparation leaves it. It never waits while a session waits, which may be on the
+    preparation itself."""
 
     def __init__(self):
         self.computing = self.waiting = self.aside = 0
