@@ -1,7 +1,8 @@
 """HeadLens: routing and the shared sidebar. Each page lives in app_pages/."""
 import streamlit as st
 
-from app_pages.results.shared import SESSIONS, complete, page_begins
+from app_pages.results.later import complete, page_begins
+from app_pages.results.preparing import SESSIONS
 from app_pages.results.threads import share_the_lock
 from app_pages.ui.janitor import janitor
 from app_pages.ui.sidebar import sidebar

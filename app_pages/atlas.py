@@ -3,7 +3,7 @@ import streamlit as st
 
 from analysis.atlas import METRICS, atlas_frame, head_map, metrics_of
 from app_pages.results.card import atlas, card_parts, decoder
-from app_pages.results.shared import note_pending
+from app_pages.results.later import note_pending
 from app_pages.results.models import ModelRef
 from app_pages.ui.card import same_kind
 from app_pages.ui.card_links import click_picks_head

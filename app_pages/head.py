@@ -4,7 +4,7 @@ import streamlit as st
 from analysis.atlas import atlas_frame, heads_like
 from analysis.head_card import card_from
 from app_pages.results.card import card_parts, decoder
-from app_pages.results.shared import note_pending
+from app_pages.results.later import note_pending
 from app_pages.results.tasks import FIRST
 from app_pages.ui import card_view as view
 from app_pages.ui.card import same_kind, stored_atlas

@@ -7,7 +7,7 @@ import time
 import pandas as pd
 import pytest
 
-from app_pages.results import shared
+from app_pages.results import preparing, shared
 from app_pages.ui import warm_up
 from app_pages.results.models import ModelRef
 from app_pages.results.threads import here
@@ -160,7 +160,7 @@ def test_the_preparation_steps_aside_while_a_session_computes():
     (begin, end), = spans
     assert not [t for t in ticks if begin + 0.1 < t < end]  # at most the tick under way when the page began
     assert len(ticks) == 40 and cache.get("prepared") == "prepared" and ticks[-1] > end
-    assert (shared.SESSIONS.computing, shared.SESSIONS.waiting, shared.SESSIONS.aside) == (0, 0, 0)
+    assert (preparing.SESSIONS.computing, preparing.SESSIONS.waiting, preparing.SESSIONS.aside) == (0, 0, 0)
 
 
 def test_the_preparation_never_pauses_for_a_session_that_waits_on_it():
@@ -174,7 +174,7 @@ def test_the_preparation_never_pauses_for_a_session_that_waits_on_it():
                                                                              "Waiting"), "Waiting")
     assert needs == "prepared" and time.perf_counter() - begin < 5
     thread.join(30)
-    assert len(ticks) == 40 and (shared.SESSIONS.computing, shared.SESSIONS.waiting) == (0, 0)
+    assert len(ticks) == 40 and (preparing.SESSIONS.computing, preparing.SESSIONS.waiting) == (0, 0)
 
 
 def _declared(name: str, compute) -> shared.Shared:
@@ -192,7 +192,7 @@ def test_a_session_waiting_on_a_queued_step_moves_it_to_the_front():
         for i in range(60):
             if i == 2:
                 ticking.set()
-            shared.step_aside()  # a progress point
+            preparing.step_aside()  # a progress point
             time.sleep(0.02)
         events.append(("slow", threading.current_thread().name))
         return "slow"
@@ -201,15 +201,15 @@ def test_a_session_waiting_on_a_queued_step_moves_it_to_the_front():
     second = _declared("second", lambda: events.append(("second", threading.current_thread().name)) or "second")
     wanted = _declared("wanted", lambda: events.append(("wanted", threading.current_thread().name)) or "wanted")
     reads = _declared("reads", lambda: (first(), events.append(("reads", threading.current_thread().name)))[0])
-    queue = shared.Queue([(first, ()), (second, ()), (reads, ()), (wanted, ())], lambda result, args: result(*args))
+    queue = preparing.Queue([(first, ()), (second, ()), (reads, ()), (wanted, ())], lambda result, args: result(*args))
     thread = threading.Thread(target=queue.prepare, name="preparation", daemon=True)
     thread.start()
     assert ticking.wait(10)
-    assert shared.preparing(wanted.key()) is queue
+    assert preparing.preparing(wanted.key()) is queue
     assert wanted() == "wanted"  # this session waits; the preparation computes it, while "slow" is paused
     assert events == [("wanted", "preparation")]
     assert reads() == "slow"  # needs "slow": runs right after it, before "second"
     thread.join(30)
     assert events == [("wanted", "preparation"), ("slow", "preparation"), ("reads", "preparation"),
                       ("second", "preparation")]
-    assert not shared.QUEUES and shared.SESSIONS.waiting == 0
+    assert not preparing.QUEUES and preparing.SESSIONS.waiting == 0

@@ -29,170 +29,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
-import torch
 
 from analysis.profile import corpus_hash
 from models import HeadLensError
 
+from .later import left_for_later
 from .messages import stop_with
+from .preparing import SESSIONS, Reentered, preparing, step_aside, waited
 from .threads import here, in_background, session_id
-
-
-class Sessions:
-    """How many sessions are running a page or computing a shared result now (``computing``), and how many wait
-    on another's computation or the preparation (``waiting``). The server's preparation steps aside for the
-    first (``step_aside``, at each of its progress points): a page a session opens while the server prepares runs
-    first, on the cores the preparation leaves it. It never waits while a session waits, which may be on the
-    preparation itself."""
-
-    def __init__(self):
-        self.computing = self.waiting = self.aside = 0
-        self._changed = threading.Condition()
-
-    @contextlib.contextmanager
-    def counted(self, what: str):
-        with self._changed:
-            setattr(self, what, getattr(self, what) + 1)
-        try:
-            yield
-        finally:
-            with self._changed:
-                setattr(self, what, getattr(self, what) - 1)
-                self._changed.notify_all()
-
-    def step_aside(self, at_most_s: float = 60.0) -> float:
-        """In the server's preparation: wait while some session computes and none waits, ``at_most_s`` at a time;
-        the seconds waited."""
-        start = time.perf_counter()
-        with self._changed:
-            if not self.computing or self.waiting:
-                return 0.0
-            self.aside += 1
-            while self.computing and not self.waiting and time.perf_counter() - start < at_most_s:
-                self._changed.wait(0.25)
-            self.aside -= 1
-        return time.perf_counter() - start
-
-
-SESSIONS = Sessions()
-
-
-def step_aside() -> None:
-    """Where the server's preparation may pause for the sessions (``Sessions``), and first runs a step some session
-    waits on (``Queue.wanted``); elsewhere nothing."""
-    if getattr(here, "steps_aside", False):
-        queue = getattr(here, "queue", None)
-        if queue is not None:
-            queue.run_wanted()
-        SESSIONS.step_aside()
-
-
-class Reentered(Exception):
-    """A step run inside another (``Queue.run_wanted``) needs a value the outer one is computing."""
-
-
-class Queue:
-    """A preparation's steps not yet started, each ``(result, args)``, in order. A session that asks for one waits
-    on the preparation rather than computing it (``wait_for``): the step moves to the front, and the preparation
-    runs it at its next progress point, inside the step under way, which pauses (``run_wanted``); only a step that
-    needs a value the paused one is computing waits for it to end."""
-
-    def __init__(self, todo, run: Callable):
-        self.todo, self.run = list(todo), run  # run(result, args): one step, as the preparation takes it
-        self.wanted: set = set()  # the keys sessions wait on
-        self.running: list = []  # the steps under way, (result, args) (one inside another: ``run_wanted``)
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def _key(item) -> tuple:
-        result, args = item
-        return result.key(*args)
-
-    def holds(self, key) -> bool:
-        """Whether ``key`` is a step not yet done (queued or under way)."""
-        with self._lock:
-            return any(self._key(item) == key for item in self.running + self.todo)
-
-    def started(self, key) -> bool:
-        """Whether ``key``'s step is under way."""
-        with self._lock:
-            return any(self._key(item) == key for item in self.running)
-
-    def to_front(self, key) -> bool:
-        """Move ``key``'s step to the front, wanted; whether it was queued."""
-        with self._lock:
-            for i, item in enumerate(self.todo):
-                if self._key(item) == key:
-                    self.todo.insert(0, self.todo.pop(i))
-                    self.wanted.add(key)
-                    return True
-        return False
-
-    def take(self, wanted: bool = False):
-        """The next step, taken off the queue (None when none is left, or with ``wanted`` none a session waits on)."""
-        with self._lock:
-            if not self.todo or (wanted and self._key(self.todo[0]) not in self.wanted):
-                return None
-            item = self.todo.pop(0)
-            self.wanted.discard(self._key(item))
-            self.running.append(item)
-            return item
-
-    def _ran(self, item, again: bool = False) -> None:
-        """``item``'s step has ended, or goes back to the front (``again``)."""
-        with self._lock:
-            if again:
-                self.todo.insert(0, item)
-            self.running.remove(item)
-
-    def progress(self) -> tuple[float, str]:
-        """How far the step under way has got (the innermost), as its progress bar says."""
-        with self._lock:
-            if not self.running:
-                return 0.0, ""
-            result, args = self.running[-1]
-        return result.cache.progress.get(result.key(*args), (0.0, result.waiting))
-
-    def prepare(self) -> None:
-        """Run every step in this thread, the server's own, in order but for those sessions want first."""
-        here.background = here.steps_aside = True
-        here.queue = self
-        QUEUES.append(self)
-        try:
-            while (item := self.take()) is not None:
-                try:
-                    step_aside()
-                    self.run(*item)
-                finally:
-                    self._ran(item)
-        finally:
-            QUEUES.remove(self)
-            here.queue = None
-
-    def run_wanted(self) -> None:
-        """Run the steps sessions wait on, here, inside the step under way (not inside one of them)."""
-        if getattr(here, "nested", False):
-            return
-        here.nested = True
-        try:
-            while (item := self.take(wanted=True)) is not None:
-                try:
-                    with torch.inference_mode(False), torch.enable_grad():  # as a step starts, whatever this one set
-                        self.run(*item)
-                except Reentered:  # it reads what the paused step computes: it goes first once that step ends
-                    self._ran(item, again=True)
-                    return
-                self._ran(item)
-        finally:
-            here.nested = False
-
-
-QUEUES: list[Queue] = []  # the preparations under way
-
-
-def preparing(key) -> Queue | None:
-    """The preparation that has ``key`` queued and not started, if any."""
-    return next((q for q in list(QUEUES) if q.holds(key)), None)
 
 
 class Bar:
@@ -505,61 +349,8 @@ class Shared:
             slot = st.empty()
             slot.info(f"{says} is being prepared for every session and takes its place here when it is ready.",
                       icon=":material/hourglass_top:")
-        _pending().append((self, args, queue, slot, says))
+        left_for_later().append((self, args, queue, slot, says))
         return True
-
-
-def waited(queue: Queue, key, show: Callable, saying: str, every_s: float = 1.0) -> None:
-    """Wait until the preparation ``queue`` has done ``key``'s step (or stopped), ``show((share, text))`` saying
-    how far the step under way has got, at least every ``every_s`` (a click on the page then ends the wait)."""
-    shown, at = None, 0.0
-    while queue in QUEUES and queue.holds(key):
-        share, text = queue.progress()
-        if not queue.started(key):
-            share, text = 0.0, f"it starts when the step under way pauses ({text or 'starting'})"
-        now = time.perf_counter()
-        if (share, text) != shown or now - at > every_s:
-            shown, at = (share, text), now
-            show((share, f"{saying}: {text}"))
-        time.sleep(0.2)
-
-
-def _pending() -> list:
-    """The full forms this run of a page showed a first form for (``Shared.now``)."""
-    if not hasattr(here, "pending"):
-        here.pending = []
-    return here.pending
-
-
-def note_pending(text: str) -> None:
-    """Say on the page, here, what it shows while the values it went on without (``later``) are prepared; their
-    progress replaces the note while the page waits for them (``complete``)."""
-    if _pending():
-        here.note = st.empty()
-        here.note.info(text, icon=":material/hourglass_top:")
-
-
-def page_begins() -> None:
-    """A page's run starts: nothing pending from the last."""
-    here.pending, here.note = [], None
-
-
-def complete() -> None:
-    """At the end of a page's run: wait for each full form it showed a first form for, its progress in the note,
-    then run the page again (which finds them ready)."""
-    pending, here.pending = _pending(), []
-    if not pending:
-        return
-    bottom = getattr(here, "note", None)
-    with SESSIONS.counted("waiting"):
-        for result, args, queue, slot, says in pending:
-            if slot is None:
-                bottom = slot = bottom or st.empty()
-            waited(queue, result.key(*args), lambda text, slot=slot: slot.progress(*text),
-                   f"{says or result.waiting} is being prepared for every session")
-    for result, args, *_ in pending:
-        result(*args)  # ready (computed here only if the preparation stopped first)
-    st.rerun()
 
 
 def _copied(value):

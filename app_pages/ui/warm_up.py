@@ -24,7 +24,7 @@ from models.gguf import cache_root
 from models.memory import release_memory
 
 from ..results import declarations, steps
-from ..results import shared as declared
+from ..results.preparing import SESSIONS, Queue
 from ..results.models import LLM, ModelRef, cached_model
 from ..results.store import Store, folder_digest
 from ..results.threads import here, lower_priority
@@ -43,7 +43,7 @@ class Warmup:
     total: int = 0
     error: str | None = None
     thread: threading.Thread | None = None
-    queue: "declared.Queue | None" = None  # the steps not yet started
+    queue: "Queue | None" = None  # the steps not yet started
 
     @property
     def running(self) -> bool:
@@ -108,14 +108,14 @@ def warm_up_note(ref: ModelRef) -> str | None:
     running = job(ref)
     if running is None or not running.running:
         return None
-    paused = ", paused while pages compute" if declared.SESSIONS.aside else ""
+    paused = ", paused while pages compute" if SESSIONS.aside else ""
     return (f"Preparing this model's pages over the built-in corpus in the background ({running.current or 'starting'}, "
             f"{len(running.done)} of {running.total or '…'} done{paused}); a page that needs it shows how far it has "
             "got.")
 
 
 def _warm(job: Warmup) -> None:
-    here.background = here.steps_aside = True  # pausing for the sessions' own computations (shared.Sessions)
+    here.background = here.steps_aside = True  # pausing for the sessions' own computations (preparing.Sessions)
     # the results' functions are called from this thread, which has no session: Streamlit says so at each call
     logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
     lower_priority()
@@ -127,7 +127,7 @@ def _warm(job: Warmup) -> None:
             cached_model(ModelRef(choice, device=job.ref.device))  # steps are computed or read from disk
         todo = steps(job.ref)
         job.total = len(todo)
-        job.queue = declared.Queue(todo, lambda result, args: _step(job, store, result, args))
+        job.queue = Queue(todo, lambda result, args: _step(job, store, result, args))
         job.queue.prepare()
         job.state = "done"
         store.drop_stale()
