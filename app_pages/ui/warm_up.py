@@ -97,8 +97,12 @@ def warm_up(ref: ModelRef) -> Warmup | None:
 def _pipeline_loaded() -> threading.Thread:
     from analysis.roles import parse
 
-    # spaCy's pipeline, and its parse of the built-in corpus that every model's profile reads
-    thread = threading.Thread(target=parse, args=(list(CORPUS),), name="headlens-spacy", daemon=True)
+    def load() -> None:  # spaCy's pipeline, and its parse of the built-in corpus that every model's profile reads
+        lower_priority()
+        SESSIONS.step_aside()  # after the page that opened the model
+        parse(list(CORPUS))
+
+    thread = threading.Thread(target=load, name="headlens-spacy", daemon=True)
     thread.start()
     return thread
 
@@ -121,6 +125,7 @@ def _warm(job: Warmup) -> None:
     lower_priority()
     job.state = "running"
     try:
+        SESSIONS.step_aside()  # the page that opened the model is drawn first
         folder, _ = resolve_model_dir(bundled(job.ref.choice).name)
         store = Store(results_root(), folder_digest(folder))
         for choice in bundled(job.ref.choice).engines():  # both engines, which the pages read, whether or not the
