@@ -109,17 +109,17 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     for count in counts:
         if count > len(pruned):
             need = count - len(pruned)
-            if order == "importance" and count < total_heads and not pruned and importance is not None:
-                imp = importance.assign(pruned=False) if "pruned" not in importance else importance
-                tick(len(sentences) * (1 if measure == "loss" else total_heads))  # the measurement it stands for
-                ranked = imp[~imp["pruned"]].sort_values("importance", kind="stable")
-                chosen = [(int(r.layer), int(r.head)) for r in ranked.head(need).itertuples()]
-            elif order == "importance" and count < total_heads:
-                release_memory()
-                before = done
-                imp = head_importance(current, sentences, method="gradient" if measure == "loss" else "ablation",
-                                      ablation="mean" if means is not None else "zero", head_means=means,
-                                      reference=full, measure=measure, progress=lambda d, t: tick(before + d - done))
+            if order == "importance" and count < total_heads:
+                if not pruned and importance is not None:  # the full model's, measured already
+                    imp = importance
+                    tick(len(sentences) * (1 if measure == "loss" else total_heads))  # the measurement it stands for
+                else:
+                    release_memory()
+                    before = done
+                    imp = head_importance(current, sentences, method="gradient" if measure == "loss" else "ablation",
+                                          ablation="mean" if means is not None else "zero", head_means=means,
+                                          reference=full, measure=measure,
+                                          progress=lambda d, t: tick(before + d - done))
                 ranked = imp[~imp["pruned"]].sort_values("importance", kind="stable")
                 chosen = [(int(r.layer), int(r.head)) for r in ranked.head(need).itertuples()]
             elif order == "importance":

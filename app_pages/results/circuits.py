@@ -35,7 +35,7 @@ SCORE_BATCH = 8
 FIRST_PAIRS, FIRST_SIZES = 8, (10, 100, 1000)  # a circuit's first form: EAP over 8 pairs, a curve at 3 sizes
 
 
-def _first(ref: ModelRef, spec: TaskSpec, metric: str, method: str, steps: int, kinds: tuple, sizes: tuple = ()):
+def _first(ref: ModelRef, spec: TaskSpec, metric: str, method: str, steps: int, kinds: tuple):
     return ref, replace(spec, pairs=min(spec.pairs, FIRST_PAIRS)), metric, "eap", 1, kinds, FIRST_SIZES
 
 

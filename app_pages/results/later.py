@@ -11,7 +11,8 @@ from .threads import here
 
 
 def left_for_later() -> list:
-    """The full forms this run of a page showed a first form for (``Shared.now``)."""
+    """What this run of a page left for later: the full forms of its first forms (``Shared.now``) and the parts it
+    went on without (``Shared.later``)."""
     if not hasattr(here, "pending"):
         here.pending = []
     return here.pending

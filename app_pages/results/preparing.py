@@ -71,37 +71,34 @@ class Reentered(Exception):
 
 
 class Queue:
-    """A preparation's steps not yet started, each ``(result, args)``, in order. A session that asks for one waits
-    on the preparation rather than computing it (``wait_for``): the step moves to the front, and the preparation
-    runs it at its next progress point, inside the step under way, which pauses (``run_wanted``); only a step that
-    needs a value the paused one is computing waits for it to end."""
+    """A preparation's steps not yet done, each ``(result, args)``, in order. A session that asks for one waits on
+    the preparation rather than computing it (``waited``): the step moves to the front, and the preparation runs it
+    at its next progress point, inside the step under way, which pauses (``run_wanted``); only a step that needs a
+    value the paused one is computing waits for it to end."""
 
     def __init__(self, todo, run: Callable):
-        self.todo, self.run = list(todo), run  # run(result, args): one step, as the preparation takes it
+        self.run = run  # run(result, args): one step, as the preparation takes it
+        # each step with its key, made once (a key hashes its sentences): sessions look steps up by key
+        self.todo = [(result, args, result.key(*args)) for result, args in todo]
         self.wanted: set = set()  # the keys sessions wait on
-        self.running: list = []  # the steps under way, (result, args) (one inside another: ``run_wanted``)
+        self.running: list = []  # the steps under way (one inside another: ``run_wanted``)
         self._lock = threading.Lock()
-
-    @staticmethod
-    def _key(item) -> tuple:
-        result, args = item
-        return result.key(*args)
 
     def holds(self, key) -> bool:
         """Whether ``key`` is a step not yet done (queued or under way)."""
         with self._lock:
-            return any(self._key(item) == key for item in self.running + self.todo)
+            return any(step[2] == key for step in self.running + self.todo)
 
     def started(self, key) -> bool:
         """Whether ``key``'s step is under way."""
         with self._lock:
-            return any(self._key(item) == key for item in self.running)
+            return any(step[2] == key for step in self.running)
 
     def to_front(self, key) -> bool:
         """Move ``key``'s step to the front, wanted; whether it was queued."""
         with self._lock:
-            for i, item in enumerate(self.todo):
-                if self._key(item) == key:
+            for i, step in enumerate(self.todo):
+                if step[2] == key:
                     self.todo.insert(0, self.todo.pop(i))
                     self.wanted.add(key)
                     return True
@@ -110,27 +107,27 @@ class Queue:
     def take(self, wanted: bool = False):
         """The next step, taken off the queue (None when none is left, or with ``wanted`` none a session waits on)."""
         with self._lock:
-            if not self.todo or (wanted and self._key(self.todo[0]) not in self.wanted):
+            if not self.todo or (wanted and self.todo[0][2] not in self.wanted):
                 return None
-            item = self.todo.pop(0)
-            self.wanted.discard(self._key(item))
-            self.running.append(item)
-            return item
+            step = self.todo.pop(0)
+            self.wanted.discard(step[2])
+            self.running.append(step)
+            return step
 
-    def _ran(self, item, again: bool = False) -> None:
-        """``item``'s step has ended, or goes back to the front (``again``)."""
+    def _ran(self, step, again: bool = False) -> None:
+        """``step`` has ended, or goes back to the front (``again``)."""
         with self._lock:
             if again:
-                self.todo.insert(0, item)
-            self.running.remove(item)
+                self.todo.insert(0, step)
+            self.running.remove(step)
 
     def progress(self) -> tuple[float, str]:
         """How far the step under way has got (the innermost), as its progress bar says."""
         with self._lock:
             if not self.running:
                 return 0.0, ""
-            result, args = self.running[-1]
-        return result.cache.progress.get(result.key(*args), (0.0, result.waiting))
+            result, _, key = self.running[-1]
+        return result.cache.progress.get(key, (0.0, result.waiting))
 
     def prepare(self) -> None:
         """Run every step in this thread, the server's own, in order but for those sessions want first."""
@@ -138,12 +135,12 @@ class Queue:
         here.queue = self
         QUEUES.append(self)
         try:
-            while (item := self.take()) is not None:
+            while (step := self.take()) is not None:
                 try:
                     step_aside()
-                    self.run(*item)
+                    self.run(*step[:2])
                 finally:
-                    self._ran(item)
+                    self._ran(step)
         finally:
             QUEUES.remove(self)
             here.queue = None
@@ -154,14 +151,14 @@ class Queue:
             return
         here.nested = True
         try:
-            while (item := self.take(wanted=True)) is not None:
+            while (step := self.take(wanted=True)) is not None:
                 try:
                     with torch.inference_mode(False), torch.enable_grad():  # as a step starts, whatever this one set
-                        self.run(*item)
+                        self.run(*step[:2])
                 except Reentered:  # it reads what the paused step computes: it goes first once that step ends
-                    self._ran(item, again=True)
+                    self._ran(step, again=True)
                     return
-                self._ran(item)
+                self._ran(step)
         finally:
             here.nested = False
 
@@ -170,7 +167,7 @@ QUEUES: list[Queue] = []  # the preparations under way
 
 
 def preparing(key) -> Queue | None:
-    """The preparation that has ``key`` queued and not started, if any."""
+    """The preparation that has ``key``'s step not yet done, if any."""
     return next((q for q in list(QUEUES) if q.holds(key)), None)
 
 
