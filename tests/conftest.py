@@ -180,6 +180,12 @@ def pytest_collection_modifyitems(config, items):
                 marks.add("bundled")
         for mark in sorted(marks) or ["fast"]:
             item.add_marker(mark)
+    # the cold server first: it makes the run's one preparation, whose results every test after it finds in the
+    # caches (as a server's sessions do) instead of computing them again
+    items.sort(key=lambda item: not item.nodeid.startswith(COLD))
+
+
+COLD = "tests/test_app_cold.py"
 
 
 # --- the app -----------------------------------------------------------------------------------

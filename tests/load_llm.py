@@ -190,7 +190,8 @@ async def _quiet(pid: int, below: float = 0.1, for_s: float = 6.0, timeout: floa
 
 
 async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, visitors: int, long_prompts: int,
-               trainers: int, seconds: float, settle: float, training: str, idle_s: float) -> LlmLoadReport:
+               trainers: int, seconds: float, settle: float, training: str, idle_s: float,
+               idle_switches: int) -> LlmLoadReport:
     from playwright.async_api import async_playwright
 
     sessions = visitors + long_prompts + trainers
@@ -224,7 +225,7 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
             if long_prompts:  # the long prompts open, and one switches layers alone: what a switch costs when idle
                 for i, n in enumerate(range(trainers, trainers + long_prompts)):
                     await _open_long(pages[n], n, url, model, long_texts[i % len(long_texts)], report)
-                for layer in (n_layers - 1, n_layers // 2, n_layers // 3):
+                for layer in (n_layers - 1, n_layers // 2, n_layers // 3)[:idle_switches]:
                     await _switch_layer(pages[trainers], trainers, layer, "idle layer switch", report)
             clock["end"] = time.monotonic() + seconds
             cpu, ticks = cpu_seconds(pid), machine_ticks()
@@ -253,9 +254,10 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
 
 def run_llm_load(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, *, visitors: int = 3,
                  long_prompts: int = 2, trainers: int = 1, seconds: float = 240, settle: float = 60,
-                 training: str = TRAINING, idle_s: float = 20) -> LlmLoadReport:
+                 training: str = TRAINING, idle_s: float = 20, idle_switches: int = 3) -> LlmLoadReport:
     """``training``: the Train page's URL query for the sessions that train; ``idle_s``: how long a training
-    runs alone first, for its speed before the class."""
+    runs alone first, for its speed before the class; ``idle_switches``: how many layer switches a long prompt
+    makes alone first, for what a switch costs before the class."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, _run(url, pid, model, long_texts, n_layers, visitors, long_prompts, trainers,
-                                             seconds, settle, training, idle_s)).result()
+                                             seconds, settle, training, idle_s, idle_switches)).result()

@@ -1,7 +1,8 @@
 """SmolLM2's preparation from nothing, once per test run, in the test process: the server's own warm-up thread
 filling the shared caches and one results folder on disk. The first test given it finds it under way (a cold
-server); ``finished()`` waits for it, keeps a fingerprint of what it computed, and empties the caches (as a
-restart does), so that the tests after it read the folder, never a second preparation."""
+server); ``finished()`` waits for it and keeps a fingerprint of what it computed. Its results stay in the caches,
+where the tests after it find them as a server's sessions do (the cold server's test runs first: ``conftest``);
+a restart's test empties them and reads the folder back. Nothing is prepared from nothing twice in a run."""
 from __future__ import annotations
 
 import time
@@ -60,5 +61,5 @@ class Preparation:
             assert self.job.state == "done", (self.job.state, self.job.error)
             self.done = list(self.job.done)
             self.prints = {result.key(*args): fingerprint(result.peek(*args)) for result, args in warm_up.steps(REF)}
-            cleared()
+            warm_up.warmups().clear()  # its values stay in the caches
         return self

@@ -22,7 +22,8 @@ def test_a_class_on_smollm2_shares_the_server_and_gives_its_memory_back(load_ser
     env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": str(prepared.finished().folder)}
     with load_server(env=env) as (url, proc):
         report = run_llm_load(url, proc.pid, "smollm2", [text], 30, visitors=2, long_prompts=1, trainers=1,
-                              seconds=60, settle=30, training=SMALL, idle_s=5)
+                              seconds=60, settle=30, training=SMALL, idle_s=5,
+                              idle_switches=1)
         port = url.rsplit(":", 1)[1]
     log = (LOGS / f"streamlit-{port}.log").read_text(errors="replace")
     lines = [report.summary(), "by action: " + report.by_kind(), report.memory(), *report.errors]
