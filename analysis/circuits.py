@@ -183,6 +183,7 @@ def circuit_values(model: AttentionModel, scores: EdgeScores, sizes, kinds=None,
         raise HeadLensError("Give circuit sizes of 0 edges or more.")
     measure = measure_for(task, scores.metric, scratch.device)
     keeps = [torch.as_tensor(scores.top(int(n), kinds), device=scratch.device) for n in sizes]
+    whole = [int(keep.sum()) == graph.n_edges for keep in keeps]  # every edge in: the clean run itself
     values, clean, corrupted = np.zeros((len(task), len(sizes))), np.zeros(len(task)), np.zeros(len(task))
     done = 0
     for idx in batches(task, batch_pairs):
@@ -192,7 +193,8 @@ def circuit_values(model: AttentionModel, scores: EdgeScores, sizes, kinds=None,
             clean[idx] = C.run_ids(stack, graph, good, measure, rows).value.double().cpu()
             corrupted[idx] = bad.value.double().cpu().numpy()
             for j, keep in enumerate(keeps):
-                values[idx, j] = C.circuit_values(stack, graph, good, bad, keep, measure, rows).double().cpu()
+                values[idx, j] = clean[idx] if whole[j] else \
+                    C.circuit_values(stack, graph, good, bad, keep, measure, rows).double().cpu()
                 if progress is not None:
                     progress(done * len(sizes) + (j + 1) * len(idx), len(task) * len(sizes))
         done += len(idx)

@@ -220,20 +220,33 @@ def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: to
         reads[first] = out[0] if count == 1 else None
         return out
 
+    def as_base(s: slice | int, r: slice | int) -> bool:
+        """Whether receivers ``r`` read ``base``'s streams (no circuit edge into any): senders ``s``' outputs are then
+        ``base``'s, taken rather than computed (a small circuit enters few layers; the model's stream is not
+        formed with ``keep``)."""
+        if keep is None or bool(entered[r].any()):
+            return False
+        outs[s] = base.outs[s]
+        diff[s] = 0
+        first = r.start if isinstance(r, slice) else r
+        reads[first] = base.reads[first] if isinstance(r, int) else None
+        return True
+
+    entered = None if keep is None else keep.any(0)  # the receivers with a circuit edge into them
     x = emb
     record(0, emb)
     for layer, block in enumerate(stack.layers):
         heads, attn_r, mlp_r = graph.layer_span(layer)
         H, G = block.attn.num_heads, block.attn.num_kv_heads
         before = x
-        if H:
+        if H and not as_base(heads, attn_r):
             inputs = streams(attn_r, x, H + 2 * G)
             writes, const = attention_parts(block, inputs[:H], inputs[H:H + G], inputs[H + G:])
             record(heads, writes)
             x = x + writes.sum(0) + (0 if const is None else const)
-        elif block.attn.out_proj.bias is not None:
+        elif not H and block.attn.out_proj.bias is not None:
             x = x + block.write_alone(block.attn.out_proj.bias.expand_as(x))
-        if mlp_r >= 0:
+        if mlp_r >= 0 and not as_base(heads.stop, mlp_r):
             m = block.mlp_write(streams(mlp_r, before if getattr(block, "parallel", False) else x, 1)[0])
             record(heads.stop, m)
             x = x + m

@@ -246,6 +246,37 @@ def test_exact_edge_patching_equals_patching_built_by_hand_with_hooks(family):
                                                    graph.receivers[r])).abs().max()) for s, r in edges) > 1e-3
 
 
+def test_a_small_circuit_reads_the_corrupted_run_in_the_layers_it_does_not_enter(family):
+    """A circuit of the top layer alone: the input into one key/value head's values, the layer's heads into its
+    MLP and the logits, the MLP into the logits (and a head of the first layer into the logits, which carries its
+    corrupted output, nothing entering that head). Every layer below takes the corrupted run's outputs (not computed
+    again); the values read the corrupted stream plus the clean input less the corrupted one. Transformers'
+    corrupted run with that added to the values' stream by hooks agrees: the change reaches the logits through the
+    heads and the MLP."""
+    name, ours, hf = family
+    stack, graph = ours.stack, C.graph_of(ours.stack)
+    clean, bad = prompts(hf.config.vocab_size, seed=3)
+    measure, rows = logit_measure(3), torch.arange(3)
+    with torch.inference_mode():
+        corrupted = C.run_ids(stack, graph, bad, measure, rows)
+    out_clean, _, _ = hf_run(name, hf, hf.model.embed_tokens(clean).detach())
+    out_bad, _, _ = hf_run(name, hf, hf.model.embed_tokens(bad).detach())
+    top = graph.n_layers - 1
+    at = {node: r for r, node in enumerate(graph.receivers)}
+    heads = [s for s, (kind, layer, _) in enumerate(graph.senders) if kind == "head" and layer == top]
+    mlp = graph.senders.index(("mlp", top, -1))
+    keep = torch.zeros(graph.mask().shape)
+    for s, r in [(0, at["v", top, 0]), *((h, at[kind, top + (kind == "logits"), -1]) for h in heads
+                                         for kind in ("mlp", "logits")), (mlp, at["logits", top + 1, -1]),
+                 (graph.senders.index(("head", 0, 1)), at["logits", top + 1, -1])]:  # its inputs corrupted: no change
+        keep[s, r] = 1
+    with torch.inference_mode():
+        ours_value = C.circuit_values(stack, graph, clean, corrupted, keep, measure, rows)
+    theirs = hf_edge_patched(name, hf, bad, -(out_clean[0] - out_bad[0]).detach(), ("v", top, 0))
+    np.testing.assert_allclose(ours_value.numpy(), theirs.numpy(), atol=1e-4)
+    assert float((theirs - corrupted.value).abs().max()) > 1e-3  # the circuit moves the metric
+
+
 # --- a hand-made two-layer model: the only path runs through head A into head B's query ------------------------
 
 def two_heads(tmp_path):
