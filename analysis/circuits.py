@@ -190,7 +190,7 @@ def circuit_values(model: AttentionModel, scores: EdgeScores, sizes, kinds=None,
         good, bad_ids, rows = _batch(task, idx, scratch.device)
         with torch.inference_mode():
             bad = C.run_ids(stack, graph, bad_ids, measure, rows)
-            clean[idx] = C.run_ids(stack, graph, good, measure, rows).value.double().cpu()
+            clean[idx] = scores.clean[idx]  # the clean run's metric, taken with the scores
             corrupted[idx] = bad.value.double().cpu().numpy()
             for j, keep in enumerate(keeps):
                 values[idx, j] = clean[idx] if whole[j] else \
