@@ -61,11 +61,17 @@ values = imp.frame["importance"].to_numpy().reshape(model.n_layers, model.n_head
 grid_title = f"Importance · {len(sentences)} sentences · " + (f"{ablation} ablation" if method == "ablation" else
                                                              "gradient of the loss")
 slot = st.empty()
-if curves.peek(ref, ablation, sentences, method) is None:  # the grid now, the curves below it once they are computed
+shown = curves.now(ref, ablation, sentences, method)  # on a cold server, the curves at 3 sizes first
+if curves.peek(*shown) is None:  # the grid now, the curves below it once they are computed
     with slot:
         chart(head_values_grid(values, title=grid_title), "prune-grid-first")
-frame = curves(ref, ablation, sentences, method)
+frame = curves(*shown)
 summary = curve_summary(frame)
+measured = sorted(set(frame["n_pruned"]))
+if at not in measured:  # the first form's sizes: the nearest of them
+    at = min(measured, key=lambda c: (abs(c - at), c))
+    st.caption(f"The first curves have {len(measured)} sizes: shown at {at / total:.0%} ({at} heads) until the "
+               "full ones are ready.")
 pruned = frame[(frame["order"] == "importance") & (frame["n_pruned"] == at)].iloc[0]["heads"]
 grid = head_values_grid(values, marked=heads_marked(model.n_layers, model.n_heads, pruned), mark_text="✕",
                         title=f"{grid_title} · ✕: pruned at {at / total:.0%}")

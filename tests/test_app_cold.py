@@ -6,13 +6,14 @@ import threading
 from app_pages.results import shared, steps
 from app_pages.results.qk import first_pictures
 from analysis.defaults import PAIRS
-from tests.conftest import COLD_RUN_S
+from tests.conftest import COLD_RUN_S, decode, figures, title_text
 from tests.test_app_head import table
 from tests.prepared import REF
 
-PAGES = ["app_pages/queries_keys.py", "app_pages/circuits.py", "app_pages/head.py", "app_pages/effects.py",
-         "app_pages/foci.py", "app_pages/pruning.py", "app_pages/atlas.py"]
-FIRST_FORMS = {"app_pages/queries_keys.py": "queries and keys", "app_pages/circuits.py": "circuit curve"}
+PAGES = ["app_pages/queries_keys.py", "app_pages/circuits.py", "app_pages/pruning.py", "app_pages/head.py",
+         "app_pages/effects.py", "app_pages/foci.py", "app_pages/atlas.py"]
+FIRST_FORMS = {"app_pages/queries_keys.py": "queries and keys", "app_pages/circuits.py": "circuit curve",
+               "app_pages/pruning.py": "curves"}
 
 
 def test_a_cold_servers_pages_show_first_forms_and_leave_the_full_ones_to_the_preparation(new_app, prepared,
@@ -57,6 +58,10 @@ def test_a_cold_servers_pages_show_first_forms_and_leave_the_full_ones_to_the_pr
     (_, sentences, _), = first_pictures(REF)
     qk = [m.value for m in finals["app_pages/queries_keys.py"].markdown if m.value.startswith("#### Every head over")]
     assert qk == [f"#### Every head over {len(sentences):,} sentences"], qk
+    pruning = finals["app_pages/pruning.py"]  # the full curves: ten sizes and none, by five orders
+    curves = next(f for f in figures(pruning) if title_text(f).startswith("Pruning curves"))
+    assert {len(t["x"]) if isinstance(t["x"], list) else len(decode(t["x"])) for t in curves["data"]
+            if t.get("x") is not None} == {11}, curves["data"]
     head = finals["app_pages/head.py"]
     assert not [i for i in head.info if i.value.startswith("A first card")]
     assert len(table(head, "built-in pair")) == len(PAIRS)  # the card's parts, prepared, in place

@@ -435,6 +435,14 @@ def test_pruning_curves_measure_each_pruned_model(tiny_scratch):
     pd.testing.assert_frame_equal(given.drop(columns="forward_s"), curve.drop(columns="forward_s"))
     work = curve_work(tiny_scratch, len(TEXTS), prune_counts(8), "importance", shared_full=True)
     assert ticks[-1] == (work, work)
+    # half the heads at a time (the curves' first form): at random the same sets as a tenth at a time; by
+    # importance, the full model's least important half at once
+    coarse = pruning_curve(tiny_scratch, TEXTS, order="random", seed=4, step=0.5)
+    assert coarse["n_pruned"].tolist() == [0, 4, 8]
+    pd.testing.assert_frame_equal(coarse.drop(columns="forward_s"),
+                                  a[a["n_pruned"].isin([0, 4, 8])].drop(columns="forward_s").reset_index(drop=True))
+    half = pruning_curve(tiny_scratch, TEXTS, order="importance", step=0.5)
+    assert half["heads"][1] == sorted((int(r.layer), int(r.head)) for r in imp.head(4).itertuples())
     means = tiny_scratch.head_means(TEXTS)
     mean_curve = pruning_curve(tiny_scratch, TEXTS, order="proxy", ablation="mean", head_means=means)
     last = mean_curve.iloc[-1]

@@ -13,7 +13,7 @@ from analysis.task_ablation import kept_curve, order_by_effect
 from models.corpus import corpus_sample
 
 from .models import LLM, ModelRef, cached_model
-from .shared import Bar, Warm, shared
+from .shared import Bar, First, Warm, shared
 from .tasks import TaskSpec, chosen, task_effects
 
 
@@ -53,26 +53,34 @@ def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str =
     return Importance(frame, means, full)
 
 
+FIRST_STEP = 0.5  # the curves' first form: none, half and every head pruned
+
+
+def _coarse(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation"):
+    return ref, ablation, sentences, method, FIRST_STEP
+
+
 @shared("curves", entries=12, copy=True, waiting="Computing the pruning curves",
-        warm=Warm(8, first_measured))
-def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> pd.DataFrame:
+        warm=Warm(8, first_measured), first=First(_coarse, "the curves at 3 sizes (none, half and every head pruned)"))
+def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation",
+           step: float = 0.1) -> pd.DataFrame:
     """The pruning curves by importance (``importance(ref, ablation, sentences, method)``), at random (``SEEDS``)
-    and by attention alone."""
+    and by attention alone, ``step`` of the heads pruned at a time."""
     imp = importance(ref, ablation, sentences, method)
     model = cached_model(ref)
     proxies = proxy_table(ref, sentences)
-    counts = prune_counts(model.n_layers * model.n_heads)
+    counts = prune_counts(model.n_layers * model.n_heads, step)
     n = len(sentences)
     runs = [("importance", 0), *(("random", seed) for seed in SEEDS), ("proxy", 0)]
     works = [curve_work(model, n, counts, order, measure_of(ref), shared_full=True) for order, _ in runs]
-    bar = Bar(f"Pruning 10% of the heads at a time, {len(runs)} ways, on {n} sentences")
+    bar = Bar(f"Pruning {step:.0%} of the heads at a time, {len(runs)} ways, on {n} sentences")
     full = full_run(model, sentences, measure_of(ref))  # the unpruned model's run, shared by every curve
     # the page's importance is the curve's first step when measured the way the curve measures
     first_step = imp.frame if method == ("gradient" if measure_of(ref) == "loss" else "ablation") else None
     frames, measured = [], {}  # each pruned set's run, for the curves that reach it (every head, at the end)
     for i, (order, seed) in enumerate(runs):
         base = sum(works[:i])
-        frames.append(pruning_curve(model, sentences, order=order, seed=seed, ablation=ablation,
+        frames.append(pruning_curve(model, sentences, order=order, seed=seed, step=step, ablation=ablation,
                                     head_means=imp.means, proxies=proxies, measure=measure_of(ref), full=full,
                                     runs=measured, importance=first_step,
                                     progress=lambda done, _, base=base: bar(base + done, sum(works))))
