@@ -388,8 +388,3 @@ def shared(name: str, *, entries: int = 8, max_bytes: int | None = None, size: C
 
     return declare
 
-
-def clear_all() -> None:
-    """Every declared result forgotten, as a restarted server starts."""
-    for cache in list(_caches.values()):
-        cache.clear()
