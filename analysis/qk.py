@@ -59,7 +59,6 @@ TRUST = 0.5  # below this share of queries drawn nearest their key, a picture mi
 WORD_QUERIES = 0.1  # the word-to-word figure is judged when at least this share of queries are word to word
 WORD_WEIGHT = 0.5  # the share of the fit's loss given to word-to-word queries, however few they are
 FIT_PAIRS = 400_000  # the most (query, key) pairs one fitting step reads; queries are sampled beyond it
-DENSE_PAIRS = 200_000  # sentences whose padded grid of (query, key) cells is within this are fitted as one grid
 
 
 @dataclass(frozen=True, eq=False)
@@ -279,8 +278,6 @@ def _fitted_planes(q: list[np.ndarray], k: list[np.ndarray], targets: list[np.nd
     if (sizes ** 2).sum() > FIT_PAIRS:
         share = FIT_PAIRS / (sizes ** 2).sum()
         rows = np.sort(np.random.default_rng(seed).choice(n, max(1, int(n * share)), replace=False))
-    elif len(spans) * sizes.max() ** 2 <= DENSE_PAIRS:
-        return _fitted_dense(q, k, targets, spans, causal, weights, planes)
     qi, kj = _visible_pairs(spans, causal, rows)
     qi_t, kj_t = torch.from_numpy(qi), torch.from_numpy(kj)
     hit = torch.from_numpy(np.stack([np.flatnonzero(kj == t[qi]) for t in targets]))  # (H, queries read)
@@ -300,40 +297,6 @@ def _fitted_planes(q: list[np.ndarray], k: list[np.ndarray], targets: list[np.nd
             z = torch.zeros(H, n).index_add(1, qi_t, torch.exp(d - top[:, qi_t]))
             log_z = torch.log(z.gather(1, asked))
             loss = ((log_z + top.gather(1, asked) - d.gather(1, hit)) * counts).sum()  # each head's cross-entropy
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return list(w.detach().double().numpy().transpose(0, 2, 1))
-
-
-def _fitted_dense(q: list[np.ndarray], k: list[np.ndarray], targets: list[np.ndarray], spans, causal: bool,
-                  weights: list[np.ndarray | None], planes: list[np.ndarray]) -> list[np.ndarray]:
-    """``_fitted_planes`` over sentences of a few tokens, from ``planes``: each sentence's queries against its keys as
-    one padded ``(sentences, longest, longest)`` grid a head, with no gather of (query, key) pairs in a step (the
-    pairs are 30 times fewer than the steps' bookkeeping, which this leaves out). The same loss, each head fitted
-    on its own."""
-    H, S, L = len(q), len(spans), max(end - start for start, end in spans)
-    starts = np.array([start for start, _ in spans])
-    position = np.arange(L)
-    valid = position[None, :] < np.array([end - start for start, end in spans])[:, None]         # (S, L)
-    rows = np.where(valid, starts[:, None] + position[None, :], 0).reshape(-1)                  # each cell's token
-    visible = np.broadcast_to(valid[:, None, :] & (np.tri(L, dtype=bool) if causal else True), (S, L, L)).copy()
-    visible[~valid, 0] = True  # a padding query sees one key, its target, and counts nothing
-    hidden = torch.from_numpy(~visible)                                                         # (S, query, key)
-    target = torch.from_numpy(np.stack([np.where(valid, t[rows].reshape(S, L) - starts[:, None], 0) for t in targets]))
-    counts = torch.stack([torch.from_numpy(valid.astype(np.float32)) * (1 if w is None else torch.as_tensor(
-        np.asarray(w, dtype=np.float32)[rows].reshape(S, L))) for w in weights])               # (H, S, L)
-    counts = counts / counts.sum(dim=(1, 2), keepdim=True)
-    qg = torch.from_numpy(np.stack(q)[:, rows]).float().transpose(1, 2).contiguous()              # (H, D, S * L)
-    kg = torch.from_numpy(np.stack(k)[:, rows]).float().transpose(1, 2).contiguous()
-    w = torch.tensor(np.stack(planes).transpose(0, 2, 1), dtype=torch.float32, requires_grad=True)  # (H, 2, D)
-    opt = torch.optim.Adam([w], lr=0.05)
-    with torch.enable_grad():
-        for _ in range(FIT_STEPS):
-            a, b = (torch.stack([w[h] @ x[h] for h in range(H)]).view(H, 2, S, L, 1) for x in (qg, kg))  # as alone
-            d = (-(a - b.transpose(-1, -2)).square().sum(dim=1)).masked_fill(hidden, -torch.inf)   # (H, S, L, L)
-            own = d.gather(-1, target[..., None])[..., 0]
-            loss = ((torch.logsumexp(d, dim=-1) - own) * counts).sum()  # each head's cross-entropy
             opt.zero_grad()
             loss.backward()
             opt.step()

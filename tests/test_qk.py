@@ -147,22 +147,6 @@ def test_the_fitted_plane_draws_sink_heads_that_pca_cannot(scratch_model):
         assert near.mean() == fitted.attrs["faithfulness"]
 
 
-def test_short_sentences_are_fitted_as_one_grid_as_pair_by_pair(scratch_model, tmp_path, monkeypatch):
-    """Sentences of a few tokens are fitted as one padded grid (``DENSE_PAIRS``); the same loss read pair by pair
-    draws the same picture, a causal head's too."""
-    import analysis.qk as Q
-
-    _, folder, _, _ = build("llama", tmp_path / "llama")
-    causal = load_model(str(folder), backend="scratch")
-    for qk in (qk_vectors(scratch_model, list(CORPUS[:40]), 3, 11), qk_vectors(causal, TEXTS * 3, 1, 0)):
-        grid = qk_embedding(qk)
-        monkeypatch.setattr(Q, "DENSE_PAIRS", 0)
-        pairs = qk_embedding(qk)
-        monkeypatch.undo()
-        np.testing.assert_allclose(grid[["x", "y"]].to_numpy(), pairs[["x", "y"]].to_numpy(), atol=1e-3)
-        assert grid.attrs["faithfulness"] == pairs.attrs["faithfulness"] > grid.attrs["chance"]
-
-
 def test_an_unknown_method_gets_a_sentence(scratch_model):
     with pytest.raises(HeadLensError, match="fitted, pca, tsne"):
         qk_embedding(qk_vectors(scratch_model, SENTENCES[:1], 0, 0), method="umap")
