@@ -30,8 +30,8 @@ def circuit_scores(ref: ModelRef, spec: TaskSpec, metric: str, method: str, step
 
 
 # pairs scored at once: SmolLM2's EAP-IG over 50 pairs held 2.6 GB above the model in batches of 16, 1.6 GB in
-# batches of 8, for 5% more time (``bench.bench_warm_up``)
-SCORE_BATCH = 8
+# batches of 8, for 5% more time; 6 keeps the preparation within 2.5 GiB (``bench.bench_warm_up``)
+SCORE_BATCH = 6
 FIRST_PAIRS, FIRST_SIZES = 8, (10, 100, 1000)  # a circuit's first form: EAP over 8 pairs, a curve at 3 sizes
 
 
