@@ -63,17 +63,18 @@ class ScoreBatches(_Actor):
 
 
 class CurveBatches(_Actor):
-    """A batch of pairs: each pair's metric with only the circuit of each size clean."""
+    """A batch of pairs: each pair's metric with only the circuit of each size clean (``clean``: every pair's clean
+    metric, from the scores)."""
 
-    def __init__(self, scores: np.ndarray, sizes: list[int], **kwargs):
+    def __init__(self, scores: np.ndarray, sizes: list[int], clean: np.ndarray, **kwargs):
         super().__init__(**kwargs)
-        self.scores, self.sizes = scores, sizes
+        self.scores, self.sizes, self.clean = scores, sizes, clean
 
     def __call__(self, batch: dict) -> dict:
         index, task = self.task(batch)
         graph = AC.C.graph_of(self.model.stack)
-        zeros = np.zeros(len(task))
-        s = AC.EdgeScores(task, self.metric, self.method, self.steps, graph, self.scores, zeros, zeros)
+        s = AC.EdgeScores(task, self.metric, self.method, self.steps, graph, self.scores, self.clean[index],
+                          np.zeros(len(task)))
         values, clean, corrupted = AC.circuit_values(self.model, s, self.sizes)
         return {"index": index, "values": values, "clean": clean, "corrupted": corrupted}
 
@@ -109,7 +110,7 @@ def run_ray(model_name: str, task: Task, metric: str, method: str, steps: int, s
         scores = AC.EdgeScores(task, metric, method, steps, graph, total / len(task), clean, corrupted)
         sizes = AC.default_sizes(graph.n_edges) if sizes is None else np.asarray(sizes)
         values = np.zeros((len(task), len(sizes)))
-        for batch in mapped(CurveBatches, scores=scores.scores, sizes=list(map(int, sizes))).iter_batches(
+        for batch in mapped(CurveBatches, scores=scores.scores, sizes=list(map(int, sizes)), clean=clean).iter_batches(
                 batch_size=None, batch_format="numpy"):
             values[batch["index"]] = batch["values"]
             if progress is not None:
