@@ -239,12 +239,13 @@ def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: to
         heads, attn_r, mlp_r = graph.layer_span(layer)
         H, G = block.attn.num_heads, block.attn.num_kv_heads
         before = x
-        if H and not as_base(heads, attn_r):
-            inputs = streams(attn_r, x, H + 2 * G)
-            writes, const = attention_parts(block, inputs[:H], inputs[H:H + G], inputs[H + G:])
-            record(heads, writes)
-            x = x + writes.sum(0) + (0 if const is None else const)
-        elif not H and block.attn.out_proj.bias is not None:
+        if H:
+            if not as_base(heads, attn_r):
+                inputs = streams(attn_r, x, H + 2 * G)
+                writes, const = attention_parts(block, inputs[:H], inputs[H:H + G], inputs[H + G:])
+                record(heads, writes)
+                x = x + writes.sum(0) + (0 if const is None else const)
+        elif block.attn.out_proj.bias is not None:
             x = x + block.write_alone(block.attn.out_proj.bias.expand_as(x))
         if mlp_r >= 0 and not as_base(heads.stop, mlp_r):
             m = block.mlp_write(streams(mlp_r, before if getattr(block, "parallel", False) else x, 1)[0])

@@ -164,6 +164,9 @@ TIERS = {  # marker: the fixtures that put a test in it
 BUNDLED = ("SmolLM2-135M", "gemma-3-270m", '"smollm2', '"gemma3')  # a test that opens one by name
 
 
+COLD = "tests/test_app_cold.py"  # the test that makes the run's one preparation
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark each test by the fixtures it uses (and a bundled decoder it names); a test with none of those marks
     is ``fast``: tiny models built here and the bundled MiniLM, the loop to run while working."""
@@ -184,8 +187,6 @@ def pytest_collection_modifyitems(config, items):
     # caches (as a server's sessions do) instead of computing them again
     items.sort(key=lambda item: not item.nodeid.startswith(COLD))
 
-
-COLD = "tests/test_app_cold.py"
 
 
 # --- the app -----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -70,6 +71,14 @@ class Reentered(Exception):
     """A step run inside another (``Queue.run_wanted``) needs a value the outer one is computing."""
 
 
+class Step(NamedTuple):
+    """One step of a preparation: ``result(*args)``, and its key, made once (a key hashes its sentences)."""
+
+    result: object
+    args: tuple
+    key: tuple
+
+
 class Queue:
     """A preparation's steps not yet done, each ``(result, args)``, in order. A session that asks for one waits on
     the preparation rather than computing it (``waited``): the step moves to the front, and the preparation runs it
@@ -78,8 +87,7 @@ class Queue:
 
     def __init__(self, todo, run: Callable):
         self.run = run  # run(result, args): one step, as the preparation takes it
-        # each step with its key, made once (a key hashes its sentences): sessions look steps up by key
-        self.todo = [(result, args, result.key(*args)) for result, args in todo]
+        self.todo = [Step(result, args, result.key(*args)) for result, args in todo]  # sessions look them up by key
         self.wanted: set = set()  # the keys sessions wait on
         self.running: list = []  # the steps under way (one inside another: ``run_wanted``)
         self._lock = threading.Lock()
@@ -87,18 +95,18 @@ class Queue:
     def holds(self, key) -> bool:
         """Whether ``key`` is a step not yet done (queued or under way)."""
         with self._lock:
-            return any(step[2] == key for step in self.running + self.todo)
+            return any(step.key == key for step in self.running + self.todo)
 
     def started(self, key) -> bool:
         """Whether ``key``'s step is under way."""
         with self._lock:
-            return any(step[2] == key for step in self.running)
+            return any(step.key == key for step in self.running)
 
     def to_front(self, key) -> bool:
         """Move ``key``'s step to the front, wanted; whether it was queued."""
         with self._lock:
             for i, step in enumerate(self.todo):
-                if step[2] == key:
+                if step.key == key:
                     self.todo.insert(0, self.todo.pop(i))
                     self.wanted.add(key)
                     return True
@@ -107,10 +115,10 @@ class Queue:
     def take(self, wanted: bool = False):
         """The next step, taken off the queue (None when none is left, or with ``wanted`` none a session waits on)."""
         with self._lock:
-            if not self.todo or (wanted and self.todo[0][2] not in self.wanted):
+            if not self.todo or (wanted and self.todo[0].key not in self.wanted):
                 return None
             step = self.todo.pop(0)
-            self.wanted.discard(step[2])
+            self.wanted.discard(step.key)
             self.running.append(step)
             return step
 
@@ -126,8 +134,8 @@ class Queue:
         with self._lock:
             if not self.running:
                 return 0.0, ""
-            result, _, key = self.running[-1]
-        return result.cache.progress.get(key, (0.0, result.waiting))
+            step = self.running[-1]
+        return step.result.cache.progress.get(step.key, (0.0, step.result.waiting))
 
     def prepare(self) -> None:
         """Run every step in this thread, the server's own, in order but for those sessions want first."""
@@ -138,7 +146,7 @@ class Queue:
             while (step := self.take()) is not None:
                 try:
                     step_aside()
-                    self.run(*step[:2])
+                    self.run(step.result, step.args)
                 finally:
                     self._ran(step)
         finally:
@@ -154,7 +162,7 @@ class Queue:
             while (step := self.take(wanted=True)) is not None:
                 try:
                     with torch.inference_mode(False), torch.enable_grad():  # as a step starts, whatever this one set
-                        self.run(*step[:2])
+                        self.run(step.result, step.args)
                 except Reentered:  # it reads what the paused step computes: it goes first once that step ends
                     self._ran(step, again=True)
                     return
