@@ -19,6 +19,9 @@ import inspect
 import pytest
 import torch
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1":  # the workers share the cores: one thread each
+    torch.set_num_threads(1)
+
 from models import load_model
 from models.files import default_model_dir
 
@@ -167,9 +170,14 @@ BUNDLED = ("SmolLM2-135M", "gemma-3-270m", '"smollm2', '"gemma3')  # a test that
 COLD = "tests/test_app_cold.py"  # the test that makes the run's one preparation
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Mark each test by the fixtures it uses (and a bundled decoder it names); a test with none of those marks
-    is ``fast``: tiny models built here and the bundled MiniLM, the loop to run while working."""
+    is ``fast``: tiny models built here and the bundled MiniLM, the loop to run while working.
+
+    The run's two workers (``-n 2 --dist loadgroup``) each take whole groups: every test of a bundled decoder is one
+    group, so one worker makes the run's one preparation and every test that reads it finds it in its caches; any
+    other test goes with its module, whose fixtures are built once."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         marks = {mark for mark, fixtures in TIERS.items() if used & fixtures} | {m.name for m in item.iter_markers()
@@ -183,6 +191,7 @@ def pytest_collection_modifyitems(config, items):
                 marks.add("bundled")
         for mark in sorted(marks) or ["fast"]:
             item.add_marker(mark)
+        item.add_marker(pytest.mark.xdist_group("bundled" if "bundled" in marks else item.nodeid.split("::")[0]))
     # the cold server first: it makes the run's one preparation, whose results every test after it finds in the
     # caches (as a server's sessions do) instead of computing them again
     items.sort(key=lambda item: not item.nodeid.startswith(COLD))
