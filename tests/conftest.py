@@ -175,9 +175,11 @@ def pytest_collection_modifyitems(config, items):
     """Mark each test by the fixtures it uses (and a bundled decoder it names); a test with none of those marks
     is ``fast``: tiny models built here and the bundled MiniLM, the loop to run while working.
 
-    The run's two workers (``-n 2 --dist loadgroup``) each take whole groups: every test of a bundled decoder is one
-    group, so one worker makes the run's one preparation and every test that reads it finds it in its caches; any
-    other test goes with its module, whose fixtures are built once."""
+    The run's two workers (``-n 2 --dist loadgroup``) each take whole modules: the modules whose tests read a
+    bundled decoder's results in this process (AppTest, the results' caches) are one group, so one worker makes
+    the run's one preparation and every test that reads it finds it in its caches; a browser's server and a
+    decoder's own tests compute in their own processes or without the caches, and go anywhere."""
+    prepared = set()  # the modules of the one group
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         marks = {mark for mark, fixtures in TIERS.items() if used & fixtures} | {m.name for m in item.iter_markers()
@@ -191,7 +193,12 @@ def pytest_collection_modifyitems(config, items):
                 marks.add("bundled")
         for mark in sorted(marks) or ["fast"]:
             item.add_marker(mark)
-        item.add_marker(pytest.mark.xdist_group("bundled" if "bundled" in marks else item.nodeid.split("::")[0]))
+        if "prepared" in used or "bundled" in marks and "browser" not in marks and (
+                "app" in marks or "app_pages" in inspect.getsource(inspect.getmodule(item.function))):
+            prepared.add(item.module.__name__)
+    for item in items:
+        module = getattr(getattr(item, "module", None), "__name__", "")
+        item.add_marker(pytest.mark.xdist_group("prepared" if module in prepared else item.nodeid.split("::")[0]))
     # the cold server first: it makes the run's one preparation, whose results every test after it finds in the
     # caches (as a server's sessions do) instead of computing them again
     items.sort(key=lambda item: not item.nodeid.startswith(COLD))

@@ -56,7 +56,9 @@ def test_exported_html_shows_markup_as_text(page, browser, tmp_path):
     commit_text(page, MARKUP)
     wait_for_title(page, visible(f"Layer 0 · {short(MARKUP, 70)}"))
     # the figure is written on the click: slow while the shared server prepares a bundled decoder that an earlier
-    # browser test opened (the preparation steps aside for shared results, not for an export)
+    # browser test opened (the preparation steps aside for shared results, not for an export); the click waits for
+    # the run's last button, whose file a rerun would replace
+    settled(page, 1, timeout=300_000)
     with page.expect_download(timeout=300_000) as info:
         page.get_by_role("button", name="Figure · HTML").click()
     exported = browser.new_page()
