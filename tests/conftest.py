@@ -19,7 +19,10 @@ import inspect
 import pytest
 import torch
 
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1":  # the workers share the cores: one thread each
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1":
+    # the workers share the cores: one thread each, and in what they start (servers, kernels), whose threads would
+    # otherwise wait on one another for a core the other worker holds
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
 from models import load_model
@@ -177,9 +180,9 @@ def pytest_collection_modifyitems(config, items):
 
     The run's two workers (``-n 2 --dist loadgroup``) each take whole modules: the modules whose tests read a
     bundled decoder's results in this process (AppTest, the results' caches) are one group, so one worker makes
-    the run's one preparation and every test that reads it finds it in its caches; a browser's server and a
-    decoder's own tests compute in their own processes or without the caches, and go anywhere."""
-    prepared = set()  # the modules of the one group
+    the run's one preparation and every test that reads it finds it in its caches. The tests of the shared server
+    are another group, so that one server computes what they open; any other module goes anywhere."""
+    groups = {}  # module -> "prepared" or "browser"
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         marks = {mark for mark, fixtures in TIERS.items() if used & fixtures} | {m.name for m in item.iter_markers()
@@ -193,12 +196,15 @@ def pytest_collection_modifyitems(config, items):
                 marks.add("bundled")
         for mark in sorted(marks) or ["fast"]:
             item.add_marker(mark)
+        module = getattr(getattr(item, "module", None), "__name__", "")
         if "prepared" in used or "bundled" in marks and "browser" not in marks and (
                 "app" in marks or "app_pages" in inspect.getsource(inspect.getmodule(item.function))):
-            prepared.add(item.module.__name__)
+            groups[module] = "prepared"
+        elif "server" in used:
+            groups.setdefault(module, "browser")
     for item in items:
         module = getattr(getattr(item, "module", None), "__name__", "")
-        item.add_marker(pytest.mark.xdist_group("prepared" if module in prepared else item.nodeid.split("::")[0]))
+        item.add_marker(pytest.mark.xdist_group(groups.get(module, item.nodeid.split("::")[0])))
     # the cold server first: it makes the run's one preparation, whose results every test after it finds in the
     # caches (as a server's sessions do) instead of computing them again
     items.sort(key=lambda item: not item.nodeid.startswith(COLD))
