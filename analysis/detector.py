@@ -22,6 +22,7 @@ back from the tokenizer as exactly those tokens.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,13 +42,17 @@ RESAMPLES = 1000
 _WORD = re.compile(r"[a-z]{3,12}")
 
 
+_WHOLE_WORDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer -> its whole words
+
+
 def whole_words(tokenizer) -> list[str]:
-    """Lower-case words of 3 to 12 letters that the tokenizer writes, after a space, as one token of its own."""
-    words = sorted({w for w in (_word(t) for t in tokenizer.convert_ids_to_tokens(range(len(tokenizer)))) if w})
-    if not words:
-        return []
-    ids = tokenizer([" " + w for w in words], add_special_tokens=False)["input_ids"]
-    return [w for w, i in zip(words, ids) if len(i) == 1]
+    """Lower-case words of 3 to 12 letters that the tokenizer writes, after a space, as one token of its own
+    (read once per tokenizer: it tokenizes every such word of the vocabulary, about a second for SmolLM2's)."""
+    if tokenizer not in _WHOLE_WORDS:
+        words = sorted({w for w in (_word(t) for t in tokenizer.convert_ids_to_tokens(range(len(tokenizer)))) if w})
+        ids = tokenizer([" " + w for w in words], add_special_tokens=False)["input_ids"] if words else []
+        _WHOLE_WORDS[tokenizer] = tuple(w for w, i in zip(words, ids) if len(i) == 1)
+    return list(_WHOLE_WORDS[tokenizer])
 
 
 def _word(token: str | None) -> str | None:

@@ -5,13 +5,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis import ablate, heads_marked
+from analysis import heads_marked
 from analysis.ablation import ABLATIONS, NEIGHBOURS
 from analysis.importance import importance_by_role, most_important_with_a_later_layer
 from analysis.pruning import curve_summary, prune_counts
 from app_pages.results.messages import stop_with
 from app_pages.results.models import TRANSFORMERS
-from app_pages.results.pruning import curves, importance, measure_of, proxy_table
+from app_pages.results.pruning import curves, importance, measure_of, proxy_table, switched_off
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.models import model_for
 from app_pages.ui.profiles import profile
@@ -119,7 +119,7 @@ if not off:
     st.info("Pick heads to switch off; at first the most important head before the last layer is picked.")
     st.stop()
 try:
-    effect = ablate(model, s.sentences, off, ablation=ablation, head_means=imp.means)
+    effect = switched_off(ref, sentences, s.sentences, off, ablation, method)
 except HeadLensError as err:
     stop_with(err)
 change = head_values_grid(effect.attention_change, marked=np.isnan(effect.attention_change), mark="off", digits=2,

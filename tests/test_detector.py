@@ -69,6 +69,15 @@ def test_repeated_sequences_come_back_as_two_equal_copies_of_single_tokens(token
     assert len(whole_words(tokenizer)) > 5000
 
 
+def test_a_tokenizers_whole_words_are_read_once_and_are_its_single_token_words(tokenizer, monkeypatch):
+    words = whole_words(tokenizer)
+    assert all(len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1 for w in words[::97])
+    monkeypatch.setattr(type(tokenizer), "convert_ids_to_tokens",
+                        lambda *a, **k: pytest.fail("the vocabulary was read again"))
+    again = whole_words(tokenizer)
+    assert again == words and again is not words  # a copy: a caller's change stays its own
+
+
 def test_the_interval_covers_the_mean_about_95_times_in_100():
     rng = np.random.default_rng(7)
     draws = rng.beta(2, 5, size=(60, 400))  # 400 experiments of 60 items each, true mean 2/7

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analysis.ablation import Ablation, ablate
 from analysis.defaults import DECODER_SAMPLE, ENCODER_SAMPLE
 from analysis.importance import attention_proxies, head_importance
 from analysis.pruning import curve_work, full_run, prune_counts, pruning_curve
@@ -86,6 +87,19 @@ def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ab
                                     progress=lambda done, _, base=base: bar(base + done, sum(works))))
     bar.empty()
     return pd.concat(frames, ignore_index=True)
+
+
+@shared("heads off", entries=16, waiting="Switching the heads off")
+def switched_off(ref: ModelRef, sentences: list[str], measured_on: list[str], heads: list[tuple[int, int]],
+                 ablation: str, method: str = "ablation") -> Ablation:
+    """``heads`` switched off together on ``measured_on`` (``ablate``), a head's mean taken over ``sentences``, as
+    ``importance(ref, ablation, sentences, method)`` took it: every session's view of the same heads shares it."""
+    effect = ablate(cached_model(ref), measured_on, heads, ablation=ablation,
+                    head_means=importance(ref, ablation, sentences, method).means)
+    for array in (effect.cosine, effect.attention_change, effect.sentence_losses):
+        if isinstance(array, np.ndarray):
+            array.flags.writeable = False
+    return effect
 
 
 @shared("proxies", entries=12, copy=True, waiting="Measuring attention",
