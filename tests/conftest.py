@@ -182,7 +182,8 @@ def pytest_collection_modifyitems(config, items):
     bundled decoder's results in this process (AppTest, the results' caches) are one group, so one worker makes
     the run's one preparation and every test that reads it finds it in its caches. The tests of the shared server
     are another group, so that one server computes what they open; any other module goes anywhere."""
-    groups = {}  # module -> "prepared" or "browser"
+    groups = {}  # a module's file -> "prepared" or "browser"
+    reads_results = {}  # a module's file -> whether it imports the app's results (read once a module)
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         marks = {mark for mark, fixtures in TIERS.items() if used & fixtures} | {m.name for m in item.iter_markers()
@@ -196,15 +197,17 @@ def pytest_collection_modifyitems(config, items):
                 marks.add("bundled")
         for mark in sorted(marks) or ["fast"]:
             item.add_marker(mark)
-        module = getattr(getattr(item, "module", None), "__name__", "")
+        module = item.nodeid.split("::")[0]
+        if module not in reads_results:
+            reads_results[module] = "app_pages" in (item.module and inspect.getsource(item.module) or "")
         if "prepared" in used or "bundled" in marks and "browser" not in marks and (
-                "app" in marks or "app_pages" in inspect.getsource(inspect.getmodule(item.function))):
+                "app" in marks or reads_results[module]):
             groups[module] = "prepared"
         elif "server" in used:
             groups.setdefault(module, "browser")
     for item in items:
-        module = getattr(getattr(item, "module", None), "__name__", "")
-        item.add_marker(pytest.mark.xdist_group(groups.get(module, item.nodeid.split("::")[0])))
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(groups.get(module, module)))
     # the cold server first: it makes the run's one preparation, whose results every test after it finds in the
     # caches (as a server's sessions do) instead of computing them again
     items.sort(key=lambda item: not item.nodeid.startswith(COLD))

@@ -48,10 +48,15 @@ def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str =
     frame = head_importance(model, sentences, method=method, ablation=ablation, head_means=means,
                             reference=full, measure=measure, progress=bar)
     bar.empty()
-    for array in (full, means):
+    _read_only(full, means)
+    return Importance(frame, means, full)
+
+
+def _read_only(*arrays) -> None:
+    """A shared result's arrays, which every session reads, made read-only (a number or None is left as it is)."""
+    for array in arrays:
         if isinstance(array, np.ndarray):
             array.flags.writeable = False
-    return Importance(frame, means, full)
 
 
 FIRST_STEP = 0.5  # the curves' first form: none, half and every head pruned
@@ -96,9 +101,7 @@ def switched_off(ref: ModelRef, sentences: list[str], measured_on: list[str], he
     ``importance(ref, ablation, sentences, method)`` took it: every session's view of the same heads shares it."""
     effect = ablate(cached_model(ref), measured_on, heads, ablation=ablation,
                     head_means=importance(ref, ablation, sentences, method).means)
-    for array in (effect.cosine, effect.attention_change, effect.sentence_losses):
-        if isinstance(array, np.ndarray):
-            array.flags.writeable = False
+    _read_only(effect.cosine, effect.attention_change, effect.sentence_losses)
     return effect
 
 
