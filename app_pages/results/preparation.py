@@ -1,6 +1,6 @@
 """A server's preparation of bundled decoders, run from the command line as the server's thread runs it: both
-engines opened, then every step (``app_pages.results.steps``) with nothing cached, each step's seconds printed as
-it ends, a tab-separated line each (``opened`` for the engines):
+engines opened, then every step (``app_pages.results.steps``) with nothing cached, each step's seconds and the
+process's CPU seconds in it printed as it ends, a tab-separated line each (``opened`` for the engines):
 
     python -m app_pages.results.preparation smollm2 gemma3
 """
@@ -22,12 +22,12 @@ def prepare(key: str) -> None:
     start = time.perf_counter()
     cached_model(ref)
     cached_model(ref.scratch())
-    print(f"{key}\topened\t{time.perf_counter() - start:.2f}", flush=True)
+    print(f"{key}\topened\t{time.perf_counter() - start:.2f}\t{time.process_time():.2f}", flush=True)
     for result, args in steps(ref):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         result(*args)
         release_memory()  # as the server does after each step
-        print(f"{key}\t{result.name}\t{time.perf_counter() - t:.2f}", flush=True)
+        print(f"{key}\t{result.name}\t{time.perf_counter() - t:.2f}\t{time.process_time() - cpu:.2f}", flush=True)
 
 
 def main() -> None:
