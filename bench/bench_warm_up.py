@@ -5,9 +5,10 @@
 Runs the app's own preparation command (``python -m app_pages.results.preparation``: both engines opened, then
 every step the server's background thread runs, in its order, with nothing cached) in a process of its own,
 and samples that process's memory from outside; prints each step's seconds, the cores it kept busy (its CPU
-seconds over its seconds), the process's memory after it and its highest during it, the total, and the peak. Memory is the proportional set size (each page counted once):
-both engines map the one weights file, and resident memory counts each of its pages once per mapping. Aims:
-<= 120 s a model from nothing on two cores (<= 180 s for both), peak <= 2.5 GiB.
+seconds over its seconds), the process's memory after it and its highest during it, the total, and the peak.
+Memory is the proportional set size (each page counted once): both engines map the one weights file, and
+resident memory counts each of its pages once per mapping. Aims: <= 120 s a model from nothing on two cores
+(<= 180 s for both), peak <= 2.5 GiB.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def main() -> None:
                 continue
             totals[key] = totals.get(key, 0.0) + float(seconds)
             busy = float(cpu) / max(float(seconds), 1e-9)
-            print(f"  {step:<18} {float(seconds):7.1f} s   {busy:4.2f} cores   {now:6.0f} MiB, at most {peak.reset():6.0f} MiB")
+            print(f"  {step:<18} {float(seconds):7.1f} s   {busy:4.2f} cores   {now:6.0f} MiB, "
+                  f"at most {peak.reset():6.0f} MiB")
     if child.wait():
         sys.exit(f"the preparation failed ({child.returncode})")
     for key, total in totals.items():
