@@ -150,12 +150,16 @@ class MultiHeadAttention(nn.Module):
         kv_keep = sorted({groups[h] for h in keep})
         ref = self.out_proj.weight
         norms = None if self.q_norm is None else (copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm))
-        pruned = type(self)(E, len(keep), head_dim=Dh, bias=self.in_proj_bias is not None, dropout=self.dropout,
-                            kdim=self.kdim, vdim=self.vdim, num_kv_heads=len(kv_keep),
-                            kv_heads=None if self.kv_heads is None else [kv_keep.index(groups[h]) for h in keep],
-                            out_bias=self.out_proj.bias is not None, rotary=self.rotary, qk_norm=norms,
-                            scale=self.scale, window=self.window, qk_norm_over=self.qk_norm_over, softcap=self.softcap)
-        pruned.to(device=ref.device, dtype=ref.dtype)
+        with torch.device("meta"):  # built empty, every weight given below: drawing weights to overwrite took
+            pruned = type(self)(E, len(keep), head_dim=Dh, bias=self.in_proj_bias is not None,  # half of a copy
+                                dropout=self.dropout, kdim=self.kdim, vdim=self.vdim, num_kv_heads=len(kv_keep),
+                                kv_heads=None if self.kv_heads is None else [kv_keep.index(groups[h]) for h in keep],
+                                out_bias=self.out_proj.bias is not None, scale=self.scale, window=self.window,
+                                qk_norm_over=self.qk_norm_over, softcap=self.softcap)
+        pruned.to_empty(device=ref.device).to(dtype=ref.dtype)
+        # the shared rotary module and the norms' copies join after: emptying them would have emptied their weights
+        pruned.rotary = self.rotary
+        pruned.q_norm, pruned.k_norm = norms if norms is not None else (None, None)
 
         def rows(heads: list[int]) -> torch.Tensor:
             return (torch.tensor(heads, dtype=torch.long).view(-1, 1) * Dh + torch.arange(Dh)).reshape(-1).to(ref.device)
