@@ -106,7 +106,23 @@ def test_head_roles_show_the_decoder_heads_readably(browser, server):
         page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
                                ".some(t => t.textContent.includes('repeated twice'))", timeout=300_000)
         assert_readable(page, "roles with the decoder heads")
+        grids = page.evaluate(GRID_RANGES)
+        assert len(grids) >= 2, grids  # the roles grid and the decoder heads' grid
+        for grid in grids:  # each drawn to its cells' edges: SmolLM2's 30 layers padded no row past them
+            layers, heads = grid["layers"], grid["heads"]
+            assert (layers, heads) == (30, 9), grid
+            assert np.allclose(grid["y"], [layers - 0.5, -0.5]) and np.allclose(grid["x"], [-0.5, heads - 0.5]), grid
         shot(page, "llm-roles-detector")
+
+
+# Every layer x head grid's drawn ranges and its cells (its "heads" trace's extent), as the browser's plotly laid
+# them out
+GRID_RANGES = """() => [...document.querySelectorAll('.js-plotly-plot')].map(gd => {
+  const trace = (gd._fullData || []).find(t => t.name === 'heads');
+  if (!trace) return null;
+  return {x: gd._fullLayout.xaxis.range, y: gd._fullLayout.yaxis.range,
+          layers: Math.max(...trace.y) + 1, heads: Math.max(...trace.x) + 1};
+}).filter(g => g)"""
 
 
 # The pixel centre of head (layer, head)'s click target in the ``plot``-th chart

@@ -45,7 +45,7 @@ def effect_grid(values: np.ndarray, *, title: str = "", value_name: str = "recov
                      side="top", showgrid=False, ticks="", zeroline=False, tickangle=0,  # upright: not into the title
                      tickfont=dict(size=9 if n_heads > 6 else 10))
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_layers)), ticktext=[f"L{l}" for l in range(n_layers)],
-                     autorange="reversed", showgrid=False, ticks="", zeroline=False)
+                     showgrid=False, ticks="")  # layer 0 at the top: ``head_targets`` fixed the range
     head = wrapped_title(title, HALF_TITLE)
     fig.update_layout(title=head, height=ROW_PX * n_layers + top_margin(head, room=40) + 20,
                       margin=dict(t=top_margin(head, room=40), l=44, r=10, b=10), plot_bgcolor="white")

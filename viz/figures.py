@@ -70,13 +70,17 @@ def top_margin(title: dict, room: int = 30) -> int:
 def head_targets(fig: go.Figure, n_layers: int, n_heads: int, text: list[str], *, size: int = 14,
                  action: str = "open this head") -> None:
     """An invisible marker over each cell of a layer x head grid (the trace "heads", point ``layer * heads +
-    head``): plotly selects points of a scatter, not cells of a heatmap, so these take the clicks."""
+    head``): plotly selects points of a scatter, not cells of a heatmap, so these take the clicks. The axes are
+    fixed to the grid's cells, layer 0 at the top: left to themselves, they made room for the markers past the
+    grid (a browser's plotly padded SmolLM2's 30 layers by more than a row each side)."""
     layer_of, head_of = np.divmod(np.arange(n_layers * n_heads), n_heads)
     fig.add_trace(go.Scatter(
         x=head_of, y=layer_of, mode="markers", name="heads", showlegend=False,
         marker=dict(symbol="square", size=size, color="rgba(0,0,0,0)"),
         customdata=[[int(l), int(h)] for l, h in zip(layer_of, head_of)], text=text,
         hovertemplate=f"layer %{{y}}, head %{{x}}<br>%{{text}}<br>click to {action}<extra></extra>"))
+    fig.update_xaxes(range=[-0.5, n_heads - 0.5], autorange=False, zeroline=False)
+    fig.update_yaxes(range=[n_layers - 0.5, -0.5], autorange=False, zeroline=False)
     fig.update_layout(clickmode="event+select", dragmode="pan")
 
 

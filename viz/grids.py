@@ -157,7 +157,7 @@ def role_grid(layers: np.ndarray, heads: np.ndarray, labels: list[str], hover: l
     fig.update_xaxes(tickmode="array", tickvals=list(range(n_heads)), ticktext=[f"H{h}" for h in range(n_heads)],
                      side="top", showgrid=False)
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_layers)), ticktext=[f"L{l}" for l in range(n_layers)],
-                     autorange="reversed", showgrid=False)
+                     showgrid=False)  # layer 0 at the top: ``head_targets`` fixed the range
     head = wrapped_title(title, title_chars or TITLE_CHARS)
     if compact:
         fig.update_xaxes(tickangle=0, tickfont=dict(size=9))
