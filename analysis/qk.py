@@ -289,14 +289,12 @@ def _fitted_planes(q: list[np.ndarray], k: list[np.ndarray], targets: list[np.nd
     counts = counts / counts.sum(dim=1, keepdim=True)
     w = torch.tensor(np.stack(planes).transpose(0, 2, 1), dtype=torch.float32, requires_grad=True)  # (H, 2, D)
     opt = torch.optim.Adam([w], lr=0.05)
-    # every head reads the same pairs: gathers along the last axis by one expanded index (index_select there
-    # took three times as long, forward and backward)
-    by_query, q_at, k_at = qi_t.expand(H, -1), qi_t.expand(H, 2, -1), kj_t.expand(H, 2, -1)
     with torch.enable_grad():
         for _ in range(FIT_STEPS):
-            d = -(torch.bmm(w, qt).gather(2, q_at) - torch.bmm(w, kt).gather(2, k_at)).square().sum(dim=1)  # (H, pairs)
-            top = torch.full((H, n), -torch.inf).scatter_reduce(1, by_query, d.detach(), "amax")
-            z = torch.zeros(H, n).scatter_add(1, by_query, torch.exp(d - top.gather(1, by_query)))
+            d = -torch.stack([(w[h] @ qt[h]).index_select(1, qi_t) - (w[h] @ kt[h]).index_select(1, kj_t)
+                              for h in range(H)]).square().sum(dim=1)  # (H, pairs); head by head, as alone
+            top = torch.full((H, n), -torch.inf).scatter_reduce(1, qi_t.expand(H, -1), d.detach(), "amax")
+            z = torch.zeros(H, n).index_add(1, qi_t, torch.exp(d - top[:, qi_t]))
             log_z = torch.log(z.gather(1, asked))
             loss = ((log_z + top.gather(1, asked) - d.gather(1, hit)) * counts).sum()  # each head's cross-entropy
             opt.zero_grad()
