@@ -12,7 +12,7 @@ from .scratch import ScratchModel
 from .stacks import Stack
 
 LOGIT_ELEMENTS = 2**26  # logits made at a time: 256 MiB of float32 (Gemma 3: 256 positions, SmolLM2: 1,365)
-BACKWARD_BLOCKS = 8  # under autograd a block's backward holds its logits several times over: blocks an eighth
+GRADIENT_BLOCKS = 2  # a block whose gradient is made holds two of its size for a moment: blocks half as large
 
 
 class DecoderModel(ScratchModel):
@@ -38,23 +38,21 @@ class DecoderModel(ScratchModel):
         """``(summed cross-entropy, predicted tokens, top-1 predictions)`` of a batch's last hidden state
         ``h`` ``(B, L, E)``: each real token but the last predicting the next. The vocabulary's logits are made
         a block of positions at a time, within ``LOGIT_ELEMENTS`` (262,144 logits per position in Gemma 3).
-        Under autograd, with the unembedding fixed (as in every model opened to be read), the blocks are smaller
-        and none is kept for the backward pass: each block's gradient by the states is made as the block is,
-        and handed to autograd with the sum (``_WithGradient``)."""
+        Under autograd, with the unembedding fixed (as in every model opened to be read), no block is kept for
+        the backward pass: each block's gradient by the states, ``(softmax - one-hot) @ unembedding``, is made
+        in the block's own memory as the block is, and handed to autograd with the sum (``_WithGradient``)."""
         predicting = _predicting(mask)
         states, targets = h[:, :-1][predicting], ids[:, 1:][predicting]    # (N, E), (N,)
         unembedding = self.stack.unembedding()
         eager = torch.is_grad_enabled() and states.requires_grad and not unembedding.requires_grad
-        rows = max(1, LOGIT_ELEMENTS // unembedding.shape[0] // (BACKWARD_BLOCKS if eager else 1))
+        rows = max(1, LOGIT_ELEMENTS // unembedding.shape[0] // (GRADIENT_BLOCKS if eager else 1))
         total, top, grads = h.new_zeros(()), [], []
         for i in range(0, len(targets), rows):
             part = (states[i:i + rows], targets[i:i + rows])
-            if eager:  # the block's gradient made now, while its logits are at hand: two passes, nothing kept
-                with torch.enable_grad():
-                    alone = part[0].detach().requires_grad_()
-                    loss, best = self._block_loss(alone, part[1])
-                    grads.append(torch.autograd.grad(loss, alone)[0])
-                loss = loss.detach()
+            if eager:  # the block's gradient made now, while its logits are at hand: nothing kept
+                with torch.no_grad():
+                    loss, best, gradient = self._block_gradient(part[0].detach(), part[1], unembedding)
+                grads.append(gradient)
             else:
                 loss, best = self._block_loss(*part)
             total = total + loss
@@ -68,13 +66,29 @@ class DecoderModel(ScratchModel):
         """Summed cross-entropy of ``states``' next-token predictions of ``targets``, and their top-1
         predictions: log-sum-exp minus the target's logit. Outside autograd the log-sum-exp is taken in the
         logits' own memory, so that a block holds nothing else as large."""
-        logits = self.stack.logits(states).float()                          # (n, vocab)
+        logits = _wide(self.stack.logits(states))                           # (n, vocab)
         wanted, best = logits.gather(-1, targets[:, None])[:, 0], logits.argmax(dim=-1)
         if torch.is_grad_enabled():
             return (torch.logsumexp(logits, dim=-1) - wanted).sum(), best
-        top = logits.amax(dim=-1, keepdim=True)
-        summed = logits.sub_(top).exp_().sum(dim=-1).log_() + top[:, 0]
+        summed, _ = _exp_in_place(logits)
         return (summed - wanted).sum(), best
+
+    def _block_gradient(self, states: torch.Tensor, targets: torch.Tensor, unembedding: torch.Tensor):
+        """``_block_loss`` and its gradient by ``states``, worked out instead of recorded: the cross-entropy's
+        gradient by the logits is the softmax less the target's one-hot, made in the logits' own memory, and a
+        soft cap ``c`` (``logits = c tanh(z / c)``) multiplies it by ``1 - (logits / c)**2``. Half the time of
+        autograd's backward, whose blocks of a few positions each multiplied the whole unembedding twice."""
+        logits = _wide(self.stack.logits(states))                           # (n, vocab)
+        wanted, best = logits.gather(-1, targets[:, None])[:, 0], logits.argmax(dim=-1)
+        cap = self.stack.logit_cap
+        slope = None if cap is None else logits.div(cap).square_().neg_().add_(1)
+        summed, sums = _exp_in_place(logits)
+        softmax = logits.div_(sums)
+        softmax.scatter_add_(-1, targets[:, None], softmax.new_full((len(targets), 1), -1.0))
+        if slope is not None:
+            softmax.mul_(slope)
+        gradient = (softmax.to(unembedding.dtype) @ unembedding).to(states.dtype)  # (n, E)
+        return (summed - wanted).sum(), best, gradient
 
     def generate_ids(self, ids: Sequence[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                      seed: int = 0) -> Iterator[int]:
@@ -155,6 +169,19 @@ class _WithGradient(torch.autograd.Function):
     def backward(ctx, upstream: torch.Tensor):
         (gradient,) = ctx.saved_tensors
         return upstream * gradient, None, None
+
+
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits in float32 for their sums; float32 and float64 as they are."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def _exp_in_place(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log-sum-exp of each row, each row's sum of exponentials after its maximum is taken away)`` of ``(n,
+    vocab)`` ``logits``, which are left as those exponentials: nothing else as large is made."""
+    top = logits.amax(dim=-1, keepdim=True)
+    sums = logits.sub_(top).exp_().sum(dim=-1, keepdim=True)
+    return sums[:, 0].log() + top[:, 0], sums
 
 
 def _predicting(mask: torch.Tensor) -> torch.Tensor:

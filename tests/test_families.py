@@ -11,6 +11,7 @@ import torch
 import transformers as tf
 
 from analysis.effects import logit_attribution, parts_total, patch_heads, patch_residual
+from analysis.importance import head_importance
 from analysis.task_effects import run_task
 from analysis.tasks import Task, TaskPair
 from models import circuits as C
@@ -499,3 +500,32 @@ def test_exact_edge_patching_into_the_logits_equals_a_hook_on_transformers_final
         np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5, err_msg=f"{name} {sender}")
         changed.append(float((ours - good.value).abs().max()))
     assert max(changed) > 1e-4  # the patch changes the metric: not two clean runs compared
+
+
+def test_gradient_importance_is_the_gradient_of_transformers_loss_by_each_heads_gate(family):
+    """Pruning's gradient importance, |dL/d(gate)| of the mean next-token loss, against transformers' loss with
+    each head's slice of z scaled by a gate: the loss's gradient by the logits is worked out, not recorded, and a
+    final soft cap (Gemma 2's) enters it."""
+    name, folder, hf, tok = family
+    ours = load_model(folder, backend="scratch")
+    ours.stack.double()
+    imp = head_importance(ours, [TEXT], method="gradient", measure="loss")
+    o_proj, H = FAMILIES[name][3], hf.config.num_attention_heads
+    gate = torch.ones(hf.config.num_hidden_layers, H, dtype=torch.float64, requires_grad=True)
+
+    def gated(i):
+        def pre(m, args):
+            z = args[0]
+            return (z * gate[i].repeat_interleave(z.shape[-1] // H),)
+        return pre
+
+    handles = [o_proj(hf, i).register_forward_pre_hook(gated(i)) for i in range(hf.config.num_hidden_layers)]
+    try:
+        ids = tok(TEXT, return_tensors="pt")["input_ids"]
+        (grad,) = torch.autograd.grad(hf(ids, labels=ids).loss, gate)
+    finally:
+        for h in handles:
+            h.remove()
+    np.testing.assert_allclose(imp["importance"].to_numpy().reshape(grad.shape), grad.abs().numpy(), rtol=1e-4,
+                               atol=1e-6, err_msg=name)
+    assert grad.abs().min() > 1e-4  # every head's gate moves the loss

@@ -148,6 +148,11 @@ class Stack(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor | None:
         return None
 
+    @property
+    def logit_cap(self) -> float | None:
+        """The soft cap ``logits`` squashes the logits with, ``cap * tanh(logits / cap)`` (Gemma 2's), or None."""
+        return None
+
     def unembedding(self) -> torch.Tensor:
         """``(vocab, E)``: the unembedding, so that ``h @ unembedding().T`` is the logits (a language model's)."""
         raise NotImplementedError

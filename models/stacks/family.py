@@ -294,8 +294,12 @@ class FamilyDecoder(Stack):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         logits = F.linear(h, self.unembedding())                                # (B, L, vocab)
-        cap = self.sizes.final_logit_softcapping
+        cap = self.logit_cap
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    @property
+    def logit_cap(self) -> float | None:
+        return self.sizes.final_logit_softcapping
 
     def unembedding(self) -> torch.Tensor:
         return self.embedding.weight if self.sizes.tie_word_embeddings else self.lm_head.weight
