@@ -50,13 +50,17 @@ def hf_loss(hf, tok, texts, off=()) -> tuple[float, list[np.ndarray]]:
                 hf.model.layers[layer].self_attn.o_proj.weight.copy_(weight)
 
 
-@pytest.fixture(params=[None, 3], ids=["logits at once", "logits 3 positions at a time"])
+@pytest.fixture(params=[None, 3], ids=["logits at once", "logits 3 positions and 7 tokens at a time"])
 def blocks(request, monkeypatch, tiny):
-    """The vocabulary's logits made for every predicted position at once, or a few positions at a time."""
+    """The vocabulary's logits made for every predicted position at once, or a few positions at a time and, outside
+    autograd, a few tokens of the vocabulary at a time (the last slice shorter)."""
     from models import language
 
     if request.param is not None:
-        monkeypatch.setattr(language, "LOGIT_ELEMENTS", request.param * tiny[0].stack.unembedding().shape[0])
+        vocab = tiny[0].stack.unembedding().shape[0]
+        assert vocab % 7
+        monkeypatch.setattr(language, "LOGIT_ELEMENTS", request.param * vocab)
+        monkeypatch.setattr(language, "VOCABULARY_SLICE", 7)
     return request.param
 
 

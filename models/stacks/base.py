@@ -145,7 +145,9 @@ class Stack(nn.Module):
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor | None:
+    def logits(self, h: torch.Tensor, tokens: slice = slice(None)) -> torch.Tensor | None:
+        """A language model's logits of ``h``, of the vocabulary's ``tokens`` (all of them by default); None for
+        a model that has none."""
         return None
 
     @property

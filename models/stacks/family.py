@@ -292,8 +292,8 @@ class FamilyDecoder(Stack):
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h, self.unembedding())                                # (B, L, vocab)
+    def logits(self, h: torch.Tensor, tokens: slice = slice(None)) -> torch.Tensor:
+        logits = F.linear(h, self.unembedding()[tokens])                        # (B, L, vocab)
         cap = self.logit_cap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
