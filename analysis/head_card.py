@@ -25,6 +25,7 @@ import torch
 
 from models import AttentionModel, head_label
 from models import patching as P
+from models.limits import batches
 from models.result import Attention
 
 from .views import set_aside, token_label
@@ -117,23 +118,25 @@ class Writes:
 @torch.inference_mode()
 def corpus_writes(model: AttentionModel, sentences: Sequence[str], *, batch_size: int = 32, progress=None) -> Writes:
     """How strongly each head writes into the residual stream in each sentence: its result's norm at every
-    query (``models.patching.result_norms``), the largest kept. A decoder's prompts share a batch
-    right-padded: a query never sees the padding after it."""
+    query (``models.patching.result_norms``), the largest kept. A decoder's prompts share a batch of similar
+    lengths (``models.limits.batches``), right-padded: a query never sees the padding after it."""
     stack = P.language_stack(model)
     L, H = model.n_layers, model.n_heads
     norm, query = np.zeros((len(sentences), L, H)), np.zeros((len(sentences), L, H), dtype=np.int64)
     pad = model.tokenizer.pad_token_id or 0
-    for start in range(0, len(sentences), batch_size):
-        rows = [model.tokenizer(t)["input_ids"][:model.max_tokens] for t in sentences[start:start + batch_size]]
-        n = max(map(len, rows))
-        ids = torch.tensor([r + [pad] * (n - len(r)) for r in rows])
+    rows = [model.tokenizer(t)["input_ids"][:model.max_tokens] for t in sentences]
+    done = 0
+    for group in batches([len(r) for r in rows], batch_size, model.bytes_per_token_pair):
+        n = max(len(rows[i]) for i in group)
+        ids = torch.tensor([rows[i] + [pad] * (n - len(rows[i])) for i in group])
         norms = P.result_norms(stack, P.trace_batch(model, ids)).float().cpu().numpy()   # (B, L, H, n)
-        for b, r in enumerate(rows):
-            mine = norms[b, ..., :len(r)]
-            query[start + b] = mine.argmax(-1)
-            norm[start + b] = mine.max(-1)
+        for b, i in enumerate(group):
+            mine = norms[b, ..., :len(rows[i])]
+            query[i] = mine.argmax(-1)
+            norm[i] = mine.max(-1)
+        done += len(group)
         if progress is not None:
-            progress(min(start + batch_size, len(sentences)), len(sentences))
+            progress(done, len(sentences))
     return Writes(norm, query)
 
 
