@@ -38,11 +38,11 @@ class DecoderModel(ScratchModel):
     def next_token_sums(self, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor):
         """``(summed cross-entropy, predicted tokens, top-1 predictions)`` of a batch's last hidden state
         ``h`` ``(B, L, E)``: each real token but the last predicting the next. The logits are made a block of
-        positions at a time, within ``LOGIT_ELEMENTS``; outside autograd ``VOCABULARY_SLICE`` tokens of the vocabulary
-        at a time, each slice's sums taken while it is in the cache (Gemma 3's predictions 16% faster). Under autograd, with the
-        unembedding fixed (as in every model opened to be read), no block is kept for the backward pass: each
-        block's gradient by the states, ``(softmax - one-hot) @ unembedding``, is made in the block's own memory
-        as the block is, and handed to autograd with the sum (``_WithGradient``)."""
+        positions at a time, within ``LOGIT_ELEMENTS``; outside autograd, ``VOCABULARY_SLICE`` tokens of the
+        vocabulary at a time, each slice's sums taken while it is in the cache (Gemma 3's predictions 10% faster).
+        Under autograd, with the unembedding fixed (as in every model opened to be read), no block is kept for
+        the backward pass: each block's gradient by the states, ``(softmax - one-hot) @ unembedding``, is made
+        in the block's own memory as the block is, and handed to autograd with the sum (``_WithGradient``)."""
         predicting = _predicting(mask)
         states, targets = h[:, :-1][predicting], ids[:, 1:][predicting]    # (N, E), (N,)
         unembedding = self.stack.unembedding()
@@ -58,7 +58,7 @@ class DecoderModel(ScratchModel):
                     loss, best, gradient = self._block_gradient(part[0].detach(), part[1], unembedding)
                 grads.append(gradient)
             elif recorded:  # a model in training, whose unembedding learns
-                logits = self.stack.logits(part[0])
+                logits = _wide(self.stack.logits(part[0]))
                 loss = (torch.logsumexp(logits, dim=-1) - logits.gather(-1, part[1][:, None])[:, 0]).sum()
                 best = logits.detach().argmax(dim=-1)
             else:
@@ -71,9 +71,9 @@ class DecoderModel(ScratchModel):
         top = torch.cat(top) if top else targets.new_zeros(0)
         return total, len(targets), top
 
-    def _block_loss(self, states: torch.Tensor, targets: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed cross-entropy of ``states``' next-token predictions of ``targets`` (log-sum-exp minus the
-        target's logit), and their top-1 predictions, ``VOCABULARY_SLICE`` tokens of the vocabulary at a time: each
+    def _block_loss(self, states: torch.Tensor, targets: torch.Tensor, vocab: int):
+        """``(summed cross-entropy, top-1 predictions)`` of ``states``' next-token predictions of ``targets``
+        (log-sum-exp minus the target's logit), ``VOCABULARY_SLICE`` tokens of the vocabulary at a time: each
         slice's maximum, where it lies and sum of exponentials, joined at the end (the first maximum wins a tie,
         as ``argmax`` of the whole has it)."""
         n, wanted = len(targets), None
