@@ -166,6 +166,9 @@ class AttentionModel:
             language_stack(model)
         return model
 
+    def page_in(self) -> None:
+        """Read every weight once (``models.memory.page_in``), so that a first pass does not fault them in."""
+
     def _on_scratch(self, what: str) -> "AttentionModel":
         raise HeadLensError(f"{what} inside the from-scratch engine, which does not implement {self.name}'s "
                             "architecture.")

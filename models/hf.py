@@ -16,6 +16,7 @@ from .engine import open_scratch
 from .errors import HeadLensError
 from .files import load_tokenizer
 from .limits import check_parameter_count
+from .memory import page_in
 from .result import Attention
 from .stacks import for_model_type
 
@@ -97,6 +98,9 @@ class TransformersModel(AttentionModel):
         super().__init__(tokenizer, name, device, n_layers, n_heads, max_positions, causal=decoder_only,
                          parts=3 if self.encoder_decoder else 1)
         self.windows = config_windows(c, n_layers) if decoder_only else None
+
+    def page_in(self) -> None:
+        page_in(self.model)
 
     def _on_scratch(self, what: str) -> AttentionModel:
         """The same weights on the from-scratch engine, loaded from the model's folder the first time it is

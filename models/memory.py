@@ -24,3 +24,15 @@ def release_memory() -> None:
     resident memory follows what it holds."""
     if _TRIM is not None:
         _TRIM(0)
+
+
+def page_in(module) -> None:
+    """Read every weight and buffer of ``module`` (a ``torch.nn.Module``) once. Weights mapped from a file are
+    paged in the first time they are read. A server whose results come from disk does this before its first
+    session, so that session's first pass does not wait on the file."""
+    import torch
+
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.numel() and tensor.device.type == "cpu":
+                tensor.sum()

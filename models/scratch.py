@@ -17,6 +17,7 @@ from .base import AttentionModel, Progress, mean_pooled
 from .errors import HeadLensError
 from .limits import batches
 from .long import LongAttention
+from .memory import page_in
 from .result import Attention
 from .run import Edits
 from .stacks import Stack
@@ -38,6 +39,9 @@ class ScratchModel(AttentionModel):
     def _on_scratch(self, what: str) -> "ScratchModel":
         """Itself: it runs on the from-scratch engine."""
         return self
+
+    def page_in(self) -> None:
+        page_in(self.stack)
 
     @property
     def encoder(self) -> Stack:

@@ -155,3 +155,35 @@ def test_a_damaged_or_crafted_gguf_gets_a_sentence(craft, message, tmp_path, mon
         with pytest.raises(HeadLensError, match=message):
             load_model(path, backend=backend)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
+
+
+def _file_resident_mib(path) -> float:
+    """Resident MiB of this process's mappings of the file at ``path``."""
+    total, mapping = 0, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if "-" in parts[0] and len(parts) >= 5 and ":" in parts[3]:  # a mapping's first line
+                mapping = parts[5] if len(parts) > 5 else ""
+            elif parts[0] == "Rss:" and mapping == path:
+                total += int(parts[1])
+    return total / 1024
+
+
+@pytest.mark.parametrize("backend", ["scratch", "transformers"])
+def test_page_in_reads_every_weight_from_the_mapped_file(converted, backend):
+    """A server reading its results from disk pages its models in before the first session: the weights' file,
+    mapped by the loaded model and mostly not read yet, is resident once ``page_in`` has read every weight."""
+    import gc
+
+    path = str((converted / "model.safetensors").resolve())
+    size = os.path.getsize(path) / 2**20
+    gc.collect()
+    start = _file_resident_mib(path)
+    model = load_model(str(converted), backend=backend)
+    loaded = _file_resident_mib(path) - start
+    model.page_in()
+    read = _file_resident_mib(path) - start
+    assert loaded < 0.5 * size and read > 0.95 * size, (loaded, read, size)
+    del model
+    gc.collect()

@@ -129,7 +129,9 @@ def _warm(job: Warmup) -> None:
         folder, _ = resolve_model_dir(bundled(job.ref.choice).name)
         store = Store(results_root(), folder_digest(folder))
         for choice in bundled(job.ref.choice).engines():  # both engines, which the pages read, whether or not the
-            cached_model(ModelRef(choice, device=job.ref.device))  # steps are computed or read from disk
+            # steps are computed or read from disk; their weights read once, as a preparation from nothing reads
+            # them, so that the first session's pass does not wait on the weights' file
+            cached_model(ModelRef(choice, device=job.ref.device)).page_in()
         todo = steps(job.ref)
         job.total = len(todo)
         job.queue = Queue(todo, lambda result, args: _step(job, store, result, args))
