@@ -28,8 +28,8 @@ def release_memory() -> None:
 
 def page_in(module) -> None:
     """Read every weight and buffer of ``module`` (a ``torch.nn.Module``) once. Weights mapped from a file are
-    paged in the first time they are read. A server whose results come from disk does this before its first
-    session, so that session's first pass does not wait on the file."""
+    paged in the first time they are read. A server whose results come from disk does this in the background
+    as soon as a page has opened the model, so that the pages' next passes do not wait on the file."""
     import torch
 
     with torch.no_grad():

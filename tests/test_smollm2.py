@@ -172,7 +172,7 @@ def _file_resident_mib(path) -> float:
 
 @pytest.mark.parametrize("backend", ["scratch", "transformers"])
 def test_page_in_reads_every_weight_from_the_mapped_file(converted, backend):
-    """A server reading its results from disk pages its models in before the first session: the weights' file,
+    """A server reading its results from disk pages its models in once a page has opened them: the weights' file,
     mapped by the loaded model and mostly not read yet, is resident once ``page_in`` has read every weight."""
     import gc
 

@@ -130,7 +130,7 @@ def _warm(job: Warmup) -> None:
         store = Store(results_root(), folder_digest(folder))
         for choice in bundled(job.ref.choice).engines():  # both engines, which the pages read, whether or not the
             # steps are computed or read from disk; their weights read once, as a preparation from nothing reads
-            # them, so that the first session's pass does not wait on the weights' file
+            # them, so that the pages' next passes do not wait on the weights' file
             cached_model(ModelRef(choice, device=job.ref.device)).page_in()
         todo = steps(job.ref)
         job.total = len(todo)
