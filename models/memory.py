@@ -1,8 +1,10 @@
-"""Memory given back to the system after a long computation."""
+"""Memory given back to the system after a long computation, and a model's mapped weights read in at once."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+
+import torch
 
 
 def _libc_trim():
@@ -30,8 +32,6 @@ def page_in(module) -> None:
     """Read every weight and buffer of ``module`` (a ``torch.nn.Module``) once. Weights mapped from a file are
     paged in the first time they are read. A server whose results come from disk does this in the background
     as soon as a page has opened the model, so that the pages' next passes do not wait on the file."""
-    import torch
-
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
             if tensor.numel() and tensor.device.type == "cpu":
