@@ -56,7 +56,8 @@ def metric_with_heads(model: AttentionModel, task: Task, metric: str, keep: np.n
     out = np.zeros(len(task))
     for idx in batches(task):
         ids = torch.tensor([task.pairs[i].clean_ids for i in idx], device=scratch.device)
-        x, _ = stack.run_layers(stack.embed(ids), need_weights=False, head_mask=mask.to(fill.dtype), head_fill=fill)
+        x, _ = stack.run_layers(stack.embed(ids), need_weights=False,
+                                edits=stack.switched_off(mask.to(fill.dtype), fill))
         out[idx] = measure(stack, x[:, -1], torch.as_tensor(idx)).double().cpu().numpy()
     return out
 

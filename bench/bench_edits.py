@@ -1,5 +1,6 @@
 """The runs with edits (``models.run``) timed where they serve: patching every head of a pair, at each position,
-attribution patching, a task's pairs, a long prompt's forward pass, on SmolLM2 (from-scratch engine).
+attribution patching, a task's pairs, a circuit's edges (EAP, EAP-IG), its curve and exact edge patching, a score
+split over its writers, a long prompt's forward pass, on SmolLM2 (from-scratch engine).
 
     python -m bench.bench_edits LABEL
 
@@ -12,7 +13,9 @@ import time
 
 import torch
 
+from analysis import circuits
 from analysis.defaults import PAIRS
+from analysis.qk_attribution import qk_attribution, qk_attribution_task
 from analysis.effects import patch_heads
 from analysis.task_effects import run_task
 from analysis.tasks import make_task
@@ -48,6 +51,16 @@ r = {
  "task, 12 pairs, exact": t(lambda: run_task(m, task, "logit_diff", "exact"), 1),
  "task, 12 pairs, attribution": t(lambda: run_task(m, task, "logit_diff", "attribution")),
  "long prompt 2,048 tokens to layer 15": t(lambda: m.attend_long(long_text).run_to(15), 2),
+ "edges, 12 pairs, EAP": t(lambda: circuits.edge_scores(m, task, "eap"), 2),
+ "edges, 12 pairs, EAP-IG 5 steps": t(lambda: circuits.edge_scores(m, task, "eap_ig"), 1),
 }
+scores = circuits.edge_scores(m, task, "eap")
+edges = list(zip(*[e[:10] for e in scores.ranked()]))
+r.update({
+ "circuit curve, 12 pairs, 10 sizes": t(lambda: circuits.faithfulness(m, scores), 1),
+ "exact patching of 10 edges, 12 pairs": t(lambda: circuits.exact_edges(m, task, edges), 1),
+ "a score split, 17 tokens": t(lambda: qk_attribution(m, late[0], 23, 3)),
+ "a score split over 12 pairs": t(lambda: qk_attribution_task(m, task, 23, 3), 2),
+})
 for k, v in r.items():
     print(f"{label}\t{k}\t{v:.3f}")

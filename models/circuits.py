@@ -23,8 +23,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from .kernels import attention_masks, attention_weights, fused_attention
 from .pairs import Measure
+from .run import Edits, Given
 
 
 @dataclass(frozen=True)
@@ -131,50 +131,12 @@ class Run:
     ids: torch.Tensor | None = None
 
 
-def _weights(attn):
-    """The q, k and v projections' weights and biases (None without), split by head: ``(heads, Dh, E)``."""
-    H, G, Dh = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    if attn.fused:
-        wq, wk, wv = attn.in_proj_weight.split(attn.sizes)
-    else:
-        wq, wk, wv = attn.q_proj_weight, attn.k_proj_weight, attn.v_proj_weight
-    b = attn.in_proj_bias
-    bq, bk, bv = (None, None, None) if b is None else b.split(attn.sizes)
-    shape = lambda w, h: w.view(h, Dh, -1)                                           # noqa: E731
-    bias = lambda x, h: None if x is None else x.view(h, Dh)                          # noqa: E731
-    return (shape(wq, H), bias(bq, H)), (shape(wk, G), bias(bk, G)), (shape(wv, G), bias(bv, G))
-
-
-def attention_parts(block, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor):
-    """A block's attention with each query head reading ``xq[i]`` and each key/value head ``xk[g]``, ``xv[g]``
-    (``(heads, B, n, E)``, ``(kv heads, B, n, E)``; causal, with its window): each head's write ``(heads, B, n, E)``
-    and the attention's constant write (its output bias, through a norm on the output; None without)."""
-    attn = block.attn
-    H, Dh = attn.num_heads, attn.head_dim
-    B, n, E = xq.shape[1:]
-    projected = []
-    for x, (w, b) in zip((xq, xk, xv), _weights(attn)):
-        p = torch.einsum("hbne,hde->bnhd", block.attention_input(x), w)
-        projected.append((p if b is None else p + b).reshape(B, n, -1))
-    q, k, v = attn.shape_heads(*projected)                                           # (B, H, n, Dh) each
-    window = attn.window if attn.window is not None and n > attn.window else None
-    capped = attn.softcap is not None  # soft-capped scores (Gemma 2): no fused kernel forms them
-    blocked = None if window is None and not capped else \
-        attention_masks(B, H, n, n, causal=True, like=q, window=window)[0]
-    z = torch.matmul(attention_weights(q, k, blocked, None, attn.softcap), v) if capped else \
-        fused_attention(q, k, v, blocked, None, 0.0, only_causal=window is None)      # (B, H, n, Dh)
-    writes = torch.einsum("bhnd,ehd->hbne", z, attn.out_proj.weight.view(E, H, Dh))
-    bias = attn.out_proj.bias
-    scale = block.attention_scale(writes.sum(0) + (0 if bias is None else bias))
-    if scale is None:
-        return writes, bias
-    return writes * scale, None if bias is None else bias * scale
-
-
 def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: torch.Tensor, *,
               base: Run | None = None, keep: torch.Tensor | None = None, taps: bool = False, start: int = 0,
               ids: torch.Tensor | None = None, corrupt: dict[int, list[int]] | None = None) -> Run:
-    """Run a batch whose input node writes ``emb`` ``(B, n, E)``, every receiver reading its own stream.
+    """Run a batch whose input node writes ``emb`` ``(B, n, E)``, every receiver reading its own stream: the stack's
+    run (``run_layers``) with edits at each layer's ``qkv_in``, ``result``, ``mlp_in`` and ``mlp_out`` and at the
+    last ``resid_post`` (``GraphEdits``).
 
     Without ``keep`` each receiver reads the sum of every sender before it (the model's own run; ``taps``: each
     layer's receivers' streams, ``(receivers, B, n, E)``, kept in ``Run.taps`` to take each receiver's gradient). With ``keep`` ``(senders,
@@ -183,76 +145,101 @@ def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: to
     position where this run's input differs from ``base``'s (before it every output is ``base``'s, the model being
     causal, and nothing is added there). ``corrupt`` (without ``keep``): receiver -> the senders whose edges into
     it carry ``base``'s output instead of this run's (exact edge patching)."""
-    S = len(graph.senders)
-    B, n, E = emb.shape
-    outs = emb.new_empty(S, B, n, E)
-    diff = None if keep is None else emb.new_empty(S, B, n - start, E)
-    reads, tapped = {}, []
-    keep = None if keep is None else keep.to(emb.dtype)
+    edits = GraphEdits(stack, graph, emb, base=base, keep=keep, taps=taps, start=start, corrupt=corrupt)
+    final, _ = stack.run_layers(emb, need_weights=False, edits=edits.edits())
+    return Run(edits.outs, edits.reads, measure(stack, final[:, -1], rows), edits.tapped, ids)
 
-    def record(s: slice | int, out: torch.Tensor) -> None:
-        outs[s] = out.detach()
-        if diff is not None:
-            diff[s] = out[..., start:, :] - base.outs[s][..., start:, :]
 
-    def streams(r: slice | int, x: torch.Tensor | None, count: int) -> torch.Tensor:
+class GraphEdits:
+    """The edits by which one run of the stack is a run through the graph: what each receiver reads is rebuilt at
+    ``qkv_in`` (a layer's heads), ``mlp_in`` and the last ``resid_post`` (the logits), what each sender writes kept
+    at ``result`` and ``mlp_out`` (``run_graph`` says how)."""
+
+    def __init__(self, stack, graph: Graph, emb: torch.Tensor, *, base: Run | None, keep: torch.Tensor | None,
+                 taps: bool, start: int, corrupt: dict[int, list[int]] | None):
+        S = len(graph.senders)
+        self.B, self.n, self.E = emb.shape
+        self.graph, self.base, self.start, self.corrupt, self.taps = graph, base, start, corrupt, taps
+        self.outs = emb.new_empty(S, self.B, self.n, self.E)
+        self.diff = None if keep is None else emb.new_empty(S, self.B, self.n - start, self.E)
+        self.reads, self.tapped = {}, []
+        self.keep = None if keep is None else keep.to(emb.dtype)
+        self.entered = None if keep is None else self.keep.any(0)  # the receivers with a circuit edge into them
+        self.n_layers = stack.n_layers
+        self.record(0, emb)
+
+    def edits(self) -> Edits:
+        out = Edits()
+        for layer in range(self.n_layers):
+            heads, attn_r, mlp_r = self.graph.layer_span(layer)
+            out["qkv_in", layer] = self._heads_read(heads, attn_r)
+            out["result", layer] = self._writes(heads)
+            if mlp_r >= 0:
+                out["mlp_in", layer] = self._mlp_reads(heads.stop, mlp_r)
+                out["mlp_out", layer] = self._writes(heads.stop)
+        last = len(self.graph.receivers) - 1
+        out["resid_post", self.n_layers - 1] = lambda x: self.streams(last, x, 1)[0]
+        return out
+
+    def _heads_read(self, heads: slice, r: slice):
+        def read(streams):                                                     # (H + 2 G, B, n, E), x repeated
+            if self.as_base(heads, r):
+                return Given(self.base.outs[heads])
+            return self.streams(r, streams[0], len(streams))
+        return read
+
+    def _writes(self, s: slice | int):
+        def write(out):
+            self.record(s, out)
+            return out
+        return write
+
+    def _mlp_reads(self, s: int, r: int):
+        def read(x):
+            return Given(self.base.outs[s]) if self.as_base(s, r) else self.streams(r, x, 1)[0]
+        return read
+
+    def record(self, s: slice | int, out: torch.Tensor) -> None:
+        self.outs[s] = out.detach()
+        if self.diff is not None:
+            self.diff[s] = out[..., self.start:, :] - self.base.outs[s][..., self.start:, :]
+
+    def streams(self, r: slice | int, x: torch.Tensor | None, count: int) -> torch.Tensor:
         """``(count, B, n, E)``: what receivers ``r`` read."""
+        B, n, E, start, keep = self.B, self.n, self.E, self.start, self.keep
         first = r.start if isinstance(r, slice) else r
         if keep is None:
-            reads[first] = x
+            self.reads[first] = x
             out = x.unsqueeze(0).expand(count, B, n, E)
-            if taps:  # each receiver's own copy of the stream: its gradient is that receiver's alone
-                tapped.append(out)
+            if self.taps:  # each receiver's own copy of the stream: its gradient is that receiver's alone
+                self.tapped.append(out)
+            corrupt = self.corrupt
             mine = [(i, corrupt[first + i]) for i in range(count) if corrupt and first + i in corrupt]
             if mine:
                 out = out.clone()
                 for i, senders in mine:
                     for s in senders:
-                        out[i] += base.outs[s] - outs[s]
+                        out[i] += self.base.outs[s] - self.outs[s]
             return out
-        m = int(graph.reach[first])
+        m = int(self.graph.reach[first])
         weights = keep[:m, r].reshape(m, count)
         active = weights.any(1).nonzero().view(-1)               # the senders with an edge here in the circuit
-        out = base.reads[first].unsqueeze(0).repeat(count, 1, 1, 1)
+        out = self.base.reads[first].unsqueeze(0).repeat(count, 1, 1, 1)
         if len(active):
-            moved = weights[active].T @ diff[active].reshape(len(active), -1)
+            moved = weights[active].T @ self.diff[active].reshape(len(active), -1)
             out[:, :, start:] += moved.view(count, B, n - start, E)
-        reads[first] = out[0] if count == 1 else None
+        self.reads[first] = out[0] if count == 1 else None
         return out
 
-    def as_base(s: slice | int, r: slice | int) -> bool:
+    def as_base(self, s: slice | int, r: slice | int) -> bool:
         """Whether receivers ``r`` read ``base``'s streams (no circuit edge into any): senders ``s``' outputs are then
-        ``base``'s, taken rather than computed (a small circuit enters few layers; the model's stream is not
+        ``base``'s, given rather than computed (a small circuit enters few layers; the model's stream is not
         formed with ``keep``)."""
-        if keep is None or bool(entered[r].any()):
+        if self.keep is None or bool(self.entered[r].any()):
             return False
-        outs[s] = base.outs[s]
-        diff[s] = 0
         first = r.start if isinstance(r, slice) else r
-        reads[first] = base.reads[first] if isinstance(r, int) else None
+        self.reads[first] = self.base.reads[first] if isinstance(r, int) else None
         return True
-
-    entered = None if keep is None else keep.any(0)  # the receivers with a circuit edge into them
-    x = emb
-    record(0, emb)
-    for layer, block in enumerate(stack.layers):
-        heads, attn_r, mlp_r = graph.layer_span(layer)
-        H, G = block.attn.num_heads, block.attn.num_kv_heads
-        before = x
-        if H:
-            if not as_base(heads, attn_r):
-                inputs = streams(attn_r, x, H + 2 * G)
-                writes, const = attention_parts(block, inputs[:H], inputs[H:H + G], inputs[H + G:])
-                record(heads, writes)
-                x = x + writes.sum(0) + (0 if const is None else const)
-        elif block.attn.out_proj.bias is not None:
-            x = x + block.write_alone(block.attn.out_proj.bias.expand_as(x))
-        if mlp_r >= 0 and not as_base(heads.stop, mlp_r):
-            m = block.mlp_write(streams(mlp_r, before if getattr(block, "parallel", False) else x, 1)[0])
-            record(heads.stop, m)
-            x = x + m
-    final = streams(len(graph.receivers) - 1, x, 1)[0]
-    return Run(outs, reads, measure(stack, final[:, -1], rows), tapped, ids)
 
 
 def embeddings(stack, ids: torch.Tensor) -> torch.Tensor:

@@ -122,8 +122,9 @@ class LongAttention(Scans):
                     self._x = self.stack.embed_tokens(**self.model._stack_inputs(self._ids))[0]
                 start = self._next
                 edits = Edits.every_layer("attn_in", self._keep_input(layer, progress), range(start, layer))
+                edits = self.stack.switched_off(self._mask, self._fill).then(edits)
                 self._x = self.stack.run_layers(self._x, start=start, stop=layer, causal=self.causal, need_weights=False,
-                                                head_mask=self._mask, head_fill=self._fill, edits=edits)[0]
+                                                edits=edits)[0]
                 self._next = layer
                 if self._inputs[layer] is None:
                     self._inputs[layer] = self.stack.layers[layer].attention_input(self._x)[0].contiguous()

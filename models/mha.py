@@ -244,11 +244,57 @@ class MultiHeadAttention(nn.Module):
         w_out = self.out_proj.weight.view(-1, H, Dh)                       # (E, H, Dh)
         return torch.einsum("blhd,ehd->bhle", v, w_out).norm(dim=-1)       # (B, H, Lk)
 
+    def head_projections(self):
+        """The q, k and v projections' weights and biases (None without), split by head: ``((w, b), (w, b), (w, b))``,
+        ``w`` ``(heads, Dh, E)`` (q: the query heads; k and v: the key/value heads), ``b`` ``(heads, Dh)``."""
+        H, G, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.fused:
+            wq, wk, wv = self.in_proj_weight.split(self.sizes)
+        else:
+            wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        b = self.in_proj_bias
+        bq, bk, bv = (None, None, None) if b is None else b.split(self.sizes)
+        shape = lambda w, h: w.view(h, Dh, -1)                                           # noqa: E731
+        bias = lambda x, h: None if x is None else x.view(h, Dh)                          # noqa: E731
+        return (shape(wq, H), bias(bq, H)), (shape(wk, G), bias(bk, G)), (shape(wv, G), bias(bv, G))
+
+    def output_columns(self) -> torch.Tensor:
+        """``(E, heads, Dh)``: each head's columns of the output projection."""
+        return self.out_proj.weight.view(-1, self.num_heads, self.head_dim)
+
+    def by_head(self, hq: torch.Tensor, hk: torch.Tensor, hv: torch.Tensor, *, hook_pattern=None,
+                hook_z=None) -> torch.Tensor:
+        """Causal self-attention with each query head reading its own input ``hq[i]`` and each key/value head its
+        own ``hk[g]``, ``hv[g]`` (``(heads, B, n, E)``, ``(kv heads, B, n, E)``, as ``forward``'s ``query``):
+        each head's output ``z`` ``(B, heads, n, Dh)``. ``hook_pattern``, ``hook_z`` as ``forward``'s."""
+        H = self.num_heads
+        B, n, _ = hq.shape[1:]
+        projected = []
+        for x, (w, b) in zip((hq, hk, hv), self.head_projections()):
+            p = torch.einsum("hbne,hde->bnhd", x, w)
+            projected.append((p if b is None else p + b).reshape(B, n, -1))
+        q, k, v = self.shape_heads(*projected)                                        # (B, H, n, Dh) each
+        window = self.window if self.window is not None and n > self.window else None
+        weighed = self.softcap is not None or hook_pattern is not None  # no fused kernel caps or hands the weights
+        blocked = None if window is None and not weighed else \
+            attention_masks(B, H, n, n, causal=True, like=q, window=window)[0]
+        if weighed:
+            weights = attention_weights(q, k, blocked, None, self.softcap)
+            z = torch.matmul(weights if hook_pattern is None else hook_pattern(weights), v)
+        else:
+            z = fused_attention(q, k, v, blocked, None, 0.0, only_causal=window is None)  # (B, H, n, Dh)
+        return z if hook_z is None else hook_z(z)
+
+    def head_writes(self, z: torch.Tensor) -> torch.Tensor:
+        """``(heads, B, n, E)``: each head's output ``z`` ``(B, heads, n, Dh)`` through its slice of the output
+        projection (no bias)."""
+        return torch.einsum("bhnd,ehd->hbne", z, self.output_columns())
+
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
                 attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True, *,
                 valid_lens: torch.Tensor | None = None, causal: bool = False, head_mask: torch.Tensor | None = None,
-                head_fill: torch.Tensor | None = None, hook_z=None, into: torch.Tensor | None = None,
+                head_fill: torch.Tensor | None = None, hook_z=None, hook_pattern=None, into: torch.Tensor | None = None,
                 prefix: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Attend from ``query`` to ``key``/``value``; the arguments PyTorch's module takes mean what they mean there.
 
@@ -271,6 +317,9 @@ class MultiHeadAttention(nn.Module):
             hook_z: called with each head's output before the output projection, ``z`` ``(B, H, Lq, Dh)``
                 (TransformerLens's ``hook_z``); what it returns goes on in its place: a hook reads ``z``, or
                 patches it, for this call alone (the module holds no hook).
+            hook_pattern: called with the weights ``(B, H, Lq, Lk)`` after the softmax (TransformerLens's
+                ``hook_pattern``), before they mix the values; what it returns mixes them instead and is returned.
+                With it the weights are always formed (never the fused path).
             into: ``(B, H, Lq, Lk)`` zeros that the per-head weights are written into and returned as (a
                 slice of a buffer holding every layer's), so that they are not copied again; without a
                 gradient only.
@@ -298,9 +347,10 @@ class MultiHeadAttention(nn.Module):
                  and prefix is None)  # causal alone
         only_causal = plain and window is None
         dropout = self.dropout if self.training else 0.0
-        wanted, need_weights = need_weights, need_weights or self.softcap is not None  # no fused kernel caps scores
+        # no fused kernel caps scores or hands the weights to a hook
+        wanted, need_weights = need_weights, need_weights or self.softcap is not None or hook_pattern is not None
         blockwise = (need_weights and plain and Lq == Lk >= BLOCKED_FROM and dropout == 0
-                     and not torch.is_grad_enabled())
+                     and not torch.is_grad_enabled() and hook_pattern is None)
         if only_causal and not need_weights or blockwise:  # the fused kernel, or causal_attention, masks by itself
             blocked = bias = None
         else:
@@ -320,6 +370,8 @@ class MultiHeadAttention(nn.Module):
                 weights = weights * head_mask.to(weights.dtype).view(1, H, 1, 1)
             if dropout > 0:
                 weights = F.dropout(weights, dropout)
+            if hook_pattern is not None:
+                weights = hook_pattern(weights)
             out = torch.matmul(weights, v)                                 # (B, H, Lq, Dh)
             if into is not None:
                 weights = into.copy_(weights)

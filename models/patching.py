@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .pairs import Measure, attribution_batch, patched_measures
-from .run import Trace, as_batch, language_stack, trace, trace_batch
+from .run import Trace, as_batch, language_stack, trace, trace_batch, trace_weights
 
 __all__ = ["Trace", "trace", "trace_batch", "language_stack", "trace_weights", "head_results", "result_norms",
            "attention_biases", "direction", "patched_differences", "attribution_estimates", "head_values",
@@ -25,22 +25,6 @@ __all__ = ["Trace", "trace", "trace_batch", "language_stack", "trace_weights", "
 from .stacks.heads import place_heads
 
 Progress = Callable[[int, int], None]
-
-
-@torch.inference_mode()
-def trace_weights(stack, t: Trace) -> torch.Tensor:
-    """``(layers, heads, n, n)`` (``(B, layers, heads, n, n)`` for a batch's trace): every head's attention weights
-    (zero for a pruned head), each layer's read from the residual stream the trace kept entering it, through that
-    layer's attention alone."""
-    single = t.resid[0].dim() == 2
-    out = []
-    for layer, block in enumerate(stack.layers):
-        resid = t.resid[layer]
-        h = block.attention_input(resid.unsqueeze(0) if single else resid)           # (B, n, E)
-        _, weights = block.attn(h, causal=True, need_weights=True, average_attn_weights=False)
-        out.append(place_heads(weights, stack.kept[layer], stack.n_heads))
-    weights = torch.stack(out, 1)                                                    # (B, L, H, n, n)
-    return weights[0] if single else weights
 
 
 def _layer_results(stack, t: Trace, layer: int, position) -> torch.Tensor | None:

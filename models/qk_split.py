@@ -128,7 +128,7 @@ def head_sides(stack, graph: C.Graph, run: C.Run, layer: int, head: int) -> Head
     first, m = _reads(graph, layer)
     x = run.reads[first]                                                          # (B, n, E)
     parts = run.outs[:m].to(x.dtype)                                              # (writers, B, n, E)
-    (wq, bq), (wk, bk), _ = C._weights(attn)
+    (wq, bq), (wk, bk), _ = attn.head_projections()
     q = _side(block.ln_attn, wq[i], None if bq is None else bq[i], parts, x)
     k = _side(block.ln_attn, wk[g], None if bk is None else bk[g], parts, x)
     if attn.q_norm is not None and attn.qk_norm_over == "projection":  # OLMo-2: over every head's projection

@@ -3,20 +3,32 @@ run, as TransformerLens's hooks serve all of its analyses.
 
 An edit is a function at a point of a layer, keyed ``(point, layer)``: given what flows there, it returns what
 flows on (what it was given, to read it; something else, to replace it). The points, in the order a layer
-reaches them:
+reaches them (TransformerLens's names in brackets):
 
 - ``resid_pre``: the residual stream entering the layer, ``(B, n, E)`` (``(N, E)`` packed). An edit may return
-  more rows than it was given: copies of a prompt joining the run at this layer (``models.pairs``).
+  more rows than it was given: copies of a prompt joining the run at this layer (``analysis.patching``).
 - ``kv``: the keys and values ``(B, H, P, Dh)`` of ``P`` tokens before these, for a causal language model's
   attention; called with None, it returns the pair.
 - ``attn_in``: what the attention reads, the normed stream ``(B, n, E)``.
-- ``z``: each kept head's output before the output projection, ``(B, kept, n, Dh)`` (TransformerLens's ``hook_z``).
+- ``qkv_in`` (``hook_q_input``, ``hook_k_input``, ``hook_v_input``): the stream each query head, then each
+  key/value head's keys, then its values read before the norm, ``(H + 2 G, B, n, E)``; given the residual stream
+  repeated (a view). An edit here, or at ``result``, runs the layer's attention head by head, each head reading
+  its own stream and writing apart (a language model's, unpadded); it may return ``Given`` to stand in for the
+  attention, which then does not run.
+- ``pattern`` (``hook_pattern``): the weights ``(B, kept, n, keys)`` after the softmax, before they mix the values;
+  an edit here has the attention form them (never the fused path) and may replace them.
+- ``z`` (``hook_z``): each kept head's output before the output projection, ``(B, kept, n, Dh)``.
+- ``result`` (``hook_result``): each kept head's write into the stream, ``(kept, B, n, E)`` (in a block that
+  norms its attention's output, each head's share of the normed write).
+- ``mlp_in``, ``mlp_out``: the stream the feed-forward part reads and what it writes into the stream; an edit at
+  ``mlp_in`` may return ``Given`` to stand in for the part.
 - ``resid_post``: the stream leaving the layer.
 
 ``Stack.run_layers(x, edits=...)`` is the run; ``Stack.forward`` and ``Stack.attention_weights`` pass edits on to
-it. Edits belong to one call: a model shared by every session holds none. ``trace_batch`` (a prompt's every
-``resid_pre`` and ``z``), patching (``models.pairs``), long prompts (``models.long``), head means and value norms
-(``models.scratch``) are all runs with edits.
+it, and switch heads off by edits (``switched_off``). Edits belong to one call: a model shared by every session
+holds none. A prompt's trace (``trace_batch``: every ``resid_pre`` and ``z``), patching and circuits
+(``analysis.patching``, ``analysis.circuits``), the QK split, long prompts (``models.long``), head means and value
+norms (``models.scratch``) are all runs with edits.
 """
 from __future__ import annotations
 
@@ -27,10 +39,21 @@ import torch
 
 from .errors import HeadLensError
 
-POINTS = ("resid_pre", "kv", "attn_in", "z", "resid_post")
+POINTS = ("resid_pre", "kv", "attn_in", "qkv_in", "pattern", "z", "result", "mlp_in", "mlp_out", "resid_post")
+BY_HEAD = ("qkv_in", "result")  # the points that run a layer's attention head by head
 ROWS_PER_CHUNK = 4096  # token rows of edited copies run at once (SmolLM2: about 100 MB of feed-forward)
 
 Edit = Callable[[object], object]
+
+
+@dataclass(frozen=True)
+class Given:
+    """What an edit at ``qkv_in`` or ``mlp_in`` returns to stand in for the part it feeds, which then does not run:
+    the part's ``writes`` (``(kept, B, n, E)`` for an attention, its heads' writes; ``(B, n, E)`` for a feed-forward)
+    and an attention's ``constant`` write (its output bias, through a norm on the output; None without)."""
+
+    writes: torch.Tensor
+    constant: torch.Tensor | None = None
 
 
 class Edits(dict):
@@ -47,11 +70,23 @@ class Edits(dict):
         """``make(layer)`` at ``point`` of each of ``layers``."""
         return cls(((point, layer), make(layer)) for layer in layers)
 
-    def block(self, layer: int) -> dict:
-        """What a block takes of these edits at ``layer``: ``hook_in``, ``hook_z`` and (when there is one) ``prefix``."""
-        kv = self.get(("kv", layer))
-        return {"hook_in": self.get(("attn_in", layer)), "hook_z": self.get(("z", layer)),
-                **({} if kv is None else {"prefix": kv(None)})}
+    def then(self, other: "Edits | None") -> "Edits":
+        """These edits and ``other``'s, one after the other where both edit a point."""
+        if not other:
+            return self
+        out = Edits(self)
+        for key, second in other.items():
+            first = out.get(key)
+            out[key] = second if first is None else _chained(first, second)
+        return out
+
+    def at(self, layer: int) -> dict[str, Edit]:
+        """``{point: edit}`` of ``layer``: what its block is handed."""
+        return {point: edit for (point, at), edit in self.items() if at == layer}
+
+
+def _chained(first: Edit, second: Edit) -> Edit:
+    return lambda value: second(first(value))
 
 
 def reading(into: list) -> Edit:
@@ -60,6 +95,21 @@ def reading(into: list) -> Edit:
         into.append(value)
         return value
     return read
+
+
+def switched_off(layers: Iterable[tuple[int, torch.Tensor, torch.Tensor | None]]) -> Edits:
+    """Heads switched off: for each ``(layer, mask, fill)`` (``mask`` ``(kept,)`` 1 keeps a head, 0 switches it
+    off; ``fill`` ``(kept, Dh)`` what a switched-off head outputs instead of zero, such as its mean: mean
+    ablation), a ``z`` edit."""
+    def make(mask: torch.Tensor, fill: torch.Tensor | None) -> Edit:
+        def off(z):                                                            # (B, kept, n, Dh)
+            H = z.shape[1]
+            z = z * mask.to(z.dtype).view(1, H, 1, 1)
+            if fill is not None:
+                z = z + (1 - mask.to(z.dtype)).view(1, H, 1, 1) * fill.to(z.dtype).view(1, H, 1, -1)
+            return z
+        return off
+    return Edits((("z", layer), make(mask, fill)) for layer, mask, fill in layers)
 
 
 @dataclass(frozen=True)
@@ -105,3 +155,19 @@ def trace(model, ids: torch.Tensor) -> Trace:
 def as_batch(t: Trace) -> Trace:
     """One prompt's trace as a batch of one."""
     return Trace(t.ids.view(1, -1), [r.unsqueeze(0) for r in t.resid], [z.unsqueeze(0) for z in t.z])
+
+
+@torch.inference_mode()
+def trace_weights(stack, t: Trace) -> torch.Tensor:
+    """``(layers, heads, n, n)`` (``(B, layers, heads, n, n)`` for a batch's trace): every head's attention weights
+    (zero for a pruned head), each layer's read from the residual stream the trace kept entering it, that layer run
+    as far as its attention alone."""
+    single = t.resid[0].dim() == 2
+    out = []
+    for layer in range(stack.n_layers):
+        resid = t.resid[layer]
+        _, (weights,) = stack.run_layers(resid.unsqueeze(0) if single else resid, start=layer, stop=layer + 1,
+                                         causal=True, last="attention")
+        out.append(weights)
+    weights = torch.stack(out, 1)                                                    # (B, L, H, n, n)
+    return weights[0] if single else weights

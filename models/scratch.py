@@ -154,8 +154,8 @@ class ScratchModel(AttentionModel):
                     entering.append(self.stack.run_layers(entering[-1], padding, packing, start=layer,
                                                           stop=layer + 1, need_weights=False)[0])
                 for k, (mask, start) in enumerate(zip(masks, starts)):
-                    h, _ = self.stack.run_layers(entering[start], padding, packing, start=start, head_mask=mask,
-                                                 head_fill=fill, need_weights=False)
+                    h, _ = self.stack.run_layers(entering[start], padding, packing, start=start, need_weights=False,
+                                                 edits=self.stack.switched_off(mask, fill))
                     yield k, chunk, inputs, self.stack.finish(h if packing is None else packing.unpack(h))
                     done += len(chunk)
                     if progress is not None:

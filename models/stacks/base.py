@@ -9,14 +9,15 @@ and reading and writing safetensors. A subclass gives its modules and a few smal
 - ``embed(input_ids, token_type_ids)``: the input of the first block, ``(B, L, E)``;
 - ``finish(x)``: the last hidden state from the last block's output; ``logits(h)`` for a language model;
 - ``weights``, a ``weights.Weights`` table, when its file names differ from its own;
-- blocks called as ``block(x, key_padding_mask=, packing=, causal=, need_weights=, head_mask=, head_fill=,
-  hook_in=, hook_z=, weights_into=)`` (a causal language model's also ``prefix=``), returning ``(x, weights or
-  None)``, each with an ``attn`` (``MultiHeadAttention``) and ``attention_input(x)``, what that attention reads of
-  the block's input (``hook_in`` is given it, padded, and returns what the attention reads instead).
+- blocks called as ``block(x, key_padding_mask=, packing=, causal=, need_weights=, weights_into=, edits=)``
+  (``edits``: the layer's, by point, ``models.run``), returning ``(x, weights or None)``, each with an ``attn``
+  (``MultiHeadAttention``), ``attention_input(x)`` (what that attention reads of the block's input) and
+  ``attention_alone(x, ...)`` (its weights, the block run no further).
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import ClassVar
@@ -25,6 +26,8 @@ import torch
 from torch import nn
 
 from ..errors import HeadLensError
+from ..run import Edits, switched_off
+from .blocks import NO_EDITS
 from .heads import kept_heads, place_heads, pruned_heads_json, read_pruned_heads, select_heads, with_pruned
 
 
@@ -197,17 +200,20 @@ class Stack(nn.Module):
             causal: no token sees a later one (a decoder never does, whatever this says).
             need_weights: return every layer's weights; without them attention takes PyTorch's fused path.
             need_logits: a language model's logits (the unembedding is the largest product at 49,152 tokens).
-            head_mask: ``(layers, heads)``, 1 keeps a head, 0 switches it off.
+            head_mask: ``(layers, heads)``, 1 keeps a head, 0 switches it off (its weights are returned as zero).
             head_fill: ``(layers, heads, Dh)``: the output of a head switched off, instead of zero.
             edits: ``models.run.Edits``, read or replace what flows at named points of each layer.
 
-        Both name every head of the unpruned model; a pruned head's entries are not read.
+        Both name every head of the unpruned model; a pruned head's entries are not read. A head mask is edits too
+        (``switched_off``), before ``edits``.
         Padded positions carry no meaning: their hidden state is zero and their query rows are
         not those of a model run without padding.
         """
         x, padding, packing = self.embed_tokens(input_ids, attention_mask, token_type_ids)
         x, attentions = self.run_layers(x, padding, packing, causal=causal, need_weights=need_weights,
-                                        head_mask=head_mask, head_fill=head_fill, edits=edits)
+                                        edits=self.switched_off(head_mask, head_fill).then(edits))
+        if need_weights and head_mask is not None:
+            attentions = tuple(w * head_mask[i].to(w.dtype).view(1, -1, 1, 1) for i, w in enumerate(attentions))
         h = self.finish(x if packing is None else packing.unpack(x))
         return StackOutput(h, attentions if need_weights else None, self.logits(h) if need_logits else None)
 
@@ -219,22 +225,50 @@ class Stack(nn.Module):
         packing = Packing(attention_mask)
         return packing.pack(x), attention_mask == 0, packing                   # (N, E)
 
+    def switched_off(self, head_mask=None, head_fill=None) -> Edits:
+        """The edits switching heads off: ``head_mask`` ``(layers, heads)`` (0: off) and ``head_fill`` ``(layers,
+        heads, Dh)`` (what a head switched off outputs instead of zero), each None or naming every head of the
+        unpruned model; a layer whose kept heads are all on takes no edit (unless the mask takes a gradient: gradient
+        importance)."""
+        if head_mask is None:
+            return Edits()
+        layers = []
+        for i in range(self.n_layers):
+            mask, fill = (None if per_head is None else select_heads(per_head[i], self.kept[i], self.n_heads)
+                          for per_head in (head_mask, head_fill))
+            if len(self.kept[i]) and (mask.requires_grad or bool((mask != 1).any())):
+                layers.append((i, mask, fill))
+        return switched_off(layers)
+
     def run_layers(self, x, padding=None, packing=None, *, start: int = 0, stop: int | None = None,
-                   causal: bool = False, need_weights: bool = True, head_mask=None, head_fill=None, edits=None):
+                   causal: bool = False, need_weights: bool | Collection[int] = True, into=None,
+                   last: str = "block", edits=None):
         """Blocks ``start`` to ``stop`` (exclusive) on ``x`` as ``embed_tokens`` gives it, or as an earlier call left
-        it; ``head_mask``, ``head_fill`` cover every layer; ``edits`` (``models.run.Edits``) read or replace what
-        flows at named points of each layer. Returns ``x`` and the weights."""
+        it; ``edits`` (``models.run.Edits``) read or replace what flows at named points of each layer: the one way
+        to run a stack.
+
+        ``need_weights``: every layer's weights, or those of the layers named; ``into(layer)``: zeros the weights of
+        that layer are written into (``(B, H, L, L)``, a slice of a larger buffer), or None; ``last``: "block", or
+        "attention" to run the last layer only as far as its attention (what its weights need). Returns ``x``
+        (the last layer's input when ``last`` is "attention") and the weights formed, a tuple in layer order,
+        pruned heads placed among zeros."""
         H, attentions = self.n_heads, []
-        for i in range(start, self.n_layers if stop is None else stop):
-            mask, fill = self._kept_heads(i, head_mask, head_fill)
+        stop = self.n_layers if stop is None else stop
+        for i in range(start, stop):
+            wanted = need_weights if isinstance(need_weights, bool) else i in need_weights
             if edits and (pre := edits.get(("resid_pre", i))) is not None:
                 x = pre(x)
-            x, weights = self.layers[i](x, key_padding_mask=padding, packing=packing, causal=causal or self.causal,
-                                        need_weights=need_weights, head_mask=mask, head_fill=fill,
-                                        **(edits.block(i) if edits else {}))
-            if edits and (post := edits.get(("resid_post", i))) is not None:
-                x = post(x)
-            if need_weights:
+            mine = edits.at(i) if edits else NO_EDITS  # read after resid_pre, whose edit may add this layer's others
+            block = self.layers[i]
+            options = dict(key_padding_mask=padding, causal=causal or self.causal, need_weights=wanted,
+                           weights_into=None if into is None or not wanted else into(i))
+            if last == "attention" and i == stop - 1:
+                weights = block.attention_alone(x, packing=packing, edits=mine, **options)
+            else:
+                x, weights = block(x, packing=packing, edits=mine, **options)
+                if (post := mine.get("resid_post")) is not None:
+                    x = post(x)
+            if wanted:
                 attentions.append(place_heads(weights, self.kept[i], H))
         return x, tuple(attentions)
 
@@ -242,43 +276,31 @@ class Stack(nn.Module):
                           token_type_ids: torch.Tensor | None = None, *, layers=None, causal: bool = False,
                           head_mask=None, head_fill=None, edits=None) -> torch.Tensor:
         """``(B, len(layers), H, L, L)``: the weights of ``layers`` (every layer by default), in that order, written
-        into one buffer as each layer forms them. The pass runs no block above the highest of them, and that one
+        into one buffer as each layer forms them. The run goes no higher than the highest of them, and that one
         only as far as its attention: what comes after it changes no weight. Arguments as ``forward``'s (edits after the
         highest layer's attention are not reached)."""
         x, padding, packing = self.embed_tokens(input_ids, attention_mask, token_type_ids)
         order = list(range(self.n_layers)) if layers is None else list(layers)
-        (B, L), H, top = input_ids.shape, self.n_heads, max(order)
+        (B, L), H = input_ids.shape, self.n_heads
         out = x.new_zeros(B, len(order), H, L, L)
-        for i in range(top + 1):
-            slots = [j for j, layer in enumerate(order) if layer == i]
-            whole = len(self.kept[i]) == H  # no head pruned: the weights go straight into the buffer
-            into = out[:, slots[0]] if slots and whole else None
-            mask, fill = self._kept_heads(i, head_mask, head_fill)
-            options = dict(key_padding_mask=padding, causal=causal or self.causal, need_weights=bool(slots),
-                           head_mask=mask, head_fill=fill)
-            if edits and (pre := edits.get(("resid_pre", i))) is not None:
-                x = pre(x)
-            if i < top:
-                x, weights = self.layers[i](x, packing=packing, weights_into=into, **options,
-                                            **(edits.block(i) if edits else {}))
-                if edits and (post := edits.get(("resid_post", i))) is not None:
-                    x = post(x)
-            else:
-                h = self.layers[i].attention_input(x)
-                h = h if packing is None else packing.unpack(h)
-                if edits and (read := edits.get(("attn_in", i))) is not None:
-                    h = read(h)
-                _, weights = self.layers[i].attn(h, average_attn_weights=False, into=into, **options,
-                                                 hook_z=edits.get(("z", i)) if edits else None)
-            for j in slots:
-                if j != slots[0] or into is None:
-                    out[:, j] = place_heads(weights, self.kept[i], H)
-        return out
+        first = {}  # each layer's first slot in the buffer
+        for j, layer in enumerate(order):
+            first.setdefault(layer, j)
 
-    def _kept_heads(self, i: int, head_mask, head_fill):
-        """Layer ``i``'s entries of ``head_mask`` and ``head_fill`` (each None or naming every head) for its kept heads."""
-        return tuple(None if per_head is None else select_heads(per_head[i], self.kept[i], self.n_heads)
-                     for per_head in (head_mask, head_fill))
+        def into(i: int):  # no head pruned: the weights go straight into the buffer
+            return out[:, first[i]] if len(self.kept[i]) == H else None
+
+        _, formed = self.run_layers(x, padding, packing, stop=max(order) + 1, causal=causal, need_weights=set(order),
+                                    into=into, last="attention",
+                                    edits=self.switched_off(head_mask, head_fill).then(edits))
+        for layer, weights in zip(sorted(first), formed):
+            for j in (j for j, at in enumerate(order) if at == layer):
+                if j != first[layer] or into(layer) is None:
+                    out[:, j] = weights
+            if head_mask is not None:
+                out[:, [j for j, at in enumerate(order) if at == layer]] *= \
+                    head_mask[layer].to(out.dtype).view(1, 1, H, 1, 1)
+        return out
 
     def pruned_copy(self, heads, head_fill: torch.Tensor | None = None) -> "Stack":
         """A new stack without ``heads`` (``(layer, head)`` pairs of the unpruned numbering), this one untouched.

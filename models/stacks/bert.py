@@ -19,7 +19,9 @@ from torch import nn
 
 from ..errors import HeadLensError
 from ..mha import MultiHeadAttention
+from ..run import BY_HEAD, Given
 from .base import Packing, Stack, StackConfig, TransformersSizes, initialised
+from .blocks import NO_EDITS
 from .norms import ACTIVATIONS
 from .weights import Weights, separate_qkv
 
@@ -117,18 +119,34 @@ class Block(nn.Module):
         """What the attention reads of the block's input ``x``: ``x`` itself (the norm comes after)."""
         return x
 
-    def forward(self, x, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = False,
-                need_weights: bool = True, head_mask=None, head_fill=None, hook_in=None, hook_z=None,
-                weights_into=None):
-        """``x`` is ``(B, L, E)``, or ``(N, E)`` real tokens only when ``packing`` is given."""
+    def attend(self, x: torch.Tensor, *, packing: Packing | None = None, edits=NO_EDITS, weights_into=None, **options):
+        """The attention of the block's input ``x``, as ``forward`` runs it: its output ``(B, L, E)`` (padded) and its
+        weights or None; ``options``: ``MultiHeadAttention.forward``'s."""
         padded = x if packing is None else packing.unpack(x)                  # (B, L, E)
-        padded = padded if hook_in is None else hook_in(padded)
-        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal, head_mask=head_mask,
-                               head_fill=head_fill, need_weights=need_weights, average_attn_weights=False,
-                               hook_z=hook_z, into=weights_into)
+        if (edit := edits.get("attn_in")) is not None:
+            padded = edit(padded)
+        return self.attn(padded, average_attn_weights=False, hook_z=edits.get("z"), hook_pattern=edits.get("pattern"),
+                         into=weights_into, **options)
+
+    def attention_alone(self, x: torch.Tensor, **options) -> torch.Tensor | None:
+        """The weights of the block's attention on its input ``x``, the block run no further."""
+        return self.attend(x, **options)[1]
+
+    def forward(self, x, *, key_padding_mask=None, packing: Packing | None = None, causal: bool = False,
+                need_weights: bool = True, head_mask=None, head_fill=None, weights_into=None, edits=NO_EDITS):
+        """``x`` is ``(B, L, E)``, or ``(N, E)`` real tokens only when ``packing`` is given; ``edits``: this layer's
+        (``models.run``), by point."""
+        if any(point in edits for point in BY_HEAD):
+            raise HeadLensError("A post-LayerNorm encoder's attention is not run head by head: its heads' writes "
+                                "pass the norm after it.")
+        a, weights = self.attend(x, packing=packing, edits=edits, key_padding_mask=key_padding_mask, causal=causal,
+                                 head_mask=head_mask, head_fill=head_fill, need_weights=need_weights,
+                                 weights_into=weights_into)
         a = a if packing is None else packing.pack(a)                          # like x
         x = self.ln_attn(x + F.dropout(a, self.dropout, self.training))
-        h = self.ffn_out(self.act(self.ffn_in(x)))
+        read = x if (edit := edits.get("mlp_in")) is None else edit(x)
+        h = read.writes if isinstance(read, Given) else self.ffn_out(self.act(self.ffn_in(read)))
+        h = h if (edit := edits.get("mlp_out")) is None else edit(h)
         x = self.ln_ffn(x + F.dropout(h, self.dropout, self.training))
         return x, weights
 

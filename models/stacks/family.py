@@ -21,7 +21,8 @@ from ..errors import HeadLensError
 from ..mha import MultiHeadAttention
 from ..rotary import Rotary
 from .base import Stack, StackConfig, TransformersSizes
-from .blocks import PreNormBlock
+from ..run import BY_HEAD, Given
+from .blocks import NO_EDITS, PreNormBlock
 from .norms import ACTIVATIONS, NORMS
 from .weights import Weights
 
@@ -203,23 +204,41 @@ class FamilyBlock(PreNormBlock):
         return x if self.ln_attn is None else self.ln_attn(x)
 
     def forward(self, x: torch.Tensor, *, key_padding_mask=None, packing=None, causal: bool = True,
-                need_weights: bool = False, head_mask=None, head_fill=None, hook_in=None, hook_z=None,
-                weights_into=None, prefix=None):
+                need_weights: bool = False, head_mask=None, head_fill=None, weights_into=None, edits=NO_EDITS):
         """``x`` ``(B, L, E)``, or ``(N, E)`` real tokens when ``packing`` is given; and the weights or None.
-        ``prefix``: the keys and values of the tokens before ``x`` (``MultiHeadAttention.forward``)."""
-        h = self.attention_input(x)
-        padded = h if packing is None else packing.unpack(h)
-        padded = padded if hook_in is None else hook_in(padded)                  # (B, L, E)
-        a, weights = self.attn(padded, key_padding_mask=key_padding_mask, causal=causal,
-                               need_weights=need_weights, average_attn_weights=False, head_mask=head_mask,
-                               head_fill=head_fill, hook_z=hook_z, into=weights_into, prefix=prefix)
+        ``edits``: this layer's (``models.run``), by point; its ``kv`` edit gives the keys and values of the tokens
+        before ``x`` (``MultiHeadAttention.forward``'s ``prefix``)."""
+        if any(point in edits for point in BY_HEAD):
+            return self.by_head(x, edits), None
+        a, weights = self.attend(x, packing=packing, edits=edits, key_padding_mask=key_padding_mask, causal=causal,
+                                 need_weights=need_weights, head_mask=head_mask, head_fill=head_fill,
+                                 weights_into=weights_into)
         written = F.dropout(self.write_alone(a if packing is None else packing.pack(a)), self.dropout, self.training)
         if self.attention_only:
             return x + written, weights
         if self.parallel:
-            return x + (self.mlp_write(x) + written), weights
+            return x + (self.mlp_part(x, edits) + written), weights
         x = x + written
-        return x + self.mlp_write(x), weights
+        return x + self.mlp_part(x, edits), weights
+
+    def attend(self, x: torch.Tensor, *, packing=None, edits=NO_EDITS, weights_into=None, **options):
+        """The attention of the block's input ``x``, as ``forward`` runs it: its output ``(B, L, E)`` (padded) and its
+        weights or None; ``options``: ``MultiHeadAttention.forward``'s."""
+        h = self.attention_input(x)
+        padded = h if packing is None else packing.unpack(h)
+        if (edit := edits.get("attn_in")) is not None:
+            padded = edit(padded)                                                  # (B, L, E)
+        kv = edits.get("kv")
+        return self.attn(padded, average_attn_weights=False, hook_z=edits.get("z"), hook_pattern=edits.get("pattern"),
+                         into=weights_into, prefix=None if kv is None else kv(None), **options)
+
+    def mlp_part(self, x: torch.Tensor, edits=NO_EDITS) -> torch.Tensor:
+        """What the feed-forward part writes into the stream ``x`` it reads, through this layer's ``mlp_in`` and
+        ``mlp_out`` edits."""
+        if (edit := edits.get("mlp_in")) is not None:
+            x = edit(x)
+        m = x.writes if isinstance(x, Given) else self.mlp_write(x)
+        return m if (edit := edits.get("mlp_out")) is None else edit(m)
 
     def mlp_write(self, x: torch.Tensor) -> torch.Tensor:
         """What the feed-forward part writes into the stream ``x`` it reads (its norms included)."""
