@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from models import Attention, AttentionModel, HeadLensError
+from models.run import editable
 
 ABLATIONS = {"zero": "Zero: the head's output is removed (as pruning does)",
              "mean": "Mean: the head outputs its mean over the sentences"}
@@ -97,7 +98,7 @@ def ablate(model: AttentionModel, sentences: Sequence[str], heads, *, ablation: 
     """Switch ``heads`` (``(layer, head)`` pairs) off together and measure the effect on the
     embeddings, on every head's attention (later layers change, earlier ones cannot) and, where
     the model has one, on its loss. ``head_means`` defaults to the means over ``sentences``."""
-    model = model.scratch("Ablation switches heads off")
+    model = editable(model, "Ablation switches heads off")
     pairs = model.heads(heads)
     if not pairs:
         raise HeadLensError("Pick at least one head to switch off.")

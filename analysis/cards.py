@@ -16,6 +16,7 @@ import pandas as pd
 
 from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS, corpus_sample
+from models.run import language_stack
 
 from .defaults import DECODER_SAMPLE, FIRST_TASK, FIRST_TASK_NAME, FIRST_TASK_PAIRS, Pair
 from .atlas import atlas_frame, heads_like
@@ -40,7 +41,7 @@ def is_decoder(model: AttentionModel) -> bool:
     if not model.causal:
         return False
     try:
-        return model.scratch(CARD, language=True) is not None
+        return language_stack(model, CARD) is not None
     except HeadLensError:
         return False
 
@@ -102,34 +103,30 @@ class Computed:
     def decoder(self) -> bool:
         return is_decoder(self.model)
 
-    @property
-    def engine(self) -> AttentionModel:
-        return self.model.scratch(CARD)
-
     def importance(self):
         if not (self.importance_too and self.decoder()):
             return None
-        return head_importance(self.engine, corpus_sample(IMPORTANCE_SAMPLE), method="gradient", ablation="zero",
+        return head_importance(self.model, corpus_sample(IMPORTANCE_SAMPLE), method="gradient", ablation="zero",
                                measure="loss")
 
     def pictures(self):
         return None  # drawn for one head on request (``head_card(qk=True)``)
 
     def writes(self):
-        return corpus_writes(self.engine, self.sentences)
+        return corpus_writes(self.model, self.sentences)
 
     def detector(self):
         detected = head_detector(self.model, sentences=corpus_sample(SENTENCES), n_sequences=SEQUENCES, length=LENGTH)
         return detected.assign(label=detector_labels(detected))
 
     def copying(self):
-        return copying_scores(self.engine)
+        return copying_scores(self.model)
 
     def pairs(self):
         return PAIRS if self.pairs_given is None else self.pairs_given
 
     def pair(self, pair):
-        e = self.engine
+        e = self.model
         return (logit_attribution(e, pair.clean, pair.answer, pair.distractor),
                 patch_heads(e, pair.clean, pair.corrupted, pair.answer, pair.distractor))
 
@@ -137,7 +134,7 @@ class Computed:
         if self.task_given is None:
             return None
         name, n = self.task_given
-        e = self.engine
+        e = self.model
         found = table(run_task(e, make_task(e, name, n), "logit_diff", "attribution", residual=False))
         return found, FIRST_TASK_NAME if self.task_given == TASK else f"{name}, {n} pairs"
 
@@ -164,7 +161,7 @@ def head_card(model: AttentionModel, layer: int, head: int, *, parts: CardParts 
     parts = parts or card_parts(model, **options)
     if qk and parts.qk is None:
         sentences = [a.text for a in parts.attentions]
-        parts.qk = {(layer, head): qk_embedding(qk_vectors(model.scratch(CARD), sentences, layer, head))}
+        parts.qk = {(layer, head): qk_embedding(qk_vectors(model, sentences, layer, head))}
     card = card_from(parts, model.name, layer, head)
     card.like = heads_like(atlas_frame(parts), layer, head, others, model=model.name)
     return card

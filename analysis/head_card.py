@@ -24,10 +24,11 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, head_label
-from models import patching as P
+from models.run import language_stack, trace_batch
 from models.limits import batches
 from models.result import Attention
 
+from .effects import parts as P
 from .views import set_aside, token_label
 
 TOP = 10  # examples a card shows
@@ -118,9 +119,9 @@ class Writes:
 @torch.inference_mode()
 def corpus_writes(model: AttentionModel, sentences: Sequence[str], *, batch_size: int = 32, progress=None) -> Writes:
     """How strongly each head writes into the residual stream in each sentence: its result's norm at every
-    query (``models.patching.result_norms``), the largest kept. A decoder's prompts share a batch of similar
+    query (``effects.parts.result_norms``), the largest kept. A decoder's prompts share a batch of similar
     lengths (``models.limits.batches``), right-padded: a query never sees the padding after it."""
-    stack = P.language_stack(model)
+    stack = language_stack(model)
     L, H = model.n_layers, model.n_heads
     norm, query = np.zeros((len(sentences), L, H)), np.zeros((len(sentences), L, H), dtype=np.int64)
     pad = model.tokenizer.pad_token_id or 0
@@ -129,7 +130,7 @@ def corpus_writes(model: AttentionModel, sentences: Sequence[str], *, batch_size
     for group in batches([len(r) for r in rows], batch_size, model.bytes_per_token_pair):
         n = max(len(rows[i]) for i in group)
         ids = torch.tensor([rows[i] + [pad] * (n - len(rows[i])) for i in group])
-        norms = P.result_norms(stack, P.trace_batch(model, ids)).float().cpu().numpy()   # (B, L, H, n)
+        norms = P.result_norms(stack, trace_batch(model, ids)).float().cpu().numpy()   # (B, L, H, n)
         for b, i in enumerate(group):
             mine = norms[b, ..., :len(rows[i])]
             query[i] = mine.argmax(-1)

@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from models import Attention, AttentionModel, HeadLensError
+from models.run import editable
 
 from .ablation import ablation_means, cosines, head_mask, present_heads
 from .views import row_entropy, set_aside
@@ -41,7 +42,7 @@ def head_importance(model: AttentionModel, sentences: Sequence[str], *, method: 
     averaged over the batches and L2-normalised within each layer, as Michel et al. (2019) do; with
     ``measure="loss"``, not normalised (nats per unit of the head's gate).
     """
-    model = model.scratch("Head importance switches heads off")
+    model = editable(model, "Head importance switches heads off")
     check_measure(model, measure)
     sentences = list(sentences)
     if not sentences:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from models import AttentionModel, HeadLensError
 from models.memory import release_memory
+from models.run import editable
 
 from .ablation import ablation_means, cosines, neighbour_agreement
 from .importance import attention_proxies, check_measure, head_importance
@@ -73,7 +74,7 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     a set two curves reach (every head, at the end) is run once. ``importance``: the full model's, as the first
     step by importance would measure it (``head_importance`` with this ablation and measure), when already taken.
     """
-    model = model.scratch("Pruning switches heads off")
+    model = editable(model, "Pruning switches heads off")
     check_measure(model, measure)
     if order not in ORDERS:
         raise HeadLensError(f"Unknown pruning order '{order}': choose one of {', '.join(ORDERS)}.")
@@ -156,7 +157,7 @@ def _run(model: AttentionModel, sentences: list[str], measure: str):
 def full_run(model: AttentionModel, sentences: Sequence[str], measure: str = "embedding") -> tuple:
     """The full model's run of ``sentences`` (its embeddings, or its loss and predictions) and the seconds it
     took, timed on a second run as every pruned model is timed after the first has run."""
-    model, sentences = model.scratch("Pruning switches heads off"), list(sentences)
+    model, sentences = editable(model, "Pruning switches heads off"), list(sentences)
     out = _run(model, sentences, measure)
     start = time.perf_counter()
     _run(model, sentences, measure)

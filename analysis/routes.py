@@ -3,7 +3,7 @@
 A decoder's residual stream at token ``i`` is updated twice a layer: by the attention, with a part
 from each head and each earlier token (the head's weight on it times what it writes from there),
 and by the MLP. ``prediction_flow`` splits every update into the shares of its parts in one
-forward pass (``models.patching.shares``: each part's L1 proximity to the updated stream, over
+forward pass (``effects.parts.shares``: each part's L1 proximity to the updated stream, over
 the sum of the parts'). ``flow_graph`` then starts at one token's last residual and walks down,
 keeping each edge (a head from an earlier token, the MLP, the stream passing through) whose share
 is at least a threshold, and only what connects to the start: the routes of that prediction.
@@ -20,8 +20,8 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models import patching as P
 
+from .effects import parts as P
 from .traced import Traced, as_traced
 
 THRESHOLD = 0.04  # the LLM Transparency Tool's default: an edge with less of an update is left out
@@ -30,7 +30,7 @@ EDGE_COLUMNS = ["kind", "layer", "head", "source", "target", "share", "from_leve
 
 @dataclass(frozen=True)
 class Flow:
-    """A prompt's update shares (``models.patching.Shares``) and its tokens."""
+    """A prompt's update shares (``effects.parts.Shares``) and its tokens."""
 
     shares: P.Shares
     tokens: list[str]

@@ -11,13 +11,16 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models import patching as P
+from models.run import device_of, language_stack, trace_batch
 
 from .task_effects import TaskEffects, batches, measure_for, table
 from .tasks import Task
 
 Progress = Callable[[int, int], None]
 CURVE_PAIRS = 50  # pairs a curve is measured on (the task's first)
+
+
+WHAT = "Mean ablation replaces a head's output"
 
 
 def kept_counts(n_heads: int) -> list[int]:
@@ -32,12 +35,11 @@ def kept_counts(n_heads: int) -> list[int]:
 @torch.inference_mode()
 def head_means(model: AttentionModel, task: Task) -> torch.Tensor:
     """``(layers, heads, Dh)``: each head's mean ``z`` over every token of the task's clean prompts."""
-    scratch = model.scratch("Mean ablation replaces a head's output", language=True)
-    stack = scratch.stack
+    stack = language_stack(model, WHAT)
     L, H, Dh = stack.n_layers, stack.n_heads, stack.head_dim
     total, count = torch.zeros(L, H, Dh, dtype=torch.float64), 0
     for idx in batches(task):
-        t = P.trace_batch(scratch, torch.tensor([task.pairs[i].clean_ids for i in idx]))
+        t = trace_batch(model, torch.tensor([task.pairs[i].clean_ids for i in idx]))
         for layer in range(L):
             total[layer, stack.kept[layer]] += t.z[layer].double().sum((0, 2)).cpu()
         count += t.ids.numel()
@@ -49,13 +51,14 @@ def metric_with_heads(model: AttentionModel, task: Task, metric: str, keep: np.n
                       means: torch.Tensor) -> np.ndarray:
     """``(pairs,)``: the metric of each clean prompt with only the heads ``keep`` ``(layers, heads)`` bool working,
     every other one giving its mean output."""
-    scratch = model.scratch("Mean ablation replaces a head's output", language=True)
-    stack, measure = scratch.stack, measure_for(task, metric, scratch.device)
-    mask = torch.as_tensor(keep, dtype=torch.float32, device=scratch.device)
-    fill = means.to(scratch.device, stack.embed(torch.zeros(1, 1, dtype=torch.long, device=scratch.device)).dtype)
+    stack = language_stack(model, WHAT)
+    device = device_of(stack)
+    measure = measure_for(task, metric, device)
+    mask = torch.as_tensor(keep, dtype=torch.float32, device=device)
+    fill = means.to(device, stack.embed(torch.zeros(1, 1, dtype=torch.long, device=device)).dtype)
     out = np.zeros(len(task))
     for idx in batches(task):
-        ids = torch.tensor([task.pairs[i].clean_ids for i in idx], device=scratch.device)
+        ids = torch.tensor([task.pairs[i].clean_ids for i in idx], device=device)
         x, _ = stack.run_layers(stack.embed(ids), need_weights=False,
                                 edits=stack.switched_off(mask.to(fill.dtype), fill))
         out[idx] = measure(stack, x[:, -1], torch.as_tensor(idx)).double().cpu().numpy()

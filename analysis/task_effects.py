@@ -18,10 +18,11 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models import pairs as B
-from models import patching as P
+from models.run import device_of, language_stack
 
 from .effects import METHODS
+from .effects import batched as B
+from .effects import parts as P
 from .significance import summarise
 from .tasks import Task
 
@@ -36,7 +37,7 @@ Progress = Callable[[int, int], None]
 
 
 def measure_for(task: Task, metric: str, device) -> B.Measure:
-    """The task's metric as ``models.pairs.Measure`` over its pairs."""
+    """The task's metric as ``effects.batched.Measure`` over its pairs."""
     if metric not in METRICS:
         raise HeadLensError(f"Unknown metric '{metric}': choose one of {', '.join(METRICS)}.")
     if metric == "greater_than":
@@ -123,11 +124,10 @@ def run_task(model: AttentionModel, task: Task, metric: str | None = None, metho
     and (``residual``) its residual stream patched at each role's token (zeros otherwise)."""
     if method not in METHODS:
         raise HeadLensError(f"Unknown patching method '{method}': choose {' or '.join(map(repr, METHODS))}.")
-    scratch = model.scratch("Patching replaces a head's output", language=True)
-    stack, metric = scratch.stack, metric or task.metric
+    stack, metric = language_stack(model, "Patching replaces a head's output"), metric or task.metric
     if not len(task):
         raise HeadLensError("The task has no pairs.")
-    measure = measure_for(task, metric, scratch.device)
+    measure = measure_for(task, metric, device_of(stack))
     roles = tuple(task.roles)
     N, L, H, R = len(task), stack.n_layers, stack.n_heads, len(roles)
     out = {"clean": np.zeros(N), "corrupted": np.zeros(N), "attribution": np.zeros((N, L, H)),
@@ -140,33 +140,32 @@ def run_task(model: AttentionModel, task: Task, metric: str | None = None, metho
             if progress is not None:
                 progress(int(1000 * (_done + _size * d / max(t, 1))), 1000 * N)
 
-        _run_batch(scratch, task, measure, idx, roles, method, residual, out, part)
+        _run_batch(model, stack, task, measure, idx, roles, method, residual, out, part)
         done += len(idx)
         if progress is not None:
             progress(1000 * done, 1000 * N)
     return TaskEffects(task, metric, method, roles, **out)
 
 
-def _run_batch(scratch, task: Task, measure: B.Measure, idx: np.ndarray, roles, method: str, residual: bool,
+def _run_batch(model, stack, task: Task, measure: B.Measure, idx: np.ndarray, roles, method: str, residual: bool,
                out: dict, progress) -> None:
-    stack = scratch.stack
     L, H = stack.n_layers, stack.n_heads
     pairs = [task.pairs[i] for i in idx]
     b, rows = len(pairs), torch.as_tensor(idx)
-    clean = P.trace_batch(scratch, torch.tensor([p.clean_ids for p in pairs]))
+    clean = P.trace_batch(model, torch.tensor([p.clean_ids for p in pairs]))
     out["clean"][idx] = B.final_measures(stack, clean, measure, rows)
     out["attribution"][idx] = _attribution(stack, clean, measure, idx)
     positions = np.array([[p.role(r) for r in roles] for p in pairs])                  # (b, R)
     out["role_attention"][idx] = _role_attention(stack, clean, positions)
     bad_ids = torch.tensor([p.corrupted_ids for p in pairs])
     if method == "attribution":  # the corrupted prompts' one forward pass is the estimate's own
-        heads, resid, _, out["corrupted"][idx] = B.attribution_batch(scratch, clean, bad_ids, measure, rows)
+        heads, resid, _, out["corrupted"][idx] = B.attribution_batch(model, clean, bad_ids, measure, rows)
         out["heads"][idx] = heads.sum(-1)
         if residual:
             out["residual"][idx] = np.take_along_axis(resid, positions[:, None, :].repeat(L, 1), axis=2)
         progress(1, 1)
         return
-    corrupted = P.trace_batch(scratch, bad_ids)
+    corrupted = P.trace_batch(model, bad_ids)
     base = out["corrupted"][idx] = B.final_measures(stack, corrupted, measure, rows)
     kept = [(layer, h) for layer in range(L) for h in stack.kept[layer]]
     k_layers, k_heads = np.array([k[0] for k in kept]), np.array([k[1] for k in kept])
@@ -175,7 +174,7 @@ def _run_batch(scratch, task: Task, measure: B.Measure, idx: np.ndarray, roles, 
     layers = np.concatenate([np.tile(k_layers, b), np.tile(np.repeat(np.arange(L), R), b)])
     heads = np.concatenate([np.tile(k_heads, b), np.full(b * L * R, -1)])
     where = np.concatenate([np.full(b * len(kept), -1), np.tile(positions[:, None, :R], (1, L, 1)).reshape(-1)])
-    values = B.patched_measures(scratch, clean, corrupted, measure, rows, pair, layers, heads, where, progress=progress)
+    values = B.patched_measures(model, clean, corrupted, measure, rows, pair, layers, heads, where, progress=progress)
     effect = np.zeros((b, L, H))
     effect[pair[:b * len(kept)], np.tile(k_layers, b), np.tile(k_heads, b)] = \
         values[:b * len(kept)] - base[pair[:b * len(kept)]]

@@ -100,7 +100,7 @@ class _Reader:
         self._one: dict[str, int | None] = {}
 
     def ids(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        enc = self.model._tokenize(text, return_offsets_mapping=True, verbose=False)
+        enc = self.model.tokenize(text, return_offsets_mapping=True, verbose=False)
         return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
     def one(self, piece: str) -> int | None:

@@ -20,13 +20,15 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError, head_label
-from models import patching as P
+from models.run import language_stack
 from models.corpus import CORPUS
 
+from .effects import parts as P
 from .effects import token_text
 from .traced import Traced, as_traced
 
 COPY_TOP = 5       # a token counts as copied when it is among the head's 5 most promoted (TransformerLens's top-5)
+OV = "A head's OV circuit is read through the unembedding"
 COPY_SAMPLE = 200  # tokens sampled from the built-in corpus's
 
 Progress = Callable[[int, int], None]
@@ -51,8 +53,7 @@ def head_vocabulary(model: AttentionModel, prompt: str | Traced, layer: int, hea
     ``frame.attrs``: ``layer``, ``head``, ``position`` (counted from the start), ``at`` (the token there),
     ``tokens`` and ``mean``, the mean logit it adds over the vocabulary (a head may lift every token alike).
     """
-    scratch = model.scratch("A head's vocabulary is read through the unembedding", language=True)
-    stack = scratch.stack
+    stack = language_stack(model, "A head's vocabulary is read through the unembedding")
     _check_head(stack, layer, head)
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise HeadLensError(f"Ask for at least one token (k = {k!r}).")
@@ -70,7 +71,7 @@ def head_vocabulary(model: AttentionModel, prompt: str | Traced, layer: int, hea
     rows = []
     for direction, found in (("up", logits.topk(k)), ("down", (-logits).topk(k))):
         for rank, token in enumerate(found.indices.tolist(), start=1):
-            rows.append((direction, rank, token, token_text(scratch, token), float(logits[token])))
+            rows.append((direction, rank, token, token_text(model, token), float(logits[token])))
     frame = pd.DataFrame(rows, columns=["direction", "rank", "token", "text", "logit"])
     tokens = traced_prompt.tokens
     frame.attrs.update(layer=layer, head=head, position=position, at=tokens[position], tokens=tokens,
@@ -97,10 +98,9 @@ def copy_sample(model: AttentionModel, size: int = COPY_SAMPLE, seed: int = 0) -
 def ov_logits(model: AttentionModel, layer: int, head: int, tokens) -> torch.Tensor:
     """``(tokens, vocab)``: the logits head ``(layer, head)`` writes when all its weight is on each of ``tokens``:
     the token's embedding through the layer's input norm and the head's OV circuit
-    (``models.patching.head_writes``, then the norm a Gemma 3 block puts on its attention's output), then the
+    (``effects.parts.head_writes``, then the norm a Gemma 3 block puts on its attention's output), then the
     final norm (each vector on its own, without its bias) and the unembedding."""
-    scratch = model.scratch("A head's OV circuit is read through the unembedding", language=True)
-    stack = scratch.stack
+    stack = language_stack(model, OV)
     slot = _check_head(stack, layer, head)
     with torch.inference_mode():
         vectors = stack.token_vectors(torch.as_tensor(list(tokens), dtype=torch.long))
@@ -111,7 +111,7 @@ def ov_logits(model: AttentionModel, layer: int, head: int, tokens) -> torch.Ten
 
 def copying_work(model: AttentionModel) -> float:
     """Multiply-adds ``copying_scores`` spends reading every OV circuit through the unembedding (its cost)."""
-    stack = model.scratch("A head's OV circuit is read through the unembedding", language=True).stack
+    stack = language_stack(model, OV)
     vocab, width = stack.unembedding().shape
     return float(vocab) * width * stack.n_heads * stack.layers[0].attn.head_dim * stack.n_layers
 
@@ -122,9 +122,8 @@ def copying_scores(model: AttentionModel, *, tokens=None, k: int = COPY_TOP,
     ``layer``, ``head``, ``copying`` (the share of the tokens among the ``k`` the head promotes most when
     all its weight is on them) and ``suppression`` (among the ``k`` it pushes down most); NaN for a
     pruned head. ``frame.attrs``: ``k``, ``tokens`` (how many), ``vocabulary``, ``chance`` (``k / vocabulary``)."""
-    scratch = model.scratch("A head's OV circuit is read through the unembedding", language=True)
-    stack = scratch.stack
-    sample = copy_sample(scratch) if tokens is None else [int(t) for t in tokens]
+    stack = language_stack(model, OV)
+    sample = copy_sample(model) if tokens is None else [int(t) for t in tokens]
     if not sample:
         raise HeadLensError("Copying is measured on at least one token.")
     L, H = stack.n_layers, stack.n_heads

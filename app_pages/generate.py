@@ -16,7 +16,7 @@ from viz import text_shading
 
 s = settings()
 st.title("Generate")
-scratch = s.model.scratch()
+scratch = s.model.editable()
 if scratch is None or not hasattr(model_for(scratch), "generate"):
     st.info(f"Generation is for decoders: choose a bundled decoder ({DECODERS}, either engine) or a decoder "
             "trained on the Train page in the sidebar.")

@@ -31,7 +31,7 @@ ABOUT = (
 
 s = settings()
 st.title("Queries & keys")
-ref = s.model.scratch()
+ref = s.model.editable()
 if ref is None:
     st.info("Queries and keys are read inside HeadLens's own attention. Choose a model the from-scratch engine "
             "runs (a bundled model, the untrained encoder or your trained decoder).")

@@ -36,7 +36,7 @@ def main() -> None:
     print(f"# the next-token loss from the last hidden states, {machine('cpu')}")
     print(f"{'model':8} {'positions':>9} {'vocabulary':>10} | {'':10} {'ours ms':>8} {'textbook ms':>11} {'ratio':>6}")
     for key in keys:
-        model = cached_model(ModelRef(key).scratch())
+        model = cached_model(ModelRef(key).analysed)
         sentences = corpus_sample(DECODER_SAMPLE)
         ((_, inputs),) = list(model._padded_batches(sentences, len(sentences), model.max_tokens))
         ids, mask = inputs["input_ids"], inputs["attention_mask"]

@@ -10,7 +10,7 @@ task form, and what the splits find.
 - The task form: L23 H3's END → S2 score split on every clean and corrupted prompt of ``--pairs`` indirect-object
   pairs, and L18 H6's END → FIRST on as many induction pairs; each one's top writers per side.
 - Induction heads' keys: over ``--prompts`` random sequences repeated twice, each induction head's top key-side
-  writer (``analysis.qk_induction``) and how often it is a previous-token head by the detector's label.
+  writer (``analysis.qk_attribution.induction``) and how often it is a previous-token head by the detector's label.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 
 from analysis.detector import head_detector
 from analysis.qk_attribution import qk_attribution, qk_attribution_task
-from analysis.qk_induction import induction_key_writers
+from analysis.qk_attribution.induction import induction_key_writers
 from analysis.tasks import make_task
 from bench.common import machine, ratio, timed
 from models import load_model

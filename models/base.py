@@ -114,7 +114,7 @@ class AttentionModel:
             except UnicodeEncodeError as err:
                 raise HeadLensError(f"{where(i)} holds characters that are not valid Unicode "
                                     f"(a lone surrogate at position {err.start}).") from err
-        enc = self._tokenize(list(texts), truncation=True, max_length=self.max_tokens,
+        enc = self.tokenize(list(texts), truncation=True, max_length=self.max_tokens,
                              return_special_tokens_mask=True, verbose=False)
         for i, special in enumerate(enc["special_tokens_mask"]):
             if all(special):
@@ -137,7 +137,7 @@ class AttentionModel:
         long prompts (``attend_long``) further."""
         if self.long_max_tokens <= self.max_tokens or not isinstance(text, str):
             return False
-        return len(self._tokenize(text, verbose=False)["input_ids"]) > self.max_tokens
+        return len(self.tokenize(text, verbose=False)["input_ids"]) > self.max_tokens
 
     def _layers(self, layers) -> tuple[int, ...]:
         try:
@@ -163,7 +163,7 @@ class AttentionModel:
         ``language``: checked to be a language model too (a sentence for an encoder)."""
         model = self._on_scratch(what)
         if language:
-            language_stack(model)
+            language_stack(model, what)
         return model
 
     def page_in(self) -> None:
@@ -219,7 +219,7 @@ class AttentionModel:
         """``(chunk, inputs)`` per batch of texts of similar length: the texts' indices and their padded
         model inputs, cut at ``max_length`` tokens."""
         for chunk in batches(self.token_counts(items), max(1, batch_size), self.bytes_per_token_pair):
-            enc = self._tokenize([items[i] for i in chunk], padding=True, truncation=True, max_length=max_length,
+            enc = self.tokenize([items[i] for i in chunk], padding=True, truncation=True, max_length=max_length,
                                  return_tensors="pt")
             yield chunk, self._inputs(enc)
 
@@ -245,18 +245,20 @@ class AttentionModel:
             return None
         raise HeadLensError("Mean ablation needs the from-scratch engine: transformers models no longer take head masks.")
 
-    def _tokenize(self, *args, **kwargs):
+    def tokenize(self, *args, **kwargs):
+        """The tokenizer's encoding of ``args`` (its own arguments), one call at a time: a model shared by every
+        session shares one tokenizer, whose fast backend is not safe from two threads at once."""
         with self._tokenizer_lock:
             return self.tokenizer(*args, **kwargs)
 
     def _encode(self, texts: list[str]):
-        enc = self._tokenize(texts, padding=True, truncation=True, max_length=self.max_tokens,
+        enc = self.tokenize(texts, padding=True, truncation=True, max_length=self.max_tokens,
                              return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
         lengths = enc["attention_mask"].sum(dim=1).tolist()
         originals = list(lengths)
         for i, n in enumerate(lengths):
             if n >= self.max_tokens:
-                originals[i] = len(self._tokenize(texts[i], verbose=False)["input_ids"])
+                originals[i] = len(self.tokenize(texts[i], verbose=False)["input_ids"])
         return enc, lengths, originals
 
     def _inputs(self, enc) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ class DecoderModel(ScratchModel):
 
     def loss(self, texts: Sequence[str], head_mask=None, head_means=None) -> torch.Tensor:
         """Mean next-token cross-entropy over ``texts``, every predicted token counted once."""
-        enc = self._tokenize(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
+        enc = self.tokenize(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
                              return_tensors="pt")
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
         fill = None if head_means is None else self._head_fill(head_means, head_mask)
@@ -139,7 +139,7 @@ class DecoderModel(ScratchModel):
         """The continuation of ``text`` as it is written, piece by piece (``generate_ids``' options); the
         pieces joined are the continuation's text, end-of-text token left out."""
         self.token_counts([text])
-        prompt = self._tokenize(text)["input_ids"]
+        prompt = self.tokenize(text)["input_ids"]
         new, shown = [], ""
         for token in self.generate_ids(prompt, **options):
             if token == self.tokenizer.eos_token_id:

@@ -55,10 +55,10 @@ class LongAttention(Scans):
         self.model, self.stack = model, model.stack
         self.max_tokens = int(max_tokens or model.long_max_tokens)
         model.token_counts([text])  # an empty or unreadable text gets its sentence here
-        enc = model._tokenize(text, truncation=True, max_length=self.max_tokens, return_offsets_mapping=True,
+        enc = model.tokenize(text, truncation=True, max_length=self.max_tokens, return_offsets_mapping=True,
                               return_special_tokens_mask=True, return_tensors="pt")
         n = int(enc["input_ids"].shape[1])
-        self.n_tokens_original = n if n < self.max_tokens else len(model._tokenize(text, verbose=False)["input_ids"])
+        self.n_tokens_original = n if n < self.max_tokens else len(model.tokenize(text, verbose=False)["input_ids"])
         self.truncated = self.n_tokens_original > n
         self.text, self.model_name, self.backend, self.device = text, model.name, model.backend, str(model.device)
         self.tokens = model.tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())

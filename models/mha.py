@@ -258,6 +258,11 @@ class MultiHeadAttention(nn.Module):
         bias = lambda x, h: None if x is None else x.view(h, Dh)                          # noqa: E731
         return (shape(wq, H), bias(bq, H)), (shape(wk, G), bias(bk, G)), (shape(wv, G), bias(bv, G))
 
+    @property
+    def output_bias(self) -> torch.Tensor | None:
+        """``(E,)``: what the output projection adds whatever the heads output (None without a bias)."""
+        return self.out_proj.bias
+
     def output_columns(self) -> torch.Tensor:
         """``(E, heads, Dh)``: each head's columns of the output projection."""
         return self.out_proj.weight.view(-1, self.num_heads, self.head_dim)

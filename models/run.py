@@ -122,14 +122,31 @@ class Trace:
     z: list[torch.Tensor]
 
 
-def language_stack(model):
-    """The stack of ``model`` (from-scratch engine) when it is a pre-norm language model; a sentence otherwise."""
-    stack = getattr(model, "stack", None)
-    if stack is None or not stack.language_model:
-        raise HeadLensError(f"What a head adds to a prediction is read through the unembedding, which {model.name} "
-                            "lacks: it is an encoder, not a language model. Choose SmolLM2 or a decoder trained "
-                            "here.")
+def editable(model, what: str = "This"):
+    """``model`` (any loaded model) as its runs take edits, head masks and pruning: itself on the from-scratch engine,
+    or a transformers model's twin with the same weights; the one place an analysis is handed to that engine.
+    ``what`` starts the sentence for an architecture the engine does not implement."""
+    return model.scratch(what)
+
+
+def stack_of(model, what: str = "This"):
+    """The stack every run of ``model`` (any loaded model) goes up (``editable``'s)."""
+    return editable(model, what).stack
+
+
+def language_stack(model, what: str = "What a head adds to a prediction is read"):
+    """``stack_of(model)`` when it is a pre-norm language model's (logits, a next-token prediction); a sentence
+    otherwise."""
+    stack = stack_of(model, what)
+    if not stack.language_model:
+        raise HeadLensError(f"{what} on a language model; {model.name} is an encoder, not a language model. Choose "
+                            "SmolLM2, Gemma 3 or a decoder trained here.")
     return stack
+
+
+def device_of(stack) -> torch.device:
+    """Where a stack's weights are."""
+    return next(stack.parameters()).device
 
 
 @torch.inference_mode()
@@ -141,7 +158,7 @@ def trace_batch(model, ids: torch.Tensor) -> Trace:
     layers = range(stack.n_layers)
     edits = Edits({**Edits.every_layer("resid_pre", lambda _: reading(resid), layers),
                    **Edits.every_layer("z", lambda _: reading(zs), layers)})
-    x, _ = stack.run_layers(stack.embed(ids.to(model.device)), need_weights=False, edits=edits)
+    x, _ = stack.run_layers(stack.embed(ids.to(device_of(stack))), need_weights=False, edits=edits)
     resid.append(x)
     return Trace(ids, resid, zs)
 

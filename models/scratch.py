@@ -33,8 +33,7 @@ class ScratchModel(AttentionModel):
                          causal=stack.causal)
         self.stack = stack
         self.head_dim, self.hidden_size = stack.head_dim, stack.hidden_size
-        windows = tuple(block.attn.window for block in stack.layers)
-        self.windows = windows if any(w is not None for w in windows) else None
+        self.windows = stack.windows
 
     def _on_scratch(self, what: str) -> "ScratchModel":
         """Itself: it runs on the from-scratch engine."""
@@ -51,10 +50,7 @@ class ScratchModel(AttentionModel):
     @property
     def pruned_heads(self) -> np.ndarray:
         """bool ``(layers, heads)``: True for a head removed by ``pruned``."""
-        out = np.zeros((self.n_layers, self.n_heads), dtype=bool)
-        for layer, heads in self.stack.config.pruned_heads:
-            out[layer, list(heads)] = True
-        return out
+        return self.stack.pruned_mask()
 
     def pruned(self, heads, *, head_means=None) -> "ScratchModel":
         """A new, smaller model without ``heads``, a list of ``(layer, head)``; this one is untouched.

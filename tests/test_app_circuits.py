@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis import circuits as AC
-from analysis.circuit_heads import circuit_heads, role_attention
+from analysis.circuits import circuit_heads, role_attention
 from analysis.tasks import ioi
 from tests.conftest import COLD_RUN_S, decode, downloads, figures, title_text
 

@@ -111,7 +111,7 @@ def test_a_decoders_card_reads_the_effects_pages_own_results(new_app, smollm2):
     at.button(key="effects-card").click().run()
     assert not at.exception and title(at) == "L23 H3 · SmolLM2-135M-Instruct"
     pairs = table(at, "built-in pair")
-    ref = ModelRef("smollm2").scratch()
+    ref = ModelRef("smollm2").editable()
     for row in pairs.itertuples():
         found = effects.peek(ref, PAIRS[row[1]], "exact").heads.set_index(["layer", "head"]).loc[(23, 3)]
         assert float(row[4]) == pytest.approx(found["recovered"], abs=5e-4)

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from analysis import circuits as AC
 from analysis.tasks import Task, TaskPair
 from models import HeadLensError, load_model
-from models import circuits as C
-from models.pairs import Measure
+from analysis.circuits import graph as C
+from analysis.effects.batched import Measure
 from models.stacks.decoder import Decoder, DecoderConfig
 from tests import test_gemma3
 from tests.test_llama import build as build_llama

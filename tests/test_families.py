@@ -14,10 +14,10 @@ from analysis.effects import logit_attribution, parts_total, patch_heads, patch_
 from analysis.importance import head_importance
 from analysis.task_effects import run_task
 from analysis.tasks import Task, TaskPair
-from models import circuits as C
+from analysis.circuits import graph as C
 from models import HeadLensError, load_model
-from models import qk_split as Q
-from models.pairs import Measure
+from analysis.qk_attribution import split as Q
+from analysis.effects.batched import Measure
 from models.stacks import for_model_type
 from tests.conftest import _bpe_vocab
 

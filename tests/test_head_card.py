@@ -15,7 +15,7 @@ from analysis.detector import LENGTH, SENTENCES, SEQUENCES, detector_labels
 from analysis.head_card import corpus_writes
 from analysis.vocabulary import copying_scores
 from models import HeadLensError, load_model
-from models import patching as P
+from analysis.effects import parts as P
 from models.corpus import CORPUS, corpus_sample
 from models.stacks.decoder import Decoder, DecoderConfig
 from models.vocab import word_tokenizer

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from analysis import qk_attribution as QA
 from analysis.tasks import Task, TaskPair
 from models import HeadLensError, load_model
-from models import circuits as C
-from models import qk_split as Q
+from analysis.circuits import graph as C
+from analysis.qk_attribution import split as Q
 from tests import test_gemma3
 from tests.test_circuits import hf_run
 from tests.test_llama import build as build_llama
@@ -300,7 +300,7 @@ def induction_pair(tmp_path_factory):
 def test_an_induction_heads_key_is_made_by_the_previous_token_head(induction_pair):
     from analysis import head_detector
     from analysis.detector import detector_labels
-    from analysis.qk_induction import induction_key_writers
+    from analysis.qk_attribution.induction import induction_key_writers
 
     model = induction_pair
     detector = head_detector(model, n_sequences=8, length=8, sentences=["the apple and the river"] * 4)

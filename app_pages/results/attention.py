@@ -39,7 +39,7 @@ def cached_attention(ref: ModelRef, text: str, causal: bool, heads_off: tuple, m
     mask = head_mask(model, heads_off)
     att = model.attend(text, head_mask=mask, causal=causal, layers=layers)
     if moved:
-        norms = cached_model(ref.scratch()).value_norms(text, head_mask=mask, causal=causal)
+        norms = cached_model(ref.analysed).value_norms(text, head_mask=mask, causal=causal)
         norms = norms if layers is None else norms[list(layers)]
         att = dataclasses.replace(att, weights=renormalise_rows(norms))
     return _frozen(att)

@@ -42,12 +42,12 @@ def peaks(ref: ModelRef, causal: bool, heads_off: tuple) -> Peaks:
 
 
 @shared("writes", entries=8, waiting="Measuring what each head writes",
-        warm=Warm(2.5, lambda ref: [(ref.scratch(), False, ())]))
+        warm=Warm(2.5, lambda ref: [(ref.analysed, False, ())]))
 def writes(ref: ModelRef, causal: bool, heads_off: tuple) -> Writes:
     """A decoder's heads' largest output norm in each sentence of its profile (the from-scratch engine reads each head's output)."""
     _, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
     bar = Bar(f"Reading what every head writes in {len(attentions)} sentences")
-    found = corpus_writes(cached_model(ref.scratch()), [a.text for a in attentions], progress=bar)
+    found = corpus_writes(cached_model(ref.analysed), [a.text for a in attentions], progress=bar)
     bar.empty()
     return found
 
@@ -57,7 +57,7 @@ def importance_args(ref: ModelRef) -> tuple:
     sample, an encoder's by mean ablation on the corpus sample."""
     if decoder(ref):
         return first_measured(ref)[0]
-    return (ref.scratch(), "mean", corpus_sample(SAMPLE), "ablation")
+    return (ref.analysed, "mean", corpus_sample(SAMPLE), "ablation")
 
 
 @shared("task table", entries=8, copy=True, waiting="Averaging the task's pairs",
@@ -102,7 +102,7 @@ class FromPages:
         return peaks(self.ref, self.causal, self.heads_off)
 
     def importance(self):
-        scratch = self.ref.scratch()
+        scratch = self.ref.editable()
         measured = None if scratch is None else importance_args(scratch)
         if measured is None or not (self.importance_too or importance.peek(*measured) is not None):
             return None
@@ -110,7 +110,7 @@ class FromPages:
         return None if found is None else found.frame
 
     def pictures(self):
-        scratch = self.ref.scratch()
+        scratch = self.ref.editable()
         drawn = None if scratch is None else first_pictures(scratch)[0]
         if drawn is None or not (self.qk_too or pictures.peek(*drawn) is not None):
             return None
@@ -126,14 +126,14 @@ class FromPages:
         return self._ready(detected, self.ref)
 
     def copying(self):
-        scratch = self.ref.scratch()
+        scratch = self.ref.analysed
         return self._ready(copying, scratch) if cheap_copying(self.ref) else copying.peek(scratch)  # else on request
 
     def pairs(self):
         return PAIRS
 
     def pair(self, pair):
-        found = self._ready(effects, self.ref.scratch(), pair, "exact")
+        found = self._ready(effects, self.ref.analysed, pair, "exact")
         return None if found is None else (found.attribution, found.heads)
 
     def task(self):

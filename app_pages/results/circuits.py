@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from analysis import circuits as AC
-from analysis.circuit_heads import role_attention
+from analysis.circuits import role_attention
 from analysis.circuits import EdgeScores
 
 from .models import ModelRef, cached_model
@@ -15,7 +15,7 @@ from .tasks import FIRST, TaskSpec, built_task
 
 def first_circuit(ref: ModelRef) -> list[tuple]:
     """What the Circuits page shows first: the indirect-object task's 50 pairs, EAP-IG in 5 steps, on the from-scratch engine."""
-    return [(ref.scratch(), FIRST, "logit_diff", "eap_ig", AC.STEPS)]
+    return [(ref.analysed, FIRST, "logit_diff", "eap_ig", AC.STEPS)]
 
 
 @shared("circuit scores", entries=8, waiting="Scoring every edge over the task", warm=Warm(10, first_circuit))
@@ -70,7 +70,7 @@ def circuit_at(ref: ModelRef, spec: TaskSpec, metric: str, method: str, steps: i
 
 @shared("role attention", entries=8, waiting="Reading the heads' attention between the task's roles")
 def circuit_roles(ref: ModelRef, spec: TaskSpec) -> dict:
-    """Every head's attention along each pattern of ``analysis.circuit_heads.PATTERNS``."""
+    """Every head's attention along each pattern of ``analysis.circuits.heads.PATTERNS``."""
     return role_attention(cached_model(ref), built_task(ref, spec))
 
 

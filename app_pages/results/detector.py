@@ -13,7 +13,7 @@ from .shared import Bar, Warm, shared
 def _engines(ref: ModelRef) -> list[tuple]:
     """The detector on the sidebar's model and, when that is a transformers one, on it on the from-scratch engine: Effects names a
     head's label on the engine it patches with."""
-    return [(ref,)] if ref.scratch() == ref else [(ref,), (ref.scratch(),)]
+    return [(ref,)] if ref.analysed == ref else [(ref,), (ref.analysed,)]
 
 
 @shared("detector", entries=8, copy=True, waiting="Detecting this model's heads", warm=Warm(2, _engines))

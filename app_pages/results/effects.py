@@ -54,7 +54,7 @@ def prompt_trace(ref: ModelRef, text: str) -> Traced:
 def _pairs(ref: ModelRef) -> list[tuple]:
     """What Effects shows first, the first built-in pair on the model on the from-scratch engine patched exactly, then the other pairs
     (a head's card reads each)."""
-    return [(ref.scratch(), pair, "exact") for pair in PAIRS.values()]
+    return [(ref.analysed, pair, "exact") for pair in PAIRS.values()]
 
 
 @shared("effects", entries=32, waiting="Patching these prompts", warm=Warm(6, _pairs))
@@ -92,7 +92,7 @@ def vocabulary(ref: ModelRef, prompt: str, layer: int, head: int, position: int)
 
 
 @shared("routes", entries=32, waiting="Reading this prompt's routes",
-        warm=Warm(6.5, lambda ref: [(ref.scratch(), DEFAULT_TEXT)]))  # a head's card on the sidebar's first sentence
+        warm=Warm(6.5, lambda ref: [(ref.analysed, DEFAULT_TEXT)]))  # a head's card on the sidebar's first sentence
 def flow(ref: ModelRef, prompt: str) -> Flow:
     """Every residual update of ``prompt`` split into its parts' shares, read from the prompt's trace."""
     with spinner("Splitting every update of the residual stream into its parts…"):
@@ -103,7 +103,7 @@ def cheap_copying(ref: ModelRef) -> list[tuple]:
     """Every head's copying scores, prepared where reading the OV circuits takes about half a minute at most
     (SmolLM2: 4.9e11 multiply-adds, 20 s on two cores); Gemma 3's 262,144-token vocabulary takes 100 s and
     5 GB, so a page asks for it."""
-    return [(ref.scratch(),)] if copying_work(cached_model(ref.scratch())) <= COPYING_PREPARED else []
+    return [(ref.analysed,)] if copying_work(cached_model(ref.analysed)) <= COPYING_PREPARED else []
 
 
 @shared("copying", entries=4, waiting="Reading every head's OV circuit", warm=Warm(5, cheap_copying))

@@ -63,14 +63,21 @@ class ModelRef:
         """It runs on the from-scratch engine."""
         return self.choice in SCRATCH
 
-    def scratch(self) -> "ModelRef | None":
-        """The same weights on the from-scratch engine (``AttentionModel.scratch`` of the model behind it): itself
-        when it runs there; None for a custom model on the transformers engine (whose analyses ask its model's own
-        ``scratch``; the sidebar's "custom_scratch" opens it there)."""
+    def editable(self) -> "ModelRef | None":
+        """The same weights as a model whose runs take edits, head masks and pruning (the from-scratch engine): itself
+        when it runs there, a bundled model's from-scratch choice; None for a custom model on the transformers engine
+        (the sidebar's "custom_scratch" opens it there)."""
         if self.is_scratch:
             return self
         model = bundled(self.choice)
         return None if model is None else ModelRef(model.scratch_key, device=self.device)
+
+    @property
+    def analysed(self) -> "ModelRef":
+        """The model every analysis of this choice runs on: ``editable`` where there is one, so that a transformers
+        session reads the one instance of a bundled model that every session shares (its results are the same
+        numbers, under the same ``cache_key``); itself otherwise."""
+        return self.editable() or self
 
     @property
     def cache_key(self) -> tuple:

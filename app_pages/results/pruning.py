@@ -33,7 +33,7 @@ class Importance:
 
 def first_measured(ref: ModelRef) -> list[tuple]:
     """What Pruning measures a bundled decoder on first: it on the from-scratch engine, by gradient, on the default sentences."""
-    return [(ref.scratch(), "zero", corpus_sample(LLM_SAMPLE), "gradient")]
+    return [(ref.analysed, "zero", corpus_sample(LLM_SAMPLE), "gradient")]
 
 
 @shared("importance", entries=12, waiting="Measuring every head", warm=Warm(3, first_measured))
@@ -106,7 +106,7 @@ def switched_off(ref: ModelRef, sentences: list[str], measured_on: list[str], he
 
 
 @shared("proxies", entries=12, copy=True, waiting="Measuring attention",
-        warm=Warm(4, lambda ref: [(ref.scratch(), corpus_sample(LLM_SAMPLE))]))
+        warm=Warm(4, lambda ref: [(ref.analysed, corpus_sample(LLM_SAMPLE))]))
 def proxy_table(ref: ModelRef, sentences: list[str]) -> pd.DataFrame:
     """Attention-only measures of each head on ``sentences`` (entropy, weight on special tokens)."""
     return attention_proxies(cached_model(ref).attend(sentences))

@@ -29,7 +29,7 @@ def _frames_bytes(value: Pictures) -> int:
 
 def first_pictures(ref: ModelRef) -> list[tuple]:
     """What the page draws first: every head of the model on the from-scratch engine over the built-in corpus, fitted."""
-    scratch = ref.scratch()
+    scratch = ref.analysed
     return [(scratch, tokens_within(cached_model(scratch), list(CORPUS)), "fitted")]
 
 

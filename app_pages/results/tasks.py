@@ -46,7 +46,7 @@ def built_task(ref: ModelRef, spec: TaskSpec) -> Task:
 
 def first_task(ref: ModelRef) -> list[tuple]:
     """What Effects over a task shows first: indirect object, 50 pairs, by attribution patching, on the from-scratch engine."""
-    return [(ref.scratch(), FIRST, "logit_diff", "attribution")]
+    return [(ref.analysed, FIRST, "logit_diff", "attribution")]
 
 
 @shared("task effects", entries=8, waiting="Running the task's pairs", warm=Warm(9, first_task))

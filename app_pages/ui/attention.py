@@ -21,7 +21,7 @@ def long_attention(s: Settings, text: str, ref: ModelRef, model: AttentionModel,
     """``text`` as a ``LongAttention`` shared by every session, when it is longer than ``model`` (``ref``'s)
     keeps in ``attend`` and the model runs on the from-scratch engine (a transformers model through it on the from-scratch engine, which has
     the same sizes); else None."""
-    scratch = ref.scratch()
+    scratch = ref.editable()
     if scratch is None or s.moved or model.encoder_decoder or not model.is_long(text):
         return None
     model_for(scratch, container=container)
@@ -48,14 +48,14 @@ def attention(s: Settings, text: str, ref: ModelRef | None = None, key: str = "c
     slot = container.empty()
     with slot, st.spinner("Computing attention…"):
         att = cached_attention(ref, text, s.causal and ref.is_scratch, s.heads_off if ref.is_scratch else (),
-                               s.moved and ref.scratch() is not None, None if model.encoder_decoder else layers)
+                               s.moved and ref.editable() is not None, None if model.encoder_decoder else layers)
     start = generated_from(text)
     if start is not None:
         att = dataclasses.replace(att, generated_from=start)  # the shared weights, its generated tokens marked
     if att.truncated:
         slot.warning(f"This text has {att.n_tokens_original} tokens; the model reads at most "
                      f"{len(att.tokens)}, so it was cut there.")
-    elif s.moved and ref.scratch() is not None:
+    elif s.moved and ref.editable() is not None:
         slot.caption("Each weight is scaled by the length of what its key sends through the head "
                      "(Kobayashi et al. 2020), and each row by its total: the share of what reaches the query.")
     else:

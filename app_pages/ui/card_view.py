@@ -98,7 +98,7 @@ def examples(card: HeadCard) -> None:
 def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> None:
     """A decoder head's vocabulary at a position of the user's text, and its OV copying and suppression."""
     st.subheader("What it writes")
-    scratch = ref.scratch()
+    scratch = ref.analysed
     if not card.decoder:
         st.caption("What a head writes, and what it does to the built-in pairs and task, are read on the bundled "
                    "decoders (SmolLM2, Gemma 3); for a decoder trained here, open Effects.")
@@ -148,7 +148,7 @@ def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
                            help=f"95% interval {t['low']:.3f} to {t['high']:.3f}; q = {t['q']:.3g}; rank "
                                 f"{int(t['rank'])} by size, attribution patching.")
             cols[0].caption(f"[{t['low']:.3f}, {t['high']:.3f}], rank {int(t['rank'])}")
-        shares = flow_heads(flow(ref.scratch(), text))
+        shares = flow_heads(flow(ref.analysed, text))
         rank = int((shares > shares[card.layer, card.head]).sum()) + 1
         cols[1].metric("Flow share on your text", f"{shares[card.layer, card.head]:.3f}",
                        help="How much of your sentence's last token passes through it (every route, shares multiplied).")
@@ -167,7 +167,7 @@ def _importance(ref: ModelRef, card: HeadCard, where) -> None:
         where.caption(f"rank {int(i['rank'])} of {int(i['of'])}")
     elif where.button("Measure every head's importance", key="card-importance",
                       help="Each head switched off in turn on Pruning's sentences (a minute or so), then shared."):
-        importance(*importance_args(ref.scratch()))
+        importance(*importance_args(ref.analysed))
         st.rerun()
 
 
@@ -177,7 +177,7 @@ def queries_keys(ref: ModelRef, card: HeadCard) -> None:
     if card.qk is None:
         if st.button("Draw every head's queries and keys", key="card-qk",
                      help="Every head over the built-in corpus, as Queries & keys draws them (then shared)."):
-            pictures(*first_pictures(ref.scratch())[0])
+            pictures(*first_pictures(ref.analysed)[0])
             st.rerun()
         return
     f = card.qk

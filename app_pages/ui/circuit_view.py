@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis import circuits as AC
-from analysis.circuit_heads import PATTERNS, circuit_heads
+from analysis.circuits import PATTERNS, circuit_heads
 from analysis.circuits import EdgeScores
 from viz.circuits import circuit_figure, curve_figure
 

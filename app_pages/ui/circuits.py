@@ -97,7 +97,7 @@ def heads_above(scores: EdgeScores, layer: int) -> list[tuple[int, int]]:
 
 def comparison(heads: pd.DataFrame) -> pd.DataFrame:
     """Per class of Wang et al., the heads of this circuit in it beside GPT-2 small's."""
-    from analysis.circuit_heads import WANG
+    from analysis.circuits import WANG
 
     return pd.DataFrame([{"class": name, "this circuit": ", ".join(heads[heads["class"] == name]["head"]) or "—",
                           "GPT-2 small (Wang et al. 2022)": wang} for name, wang in WANG.items()])

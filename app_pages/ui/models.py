@@ -90,7 +90,7 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
 def decoder_or_stop(ref: ModelRef, reason: str) -> tuple[ModelRef, AttentionModel]:
     """``ref`` on the from-scratch engine and its model when that is a language model; else ``reason`` (what the page
     needs that an encoder lacks) and which models to choose, and the run ends."""
-    scratch = ref.scratch() or ref
+    scratch = ref.analysed
     model = model_for(scratch)
     stack = getattr(model, "stack", None)
     if stack is None or not stack.language_model:

@@ -98,7 +98,7 @@ def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
 
 def scratch_or_stop(s: Settings) -> ModelRef:
     """The sidebar's model on the from-scratch engine (on the from-scratch engine), which alone can switch heads off and prune."""
-    scratch = s.model.scratch()
+    scratch = s.model.editable()
     if scratch is None:
         st.info(f"Pruning runs on the from-scratch engine, which holds BERT encoders and the Llama and Gemma 3 "
                 f"decoders. The sidebar's model is {s.model.title.lower()}; choose a bundled model or the "

@@ -48,4 +48,4 @@ def settings() -> Settings:
                     bool(ss.get("shared_scale", True)),
                     model.is_scratch and model.choice not in LLM and bool(ss.get("causal")),  # a decoder is causal anyway
                     tuple(ss.get("heads_off") or ()) if model.is_scratch else (),
-                    bool(ss.get("moved")) and model.scratch() is not None)
+                    bool(ss.get("moved")) and model.editable() is not None)

@@ -51,7 +51,7 @@ def sidebar() -> None:
           help="Sum over a word's pieces as keys, average over them as queries (Clark et al., 2019).")
     bound(sb.toggle, "shared_scale", True, cast=flag, label="One colour scale for all heads")
     bound(sb.toggle, "moved", False, cast=flag, label="Weight by what each key sends",
-          disabled=ref_for(choice, "auto").scratch() is None,
+          disabled=ref_for(choice, "auto").editable() is None,
           help="Scale each weight by the length of what its key sends through the head, ||α W_O (W_V x + b)|| "
                "(Kobayashi et al. 2020), then each row to 1: attention to a token that sends little, such as "
                "[SEP] or a sink, counts for little. This sentence's views only; profiles and pruning use raw "

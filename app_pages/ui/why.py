@@ -50,7 +50,7 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
     if heading:
         st.subheader("Why it attends here")
         st.caption(ABOUT)
-    scratch = (ref.scratch() or ref)
+    scratch = ref.analysed
     try:
         tokens = QA.prompt_tokens(cached_model(scratch), text)
     except HeadLensError as err:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -141,6 +142,19 @@ class Stack(nn.Module):
     @property
     def pruned(self) -> bool:
         return bool(self.config.pruned_heads)
+
+    def pruned_mask(self):
+        """bool ``(layers, heads)`` (NumPy): True for a head pruned away."""
+        out = np.zeros((self.n_layers, self.n_heads), dtype=bool)
+        for layer, heads in self.config.pruned_heads:
+            out[layer, list(heads)] = True
+        return out
+
+    @property
+    def windows(self) -> tuple[int | None, ...] | None:
+        """Per layer, how many keys a query sees (None: every earlier one); None when no layer has a window."""
+        windows = tuple(block.attn.window for block in self.layers)
+        return windows if any(w is not None for w in windows) else None
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError

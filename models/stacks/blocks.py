@@ -17,6 +17,11 @@ class PreNormBlock(nn.Module):
     is, or through the norm ``ln_attn_out`` it puts after the attention (Gemma 3), when it has one."""
 
     @property
+    def attention_norm(self) -> nn.Module | None:
+        """The norm the attention reads the stream through (``ln_attn``), or None (OLMo-2 has none there)."""
+        return getattr(self, "ln_attn", None)
+
+    @property
     def post_attention_norm(self) -> nn.Module | None:
         """The norm after the attention (``ln_attn_out``), or None."""
         return getattr(self, "ln_attn_out", None)  # a registered module, or an attribute set to None

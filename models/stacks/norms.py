@@ -52,3 +52,17 @@ class GemmaRMSNorm(RMSNorm):
 
 NORMS = {"rms": RMSNorm, "gemma_rms": GemmaRMSNorm,
          "layer": lambda size, eps: nn.LayerNorm(size, eps=eps)}
+
+
+def frozen(norm, x: torch.Tensor) -> tuple[torch.Tensor | float, torch.Tensor | None, torch.Tensor | float]:
+    """A norm of ``x`` ``(..., E)`` with its scale frozen at ``x``'s: ``(gain, bias, per-vector scale (..., 1))`` such
+    that ``norm(x) = (x, centred for a LayerNorm) * scale * gain + bias``, a linear map of any part of ``x`` plus the
+    bias (None for an RMSNorm). ``norm`` None (no norm, as OLMo-2 has before its attention): the stream as it is."""
+    if norm is None:
+        return 1.0, None, 1.0
+    if hasattr(norm, "inverse_rms"):  # RMSNorm: Llama's weight, Gemma's 1 + weight
+        return norm.gain().to(x.dtype), None, norm.inverse_rms(x).to(x.dtype)
+    if isinstance(norm, nn.LayerNorm):
+        scale = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
+        return norm.weight.to(x.dtype), (None if norm.bias is None else norm.bias.to(x.dtype)), scale
+    raise TypeError(f"HeadLens cannot freeze a {type(norm).__name__}.")

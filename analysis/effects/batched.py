@@ -1,5 +1,5 @@
-"""Many prompt pairs at once, inside the from-scratch engine's stack: each batch a set of pairs of one token length (no
-padding), traced by ``models.run.trace_batch``; every run here is one run with edits (``models.run``).
+"""Many prompt pairs at once: each batch a set of pairs of one token length (no padding), traced by
+``models.run.trace_batch``; every run here is one run with edits (``models.run``).
 
 ``Measure`` reads a task's metric from each row's last position: a weighted sum of some tokens' logits (the
 logit difference) or of their probabilities (a probability difference, greater-than's mass).
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .run import ROWS_PER_CHUNK, Edits, Trace, language_stack
+from models.run import ROWS_PER_CHUNK, Edits, Trace, device_of, language_stack
 
 Progress = Callable[[int, int], None]
 
@@ -213,7 +213,7 @@ def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure:
     edits = Edits({**Edits.every_layer("resid_pre", lambda _: tap(resid_seen, resid_taps), layers),
                    **Edits.every_layer("z", lambda _: tap(z_seen, z_taps), layers)})
     with torch.enable_grad():
-        x, _ = stack.run_layers(stack.embed(corrupted_ids.to(model.device)).detach(), need_weights=False, edits=edits)
+        x, _ = stack.run_layers(stack.embed(corrupted_ids.to(device_of(stack))).detach(), need_weights=False, edits=edits)
         resid_seen.append(x.detach())
         values = measure(stack, x[:, -1], rows)   # each prompt's metric depends on its own row alone
         grads = torch.autograd.grad(values.sum(), resid_taps + z_taps)

@@ -1,5 +1,5 @@
 """Circuits over a task: every edge between the model's nodes scored over the task's pairs (EAP or EAP-IG,
-``models.circuits``), the top edges run as a circuit with every other edge carrying the corrupted run, its
+``graph``), the top edges run as a circuit with every other edge carrying the corrupted run, its
 faithfulness with an interval, the curve over circuit sizes and the smallest circuit reaching ``TARGET``; exact
 edge patching of chosen edges, and path patching of one head to chosen receivers (Wang et al. 2022).
 
@@ -17,11 +17,12 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models import circuits as C
+from models.run import device_of, language_stack
 
-from .significance import interval
-from .task_effects import batches, measure_for
-from .tasks import Task
+from ..significance import interval
+from ..task_effects import batches, measure_for
+from ..tasks import Task
+from . import graph as C
 
 METHODS = {"eap": "EAP: the gradient at the clean input (Syed et al. 2023)",
            "eap_ig": "EAP-IG: gradients along steps from the corrupted input (Hanna et al. 2024)"}
@@ -34,9 +35,10 @@ SIZES = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 Progress = Callable[[int, int], None]
 
 
-def _scratch_graph(model: AttentionModel):
-    scratch = model.scratch("A circuit's edges are traced", language=True)
-    return scratch, scratch.stack, C.graph_of(scratch.stack)
+def _stack_graph(model: AttentionModel):
+    """The stack a circuit's runs go up, its device and its graph."""
+    stack = language_stack(model, "A circuit's edges are traced")
+    return stack, device_of(stack), C.graph_of(stack)
 
 
 def _batch(task: Task, idx: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -108,14 +110,14 @@ def edge_scores(model: AttentionModel, task: Task, method: str = "eap_ig", steps
     if method == "eap_ig" and not 1 <= int(steps) <= 100:
         raise HeadLensError(f"EAP-IG takes 1 to 100 steps; {steps} were asked for.")
     _check(task)
-    scratch, stack, graph = _scratch_graph(model)
+    stack, device, graph = _stack_graph(model)
     metric = metric or task.metric
-    measure = measure_for(task, metric, scratch.device)
+    measure = measure_for(task, metric, device)
     k = int(steps) if method == "eap_ig" else 1
     total = torch.zeros(len(graph.senders), len(graph.receivers), dtype=torch.float64)
     clean, corrupted, done = np.zeros(len(task)), np.zeros(len(task)), 0
     for idx in batches(task, batch_pairs):
-        good, bad, rows = _batch(task, idx, scratch.device)
+        good, bad, rows = _batch(task, idx, device)
         scores, c, b = C.edge_attribution(stack, graph, good, bad, measure, rows, steps=k)
         total += scores.double().cpu()
         clean[idx], corrupted[idx] = c.value.double().cpu().numpy(), b.value.double().cpu().numpy()
@@ -175,19 +177,19 @@ def circuit_values(model: AttentionModel, scores: EdgeScores, sizes, kinds=None,
     """``(values, clean, corrupted)``: each pair's metric ``(pairs, sizes)`` with only the top ``sizes`` edges clean,
     and its clean and corrupted metric."""
     task = scores.task
-    scratch, stack, graph = _scratch_graph(model)
+    stack, device, graph = _stack_graph(model)
     if graph.senders != scores.graph.senders or graph.receivers != scores.graph.receivers:
         raise HeadLensError("These edge scores were taken on another model's graph.")
     sizes = np.asarray(sizes)
     if not len(sizes) or sizes.min() < 0:
         raise HeadLensError("Give circuit sizes of 0 edges or more.")
-    measure = measure_for(task, scores.metric, scratch.device)
-    keeps = [torch.as_tensor(scores.top(int(n), kinds), device=scratch.device) for n in sizes]
+    measure = measure_for(task, scores.metric, device)
+    keeps = [torch.as_tensor(scores.top(int(n), kinds), device=device) for n in sizes]
     whole = [int(keep.sum()) == graph.n_edges for keep in keeps]  # every edge in: the clean run itself
     values, clean, corrupted = np.zeros((len(task), len(sizes))), np.zeros(len(task)), np.zeros(len(task))
     done = 0
     for idx in batches(task, batch_pairs):
-        good, bad_ids, rows = _batch(task, idx, scratch.device)
+        good, bad_ids, rows = _batch(task, idx, device)
         with torch.inference_mode():
             bad = C.run_ids(stack, graph, bad_ids, measure, rows)
             clean[idx] = scores.clean[idx]  # the clean run's metric, taken with the scores
@@ -217,15 +219,15 @@ def exact_edges(model: AttentionModel, task: Task, edges, metric: str | None = N
     """``(pairs, edges)``: exact edge patching, the fall of each pair's metric when the edge (a ``(sender,
     receiver)`` index pair of the graph) alone carries the corrupted run's output, every other edge clean."""
     _check(task)
-    scratch, stack, graph = _scratch_graph(model)
+    stack, device, graph = _stack_graph(model)
     edges = [(int(s), int(r)) for s, r in edges]
     mask = graph.mask()
     if any(not (0 <= s < mask.shape[0] and 0 <= r < mask.shape[1] and mask[s, r]) for s, r in edges):
         raise HeadLensError("Each edge runs from a sender to a later receiver of this model's graph.")
-    measure = measure_for(task, metric or task.metric, scratch.device)
+    measure = measure_for(task, metric or task.metric, device)
     out, done = np.zeros((len(task), len(edges))), 0
     for idx in batches(task, batch_pairs):
-        good, bad_ids, rows = _batch(task, idx, scratch.device)
+        good, bad_ids, rows = _batch(task, idx, device)
         with torch.inference_mode():
             bad = C.run_ids(stack, graph, bad_ids, measure, rows)
             clean = C.run_ids(stack, graph, good, measure, rows)
@@ -279,17 +281,17 @@ def path_patching(model: AttentionModel, task: Task, sender: tuple[int, int], re
     """Head ``sender`` ``(layer, head)``'s output, as the corrupted prompts form it, sent to the ``kinds`` inputs
     ("q", "k", "v") of the ``receivers`` ``[(layer, head), ...]`` (heads above it) and nowhere else: the fall of the
     metric per pair."""
-    scratch, stack, graph = _scratch_graph(model)
+    stack, device, graph = _stack_graph(model)
     s = sender_index(graph, *sender)
     edges = sorted({(s, receiver_index(graph, layer, head, kind)) for layer, head in receivers for kind in kinds})
     if not edges:
         raise HeadLensError("Choose at least one receiving head and input.")
     if any(graph.reach[r] <= s for _, r in edges):
         raise HeadLensError(f"{graph.sender_name(s)} writes only to heads in later layers; choose receivers above it.")
-    measure = measure_for(task, metric or task.metric, scratch.device)
+    measure = measure_for(task, metric or task.metric, device)
     effects, span = np.zeros(len(task)), np.zeros(len(task))
     for idx in batches(task, batch_pairs):
-        good, bad_ids, rows = _batch(task, idx, scratch.device)
+        good, bad_ids, rows = _batch(task, idx, device)
         with torch.inference_mode():
             bad = C.run_ids(stack, graph, bad_ids, measure, rows)
             clean = C.run_ids(stack, graph, good, measure, rows)

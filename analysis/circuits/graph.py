@@ -1,5 +1,5 @@
-"""The edges between a language model's nodes, run inside the from-scratch engine: edge attribution (EAP, EAP-IG), exact edge
-patching and a circuit's run.
+"""The edges between a language model's nodes, the torch half of circuits: edge attribution (EAP, EAP-IG), exact
+edge patching and a circuit's run, each one run of the stack with edits (``models.run``).
 
 The residual stream a node reads is the sum of what the nodes before it wrote (the attentions' output biases
 aside, which no corruption changes). The nodes that write (*senders*): the input (the embeddings), each head,
@@ -23,8 +23,9 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from .pairs import Measure
-from .run import Edits, Given
+from models.run import Edits, Given, device_of
+
+from ..effects.batched import Measure
 
 
 @dataclass(frozen=True)
@@ -243,17 +244,13 @@ class GraphEdits:
 
 
 def embeddings(stack, ids: torch.Tensor) -> torch.Tensor:
-    return stack.embed(ids.to(stack_device(stack)))
+    return stack.embed(ids.to(device_of(stack)))
 
 
 @torch.inference_mode()
 def run_ids(stack, graph: Graph, ids: torch.Tensor, measure: Measure, rows: torch.Tensor) -> Run:
     """The model's own run of the prompts ``ids`` ``(B, n)`` through the graph (the base of a circuit's run)."""
     return run_graph(stack, graph, embeddings(stack, ids), measure, rows, ids=ids)
-
-
-def stack_device(stack) -> torch.device:
-    return next(stack.parameters()).device
 
 
 Progress = Callable[[int, int], None]

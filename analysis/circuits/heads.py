@@ -14,11 +14,11 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models import patching as P
+from models.run import language_stack, trace_batch, trace_weights
 
-from .circuits import EdgeScores
-from .task_effects import batches
-from .tasks import Task
+from ..task_effects import batches
+from ..tasks import Task
+from .scores import EdgeScores
 
 PATTERNS = {  # class: (from role, to role)
     "name mover": ("END", "IO"), "S-inhibition": ("END", "S2"), "induction": ("S2", "S1+1"),
@@ -39,14 +39,13 @@ def role_attention(model: AttentionModel, task: Task, sample: int = SAMPLE) -> d
     if missing:
         raise HeadLensError(f"The heads' classes are read between the indirect-object task's roles; this task lacks "
                             f"{', '.join(missing)}.")
-    scratch = model.scratch("The heads' attention between roles is read", language=True)
-    stack = scratch.stack
+    stack = language_stack(model, "The heads' attention between roles is read")
     part = task.subset(range(min(sample, len(task))))
     total = {name: np.zeros((stack.n_layers, stack.n_heads)) for name in PATTERNS}
     for idx in batches(part, 16):
         pairs = [part.pairs[i] for i in idx]
         with torch.inference_mode():
-            weights = P.trace_weights(stack, P.trace_batch(scratch, torch.tensor([p.clean_ids for p in pairs])))
+            weights = trace_weights(stack, trace_batch(model, torch.tensor([p.clean_ids for p in pairs])))
         weights = weights.double().cpu().numpy()                                    # (b, L, H, n, n)
         for name, (a, b) in PATTERNS.items():
             q = np.array([p.role(a) for p in pairs])

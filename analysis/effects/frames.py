@@ -10,7 +10,7 @@ activation taken from the clean run, a head's output ``z`` before the output pro
 residual stream entering a layer, at every position or at one, and reports the share of the logit
 difference it brings back: ``recovered = (LD_patched - LD_corrupted) / (LD_clean - LD_corrupted)``.
 Every edit of one layer runs as one batch, and each copy recomputes only the layers above its edit
-(``models.patching``). Attribution patching (Nanda 2023) estimates every patch at once from one
+(``parts``). Attribution patching (Nanda 2023) estimates every patch at once from one
 forward and one backward pass of the corrupted prompt.
 """
 from __future__ import annotations
@@ -23,10 +23,11 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models import patching as P
+from models.run import language_stack
 
-from .defaults import Pair
-from .traced import Traced, as_traced
+from ..defaults import Pair
+from ..traced import Traced, as_traced
+from . import parts as P
 METHODS = {"exact": "exact patching: the corrupted prompt rerun with each activation patched",
            "attribution": "attribution patching: a first-order estimate from one forward and one backward pass"}
 
@@ -53,7 +54,7 @@ def top_predictions(model: AttentionModel, text: str, k: int = 8) -> list[tuple[
     """The ``k`` most likely next tokens after ``text``: ``(token id, probability)``, most likely first."""
     t = as_traced(model, text)
     with torch.inference_mode():
-        probs = torch.softmax(t.model.stack.logits(t.model.stack.finish(t.trace.resid[-1][-1])).float(), dim=-1)
+        probs = torch.softmax(t.stack.logits(t.stack.finish(t.trace.resid[-1][-1])).float(), dim=-1)
     top = probs.topk(k)
     return [(int(i), float(p)) for i, p in zip(top.indices, top.values)]
 
@@ -83,9 +84,9 @@ def token_text(model: AttentionModel, token: int) -> str:
     return model.tokenizer.decode([int(token)])
 
 
-def _difference(scratch, t: P.Trace, toward: torch.Tensor) -> float:
+def _difference(stack, t: P.Trace, toward: torch.Tensor) -> float:
     with torch.inference_mode():
-        return float(scratch.stack.finish(t.resid[-1][-1]) @ toward)
+        return float(stack.finish(t.resid[-1][-1]) @ toward)
 
 
 def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distractor=None) -> pd.DataFrame:
@@ -98,10 +99,9 @@ def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distr
     bias), and ``answer``, ``distractor``, ``tokens``.
     """
     traced_prompt = as_traced(model, prompt)
-    scratch, t = traced_prompt.model, traced_prompt.trace
-    stack = scratch.stack
-    a = answer_token(scratch, answer)
-    d = None if distractor is None else answer_token(scratch, distractor, "distractor")
+    stack, t = traced_prompt.stack, traced_prompt.trace
+    a = answer_token(model, answer)
+    d = None if distractor is None else answer_token(model, distractor, "distractor")
     toward = P.direction(stack, a, d)
     with torch.inference_mode():
         frozen, constant = stack.frozen_finish(t.resid[-1][-1])
@@ -113,8 +113,8 @@ def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distr
         frame = _frame(share(heads), ("layer", "head"), column="attribution")
         frame.attrs.update(
             embeddings=float(share(t.resid[0][-1])), attention_bias=share(biases).tolist(), mlp=share(mlp).tolist(),
-            final_norm=float(constant @ toward), logit_diff=_difference(scratch, t, toward),
-            answer=token_text(scratch, a), distractor=None if d is None else token_text(scratch, d),
+            final_norm=float(constant @ toward), logit_diff=_difference(stack, t, toward),
+            answer=token_text(model, a), distractor=None if d is None else token_text(model, d),
             tokens=traced_prompt.tokens)
     return frame
 
@@ -128,7 +128,8 @@ def parts_total(frame: pd.DataFrame) -> float:
 
 @dataclass(frozen=True)
 class _Setup:
-    scratch: AttentionModel
+    model: AttentionModel
+    stack: object
     clean: P.Trace
     corrupted: P.Trace
     toward: torch.Tensor
@@ -146,9 +147,9 @@ class _Setup:
 
 
 def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distractor) -> _Setup:
-    scratch = model.scratch("Patching replaces a head's output", language=True)
-    a = answer_token(scratch, answer)
-    d = answer_token(scratch, distractor, "distractor")
+    stack = language_stack(model, "Patching replaces a head's output")
+    a = answer_token(model, answer)
+    d = answer_token(model, distractor, "distractor")
     if a == d:
         raise HeadLensError("The answer and the distractor are the same token; patching compares two.")
     clean, corrupted = as_traced(model, clean, "clean prompt"), as_traced(model, corrupted, "corrupted prompt")
@@ -158,12 +159,12 @@ def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distract
                             f"both need as many tokens: the clean prompt has {len(ids_clean)}, the corrupted one "
                             f"{len(ids_corrupted)}.")
     t_clean, t_corrupted = clean.trace, corrupted.trace
-    toward = P.direction(scratch.stack, a, d)
-    ld_clean, ld_corrupted = _difference(scratch, t_clean, toward), _difference(scratch, t_corrupted, toward)
+    toward = P.direction(stack, a, d)
+    ld_clean, ld_corrupted = _difference(stack, t_clean, toward), _difference(stack, t_corrupted, toward)
     if abs(ld_clean - ld_corrupted) < 1e-6:
         raise HeadLensError(f"The clean and corrupted prompts give the same logit difference ({ld_clean:.3f}), so "
                             "there is nothing for a patch to recover; corrupt the prompt where it decides the answer.")
-    return _Setup(scratch, t_clean, t_corrupted, toward, ld_clean, ld_corrupted, corrupted.tokens)
+    return _Setup(model, stack, t_clean, t_corrupted, toward, ld_clean, ld_corrupted, corrupted.tokens)
 
 
 def _check_method(method: str) -> None:
@@ -182,9 +183,9 @@ def patch_heads(model: AttentionModel, clean: str | Traced, corrupted: str | Tra
     """
     _check_method(method)
     s = _setup(model, clean, corrupted, answer, distractor)
-    L, H, n = s.scratch.n_layers, s.scratch.n_heads, len(s.tokens)
+    L, H, n = s.stack.n_layers, s.stack.n_heads, len(s.tokens)
     if method == "attribution":
-        estimate = P.attribution_estimates(s.scratch, s.clean, s.corrupted, s.toward)[0] / s.span   # (L, H, n)
+        estimate = P.attribution_estimates(s.model, s.clean, s.corrupted, s.toward)[0] / s.span   # (L, H, n)
         values = estimate if per_position else estimate.sum(-1)
     else:
         values = _exact_heads(s, L, H, n, per_position, progress)
@@ -194,10 +195,10 @@ def patch_heads(model: AttentionModel, clean: str | Traced, corrupted: str | Tra
 
 
 def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress) -> np.ndarray:
-    stack = s.scratch.stack
+    stack = s.stack
     if not per_position:
         layers, heads = np.divmod(np.arange(L * H), H)
-        patched = P.patched_differences(s.scratch, s.clean, s.corrupted, layers, heads, np.full(L * H, -1), s.toward,
+        patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, heads, np.full(L * H, -1), s.toward,
                                         progress=progress)
         return ((patched - s.ld_corrupted) / s.span).reshape(L, H)
     values = np.zeros((L, H, n))  # a patch that changes nothing recovers nothing: only differing z's are run
@@ -205,7 +206,7 @@ def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress
              if not torch.equal(s.clean.z[layer][k, p], s.corrupted.z[layer][k, p])]
     if edits:
         layers, heads, positions = (np.array(c) for c in zip(*edits))
-        patched = P.patched_differences(s.scratch, s.clean, s.corrupted, layers, heads, positions, s.toward,
+        patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, heads, positions, s.toward,
                                         progress=progress)
         values[layers, heads, positions] = (patched - s.ld_corrupted) / s.span
     elif progress is not None:
@@ -220,16 +221,16 @@ def patch_residual(model: AttentionModel, clean: str | Traced, corrupted: str | 
     where the information that decides the answer sits, layer by layer)."""
     _check_method(method)
     s = _setup(model, clean, corrupted, answer, distractor)
-    L, n = s.scratch.n_layers, len(s.tokens)
+    L, n = s.stack.n_layers, len(s.tokens)
     if method == "attribution":
-        values = P.attribution_estimates(s.scratch, s.clean, s.corrupted, s.toward)[1] / s.span
+        values = P.attribution_estimates(s.model, s.clean, s.corrupted, s.toward)[1] / s.span
     else:
         values = np.zeros((L, n))
         edits = [(layer, p) for layer in range(L) for p in range(n)
                  if not torch.equal(s.clean.resid[layer][p], s.corrupted.resid[layer][p])]
         if edits:
             layers, positions = (np.array(c) for c in zip(*edits))
-            patched = P.patched_differences(s.scratch, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions,
+            patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions,
                                             s.toward, progress=progress)
             values[layers, positions] = (patched - s.ld_corrupted) / s.span
         elif progress is not None:

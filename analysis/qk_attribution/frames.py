@@ -1,5 +1,5 @@
 """Why a head attends where it does: its score from a query to a key split exactly over (query-side writer,
-key-side writer) pairs (``models.qk_split``), on one prompt or averaged over a task's pairs.
+key-side writer) pairs (``split``), on one prompt or averaged over a task's pairs.
 
     split = qk_attribution(model, "When Mary and John went to the store, John gave a drink to", 23, 3)
     split.pairs().head()        # the writer pairs of the strongest key's score, largest first
@@ -20,12 +20,13 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models import circuits as C
-from models import qk_split as Q
+from models.run import device_of, language_stack
 
-from .significance import interval
-from .task_effects import batches
-from .tasks import Task
+from ..circuits import graph as C
+from ..significance import interval
+from ..task_effects import batches
+from ..tasks import Task
+from . import split as Q
 
 MAX_TOKENS = 512   # a prompt's writers are held at every position: 301 x 512 x 576 floats for SmolLM2 (355 MB)
 GRID = 8           # writers a side that a grid names; the others are summed as "the rest"
@@ -38,12 +39,16 @@ ROLE_PAIRS = {"ioi": ("END", "S2"), "induction": ("END", "FIRST")}  # a task's q
 Progress = Callable[[int, int], None]
 
 
-def scratch_head_graph(model: AttentionModel, layer: int, head: int):
-    scratch = model.scratch("Why a head attends where it does is read", language=True)
+WHAT = "Why a head attends where it does is read"
+
+
+def head_graph(model: AttentionModel, layer: int, head: int):
+    """The stack the split's run goes up and its graph, the head checked to be there."""
+    stack = language_stack(model, WHAT)
     model.heads([(layer, head)])
-    if head not in scratch.stack.kept[layer]:
+    if head not in stack.kept[layer]:
         raise HeadLensError(f"Head {head} of layer {layer} was pruned away: it has no score to split.")
-    return scratch, scratch.stack, C.graph_of(scratch.stack)
+    return stack, C.graph_of(stack)
 
 
 def _softmax(scores: np.ndarray, visible: np.ndarray, softcap: float | None = None) -> np.ndarray:
@@ -162,18 +167,19 @@ def _grid(m: np.ndarray, writers: list[str], n: int) -> tuple[list[str], list[st
     return [writers[i] for i in rows] + [REST], [writers[i] for i in cols] + [REST], out
 
 
-def _ids(scratch: AttentionModel, text: str) -> tuple[torch.Tensor, list[str]]:
-    scratch.token_counts([text], "prompt")
-    ids = scratch._tokenize(text, verbose=False)["input_ids"]
+def _ids(model: AttentionModel, text: str) -> tuple[torch.Tensor, list[str]]:
+    model.token_counts([text], "prompt")
+    ids = model.tokenize(text, verbose=False)["input_ids"]
     if len(ids) > MAX_TOKENS:
         raise HeadLensError(f"The prompt has {len(ids):,} tokens; a score is split on prompts of at most "
                             f"{MAX_TOKENS}.")
-    return torch.tensor([ids], dtype=torch.long), scratch.tokenizer.convert_ids_to_tokens(ids)
+    return torch.tensor([ids], dtype=torch.long), model.tokenizer.convert_ids_to_tokens(ids)
 
 
 def prompt_tokens(model: AttentionModel, text: str) -> list[str]:
     """The tokens ``qk_attribution`` splits ``text`` into (a sentence for a text it does not take)."""
-    return _ids(model.scratch("Why a head attends where it does is read", language=True), text)[1]
+    language_stack(model, WHAT)
+    return _ids(model, text)[1]
 
 
 def _position(at: int, n: int, what: str) -> int:
@@ -187,11 +193,11 @@ def qk_attribution(model: AttentionModel, text: str, layer: int, head: int, quer
                    key: int | None = None) -> QKAttribution:
     """Head ``(layer, head)``'s scores from ``query`` (a token position; -1 the last) to every key, each split
     over (query-side writer, key-side writer) pairs; ``key`` chooses the key the frames read first (default the
-    one the head weighs most). On the from-scratch engine (a language model's from-scratch counterpart)."""
-    scratch, stack, graph = scratch_head_graph(model, layer, head)
-    ids, tokens = _ids(scratch, text)
+    one the head weighs most)."""
+    stack, graph = head_graph(model, layer, head)
+    ids, tokens = _ids(model, text)
     query = _position(query, len(tokens), "query")
-    run = Q.writers_run(stack, graph, ids.to(scratch.device))
+    run = Q.writers_run(stack, graph, ids.to(device_of(stack)))
     sides = Q.head_sides(stack, graph, run, layer, head)
     with torch.inference_mode():
         split = sides.split(query)[:, :, 0].double().cpu().numpy()               # (W, W, query + 1)
@@ -282,7 +288,7 @@ def qk_attribution_task(model: AttentionModel, task: Task, layer: int, head: int
     query_role, key_role = query_role or default[0], key_role or default[1]
     if query_role not in task.roles or key_role not in task.roles:
         raise HeadLensError(f"Choose a query and a key among the task's roles ({', '.join(task.roles)}).")
-    scratch, stack, graph = scratch_head_graph(model, layer, head)
+    stack, graph = head_graph(model, layer, head)
     W = len(Q.writer_names(graph, layer))
     out = {w: np.zeros((len(task), W, W)) for w in ("clean", "corrupted")}
     done = 0
@@ -293,7 +299,7 @@ def qk_attribution_task(model: AttentionModel, task: Task, layer: int, head: int
         if bool((keys > queries).any()):
             raise HeadLensError(f"A pair's {key_role} comes after its {query_role}: a query sees no later key.")
         for which, ids in (("clean", [p.clean_ids for p in pairs]), ("corrupted", [p.corrupted_ids for p in pairs])):
-            run = Q.writers_run(stack, graph, torch.tensor(ids, device=scratch.device))
+            run = Q.writers_run(stack, graph, torch.tensor(ids, device=device_of(stack)))
             with torch.inference_mode():
                 got = Q.head_sides(stack, graph, run, layer, head).at(queries, keys)
             out[which][idx] = got.double().cpu().numpy()

@@ -4,7 +4,7 @@ query and its key read.
 A head's score is ``q · k · scale``. Its query is the head's projection of the normed residual stream at the
 query's position, its key the key/value head's projection of the normed stream at the key's. With every norm's
 scale frozen at its value in the run (the block's input norm; Gemma 3's QK-norm) and the rotary rotation a
-fixed linear map at each position, both are sums over the stream's writers (``models.circuits``' senders: the
+fixed linear map at each position, both are sums over the stream's writers (``analysis.circuits.graph``' senders: the
 input, each earlier head, each earlier MLP) plus a constant (projection and norm biases, the attentions' output
 biases): the score is exactly a sum over (query-side writer, key-side writer) pairs, the constant one of them.
 OLMo-2's norm of the whole query (key) projection is frozen the same way, at every head's projection in the run.
@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import circuits as C
+from models.stacks.norms import frozen
+
+from ..circuits import graph as C
 
 CONSTANT = "biases"  # the writer every side ends with: what no node writes (projection, norm and output biases)
 
@@ -74,26 +76,13 @@ def writers_run(stack, graph: C.Graph, ids: torch.Tensor) -> C.Run:
                            ids=ids)
 
 
-def _frozen_norm(norm, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """A norm of ``x`` ``(..., E)`` with its scale frozen: ``(gain, centre, per-vector scale (..., 1))`` such that
-    ``norm(x) = (centred x) * scale * gain + bias``; ``centre`` is True for a LayerNorm (the mean taken out)."""
-    if norm is None:  # no norm before the attention (OLMo-2): the stream as it is
-        return 1.0, None, 1.0
-    if hasattr(norm, "inverse_rms"):  # RMSNorm: Llama's weight, Gemma's 1 + weight
-        return norm.gain().to(x.dtype), None, norm.inverse_rms(x).to(x.dtype)
-    if isinstance(norm, torch.nn.LayerNorm):
-        scale = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
-        return norm.weight.to(x.dtype), (None if norm.bias is None else norm.bias.to(x.dtype)), scale
-    raise TypeError(f"HeadLens cannot freeze a {type(norm).__name__}.")
-
-
 def _side(norm, weight: torch.Tensor, bias: torch.Tensor | None, parts: torch.Tensor,
           x: torch.Tensor) -> torch.Tensor:
     """``(writers + 1, B, n, Dh)``: a projection ``weight`` ``(Dh, E)`` (``bias`` ``(Dh,)``) of the norm of the stream
     ``x`` ``(B, n, E)`` split over ``parts`` ``(writers, B, n, E)`` (summing to ``x`` less a constant) with the norm's
     scale frozen at ``x``'s; the last row is the constant (the stream's unwritten part, the norm's and the projection's
     biases)."""
-    gain, norm_bias, scale = _frozen_norm(norm, x)
+    gain, norm_bias, scale = frozen(norm, x)
     w = weight.to(x.dtype) * gain                                                   # (Dh, E)
     if isinstance(norm, torch.nn.LayerNorm):  # centring each part is centring the weight's rows
         w = w - w.mean(-1, keepdim=True)
@@ -112,7 +101,7 @@ def _qk_norm(norm, side: torch.Tensor) -> torch.Tensor:
     """A head-dimension norm (QK-norm) of a split side, its scale frozen at the whole vector's."""
     if norm is None:
         return side
-    gain, _, scale = _frozen_norm(norm, side.sum(0))
+    gain, _, scale = frozen(norm, side.sum(0))
     return side * scale * gain
 
 
@@ -129,8 +118,8 @@ def head_sides(stack, graph: C.Graph, run: C.Run, layer: int, head: int) -> Head
     x = run.reads[first]                                                          # (B, n, E)
     parts = run.outs[:m].to(x.dtype)                                              # (writers, B, n, E)
     (wq, bq), (wk, bk), _ = attn.head_projections()
-    q = _side(block.ln_attn, wq[i], None if bq is None else bq[i], parts, x)
-    k = _side(block.ln_attn, wk[g], None if bk is None else bk[g], parts, x)
+    q = _side(block.attention_norm, wq[i], None if bq is None else bq[i], parts, x)
+    k = _side(block.attention_norm, wk[g], None if bk is None else bk[g], parts, x)
     if attn.q_norm is not None and attn.qk_norm_over == "projection":  # OLMo-2: over every head's projection
         h = block.attention_input(x)
         whole_q, whole_k, _ = attn.project(h, h, h)

@@ -1,4 +1,5 @@
-"""What each head contributes to a prediction, computed inside the from-scratch engine's stack (TransformerLens's vocabulary).
+"""What each head contributes to a prediction, the torch half of patching, read from a prompt's run with edits
+(``models.run``; TransformerLens's vocabulary).
 
 A pre-norm decoder's last residual is the sum of what wrote into it: the embeddings, each head's
 ``result`` (its output ``z`` through its slice of the output projection), each attention's bias and each
@@ -16,13 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .pairs import Measure, attribution_batch, patched_measures
-from .run import Trace, as_batch, language_stack, trace, trace_batch, trace_weights
+from models.run import Trace, as_batch, language_stack, trace, trace_batch, trace_weights
+
+from .batched import Measure, attribution_batch, patched_measures
 
 __all__ = ["Trace", "trace", "trace_batch", "language_stack", "trace_weights", "head_results", "result_norms",
            "attention_biases", "direction", "patched_differences", "attribution_estimates", "head_values",
            "output_columns", "head_writes", "Shares", "shares"]
-from .stacks.heads import place_heads
 
 Progress = Callable[[int, int], None]
 
@@ -34,10 +35,10 @@ def _layer_results(stack, t: Trace, layer: int, position) -> torch.Tensor | None
     block, kept = stack.layers[layer], stack.kept[layer]
     if not kept:
         return None
-    w_out = block.attn.out_proj.weight.view(-1, len(kept), block.attn.head_dim)       # (E, kept, Dh)
+    w_out = block.attn.output_columns()                                               # (E, kept, Dh)
     z = t.z[layer].movedim(-2, -3)[..., position, :, :]                                # (..., [n,] kept, Dh)
     results = torch.einsum("...hd,ehd->...he", z, w_out)
-    bias = block.attn.out_proj.bias
+    bias = block.attn.output_bias
     scale = block.attention_scale(results.sum(-2) + (0 if bias is None else bias))
     return results if scale is None else results * scale.unsqueeze(-2)
 
@@ -73,8 +74,7 @@ def attention_biases(stack, like: torch.Tensor) -> torch.Tensor:
     """``(layers, E)``: each attention's output bias, added once whatever its heads do (zeros without one; a
     model whose blocks norm the attention's output has none)."""
     zero = torch.zeros_like(like)
-    return torch.stack([zero if block.attn.out_proj.bias is None else block.attn.out_proj.bias
-                        for block in stack.layers])
+    return torch.stack([zero if block.attn.output_bias is None else block.attn.output_bias for block in stack.layers])
 
 
 def direction(stack, answer: int, distractor: int | None) -> torch.Tensor:
@@ -92,7 +92,7 @@ def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarra
     Edit ``i`` puts at layer ``layers[i]`` the clean run's ``z`` of head ``heads[i]`` (or, where that is
     -1, the clean residual entering the layer), at position ``positions[i]`` (or, where that is -1, at
     every position). Copies run together from the layer of their edit up, a chunk of copies at a time, and only
-    the tokens after those the two prompts share (``models.pairs.patched_measures``, for one pair).
+    the tokens after those the two prompts share (``batched.patched_measures``, for one pair).
     """
     measure = Measure("direction", torch.zeros(1, 0, dtype=torch.long), toward.view(1, -1))
     return patched_measures(model, as_batch(clean), as_batch(corrupted), measure, torch.zeros(1, dtype=torch.long),
@@ -103,7 +103,7 @@ def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarra
 def attribution_estimates(model, clean: Trace, corrupted: Trace, toward: torch.Tensor):
     """Attribution patching (Nanda 2023): the corrupted prompt's gradient of ``toward`` with respect to every
     head's ``z`` and every ``resid_pre``, in one forward and one backward pass, times the clean minus the
-    corrupted activation: a first-order estimate of each patch (``models.pairs.attribution_batch``, for one pair).
+    corrupted activation: a first-order estimate of each patch (``batched.attribution_batch``, for one pair).
 
     Returns ``(heads, resid)``: ``(layers, heads, n)`` (zero for a pruned head) and ``(layers, n)`` float64.
     No gradient is left on the model's parameters.
@@ -128,8 +128,7 @@ def head_values(block, x: torch.Tensor) -> torch.Tensor:
 
 def output_columns(block) -> torch.Tensor:
     """``(kept heads, E, Dh)``: each head's columns of the output projection."""
-    attn = block.attn
-    return attn.out_proj.weight.view(-1, attn.num_heads, attn.head_dim).transpose(0, 1)
+    return block.attn.output_columns().transpose(0, 1)
 
 
 def head_writes(block, x: torch.Tensor) -> torch.Tensor:
@@ -185,7 +184,7 @@ def shares(model, t: Trace, weights: torch.Tensor) -> Shares:
         x, after = t.resid[layer].unsqueeze(0), t.resid[layer + 1]              # (1, n, E), (n, E)
         A = weights[layer][kept].to(x.dtype)                                   # (kept, n, n)
         writes = head_writes(block, x[0])                                      # (kept, n, E)
-        bias = block.attn.out_proj.bias
+        bias = block.attn.output_bias
         bias = torch.zeros_like(x[0, 0]) if bias is None else bias
         a = torch.einsum("hij,hje->ie", A, writes) + bias                      # (n, E): the attention's output
         scale = block.attention_scale(a)                                       # a norm on it, frozen (Gemma 3)

@@ -18,11 +18,12 @@ import torch
 from scipy import stats
 
 from models import AttentionModel, HeadLensError
-from models import qk_split as Q
+from models.run import device_of
 
-from .detector import detector_labels, repeated_sequences
-from .qk_attribution import scratch_head_graph
-from .significance import LEVEL
+from ..detector import detector_labels, repeated_sequences
+from ..significance import LEVEL
+from . import split as Q
+from .frames import head_graph
 
 PROMPTS, LENGTH, BATCH = 50, 20, 8
 
@@ -68,9 +69,9 @@ def induction_key_writers(model: AttentionModel, detector: pd.DataFrame, *, prom
     heads = [h for h, label in labels.items() if label == "induction"] if heads is None else heads
     if not heads:
         raise HeadLensError(f"The detector names no induction head in {model.name}.")
-    scratch, stack, graph = scratch_head_graph(model, *heads[0])
-    texts = repeated_sequences(scratch.tokenizer, prompts, length, seed)
-    rows = [scratch._tokenize(t, verbose=False)["input_ids"] for t in texts]
+    stack, graph = head_graph(model, *heads[0])
+    texts = repeated_sequences(model.tokenizer, prompts, length, seed)
+    rows = [model.tokenize(t, verbose=False)["input_ids"] for t in texts]
     if len({len(r) for r in rows}) != 1:
         raise HeadLensError("The repeated sequences did not come back from the tokenizer at one length.")
     n = len(rows[0])
@@ -78,7 +79,7 @@ def induction_key_writers(model: AttentionModel, detector: pd.DataFrame, *, prom
     queries = range(start + length, n - 1)                    # the second copy but its last token
     out = []
     for b in range(0, prompts, BATCH):
-        ids = torch.tensor(rows[b:b + BATCH], device=scratch.device)
+        ids = torch.tensor(rows[b:b + BATCH], device=device_of(stack))
         run = Q.writers_run(stack, graph, ids)
         for layer, head in heads:
             names, nodes = Q.writer_names(graph, layer), Q.writer_nodes(graph, layer)
