@@ -10,7 +10,8 @@ from scipy.stats import spearmanr
 
 from analysis import make_view
 from analysis.detector import DETECTORS
-from analysis.effects import Pair, grid
+from analysis.defaults import Pair
+from analysis.effects import grid
 from analysis.routes import THRESHOLD, flow_graph, flow_heads, strongest_route
 from analysis.views import token_label
 from models import AttentionModel, head_label
