@@ -109,3 +109,30 @@ def strongest(values: np.ndarray, higher: bool = True) -> np.ndarray:
     order = np.argsort(filled, kind="stable")
     return order[::-1] if higher else order
 
+
+
+TELLING_DETECTORS = ("induction", "previous_token", "duplicate_token")  # a decoder's roles, most telling first
+TELLING_FOCI = ("object", "relation", "sentence_type", "sentiment")       # an encoder's, the seed's foci
+
+
+def telling_head(profile: pd.DataFrame | None, detector: pd.DataFrame | None = None) -> tuple[int, int, str] | None:
+    """The head that says most of what the model's heads do, a card's first: ``(layer, head, role)``. With the head
+    detector's frame (a decoder's), the head labelled with its first role of ``TELLING_DETECTORS`` whose score's lower
+    bound is highest (SmolLM2's induction head); else, from a profile, the head labelled with the first of the
+    seed's foci (``TELLING_FOCI``) whose lift's lower bound is highest (all-MiniLM-L6-v2's object head). None when no
+    head carries one of those labels."""
+    if detector is not None:
+        for name in TELLING_DETECTORS:
+            label = name.replace("_", " ")  # the detector's label (``detector.DETECTOR_LABELS``)
+            found = detector[detector["label"] == label]
+            if len(found):
+                row = found.loc[found[f"{name}_lo"].idxmax()]
+                return int(row["layer"]), int(row["head"]), f"the {label} head"
+    if profile is not None:
+        labels = profile["label"] if "label" in profile else label_heads(profile)
+        for focus in TELLING_FOCI:
+            found = profile[labels == FOCUS_LABELS[focus]]
+            if len(found):
+                row = found.loc[found[f"{focus}_lift_lo"].idxmax()]
+                return int(row["layer"]), int(row["head"]), f"the {FOCUS_NAMES[focus].lower()} head"
+    return None

@@ -3,13 +3,11 @@ import streamlit as st
 
 from analysis.atlas import METRICS, atlas_frame, head_map, metrics_of
 from app_pages.results.card import atlas, card_parts, decoder
-from app_pages.results.later import note_pending
 from app_pages.results.models import ModelRef
 from app_pages.ui.card import same_kind
 from app_pages.ui.card_links import click_picks_head
 from app_pages.ui.exports import chart
-from app_pages.ui.models import model_for
-from app_pages.ui.settings import settings
+from app_pages.ui.page import note_first, start
 from app_pages.ui.state import bound, choose, flag
 from models.catalog import CATALOG, bundled
 from viz.atlas import atlas_scatter
@@ -17,19 +15,13 @@ from viz.atlas import atlas_scatter
 PLOTS = {"measures": "Two measures", "map": "A map of them all"}
 NONE = "none"
 
-s = settings()
-ref = s.model
-st.title("Atlas")
+s, ref = start("atlas")
 st.caption("Every head of the model as one point, placed by the measures its card reports (over the built-in corpus, "
            "and for a decoder the head detector, the built-in pairs and the task); a click on a point opens its "
            "card.")
-if model_for(ref).encoder_decoder:
-    st.info("The atlas reads an encoder or a decoder; this model has both. Choose another in the sidebar.")
-    st.stop()
 frames = {ref.title: (ref, atlas_frame(card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False,
                                                  first=True)))}
-note_pending("A first atlas: the measures the server has prepared so far. The rest are being prepared for every "
-             "session and join it here when they are ready.")  # on a cold server
+note_first()  # on a cold server
 others = [b for b in CATALOG if bundled(ref.choice) is None or b.key != bundled(ref.choice).key]
 if others and bound(st.toggle, "atlas_beside", False, cast=flag, label="Beside another bundled model",
                     help="The other model's heads placed by the same measures, its points beside these (the first "

@@ -7,9 +7,8 @@ from analysis import circuits as AC
 from app_pages.results.circuits import circuit_at, circuit_curve
 from app_pages.ui import circuit_view as view
 from app_pages.ui.circuits import pick_circuit, pick_edges, scores_or_stop
-from app_pages.ui.models import decoder_or_stop
-from app_pages.ui.settings import settings
 from app_pages.ui.effects_task import problems
+from app_pages.ui.page import start
 from app_pages.ui.tasks import task_or_stop
 from app_pages.ui.why import circuit_why
 
@@ -20,12 +19,8 @@ ABOUT = ("Patching says which heads matter; a circuit says how they connect. Eve
          "corrupted input); the top edges are then run as a circuit, every other edge corrupted, and its metric "
          "set against the whole model's: its faithfulness.")
 
-s = settings()
-st.title("Circuits")
+s, ref = start("circuits")
 st.caption(ABOUT)
-# the same weights on the from-scratch engine, which runs each edge on its own
-ref, _ = decoder_or_stop(s.model, f"Circuits run between a language model's heads up to its logits, and "
-                                  f"{s.model.title} has no logits")
 choice = pick_circuit()
 # on a cold server, the first form (EAP over a few pairs) while the preparation computes this choice's
 _, spec, metric, method, steps, kinds, *sizes = circuit_curve.now(ref, *choice.args, choice.kinds)

@@ -1,20 +1,19 @@
 """Compare: one to four (model, sentence, layer, head) picks side by side on one colour scale."""
 import streamlit as st
 
+from app_pages.results.models import CUSTOM
 from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button
 from app_pages.ui.exports import chart, exports
-from app_pages.results.models import CUSTOM
 from app_pages.ui.models import model_for, model_names, ref_for
+from app_pages.ui.page import start
 from app_pages.ui.pickers import pick_full_resolution, pick_layer, pick_sentence
-from app_pages.ui.settings import settings
 from app_pages.ui.state import bound, choose
 from app_pages.ui.views import causal_note, view
 from models import head_label
 from viz import head_heatmap
 
-s = settings()
-st.title("Compare")
+s, _ = start("compare")
 n = bound(st.segmented_control, "picks", 2, init="default", options=[1, 2, 3, 4], cast=int, label="Picks",
           required=True)
 MODELS = model_names()

@@ -2,8 +2,8 @@
 import streamlit as st
 
 from app_pages.ui.effects_view import show
-from app_pages.ui.models import decoder_or_stop
-from app_pages.ui.settings import settings
+from app_pages.ui.models import model_for
+from app_pages.ui.page import start
 
 ABOUT = ("Which heads make this prediction? Direct logit attribution splits the clean prompt's logit difference, "
          "logit(answer) − logit(distractor) at its last token, into what each head writes there, read through the "
@@ -11,10 +11,7 @@ ABOUT = ("Which heads make this prediction? Direct logit attribution splits the 
          "model's own difference. Activation patching runs the corrupted prompt with one head's output taken from the "
          "clean run and reports the share of the difference that comes back: 1 brings the clean answer back whole, "
          "0 changes nothing, below 0 pushes further away.")
-s = settings()
-st.title("Effects")
+s, ref = start("effects")
 st.caption(ABOUT)
-# the same weights on the from-scratch engine, which reads and patches each head
-ref, model = decoder_or_stop(s.model, f"Effects are read through a language model's unembedding, and "
-                                      f"{s.model.title} has none")
+model = model_for(ref)
 show(s, ref, model)

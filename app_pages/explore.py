@@ -4,19 +4,26 @@ import streamlit as st
 
 from analysis import head_stats, special_share
 from app_pages.ui.attention import attention
-from app_pages.ui.card_links import card_button, card_url
+from app_pages.ui.card_links import card_button, card_url, start_here
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import explore_long
-from app_pages.ui.pickers import pick_full_resolution, pick_head, pick_heads, pick_layer, pick_sentence, title_for
-from app_pages.ui.settings import settings
+from app_pages.ui.page import start
+from app_pages.ui.pickers import (
+    pick_full_resolution,
+    pick_head,
+    pick_heads,
+    pick_layer,
+    pick_sentence,
+    title_for,
+)
 from app_pages.ui.views import causal_note, special_words, view
 from app_pages.ui.why import explore_clicks, explore_why
 from models import head_label
 from models.long import LongAttention
 from viz import head_grid, head_heatmap
 
-s = settings()
-st.title("Explore")
+s, _ = start("explore")
+start_here(s.model, s.causal, s.heads_off)
 top = st.columns([3, 1, 1])
 att = attention(s, pick_sentence(s, container=top[0]), long=True)
 layer = pick_layer(att.n_layers, container=top[1], windows=att.windows)

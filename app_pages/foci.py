@@ -4,24 +4,22 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis import FOCI, FOCUS_NAMES, focus_tokens, make_view, received
+from analysis import FOCI, FOCUS_NAMES, focus_tokens, long_view, make_view, received
 from analysis.views import set_aside
 from app_pages.ui.attention import attention
 from app_pages.ui.exports import chart
 from app_pages.ui.long import passage, run_layers
+from app_pages.ui.page import start
 from app_pages.ui.pickers import pick_sentence
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile
-from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, head_from_url, head_to_url
-from analysis import long_view
 from models import head_label
 from models.long import LongAttention
 from viz import text_shading
 
 LINE_CHARS = 46  # characters a line of shaded text holds in the right-hand column at a 1024 px window
 
-s = settings()
-st.title("Foci")
+s, _ = start("foci")
 st.caption(f"{CONTENT_ATTENTION} Each focus names the head whose content attention lifts that class of words "
            "most above what uniform attention would give, measured over the profiled sentences; its 95% interval "
            "is a bootstrap over them.")

@@ -2,32 +2,29 @@
 import streamlit as st
 
 from app_pages.results.messages import stop_with
-from app_pages.results.models import DECODERS, cached_model
+from app_pages.results.models import cached_model
 from app_pages.ui.attention import attention
 from app_pages.ui.exports import chart
 from app_pages.ui.generation import continuations, generated_from
-from app_pages.ui.models import model_for
+from app_pages.ui.page import start
 from app_pages.ui.pickers import pick_layer, pick_sentence, title_for
-from app_pages.ui.settings import settings
 from app_pages.ui.state import choose
 from app_pages.ui.views import view
 from models import HeadLensError
 from viz import text_shading
 
-s = settings()
-st.title("Generate")
-scratch = s.model.editable()
-if scratch is None or not hasattr(model_for(scratch), "generate"):
-    st.info(f"Generation is for decoders: choose a bundled decoder ({DECODERS}, either engine) or a decoder "
-            "trained on the Train page in the sidebar.")
+s, scratch = start("generate")
+if not hasattr(cached_model(scratch), "generate"):  # a custom model on the transformers engine
+    st.info("Generation runs on the from-scratch engine: choose the custom model on the from-scratch engine in the "
+            "sidebar.")
     st.stop()
 st.caption("The model continues the sentence one token at a time, as it is written here. Every page then shows the "
            "sentence with its continuation, each generated token marked ▸; pick one below, or as the query on Text, "
            "to see what it looked at. It runs on the from-scratch engine with the sidebar model's weights.")
 kept = continuations()
 text = pick_sentence(s)
-start = generated_from(text)  # a sentence already continued: continue its prompt again
-prompt = text if start is None else text[:start]
+begun = generated_from(text)  # a sentence already continued: continue its prompt again
+prompt = text if begun is None else text[:begun]
 a, b, c = st.columns([2, 2, 1], vertical_alignment="bottom")
 n = a.slider("Tokens to generate", 1, 64, 32, key="gen_tokens")
 temperature = b.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, key="gen_temperature",
@@ -54,7 +51,7 @@ if st.button("Remove the continuation", key="gen_clear"):
 
 att = attention(s, prompt + kept[prompt])
 v = view(s, att)
-generated = [i for i, (start, _) in enumerate(v.query_spans) if att.generated[start]]
+generated = [i for i, (first, _) in enumerate(v.query_spans) if att.generated[first]]
 if not generated:
     st.info("The model ended the text at once: there is no generated token to look at.")
     st.stop()

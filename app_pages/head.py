@@ -3,12 +3,12 @@ import streamlit as st
 
 from analysis.atlas import atlas_frame, heads_like
 from analysis.head_card import card_from
-from app_pages.results.card import card_parts, decoder
-from app_pages.results.later import note_pending
+from app_pages.results.card import card_parts, decoder, telling
 from app_pages.results.tasks import FIRST
 from app_pages.ui import card_view as view
 from app_pages.ui.card import same_kind, stored_atlas
 from app_pages.ui.models import model_for
+from app_pages.ui.page import note_first, start
 from app_pages.ui.pickers import pick_sentence
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, head_from_url, head_to_url
@@ -21,18 +21,16 @@ ref = s.model
 model = model_for(ref)
 picks = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
 top = st.columns([1, 3])
-layer, head = choose("Head", picks, "head", container=top[0], cast=head_from_url, to_url=head_to_url,
-                     format_func=lambda h: head_label(*h))
-st.title(f"{head_label(layer, head)} · {ref.title}")
-if model.encoder_decoder:
-    st.info("A head's card reads an encoder or a decoder; this model has both, and the card does not say which part "
-            "a head is in. Open its heads on Explore or Compare.")
-    st.stop()
+# a card opens on the model's most telling head (its strongest induction or object head), once the detector or the
+# profile it is read from is there: a decoder's is prepared, an encoder's takes seconds and the card reads it too
+opening = None if model.encoder_decoder else telling(ref, s.causal, s.heads_off)
+layer, head = choose("Head", picks, "head", default=None if opening is None else opening[:2], container=top[0],
+                     cast=head_from_url, to_url=head_to_url, format_func=lambda h: head_label(*h))
+start("head", s=s, title=f"{head_label(layer, head)} · {ref.title}")
 # a bundled decoder's importance is prepared (2 s if not yet); every head's queries-and-keys picture (45 s) and an
 # encoder's importance (a minute) are shown once computed, on their pages or a button here
 parts = card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False, first=True)
-note_pending("A first card: what the server has prepared so far. The rest is being prepared for every session "
-             "and joins the card here when it is ready.")  # on a cold server
+note_first()  # on a cold server
 card = card_from(parts, ref.title, layer, head)
 others, choices = {}, {ref.title: ref.choice}
 for key in same_kind(ref):

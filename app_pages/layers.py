@@ -1,18 +1,17 @@
 """Across layers: which input tokens an output position draws on, by attention rollout and flow."""
 import streamlit as st
 
-from analysis import FLOW_MAX_TOKENS, rollout
+from analysis import FLOW_MAX_TOKENS, long_view, rollout
 from app_pages.results.messages import stop_with
 from app_pages.results.shared import Named
 from app_pages.results.views import view_flow
 from app_pages.ui.attention import attention
 from app_pages.ui.exports import chart
 from app_pages.ui.long import layers_long
+from app_pages.ui.page import start
 from app_pages.ui.pickers import pick_query, pick_sentence, title_for
-from app_pages.ui.settings import settings
 from app_pages.ui.state import bound
 from app_pages.ui.views import causal_note, view
-from analysis import long_view
 from models import HeadLensError
 from models.long import LongAttention
 from viz import head_heatmap, text_shading
@@ -28,8 +27,7 @@ def range_to_url(window) -> str:
     return f"{window[0]}-{window[1]}"
 
 
-s = settings()
-st.title("Across layers")
+s, _ = start("layers")
 st.caption("One head's weights say where a layer looks, not which input tokens reach a position once several "
            "layers have mixed them. Rollout multiplies the layers' attention (each with the skip connection "
            "added), flow takes the most that can pass from an output token down to each input token "

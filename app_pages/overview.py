@@ -7,8 +7,8 @@ from app_pages.results.long import surveyed
 from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button
 from app_pages.ui.exports import chart, exports
+from app_pages.ui.page import start
 from app_pages.ui.pickers import pick_sentence, title_for
-from app_pages.ui.settings import settings
 from app_pages.ui.state import open_page
 from app_pages.ui.views import causal_note, view
 from models.long import LongAttention
@@ -21,8 +21,7 @@ def open_in_explore(layer: int, head: int) -> None:
     st.rerun()
 
 
-s = settings()
-st.title("Overview")
+s, _ = start("overview")
 att = attention(s, pick_sentence(s), long=True)
 title = title_for(att, f"All {att.n_layers} layers × {att.n_heads} heads")
 if isinstance(att, LongAttention):

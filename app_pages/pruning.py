@@ -11,19 +11,32 @@ from analysis.importance import importance_by_role, most_important_with_a_later_
 from analysis.pruning import curve_summary, prune_counts
 from app_pages.results.messages import stop_with
 from app_pages.results.models import TRANSFORMERS
-from app_pages.results.pruning import curves, importance, measure_of, proxy_table, switched_off
+from app_pages.results.pruning import (
+    curves,
+    importance,
+    measure_of,
+    proxy_table,
+    switched_off,
+)
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.models import model_for
+from app_pages.ui.page import start
 from app_pages.ui.profiles import profile
-from app_pages.ui.pruning import ABOUT, MEASURES, METHODS, correlations, curves_csv, pruned_zip, pruning_sentences, scratch_or_stop, show_point
-from app_pages.ui.settings import settings
+from app_pages.ui.pruning import (
+    ABOUT,
+    MEASURES,
+    METHODS,
+    correlations,
+    curves_csv,
+    pruned_zip,
+    pruning_sentences,
+    show_point,
+)
 from app_pages.ui.state import bound, head_from_url, head_to_url
 from models import HeadLensError, head_label
 from viz.pruning import head_values_grid, pruning_curves
 
-s = settings()
-st.title("Pruning")
-ref = scratch_or_stop(s)
+s, ref = start("pruning")
 measure = measure_of(ref)
 st.caption(ABOUT["page"] if measure == "embedding" else ABOUT["llm"])
 model = model_for(ref)

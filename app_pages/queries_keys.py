@@ -9,8 +9,8 @@ from app_pages.results.qk import pictures
 from app_pages.ui.card_links import card_button
 from app_pages.ui.exports import chart
 from app_pages.ui.models import model_for
+from app_pages.ui.page import start
 from app_pages.ui.qk import METHODS, pick_corpus, within_tokens
-from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, fresh_click, preset
 from models import head_label
 from viz import head_heatmap
@@ -29,13 +29,7 @@ ABOUT = (
     "of the fit. A pink ground marks a head where either share is below one half: do not read it by nearness.")
 
 
-s = settings()
-st.title("Queries & keys")
-ref = s.model.editable()
-if ref is None:
-    st.info("Queries and keys are read inside HeadLens's own attention. Choose a model the from-scratch engine "
-            "runs (a bundled model, the untrained encoder or your trained decoder).")
-    st.stop()
+s, ref = start("queries_keys")
 model = model_for(ref)
 with st.expander("What this picture shows", expanded=False):
     st.markdown(ABOUT)

@@ -8,16 +8,15 @@ from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button, click_picks_head
 from app_pages.ui.detector import show_decoder_heads
 from app_pages.ui.exports import chart, exports
+from app_pages.ui.page import start
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile, profile_file
 from app_pages.ui.roles import similar, strongest_in_document, strongest_sentences
-from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, head_from_url, head_to_url
 from models import head_label
 from models.corpus import DEFAULT_TEXT
 from viz import role_grid, text_shading
 
-s = settings()
-st.title("Head roles")
+s, _ = start("roles")
 profiled = page_profile(s)
 frame = profiled.frame
 

@@ -1,19 +1,24 @@
 """Text: the sentence itself, each token shaded by the attention it receives."""
 import streamlit as st
 
+from analysis import long_view
 from app_pages.ui.attention import attention
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import text_long
-from app_pages.ui.pickers import pick_head, pick_layer, pick_query, pick_sentence, title_for
-from app_pages.ui.settings import settings
+from app_pages.ui.page import start
+from app_pages.ui.pickers import (
+    pick_head,
+    pick_layer,
+    pick_query,
+    pick_sentence,
+    title_for,
+)
 from app_pages.ui.views import view
-from analysis import long_view
 from models import head_label
 from models.long import LongAttention
 from viz import text_shading
 
-s = settings()
-st.title("Text")
+s, _ = start("text")
 top = st.columns([3, 1, 1, 2])
 att = attention(s, pick_sentence(s, container=top[0]), long=True)
 layer = pick_layer(att.n_layers, container=top[1], windows=att.windows)

@@ -1,18 +1,23 @@
 """Tokens: BertViz's head view, lines from a query token to the keys it attends to."""
 import streamlit as st
 
+from analysis import long_view
 from app_pages.ui.attention import attention
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import tokens_long
-from app_pages.ui.pickers import pick_heads, pick_layer, pick_query, pick_sentence, title_for
-from app_pages.ui.settings import settings
+from app_pages.ui.page import start
+from app_pages.ui.pickers import (
+    pick_heads,
+    pick_layer,
+    pick_query,
+    pick_sentence,
+    title_for,
+)
 from app_pages.ui.views import view
-from analysis import long_view
 from models.long import LongAttention
 from viz import token_lines
 
-s = settings()
-st.title("Tokens")
+s, _ = start("tokens")
 top = st.columns([3, 1, 2])
 att = attention(s, pick_sentence(s, container=top[0]), long=True)
 layer = pick_layer(att.n_layers, container=top[1], windows=att.windows)

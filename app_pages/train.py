@@ -2,18 +2,27 @@
 import streamlit as st
 
 from app_pages.results.messages import plain
-from app_pages.results.models import TRAINED
+from app_pages.results.models import TRAINED, current_job, trained_job
 from app_pages.ui.exports import chart, model_zip
+from app_pages.ui.page import start
 from app_pages.ui.state import bound, flag, open_page
-from app_pages.results.models import current_job, trained_job
-from app_pages.ui.training import ABOUT, DEFAULTS, MAX_RUNNING, MAX_SECONDS, TASK_NAMES, snapshot_grids, start_job, summary
+from app_pages.ui.training import (
+    ABOUT,
+    DEFAULTS,
+    MAX_RUNNING,
+    MAX_SECONDS,
+    TASK_NAMES,
+    snapshot_grids,
+    start_job,
+    summary,
+)
 from models import HeadLensError
 from models.training import LIMITS, TASKS, TrainConfig
 from viz.training import training_curves
 
 ss = st.session_state
 
-st.title("Train")
+start("train")
 st.caption("A decoder of pre-LayerNorm blocks, on HeadLens's own multi-head attention, learns here while you watch. "
            "On the induction task, a previous-token head forms in the first layer and an induction head above it "
            "(attending to the token after the earlier occurrence of the current one), in an abrupt phase change "

@@ -60,7 +60,7 @@ def circuit_heads(scores: EdgeScores, n: int, attention: dict[str, np.ndarray], 
     counts for the heads of the group that are in): its edges' summed |score| in and out, each pattern's attention
     (``role_attention``), its copying and suppression (``analysis.vocabulary.copying_scores``) and detector label
     (``analysis.detector``) when given, and its class."""
-    from .detector import detector_labels
+    from ..detector import detector_labels
 
     g = scores.graph
     frame = scores.frame(n, kinds)

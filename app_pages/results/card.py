@@ -16,6 +16,7 @@ from analysis.atlas import atlas_frame
 from analysis.cards import assemble
 from analysis.defaults import FIRST_TASK_NAME, PAIRS
 from analysis.head_card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
+from analysis.labels import telling_head
 from analysis.task_effects import table
 from models.corpus import CORPUS, corpus_sample
 
@@ -50,6 +51,18 @@ def writes(ref: ModelRef, causal: bool, heads_off: tuple) -> Writes:
     found = corpus_writes(cached_model(ref.analysed), [a.text for a in attentions], progress=bar)
     bar.empty()
     return found
+
+
+def telling(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, compute: bool = True):
+    """``(layer, head, role)`` of the head a card of ``ref``'s model opens on (``analysis.labels.telling_head``): a
+    bundled decoder's strongest induction head from its detector, another model's strongest object head from its
+    Head roles profile; None when none is labelled so, or (``compute`` False) while neither result is ready."""
+    if decoder(ref):
+        found = detected(ref) if compute else detected.peek(ref)
+        return None if found is None else telling_head(None, found)
+    args = (ref, causal, heads_off, list(CORPUS))
+    found = corpus_profile(*args) if compute else corpus_profile.peek(*args)
+    return None if found is None else telling_head(found[0])
 
 
 def importance_args(ref: ModelRef) -> tuple:

@@ -7,6 +7,8 @@ import streamlit as st
 
 from models import head_label
 
+from ..results.card import telling
+from ..results.models import ModelRef
 from .state import click_head, fresh_click, head_of, open_page
 
 HEAD_PAGE = "app_pages/head.py"
@@ -35,6 +37,18 @@ def card_button(layer: int, head: int, key: str, container=st, choice: str | Non
     container.button(label or f"{head_label(layer, head)}'s card", key=key, icon=":material/badge:",
                      on_click=open_card, args=(layer, head, choice), help="Everything HeadLens measures of this head, "
                      "on one page.")
+
+
+def start_here(ref: ModelRef, causal: bool, heads_off: tuple, container=st) -> None:
+    """The home page's one click to a card: the model's most telling head (``results.card.telling``), named once the
+    detector or the profile it is read from is ready; until then the Head page finds it."""
+    found = telling(ref, causal, heads_off, compute=False)
+    if found is None:
+        container.page_link(HEAD_PAGE, label="Start with one head: the model's most telling one, on its card",
+                            icon=":material/badge:")
+        return
+    layer, head, role = found
+    card_button(layer, head, "home-card", container, label=f"Start with one head: {head_label(layer, head)}, {role}")
 
 
 def click_picks_head(event, key: str, figure, n_heads: int | None, *, picker: str | None = None,

@@ -8,7 +8,7 @@ from models import AttentionModel, HeadLensError
 from models.catalog import bundled
 
 from ..results.messages import stop_with
-from ..results.models import CUSTOM, DECODERS, LLM, MODELS, TRAINED, ModelRef, cached_model, check_custom_folder
+from ..results.models import CUSTOM, LLM, MODELS, TRAINED, ModelRef, cached_model, check_custom_folder
 from ..results.threads import in_background
 from ..results.models import trained_job
 
@@ -85,16 +85,3 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
         stop_with(err)
     slot.empty()
     return model
-
-
-def decoder_or_stop(ref: ModelRef, reason: str) -> tuple[ModelRef, AttentionModel]:
-    """``ref`` on the from-scratch engine and its model when that is a language model; else ``reason`` (what the page
-    needs that an encoder lacks) and which models to choose, and the run ends."""
-    scratch = ref.analysed
-    model = model_for(scratch)
-    stack = getattr(model, "stack", None)
-    if stack is None or not stack.language_model:
-        st.info(f"{reason}: it is an encoder. Choose a bundled decoder ({DECODERS}) in the sidebar, or a decoder you "
-                "trained on the Train page.")
-        st.stop()
-    return scratch, model

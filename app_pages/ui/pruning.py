@@ -12,7 +12,7 @@ from analysis.pruning import ORDERS, point_comparison
 from models import AttentionModel, Head, head_label
 from models.corpus import CORPUS, corpus_sample
 
-from ..results.models import LLM, ModelRef, TRAINED
+from ..results.models import LLM, TRAINED
 from ..results.pruning import Importance, LLM_SAMPLE, SAMPLE
 from .exports import model_zip
 from .uploads import uploaded_sentences
@@ -94,17 +94,6 @@ def pruning_sentences(s: Settings) -> tuple[str, list[str]]:
                 "the sidebar, or measure on the built-in corpus.")
         st.stop()
     return source, sentences
-
-
-def scratch_or_stop(s: Settings) -> ModelRef:
-    """The sidebar's model on the from-scratch engine (on the from-scratch engine), which alone can switch heads off and prune."""
-    scratch = s.model.editable()
-    if scratch is None:
-        st.info(f"Pruning runs on the from-scratch engine, which holds BERT encoders and the Llama and Gemma 3 "
-                f"decoders. The sidebar's model is {s.model.title.lower()}; choose a bundled model or the "
-                "untrained encoder there.")
-        st.stop()
-    return scratch
 
 
 def correlations(imp: Importance, proxies: pd.DataFrame, labels: list[str] | None) -> pd.DataFrame:

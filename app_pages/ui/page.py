@@ -1,0 +1,140 @@
+"""Every page declared once, with its section of the sidebar, the question it answers and the model it needs
+(``PAGES``), and ``start``, the one helper that opens each page: the sidebar's settings, the page's title and its
+question, the model it needs checked (a sentence and the run ends otherwise), and the note a cold server shows over
+its first form (``note_first``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from app_pages.results.later import note_pending
+from app_pages.results.messages import stop_with
+from app_pages.results.models import DECODERS, ModelRef
+from app_pages.results.threads import here
+from models import HeadLensError
+from models.run import language_stack
+
+from .models import model_for
+from .settings import Settings, settings
+
+SECTIONS = ("Looking at attention", "What heads are", "What they cause", "Making models")
+ANY, ONE_STACK, EDITABLE, DECODER = "any", "one stack", "editable", "decoder"  # what a page needs of the model
+
+
+@dataclass(frozen=True)
+class Page:
+    """A page: its file ``app_pages/NAME.py`` and address ``/NAME``, title, icon, sidebar section, the question it
+    answers (its first line), what it needs of the model (``ANY``; ``ONE_STACK``: not an encoder-decoder;
+    ``EDITABLE``: runs that take edits, head masks and pruning; ``DECODER``: a language model) and ``why`` (what it
+    reads that another model lacks, ``{model}`` its name), and the note over its first form on a cold server."""
+
+    name: str
+    title: str
+    icon: str
+    section: str
+    question: str
+    needs: str = ANY
+    why: str = ""
+    first: str = ""
+    settings: bool = True       # reads the sidebar's settings (sentences and model); Train needs neither
+
+    @property
+    def file(self) -> str:
+        return f"app_pages/{self.name}.py"
+
+
+LOOK, ARE, CAUSE, MAKE = SECTIONS
+PAGES = (
+    Page("explore", "Explore", ":material/grid_view:", LOOK,
+         "What does each head of a layer look at in your sentence?"),
+    Page("compare", "Compare", ":material/compare:", LOOK,
+         "How do two heads, two sentences or two models differ on the same colour scale?"),
+    Page("overview", "Overview", ":material/apps:", LOOK, "What does every head of the model look like at once?"),
+    Page("tokens", "Tokens", ":material/share:", LOOK, "Which keys does each token attend to, drawn as lines?"),
+    Page("text", "Text", ":material/format_color_text:", LOOK, "Which words receive the most attention?"),
+    Page("layers", "Across layers", ":material/stacks:", LOOK,
+         "Which input tokens reach a position once the layers have mixed them?"),
+    Page("foci", "Foci", ":material/center_focus_strong:", ARE,
+         "Which head looks at the sentence type, the objects, the relation, the sentiment?"),
+    Page("roles", "Head roles", ":material/category:", ARE, "What does each head do, over many sentences?"),
+    Page("head", "Head", ":material/badge:", ARE,
+         "What does one head attend to, what does it do, and does it matter?", ONE_STACK,
+         "A head's card reads an encoder or a decoder",
+         "A first card: what the server has prepared so far. The rest is being prepared for every session and joins "
+         "the card here when it is ready."),
+    Page("atlas", "Atlas", ":material/bubble_chart:", ARE, "How do all the heads of a model compare, side by side?",
+         ONE_STACK, "The atlas reads an encoder or a decoder",
+         "A first atlas: the measures the server has prepared so far. The rest are being prepared for every session "
+         "and join it here when they are ready."),
+    Page("queries_keys", "Queries & keys", ":material/scatter_plot:", ARE,
+         "How does a head match queries to keys, across a whole corpus?", EDITABLE,
+         "Queries and keys are read inside HeadLens's own attention, the from-scratch engine"),
+    Page("effects", "Effects", ":material/science:", CAUSE, "Which heads make this prediction?", DECODER,
+         "Effects are read through a language model's unembedding, and {model} has none"),
+    Page("circuits", "Circuits", ":material/account_tree:", CAUSE,
+         "Which connections between heads carry a task, and do they alone keep it?", DECODER,
+         "Circuits run between a language model's heads up to its logits, and {model} has no logits"),
+    Page("pruning", "Pruning", ":material/content_cut:", CAUSE, "Which heads matter, and how many can go?", EDITABLE,
+         "Pruning runs on the from-scratch engine, which switches heads off and cuts them out of the weights"),
+    Page("generate", "Generate", ":material/edit_note:", MAKE,
+         "What does a decoder write next, and what did it look at?", DECODER,
+         "Generation is for decoders, and {model} is not one"),
+    Page("train", "Train", ":material/model_training:", MAKE,
+         "How do previous-token and induction heads form while a small decoder learns?", settings=False),
+)
+PAGE = {page.name: page for page in PAGES}
+HOME = "explore"  # served at "/" too
+
+
+def start(name: str, *, s: Settings | None = None, title: str | None = None) -> tuple[Settings, ModelRef]:
+    """Open page ``name``: the sidebar's settings (``s`` when the page read them already), its title (``title``, or
+    the table's) and question, and the model it needs: ``(settings, the model the page reads)`` (for ``EDITABLE``
+    and ``DECODER``, the sidebar's model as the analyses run it). A model the page cannot read gets a sentence saying
+    which to choose, and the run ends; a page that reads no settings gets ``(None, None)``."""
+    page = PAGE[name]
+    s = settings() if s is None and page.settings else s
+    st.title(title or page.title)
+    st.caption(page.question)
+    here.first_note = page.first
+    return s, None if s is None else needed(page, s.model)
+
+
+def needed(page: Page, ref: ModelRef) -> ModelRef:
+    """``ref`` as ``page`` reads it, or the run ends with a sentence."""
+    why = page.why.format(model=ref.title)
+    if page.needs == ONE_STACK and model_for(ref).encoder_decoder:
+        st.info(f"{why}; {ref.title} has both. Open its heads on Explore or Compare, or choose another model in the "
+                "sidebar.")
+        st.stop()
+    if page.needs == EDITABLE:
+        editable = ref.editable()
+        if editable is None:
+            st.info(f"{why}. The sidebar's model, {ref.title}, is on the transformers engine: choose a bundled model, "
+                    "the untrained encoder, or the custom model on the from-scratch engine there.")
+            st.stop()
+        return editable
+    if page.needs == DECODER:
+        return decoder_or_stop(ref, why)
+    return ref
+
+
+def decoder_or_stop(ref: ModelRef, why: str) -> ModelRef:
+    """``ref`` as the analyses run it when its model is a language model; else ``why`` (what the page needs that the
+    model lacks) and which models to choose, and the run ends."""
+    analysed = ref.analysed
+    model = model_for(analysed)
+    try:
+        language_stack(model, why)
+    except HeadLensError as err:
+        if model.causal:  # a decoder the from-scratch engine does not implement: its own sentence
+            stop_with(err)
+        st.info(f"{why}: it is an encoder. Choose a bundled decoder ({DECODERS}) in the sidebar, or a decoder you "
+                "trained on the Train page.")
+        st.stop()
+    return analysed
+
+
+def note_first() -> None:
+    """The page's note over what it shows first (``Page.first``), when a cold server left parts of it for later."""
+    note_pending(getattr(here, "first_note", ""))
