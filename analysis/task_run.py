@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models import HeadLensError
+from models import HeadLensError, head_label
 
 from .ray_run import check_model, no_restarts, start_ray, worker_errors
 from .task_effects import METRICS, NORMALISE, TaskEffects, run_task, table
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     heads = table(effects, "heads", args.normalise).sort_values("mean", key=abs, ascending=False).head(5)
-    print("largest mean effects: " + "; ".join(f"L{r.layer} H{r.head} {r.mean:+.3f} [{r.low:+.3f}, {r.high:+.3f}]"
+    print("largest mean effects: " + "; ".join(f"{head_label(r.layer, r.head)} {r.mean:+.3f} [{r.low:+.3f}, {r.high:+.3f}]"
                                                 f"{' *' if r.significant else ''}" for r in heads.itertuples()))
     print(f"-> {args.out}")
     return 0

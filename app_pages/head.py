@@ -7,6 +7,7 @@ from app_pages.results.card import card_parts, decoder, telling
 from app_pages.results.tasks import FIRST
 from app_pages.ui import card_view as view
 from app_pages.ui.card import same_kind, stored_atlas
+from app_pages.ui.exports import file_name
 from app_pages.ui.models import model_for
 from app_pages.ui.page import note_first, start
 from app_pages.ui.pickers import pick_sentence
@@ -57,4 +58,4 @@ if missing:
                f"{'that model' if len(missing) == 1 else 'those models'} (open {'it' if len(missing) == 1 else 'them'}"
                " once in the sidebar).")
 st.download_button("Top examples · CSV", lambda: card.top.to_csv(index=False),
-                   f"headlens-L{layer}H{head}-examples.csv", "text/csv", key="card-csv", on_click="ignore")
+                   file_name((layer, head), "examples", ext="csv"), "text/csv", key="card-csv", on_click="ignore")

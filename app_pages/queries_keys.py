@@ -7,7 +7,7 @@ from app_pages.results.attention import cached_attention
 from app_pages.results.messages import plain, short
 from app_pages.results.qk import pictures
 from app_pages.ui.card_links import card_button
-from app_pages.ui.exports import chart
+from app_pages.ui.exports import chart, file_name
 from app_pages.ui.models import model_for
 from app_pages.ui.page import start
 from app_pages.ui.qk import METHODS, pick_corpus, within_tokens
@@ -119,7 +119,7 @@ with left:
     st.caption("Hover a point for its token and sentence; click one to draw its sentence on the right, its row "
                "framed in red. Drag to pan, scroll to zoom; click a legend entry to hide it.")
     st.download_button("Points · CSV", lambda: frame.to_csv(index=False).encode(),
-                       f"headlens-qk-L{layer}H{head}.csv", "text/csv", on_click="ignore")
+                       file_name("qk", (layer, head), ext="csv"), "text/csv", on_click="ignore")
 if clicked is not None and clicked.get("customdata"):
     row = int(clicked["customdata"][0])
     if 0 <= row < len(frame):

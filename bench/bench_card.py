@@ -16,64 +16,11 @@ MiniLM's card <= 5 s. ``python -m bench.bench_warm_up`` gives what the preparati
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
-from pathlib import Path
 
-from bench.bench_first_view import first_view
 from bench.common import machine
+from bench.views import both, first_view, floor, prepared
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server
-
-PREPARING = "Preparing this model's pages"
-
-
-def prepared(browser, url: str, timeout_s: float = 1800) -> float:
-    """Seconds until a fresh session's sidebar no longer says the server is preparing."""
-    start = time.perf_counter()
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    while time.perf_counter() - start < timeout_s:
-        page.goto(url)
-        page.wait_for_selector("[data-testid='stMain'] h1", timeout=600_000)
-        page.wait_for_timeout(1500)
-        if not page.get_by_text(PREPARING).count():
-            break
-        page.wait_for_timeout(10_000)
-    context.close()
-    return time.perf_counter() - start
-
-
-FLOOR_APP = """import plotly.graph_objects as go
-import streamlit as st
-
-st.set_page_config(layout="wide")
-st.sidebar.title("Floor")
-st.title("One small chart")
-st.plotly_chart(go.Figure(go.Heatmap(z=[[0, 1], [1, 0]])))
-"""
-
-
-def both(browser, url: str, returning) -> tuple[float, float, bool]:
-    """(seconds until done in a new browser, in a returning browser's new tab, whether an error showed)."""
-    _, fresh, error = first_view(browser, url)
-    _, again, error_again = first_view(browser, url, context=returning)
-    return fresh, again, error or error_again
-
-
-def floor(browser, runs: int = 3) -> tuple[float, float]:
-    """A fresh session's floor on this machine: the median first view of a Streamlit app of one title and one
-    2 x 2 heatmap, in a new browser and in a returning browser's new tab."""
-    with tempfile.TemporaryDirectory() as folder:
-        script = Path(folder) / "floor.py"
-        script.write_text(FLOOR_APP)
-        with streamlit_server(script=str(script)) as (url, _):
-            returning = browser.new_context(viewport={"width": 1280, "height": 900})
-            first_view(browser, url, context=returning)  # its scripts cached, as a returning visitor's are
-            views = [both(browser, url, returning) for _ in range(runs)]
-            returning.close()
-    return statistics.median(v[0] for v in views), statistics.median(v[1] for v in views)
-
 
 def main() -> None:
     from playwright.sync_api import sync_playwright

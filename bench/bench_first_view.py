@@ -19,46 +19,16 @@ import tempfile
 import time
 
 from bench.common import machine
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, PLOT, streamlit_server
+from bench.views import both, first_view, floor, prepared
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server
 
 PAGES = ["home", "foci", "compare", "overview", "tokens", "text", "generate", "roles", "effects", "circuits",
          "queries_keys", "head", "atlas", "layers", "pruning", "train"]
-RUNNING = "[data-testid='stStatusWidgetRunningIcon']"
-
-
-def first_view(browser, url: str, timeout_s: float = 600, context=None) -> tuple[float, float, bool]:
-    """(seconds to the first picture, seconds until done, whether an error box showed) for ``url``, in a new
-    browser (a new context: nothing cached), or in a new tab of ``context`` (a returning visitor: the app's
-    scripts cached, a new session all the same)."""
-    own = context is None
-    context = browser.new_context(viewport={"width": 1280, "height": 900}) if own else context
-    page = context.new_page()
-    start = time.perf_counter()
-    page.goto(url)
-    first = None
-    deadline = start + timeout_s
-    page.wait_for_selector("[data-testid='stMain'] h1", timeout=timeout_s * 1000)
-    while time.perf_counter() < deadline:
-        if first is None and page.locator(PLOT).count():
-            first = time.perf_counter() - start
-        # done: nothing running, nothing stale, for half a second
-        if not page.locator(RUNNING).count() and not page.locator("[data-stale='true']").count():
-            page.wait_for_timeout(500)
-            if not page.locator(RUNNING).count() and not page.locator("[data-stale='true']").count():
-                break
-        page.wait_for_timeout(100)
-    done = time.perf_counter() - start - 0.5
-    error = bool(page.locator("[data-testid='stException'], [data-testid='stAlertContentError']").count())
-    page.close()
-    if own:
-        context.close()
-    return (done if first is None else first), done, error
 
 
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
-    from bench.bench_card import floor, prepared
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
@@ -92,8 +62,6 @@ AIM_S, FLOOR_MARGIN_S = 5.0, 1.5  # a prepared page done within 5 s in a returni
 
 
 def tour_prepared(browser, url: str, model: str, pages: list[str], floor_fresh: float, floor_again: float) -> None:
-    from bench.bench_card import both
-
     returning = browser.new_context(viewport={"width": 1280, "height": 900})
     first_view(browser, f"{url}/?model={model}", context=returning)  # its scripts cached, as a returning visitor's
     print(f"{'page':<14} {'new browser':>11} {'returning':>10} {'less floor':>11}   aim")

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from analysis.defaults import DECODER_SAMPLE
-from app_pages.results.models import ModelRef, cached_model
 from bench.common import machine, ratio
+from models import load_model
+from models.catalog import bundled
 from models.corpus import corpus_sample
 from models.language import _predicting
 
@@ -36,7 +37,7 @@ def main() -> None:
     print(f"# the next-token loss from the last hidden states, {machine('cpu')}")
     print(f"{'model':8} {'positions':>9} {'vocabulary':>10} | {'':10} {'ours ms':>8} {'textbook ms':>11} {'ratio':>6}")
     for key in keys:
-        model = cached_model(ModelRef(key).analysed)
+        model = load_model(bundled(key).name, backend="scratch")
         sentences = corpus_sample(DECODER_SAMPLE)
         ((_, inputs),) = list(model._padded_batches(sentences, len(sentences), model.max_tokens))
         ids, mask = inputs["input_ids"], inputs["attention_mask"]

@@ -67,7 +67,7 @@ def main() -> None:
           f"agreement {at40.agreement:.3f} (>= 0.8: {'met' if at40.agreement >= 0.8 else 'not met'})")
 
     half = curves[0].set_index("n_pruned").loc[36, "heads"]
-    pruned = model.pruned([tuple(map(int, h.split("."))) for h in half], head_means=means)
+    pruned = model.pruned(half, head_means=means)
     per_layer = pruned.pruned_heads.sum(axis=1).tolist()
     print(f"\nhalf the heads pruned (36, by importance; per layer {per_layer}): forward time pruned / full")
     for name, texts in (("64 sentences", sentences(64)), ("one 512-token text", [long_text(model.tokenizer)])):

@@ -24,7 +24,7 @@ import numpy as np
 from analysis.qk import (QK, _fitted_planes, fit_weights, lifted, most_attended, nearest_keys, normalised, qk_embedding,
                          qk_embeddings, qk_heads, qk_vectors, word_queries)
 from bench.common import machine
-from models import load_model
+from models import head_label, load_model
 from models.corpus import CORPUS
 
 HEADS = [(0, 2), (1, 6), (2, 5), (3, 11), (5, 11)]
@@ -141,7 +141,7 @@ def main() -> None:
     print(f"word to word (fitted): mean {np.nanmean(words):.3f} over a mean {share.mean():.2f} of the queries; "
           f"below 0.5 on {int((words < 0.5).sum())} heads")
     worst = np.argsort(fitted)[:4]
-    print("  least faithful (fitted):", ", ".join(f"L{i // 12} H{i % 12} {fitted[i]:.2f}" for i in worst))
+    print("  least faithful (fitted):", ", ".join(f"{head_label(*divmod(int(i), 12))} {fitted[i]:.2f}" for i in worst))
 
     for layer, head in SINK_HEADS[:args.tsne]:
         start = time.perf_counter()

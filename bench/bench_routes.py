@@ -25,7 +25,7 @@ from analysis.effects import grid, patch_heads
 from analysis.routes import flow_graph, flow_heads, prediction_flow, strongest_route
 from analysis.vocabulary import copying_scores, head_vocabulary
 from bench.common import best_time, machine
-from models import load_model
+from models import head_label, load_model
 
 NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -53,7 +53,7 @@ def main() -> None:
         top = lambda a: set(np.argsort(-a, axis=None, kind="stable")[:10].tolist())  # noqa: E731
         shared = len(top(through) & top(np.abs(recovered)))
         route = strongest_route(flow_graph(flow))
-        moved = "; ".join(f"L{r.layer} H{r.head} from {flow.tokens[r.source]!r} ({r.share:.2f})"
+        moved = "; ".join(f"{head_label(r.layer, r.head)} from {flow.tokens[r.source]!r} ({r.share:.2f})"
                           for r in route[route["kind"] == "head"].itertuples())
         ratios.append(flow_s / patch_s)
         rhos.append(rho)
@@ -69,7 +69,7 @@ def main() -> None:
           f"{scores.attrs['vocabulary']:,}; chance {scores.attrs['chance']:.5f}")
     for column in ("copying", "suppression"):
         best = scores.sort_values(column, ascending=False).head(8)
-        print(f"  most {column}: " + ", ".join(f"L{r.layer} H{r.head} {getattr(r, column):.2f}"
+        print(f"  most {column}: " + ", ".join(f"{head_label(r.layer, r.head)} {getattr(r, column):.2f}"
                                                 for r in best.itertuples()))
     print(f"  heads above 0.2: copying {(scores['copying'] > 0.2).sum()}, suppression "
           f"{(scores['suppression'] > 0.2).sum()}")

@@ -102,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     from analysis.task_effects import run_task, table
     from analysis.tasks import ioi
-    from models import load_model
+    from models import head_label, load_model
     from models.files import resolve_model_dir
 
     model = load_model(args.model, backend="scratch", device=args.device)
@@ -116,7 +116,7 @@ def main() -> None:
     frame = table(exact)
     top = frame.sort_values("mean", ascending=False).head(5)
     print(f"exact patching of every head over {len(task)} pairs: {t_exact:.1f} s ({t_exact / len(task):.2f} s a pair); "
-          f"accuracy {exact.accuracy:.2f}; top heads " + ", ".join(f"L{r.layer} H{r.head} {r.mean:.2f} "
+          f"accuracy {exact.accuracy:.2f}; top heads " + ", ".join(f"{head_label(r.layer, r.head)} {r.mean:.2f} "
                                                                 f"[{r.low:.2f}, {r.high:.2f}]" for r in top.itertuples()))
     est, ex = attr.recovered().reshape(-1), exact.recovered().reshape(-1)
     print(f"attribution against exact over every head and pair: Pearson {np.corrcoef(est, ex)[0, 1]:.3f}")

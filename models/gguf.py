@@ -130,8 +130,8 @@ def convert(path: Path, out: Path, progress=None) -> None:
         return convert_gemma3(path, out, progress)
     header, metadata = _read(path)
     config = llama_config(metadata, {info.name for info in header.tensors}, path.name)
-    expected = expected_shapes(config)
-    names = {info.name: _hf_name(info.name, path.name) for info in header.tensors}
+    expected = Llama.file_shapes(config.to_dict())  # transformers' name -> shape of every weight
+    names = {info.name: _file_name(info.name, _NAMES, path.name) for info in header.tensors}
     for info in header.tensors:
         if expected.get(names[info.name]) != tuple(info.shape):
             raise HeadLensError(f"{path.name} holds {info.name} of shape {tuple(info.shape)}, which its own config "
@@ -171,22 +171,32 @@ def _read(path: Path):
     return header, metadata
 
 
+def _reader(metadata: dict, prefix: str, name: str):
+    """``get(key, default)``: a GGUF file's ``prefix.key`` (``llama.block_count``), a sentence when it is missing."""
+    def get(key: str, default=None):
+        value = metadata.get(f"{prefix}.{key}", default)
+        if value is None:
+            raise HeadLensError(f"{name} does not give {prefix}.{key}; it cannot be loaded.")
+        return value
+    return get
+
+
+def _sizes(get, name: str, **more) -> dict:
+    """The sizes every family's GGUF file gives (and ``more``), under transformers' names, checked."""
+    sizes = {"num_hidden_layers": get("block_count"), "hidden_size": get("embedding_length"),
+             "intermediate_size": get("feed_forward_length"), "num_attention_heads": get("attention.head_count"),
+             "num_key_value_heads": get("attention.head_count_kv", get("attention.head_count")),
+             "max_position_embeddings": get("context_length"), **more}
+    check_config_sizes(sizes, name)
+    return sizes
+
+
 def llama_config(metadata: dict, tensors: set[str], name: str):
     """transformers' LlamaConfig from a GGUF file's metadata and tensor names, its sizes checked first."""
     from transformers import LlamaConfig
 
-    def get(key: str, default=None):
-        value = metadata.get(f"llama.{key}", default)
-        if value is None:
-            raise HeadLensError(f"{name} does not give llama.{key}; it cannot be loaded.")
-        return value
-
-    sizes = {"num_hidden_layers": get("block_count"), "hidden_size": get("embedding_length"),
-             "intermediate_size": get("feed_forward_length"), "num_attention_heads": get("attention.head_count"),
-             "num_key_value_heads": get("attention.head_count_kv", get("attention.head_count")),
-             "max_position_embeddings": get("context_length"),
-             "vocab_size": get("vocab_size", metadata.get("tokenizer.ggml.tokens"))}
-    check_config_sizes(sizes, name)
+    get = _reader(metadata, "llama", name)
+    sizes = _sizes(get, name, vocab_size=get("vocab_size", metadata.get("tokenizer.ggml.tokens")))
     heads, kv = sizes["num_attention_heads"], sizes["num_key_value_heads"]
     if sizes["hidden_size"] % heads or heads % kv:
         raise HeadLensError(f"{name} gives {heads} heads and {kv} key/value heads for a width of "
@@ -200,17 +210,14 @@ def llama_config(metadata: dict, tensors: set[str], name: str):
                        pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"))
 
 
-def expected_shapes(config) -> dict[str, tuple[int, ...]]:
-    """transformers' name -> shape of every weight of a LlamaForCausalLM with ``config`` (the family's own names)."""
-    return Llama.file_shapes(config.to_dict())
-
-
-def _hf_name(gguf_name: str, file: str) -> str:
+def _file_name(gguf_name: str, names: dict[str, str], file: str) -> str:
+    """transformers' name of a GGUF tensor, by a family's table of llama.cpp's part names (``_NAMES``,
+    ``_GEMMA_NAMES``); a sentence for a tensor the table does not name."""
     match = re.fullmatch(r"(?:blk\.(\d+)\.)?(\w+)\.weight", gguf_name)
-    if match is None or match.group(2) not in _NAMES:
+    if match is None or match.group(2) not in names:
         raise HeadLensError(f"{file} holds a tensor HeadLens does not know ({gguf_name}); it was not loaded.")
     layer, part = match.groups()
-    return f"model.layers.{layer}.{_NAMES[part]}.weight" if layer is not None else f"{_NAMES[part]}.weight"
+    return f"model.layers.{layer}.{names[part]}.weight" if layer is not None else f"{names[part]}.weight"
 
 
 def _weights(header, names: dict[str, str], config, progress=None) -> dict[str, torch.Tensor]:
@@ -279,10 +286,10 @@ def convert_gemma3(path: Path, out: Path, progress=None) -> None:
     if embedding is None:
         raise HeadLensError(f"{path.name} lacks token_embd.weight; it was not loaded.")
     config = gemma3_config(metadata, set(tensors), int(embedding.shape[-1]), path.name)
-    expected = gemma3_shapes(config)
+    expected = Gemma3.file_shapes(config.to_dict())
     names = {}
     for name, t in tensors.items():
-        names[name] = _gemma_name(name, path.name)
+        names[name] = _file_name(name, _GEMMA_NAMES, path.name)
         if expected.get(names[name]) != tuple(reversed(t.shape.tolist())):
             raise HeadLensError(f"{path.name} holds {name} of shape {tuple(reversed(t.shape.tolist()))}, which its own "
                                 "config does not give; it was not loaded.")
@@ -313,18 +320,9 @@ def gemma3_config(metadata: dict, tensors: set[str], vocab: int, name: str):
     """transformers' Gemma3TextConfig from a GGUF file's ``gemma3.*`` metadata, its sizes checked first."""
     from transformers import Gemma3TextConfig
 
-    def get(key: str, default=None):
-        value = metadata.get(f"gemma3.{key}", default)
-        if value is None:
-            raise HeadLensError(f"{name} does not give gemma3.{key}; it cannot be loaded.")
-        return value
-
-    sizes = {"num_hidden_layers": get("block_count"), "hidden_size": get("embedding_length"),
-             "intermediate_size": get("feed_forward_length"), "num_attention_heads": get("attention.head_count"),
-             "num_key_value_heads": get("attention.head_count_kv", get("attention.head_count")),
-             "head_dim": get("attention.key_length"), "max_position_embeddings": get("context_length"),
-             "sliding_window": get("attention.sliding_window"), "vocab_size": vocab}
-    check_config_sizes(sizes, name)
+    get = _reader(metadata, "gemma3", name)
+    sizes = _sizes(get, name, head_dim=get("attention.key_length"), sliding_window=get("attention.sliding_window"),
+                   vocab_size=vocab)
     if sizes["num_attention_heads"] % sizes["num_key_value_heads"]:
         raise HeadLensError(f"{name} gives {sizes['num_attention_heads']} heads and {sizes['num_key_value_heads']} "
                             "key/value heads, which do not divide; it cannot be loaded.")
@@ -335,16 +333,3 @@ def gemma3_config(metadata: dict, tensors: set[str], vocab: int, name: str):
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
         tie_word_embeddings="output.weight" not in tensors, bos_token_id=2, eos_token_id=1, pad_token_id=0,
         architectures=["Gemma3ForCausalLM"])
-
-
-def gemma3_shapes(config) -> dict[str, tuple[int, ...]]:
-    """transformers' name -> shape of every weight of a Gemma3ForCausalLM with ``config``."""
-    return Gemma3.file_shapes(config.to_dict())
-
-
-def _gemma_name(gguf_name: str, file: str) -> str:
-    match = re.fullmatch(r"(?:blk\.(\d+)\.)?(\w+)\.weight", gguf_name)
-    if match is None or match.group(2) not in _GEMMA_NAMES:
-        raise HeadLensError(f"{file} holds a tensor HeadLens does not know ({gguf_name}); it was not loaded.")
-    layer, part = match.groups()
-    return f"model.layers.{layer}.{_GEMMA_NAMES[part]}.weight" if layer is not None else f"{_GEMMA_NAMES[part]}.weight"

@@ -7,14 +7,12 @@ against each other number for number.
 """
 from __future__ import annotations
 
-import copy
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import HeadLensError
 from .kernels import (BLOCKED_FROM, attention_masks, attention_weights, causal_attention, fused_attention,
                       outside_window)
 from .rotary import Rotary
@@ -127,61 +125,6 @@ class MultiHeadAttention(nn.Module):
                 getattr(scratch, name).copy_(getattr(m, name))
             scratch.out_proj.load_state_dict(m.out_proj.state_dict())
         return scratch
-
-    def pruned(self, keep: list[int], head_fill: torch.Tensor | None = None) -> "MultiHeadAttention":
-        """A new module with only the heads ``keep`` (indices into this one's heads, in order); this one untouched.
-
-        The other heads take their rows of the q projection and their columns of the output
-        projection with them, as transformers 4's ``prune_heads`` did; a key/value head goes with
-        its rows of k and v once no kept query head reads it. With ``head_fill`` (``(H, Dh)``, this
-        module's heads), a removed head's constant output is folded into the output bias: the new
-        module equals this one with those heads mean-ablated.
-        """
-        H, Dh, E = self.num_heads, self.head_dim, self.embed_dim
-        dropped = [h for h in range(H) if h not in keep]
-        if dropped and self.q_norm is not None and self.qk_norm_over == "projection":
-            raise HeadLensError("This model norms its whole query projection at once (OLMo-2), so each head's query "
-                                "depends on every other head's: a head cannot be cut out of it. Switch heads off "
-                                "instead (ablation and importance do).")
-        if head_fill is not None and dropped and self.out_proj.bias is None:
-            raise ValueError("Mean ablation folds a removed head's output into the output bias, which this "
-                             "attention does not have; prune with zero ablation instead.")
-        groups = list(range(H)) if self.kv_heads is None else self.kv_heads
-        kv_keep = sorted({groups[h] for h in keep})
-        ref = self.out_proj.weight
-        norms = None if self.q_norm is None else (copy.deepcopy(self.q_norm), copy.deepcopy(self.k_norm))
-        with torch.device("meta"):  # built empty, every weight given below: drawing weights to overwrite took
-            pruned = type(self)(E, len(keep), head_dim=Dh, bias=self.in_proj_bias is not None,  # half of a copy
-                                dropout=self.dropout, kdim=self.kdim, vdim=self.vdim, num_kv_heads=len(kv_keep),
-                                kv_heads=None if self.kv_heads is None else [kv_keep.index(groups[h]) for h in keep],
-                                out_bias=self.out_proj.bias is not None, scale=self.scale, window=self.window,
-                                qk_norm_over=self.qk_norm_over, softcap=self.softcap)
-        pruned.to_empty(device=ref.device).to(dtype=ref.dtype)
-        # the shared rotary module and the norms' copies join after: emptying them would have emptied their weights
-        pruned.rotary = self.rotary
-        pruned.q_norm, pruned.k_norm = norms if norms is not None else (None, None)
-
-        def rows(heads: list[int]) -> torch.Tensor:
-            return (torch.tensor(heads, dtype=torch.long).view(-1, 1) * Dh + torch.arange(Dh)).reshape(-1).to(ref.device)
-
-        q_rows, kv_rows = rows(keep), rows(kv_keep)
-        with torch.no_grad():
-            if self.fused:
-                wq, wk, wv = self.in_proj_weight.split(self.sizes)
-                pruned.in_proj_weight.copy_(torch.cat([wq[q_rows], wk[kv_rows], wv[kv_rows]]))
-            else:
-                for name, picked in (("q_proj_weight", q_rows), ("k_proj_weight", kv_rows), ("v_proj_weight", kv_rows)):
-                    getattr(pruned, name).copy_(getattr(self, name)[picked])
-            if self.in_proj_bias is not None:
-                bq, bk, bv = self.in_proj_bias.split(self.sizes)
-                pruned.in_proj_bias.copy_(torch.cat([bq[q_rows], bk[kv_rows], bv[kv_rows]]))
-            pruned.out_proj.weight.copy_(ref[:, q_rows])
-            if self.out_proj.bias is not None:
-                bias = self.out_proj.bias.clone()
-                if head_fill is not None and dropped:
-                    bias += ref[:, rows(dropped)] @ head_fill[dropped].to(ref).reshape(-1)
-                pruned.out_proj.bias.copy_(bias)
-        return pruned.train(self.training)
 
     def project(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
         """q ``(B, Lq, H * Dh)``, k and v ``(B, Lk, Hkv * Dh)``; one matrix product for self-attention."""

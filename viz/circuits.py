@@ -6,6 +6,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from models import head_label
+
 from .figures import safe, top_margin, wrapped_title
 
 POSITIVE, NEGATIVE = "#1f5fa8", "#c0392b"   # an edge that carries the task, one that works against it
@@ -69,7 +71,7 @@ def circuit_figure(frame: pd.DataFrame, graph, n_heads: int, *, title: str = "",
         if not part:
             continue
         xy = [node_xy(n, L, n_heads) for n in part]
-        label = {"head": lambda n: f"L{n[1]} H{n[2]}", "mlp": lambda n: f"MLP {n[1]}",
+        label = {"head": lambda n: head_label(n[1], n[2]), "mlp": lambda n: f"MLP {n[1]}",
                  "input": lambda n: "input", "logits": lambda n: "logits"}[kind]
         fig.add_trace(go.Scatter(
             x=[p[0] for p in xy], y=[p[1] for p in xy], mode="markers+text", name=kind,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from models import head_label
+
 from .figures import DIVERGING, _tick, head_targets, safe, top_margin, visible, wrapped_title
 
 HALF_TITLE = 38  # title characters a line in a chart half a 1024 px window wide
@@ -142,7 +144,7 @@ def flow_figure(graph, tokens: list[str], n_layers: int, *, route=None, title: s
             else:
                 xs, ys = [source, target], [lo, hi]
             drawn.append((kind, share, xs, ys))
-            names = (", ".join(f"L{layer} H{h} {v:.3f}" for h, v in zip(rows["head"], rows["share"]))
+            names = (", ".join(f"{head_label(layer, h)} {v:.3f}" for h, v in zip(rows["head"], rows["share"]))
                      if kind == "head" else f"L{layer} {'MLP' if kind == 'mlp' else 'stream'} {share:.3f}")
             where = (f"{safe(tokens[source])} → {safe(tokens[target])}" if kind == "head"
                      else safe(tokens[target]))

@@ -6,6 +6,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from models import head_label
+
 from .figures import wrapped_title
 
 SCORES = {"prev_token": "previous-token score", "induction": "induction score"}
@@ -29,7 +31,7 @@ def training_curves(history: pd.DataFrame, *, title: str = "", height: int = 640
     n_heads = int(history["head"].max()) + 1 if len(history) else 1
     for (layer, head), rows in history.groupby(["layer", "head"], sort=True):
         rows = rows.sort_values("step")
-        name = f"L{layer} H{head}"
+        name = head_label(layer, head)
         style = dict(color=head_colour(int(layer), int(head), n_heads), dash="dash" if layer == 0 else "solid")
         for row, column in enumerate(SCORES, start=2):
             fig.add_trace(go.Scatter(x=rows["step"].to_list(), y=rows[column].to_list(), mode="lines", name=name,

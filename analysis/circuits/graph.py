@@ -23,6 +23,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from models import head_label
 from models.run import Edits, Given, device_of
 
 from ..effects.batched import Measure
@@ -51,7 +52,7 @@ class Graph:
 
     def sender_name(self, s: int) -> str:
         kind, layer, index = self.senders[s]
-        return {"input": "input", "head": f"L{layer} H{index}", "mlp": f"MLP {layer}"}[kind]
+        return {"input": "input", "head": head_label(layer, index), "mlp": f"MLP {layer}"}[kind]
 
     def receiver_name(self, r: int) -> str:
         """The receiver's name: its node's (``receiver_node_name``) and, for a head's input, which one."""
@@ -64,10 +65,10 @@ class Graph:
         logits."""
         kind, layer, index = self.receivers[r]
         if kind == "q":
-            return f"L{layer} H{index}"
+            return head_label(layer, index)
         if kind in ("k", "v"):
             heads = self.reads[layer][index]
-            return f"L{layer} H{heads[0]}" if len(heads) == 1 else f"L{layer} KV{index}"
+            return head_label(layer, heads[0]) if len(heads) == 1 else f"L{layer} KV{index}"
         return "logits" if kind == "logits" else f"MLP {layer}"
 
     def receiver_node(self, r: int) -> tuple[str, int, int]:

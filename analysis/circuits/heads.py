@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from models import AttentionModel, HeadLensError
+from models import AttentionModel, HeadLensError, head_label
 from models.run import language_stack, trace_batch, trace_weights
 
 from ..task_effects import batches
@@ -92,7 +92,7 @@ def circuit_heads(scores: EdgeScores, n: int, attention: dict[str, np.ndarray], 
     for (layer, head), row in sorted(heads.items()):
         pattern = {name: float(attention[name][layer, head]) for name in PATTERNS}
         c, s = copy.get((layer, head), (np.nan, np.nan))
-        rows.append({"head": f"L{layer} H{head}", "layer": layer, "index": head, "edges_in": row["in"],
+        rows.append({"head": head_label(layer, head), "layer": layer, "index": head, "edges_in": row["in"],
                      "edges_out": row["out"], **{f"attn {PATTERNS[k][0]}→{PATTERNS[k][1]}": v for k, v in pattern.items()},
                      "copying": c, "suppression": s, "detector": labels.get((layer, head), ""),
                      "class": classify(pattern, c, s)})

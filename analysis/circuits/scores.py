@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from models import AttentionModel, HeadLensError
+from models import AttentionModel, HeadLensError, head_label
 from models.run import device_of, language_stack
 
 from ..significance import interval
@@ -251,14 +251,14 @@ def receiver_index(graph: C.Graph, layer: int, head: int, kind: str) -> int:
     for r, node in enumerate(graph.receivers):
         if node == (kind, layer, head):
             return r
-    raise HeadLensError(f"L{layer} H{head} is not a head of this model's graph.")
+    raise HeadLensError(f"{head_label(layer, head)} is not a head of this model's graph.")
 
 
 def sender_index(graph: C.Graph, layer: int, head: int) -> int:
     try:
         return graph.senders.index(("head", layer, head))
     except ValueError:
-        raise HeadLensError(f"L{layer} H{head} is not a head of this model (or it was pruned).") from None
+        raise HeadLensError(f"{head_label(layer, head)} is not a head of this model (or it was pruned).") from None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from models import AttentionModel, HeadLensError
+from models import AttentionModel, HeadLensError, head_label
 from models.run import device_of, language_stack
 
 from ..circuits import graph as C
@@ -140,7 +140,7 @@ class QKAttribution:
     def summary(self, key: int | None = None) -> str:
         key = self._key(key)
         top = self.pairs(key, 1).iloc[0]
-        return (f"L{self.layer} H{self.head}, query {self.query} ({self.tokens[self.query]!r}) → key {key} "
+        return (f"{head_label(self.layer, self.head)}, query {self.query} ({self.tokens[self.query]!r}) → key {key} "
                 f"({self.tokens[key]!r}): score {self.scores[key]:.2f}, weight {self.weights[key]:.2f}; the largest "
                 f"part, {top.part:+.2f} ({top.share:.0%}), is {top.query_writer} × {top.key_writer}.")
 

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from models import AttentionModel, HeadLensError
+from models import AttentionModel, HeadLensError, head_label
 from models.run import device_of
 
 from ..detector import detector_labels, repeated_sequences
@@ -93,7 +93,7 @@ def induction_key_writers(model: AttentionModel, detector: pd.DataFrame, *, prom
                 w = int(np.argmax(keys[j]))
                 kind, wl, wh = nodes[w]
                 label = labels.get((wl, wh), "other") if kind == "head" else kind
-                out.append({"prompt": b + j, "head": f"L{layer} H{head}", "writer": names[w], "label": label,
+                out.append({"prompt": b + j, "head": head_label(layer, head), "writer": names[w], "label": label,
                             "previous_token_score": prev.get((wl, wh), np.nan) if kind == "head" else np.nan,
                             "part": keys[j, w], "share": keys[j, w] / whole[j], "previous_token":
                             label == "previous token"})

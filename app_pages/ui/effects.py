@@ -30,8 +30,8 @@ def builtin_pairs(ref: ModelRef, model: AttentionModel) -> dict[str, Pair]:
     return dict(PAIRS)
 
 
-def _token_label(model: AttentionModel, token: int, note: str = "") -> str:
-    return f"“{token_text(model, token)}” · id {token}" + (f" · {note}" if note else "")
+def _token_label(model: AttentionModel, token: int, note: object = "") -> str:
+    return f"“{token_text(model, token)}” · id {token}" + (f" · {note}" if str(note) else "")
 
 
 def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
@@ -68,7 +68,7 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
                    help="The token the clean prompt should predict: each prompt's likely next tokens and every "
                         "token of the prompts, as the tokenizer reads them (a leading space is part of a token).")
     rest = [t for t in ids if t != answer]
-    favoured = next((t for t in rest if options[t].startswith("corrupted prompt's")), rest[0])
+    favoured = next((t for t in rest if options[t].prompt == "corrupted" and options[t].predicted), rest[0])
     distractor = bound(right.selectbox, "effects_distractor", favoured, init="index", options=rest, cast=int,
                        label="Distractor", format_func=lambda t: _token_label(model, t, options[t]),
                        help="The token the corrupted prompt favours: the page explains logit(answer) − "

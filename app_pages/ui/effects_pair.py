@@ -24,7 +24,7 @@ from ..results.models import LLM, ModelRef, TRAINED
 from .card_links import card_button
 from .detector import NAMES
 from .effects import frame_csv, parts_frame
-from .exports import chart
+from .exports import chart, file_name
 from .settings import Settings
 from .state import bound, flag
 from ..results.models import trained_job
@@ -289,7 +289,7 @@ def downloads(v: EffectsView, layer: int, head: int, edges: pd.DataFrame) -> Non
              ("Residual stream patching · CSV", v.found.residual, "headlens-effects-residual.csv",
               "effects-residual-csv"),
              (f"What {head_label(layer, head)} writes, both prompts · CSV", written,
-              f"headlens-effects-vocabulary-L{layer}-H{head}.csv", "effects-vocabulary-csv"),
+              file_name("effects-vocabulary", (layer, head), ext="csv"), "effects-vocabulary-csv"),
              ("The routes drawn, one edge a row · CSV", edges, "headlens-effects-routes.csv", "effects-routes-csv")]
     for col, (label, frame, name, key) in zip(st.columns(3) + st.columns(2), files):
         col.download_button(label, lambda frame=frame: frame_csv(frame), name, "text/csv", key=key, on_click="ignore")

@@ -16,7 +16,7 @@ from ..results.models import ModelRef
 from ..results.pruning import task_curve
 from .card_links import card_button
 from .effects import frame_csv
-from .exports import chart
+from .exports import chart, file_name
 from .state import bound, flag
 from .tasks import SHORT_METRICS, TaskChoice, role_attention_summary
 
@@ -180,7 +180,7 @@ def downloads(v: TaskView, layer: int, head: int, pairs: pd.DataFrame, curve: pd
     files = [("Patching per head, with intervals · CSV", v.heads, "headlens-task-heads.csv"),
              ("Attribution per head · CSV", v.attribution, "headlens-task-attribution.csv"),
              ("Residual stream by role · CSV", v.residual, "headlens-task-residual.csv"),
-             (f"{head_label(layer, head)} on each pair · CSV", pairs, f"headlens-task-L{layer}-H{head}.csv"),
+             (f"{head_label(layer, head)} on each pair · CSV", pairs, file_name("task", (layer, head), ext="csv")),
              ("The pairs and their metrics · CSV", pair_rows, "headlens-task-pairs.csv")]
     if curve is not None:
         files.append(("Heads-kept curve · CSV", curve, "headlens-task-curve.csv"))

@@ -28,6 +28,13 @@ def model_zip(model, top: str) -> bytes:
     return out.getvalue()
 
 
+def file_name(*parts, ext: str) -> str:
+    """A download's name: "headlens-", its ``parts`` joined by dashes, a head given as ``(layer, head)`` written "L3H11"
+    ("headlens-why-L3H11-q4-k2.csv"), the same form on every page."""
+    words = [f"L{p[0]}H{p[1]}" if isinstance(p, tuple) else str(p) for p in parts]
+    return "-".join(["headlens", *words]) + f".{ext}"
+
+
 def chart(fig, key: str, **kwargs):
     """A plotly chart in plotly's own theme (Streamlit's costs a quarter second a render)."""
     return st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False, "toImageButtonOptions": {"scale": 2}},
@@ -51,7 +58,7 @@ def exports(key: str, fig, att: Attention | None, v: View | None = None, layer: 
                                 key=f"{key}-json", on_click="ignore")
     if v is not None and layer is not None and head is not None:
         cols[3].download_button(f"{head_label(layer, head)} · CSV", lambda: head_csv(v, layer, head),
-                                f"{stem}-L{layer}H{head}.csv", "text/csv", key=f"{key}-csv", on_click="ignore")
+                                file_name(key, (layer, head), ext="csv"), "text/csv", key=f"{key}-csv", on_click="ignore")
     stored = st.session_state.get(f"{key}-images")
     images = stored[1] if stored and stored[0] == sig else None
     if cols[4].button("PNG and SVG…", key=f"{key}-render", help="Renders on the server with Chromium; "

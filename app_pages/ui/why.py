@@ -17,7 +17,7 @@ from ..results.models import ModelRef, cached_model
 from ..results.tasks import TaskSpec, built_task
 from ..results.why import qk_split, qk_task
 from .card_links import click_picks_head
-from .exports import chart
+from .exports import chart, file_name
 from .state import bound, choose, fresh_click, head_from_url, head_to_url, preset
 
 ABOUT = ("A head's score from a query to a key is its query times its key. Each is read from the residual stream, "
@@ -91,10 +91,10 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
     _side_tables(sides, split.weights[k], key)
     d1, d2 = st.columns(2)
     d1.download_button("Writer pairs · CSV", lambda: split.pairs(k).drop(columns=["query_index", "key_index"])
-                       .to_csv(index=False), f"headlens-why-L{layer}H{head}-q{q}-k{k}.csv", "text/csv",
+                       .to_csv(index=False), file_name("why", (layer, head), f"q{q}", f"k{k}", ext="csv"), "text/csv",
                        key=f"{key}-csv", on_click="ignore")
     d2.download_button("Split · JSON", lambda: json.dumps(split.to_json(k), indent=1, default=float),
-                       f"headlens-why-L{layer}H{head}-q{q}-k{k}.json", "application/json", key=f"{key}-json",
+                       file_name("why", (layer, head), f"q{q}", f"k{k}", ext="json"), "application/json", key=f"{key}-json",
                        on_click="ignore")
     if spec is not None:
         _over_task(scratch, spec, layer, head, key)
@@ -161,7 +161,7 @@ def _over_task(ref: ModelRef, spec: TaskSpec, layer: int, head: int, key: str) -
     st.caption("Each writer pair's mean part of the score and mean share of each pair's score, with 95% bootstrap "
                "intervals over the pairs.")
     st.download_button("Writer pairs over the task · CSV", lambda: found.frame(which, n=200).to_csv(index=False),
-                       f"headlens-why-task-L{layer}H{head}-{q_role}-{k_role}-{which}.csv", "text/csv",
+                       file_name("why-task", (layer, head), q_role, k_role, which, ext="csv"), "text/csv",
                        key=f"{key}-task-csv", on_click="ignore")
 
 

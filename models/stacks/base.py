@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -29,7 +28,9 @@ from torch import nn
 from ..errors import HeadLensError
 from ..run import Edits, switched_off
 from .blocks import NO_EDITS
-from .heads import kept_heads, place_heads, pruned_heads_json, read_pruned_heads, select_heads, with_pruned
+from .saved import Saved
+from .heads import (kept_heads, place_heads, pruned_attention, pruned_heads_json, read_pruned_heads, select_heads,
+                    with_pruned)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class Packing:
         return out.index_copy_(0, self.index, x).view(self.B, self.L, -1)      # (B, L, E)
 
 
-class Stack(nn.Module):
+class Stack(Saved, nn.Module):
     """Embeddings, blocks and a finish; a block whose heads were pruned (``config.pruned_heads``) holds fewer."""
 
     config_class: ClassVar[type]
@@ -333,78 +334,17 @@ class Stack(nn.Module):
             old, new = self.kept[i], copy.kept[i]
             if old != new:
                 fill = None if head_fill is None else head_fill[i, old]
-                smaller = block.attn.pruned([old.index(h) for h in new], fill)
+                smaller = pruned_attention(block.attn, [old.index(h) for h in new], fill)
                 state.update({f"layers.{i}.attn.{k}": v for k, v in smaller.state_dict().items()})
         copy.load_state_dict(state, assign=True)
         for name, weight in copy.named_parameters():  # assigned weights would take the new module's wish for
             weight.requires_grad_(self.get_parameter(name).requires_grad)  # gradients: an opened model's takes none
         return copy.train(self.training)
 
-    def to_file(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The state dict under the names its files use (``weights``')."""
-        return state if self.weights is None else self.weights.write(state, self)
-
-    @classmethod
-    def from_file(cls, weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-        """A file's weights under this stack's names."""
-        if cls.weights is None:
-            return weights
-        with torch.device("meta"):  # the names and sizes only: nothing is allocated
-            return cls.weights.read(weights, cls(config))
-
-    @classmethod
-    def file_shapes(cls, config: dict) -> dict[str, tuple[int, ...]]:
-        """The file's name -> shape of every weight of this stack built from ``config`` (a config.json's keys), the
-        unembedding's too when it is tied to the embeddings (a file may hold it): what a file must hold."""
-        c = cls.config_class.from_dict(config)
-        with torch.device("meta"):  # the names and sizes only: nothing is allocated
-            stack = cls(c)
-        shapes = {name: tuple(t.shape) for name, t in stack.to_file(stack.state_dict()).items()}
-        if getattr(c, "tie_word_embeddings", False):
-            shapes.setdefault("lm_head.weight", (c.vocab_size, c.hidden_size))
-        return shapes
-
-    def save_pretrained(self, folder: str | Path) -> None:
-        """``config.json`` and ``model.safetensors``, pruned heads recorded; ``from_pretrained`` opens the folder again."""
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n", encoding="utf-8")
-        state = {k: v.detach().to("cpu").contiguous() for k, v in self.to_file(self.state_dict()).items()}
-        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-
     @classmethod
     def untrained(cls, config, seed: int = 0) -> "Stack":
         """Randomly initialised, reproducibly for ``seed``."""
         raise NotImplementedError
-
-    @classmethod
-    def from_pretrained(cls, folder: str | Path, device: str | torch.device = "cpu") -> "Stack":
-        """Load ``config.json`` and ``model.safetensors`` from ``folder``."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        try:
-            config = cls.config_class.from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError) as err:
-            if isinstance(err, HeadLensError):
-                raise
-            raise HeadLensError(f"The model's config.json in {folder} could not be read: {err}") from err
-        try:
-            weights = load_file(str(folder / "model.safetensors"), device=str(device))
-        except (OSError, SafetensorError) as err:
-            raise HeadLensError(f"The weights in {folder / 'model.safetensors'} could not be read: {err}") from err
-        with torch.device("meta"):
-            model = cls(config)
-        try:
-            model.load_state_dict(cls.from_file(weights, config), assign=True)
-        except RuntimeError as err:
-            pruned = " or the heads its config.json says were pruned" if config.pruned_heads else ""
-            raise HeadLensError(f"The weights in {folder} do not fit the sizes in its config.json{pruned}: "
-                                f"{str(err).splitlines()[-1].strip()}") from err
-        return model.eval()
 
 
 def initialised(model: nn.Module, std: float, seed: int) -> nn.Module:
