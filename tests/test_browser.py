@@ -135,3 +135,34 @@ def test_foci_shades_coffee_and_tea_darkest_under_object(page, server):
     assert set(darkest) == {"coffee", "tea"}, grey
     assert max(grey["coffee"], grey["tea"]) < min(v for k, v in grey.items() if k not in darkest) - 30
     shot(page, "foci")
+
+
+SECTIONS = {"Looking at attention": ["Explore", "Compare", "Overview", "Tokens", "Text", "Across layers"],
+            "What heads are": ["Foci", "Head roles", "Head", "Atlas", "Queries & keys"],
+            "What they cause": ["Effects", "Circuits", "Pruning"], "Making models": ["Generate", "Train"]}
+
+
+def test_a_newcomer_finds_the_sections_and_reaches_the_object_heads_card_in_one_click(page, server):
+    nav = page.locator("[data-testid='stSidebarNav']")
+    for section, pages in SECTIONS.items():
+        assert nav.get_by_text(section, exact=True).count() == 1, section
+        # each page's link below its section's heading, in the table's order
+        order = nav.evaluate("(nav, names) => names.map(n => [...nav.querySelectorAll('a')].findIndex("
+                             "a => a.innerText.trim().split('\\n').pop().trim() === n))", pages)
+        assert -1 not in order and order == sorted(order), (section, order)
+    question = page.locator("[data-testid='stMain'] [data-testid='stCaptionContainer']").first.inner_text()
+    assert question.endswith("?") and "head" in question  # the page's first line: the question it answers
+    page.get_by_text("Start with one head", exact=False).first.click()  # the one click
+    page.wait_for_selector("h1:has-text('· all-MiniLM-L6-v2')", timeout=120_000)
+    card = page.locator("[data-testid='stMain'] h1").first.inner_text().split(" · ")[0]
+    page.wait_for_selector("text=Role: object focus", timeout=120_000)
+    assert "/head" in page.url
+    shot(page, "home-to-card")
+    # the same head the Foci page names as the objects' head
+    page.goto(server + "/foci")
+    page.wait_for_selector(PLOT, timeout=120_000)
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                           ".some(t => t.textContent.startsWith('Object'))", timeout=120_000)
+    titles = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)")
+    objects = next(t for t in titles if t.startswith("Object"))
+    assert objects.endswith(card), (objects, card)
