@@ -193,3 +193,21 @@ def test_in_models_only_the_stack_walks_its_layers():
                 if target.endswith("layers"):
                     walking.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not walking, walking
+
+
+PICKER = {"app_pages/results/models.py", "app_pages/ui/models.py", "app_pages/ui/sidebar.py"}  # the engine picker
+
+
+def test_the_engine_is_chosen_in_models_and_the_picker_alone():
+    """Analyses take any loaded model: only models/ hands it to the from-scratch engine (``models.run.editable``),
+    and above models/ only the sidebar's picker says which engine a choice runs on; the tokenizer is called through
+    the model's public ``tokenize``."""
+    found = []
+    for path in sources(["analysis", "app_pages", "viz", "app.py"]):
+        where = str(path.relative_to(ROOT))
+        text = path.read_text(encoding="utf-8")
+        if where not in PICKER and re.search(r"\.scratch\b", text):
+            found.append(f"{where}: .scratch")
+        if "._tokenize" in text:
+            found.append(f"{where}: ._tokenize")
+    assert not found, found
