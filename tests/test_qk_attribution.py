@@ -1,9 +1,11 @@
-"""Why a head attends there, on tiny random Llama (attention biases, grouped key/value heads) and Gemma 3 (QK-norm,
-a sliding window, norms after each part) decoders in float64: each (query-side writer, key-side writer) pair's part
-of a score against the same part computed through transformers' own modules with hooks (norm scales frozen at the
-run's), the parts' sum against the model's score and its softmax against transformers' attention; taking a writer
-out of the query or the key input by hand with hooks against the split's prediction; the task form against the
-single-prompt form; a hand-set previous-token head feeding an induction head."""
+"""Why a head attends there, on tiny random Llama (attention biases, grouped key/value heads), Gemma 3 (QK-norm, a
+sliding window, norms after each part), Gemma 2 (soft-capped scores) and OLMo-2 (no norm before the attention, a
+norm over the whole query and key projections) decoders in float64: each (query-side writer, key-side writer)
+pair's part of a score against the same part computed through transformers' own modules with hooks (norm scales
+frozen at the run's), the parts' sum against the model's score and its (capped) softmax against transformers'
+attention; taking a writer out of the query or the key input by hand with hooks against the split's prediction;
+the frames against transformers; the task form against the single-prompt form; a hand-set previous-token head
+feeding an induction head; the sentences for what cannot be split."""
 import copy
 
 import numpy as np
@@ -16,23 +18,35 @@ from analysis.tasks import Task, TaskPair
 from models import HeadLensError, load_model
 from analysis.circuits import graph as C
 from analysis.qk_attribution import split as Q
-from tests import test_gemma3
-from tests.test_circuits import hf_run
+from tests import test_families, test_gemma3
 from tests.test_llama import build as build_llama
 
 N = 12  # tokens a prompt: past Gemma 3's window of 6
 
 
-@pytest.fixture(scope="module", params=["llama", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "gemma3", "gemma2", "olmo2"])
 def family(request, tmp_path_factory):
     """(name, ours in float64, transformers' CausalLM in float64, the model as loaded)."""
     folder = tmp_path_factory.mktemp(f"qk-{request.param}")
     if request.param == "llama":
         _, folder, hf, _ = build_llama("llama", folder)      # q/k/v/o biases, 4 heads on 2 key/value heads
-    else:
+    elif request.param == "gemma3":
         folder, hf, _ = test_gemma3.build(folder, 2)
+    else:  # test_families' Gemma 2 (scores capped at 2, a window of 5) and OLMo-2
+        folder, hf, _ = test_families.build(request.param, folder)
     model = load_model(folder, backend="scratch")
     return request.param, copy.deepcopy(model.stack).double(), copy.deepcopy(hf).double(), model
+
+
+GEMMA = ("gemma3", "gemma2")  # norms scale by 1 + weight
+
+
+def _eps(norm) -> float:
+    return getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+
+
+def _gain(name: str, norm) -> torch.Tensor:
+    return (1 + norm.weight) if name in GEMMA else norm.weight
 
 
 def ids_for(vocab: int, seed: int = 0, batch: int = 2) -> torch.Tensor:
@@ -40,6 +54,41 @@ def ids_for(vocab: int, seed: int = 0, batch: int = 2) -> torch.Tensor:
 
 
 # --- the reference: transformers' own modules, hooked ------------------------------------------------------------
+
+def hf_writers(name: str, hf, emb: torch.Tensor) -> torch.Tensor:
+    """``(writers, B, n, E)``: every writer's output in transformers' run of ``emb`` with hooks: the input, then per
+    layer each head (its slice of o_proj's input times its columns of o_proj's weight, through the norm after the
+    attention where the family has one, its scale frozen at the whole output) and the MLP (its output, through the
+    norm after it)."""
+    cfg = hf.config
+    H = cfg.num_attention_heads
+    Dh = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    after = name != "llama"  # a norm after each part: Gemma 3, Gemma 2, OLMo-2
+    got = {"z": [], "o": [], "mlp": []}
+    handles = []
+    for layer in hf.model.layers:
+        attn = layer.self_attn
+        handles += [attn.o_proj.register_forward_pre_hook(lambda m, a: got["z"].append(a[0])),
+                    attn.o_proj.register_forward_hook(lambda m, a, out: got["o"].append(out)),
+                    (layer.post_feedforward_layernorm if after else layer.mlp).register_forward_hook(
+                        lambda m, a, out: got["mlp"].append(out))]
+    try:
+        with torch.no_grad():
+            hf(inputs_embeds=emb)
+    finally:
+        for h in handles:
+            h.remove()
+    writers = [emb]
+    for i, layer in enumerate(hf.model.layers):
+        z, o, w = got["z"][i], got["o"][i], layer.self_attn.o_proj.weight
+        scale = 1.0
+        if after:
+            norm = layer.post_attention_layernorm
+            scale = _gain(name, norm) * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + _eps(norm))
+        writers += [F.linear(z[..., h * Dh:(h + 1) * Dh], w[:, h * Dh:(h + 1) * Dh]) * scale for h in range(H)]
+        writers.append(got["mlp"][i])
+    return torch.stack(writers)
+
 
 def hf_sides(name: str, hf, ids: torch.Tensor, layer: int, head: int, minus: dict | None = None):
     """Each writer's part of head ``head``'s query and key at every position (``(writers + 1, B, n, Dh)``, the
@@ -50,7 +99,7 @@ def hf_sides(name: str, hf, ids: torch.Tensor, layer: int, head: int, minus: dic
     Dh = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
     g = head // (H // G)
     emb = hf.model.embed_tokens(ids).detach()
-    senders, _, _ = hf_run(name, hf, emb)
+    senders = hf_writers(name, hf, emb)
     got = {}
     block = hf.model.layers[layer]
     attn = block.self_attn
@@ -66,34 +115,41 @@ def hf_sides(name: str, hf, ids: torch.Tensor, layer: int, head: int, minus: dic
     x = out.hidden_states[layer]                                                      # (B, n, E)
     m = 1 + layer * (H + 1)
     parts = torch.cat([senders[:m], (x - senders[:m].sum(0)).unsqueeze(0)])           # (writers + 1, B, n, E)
-    norm = block.input_layernorm
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    gain = (1 + norm.weight) if name == "gemma3" else norm.weight
-    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    norm = getattr(block, "input_layernorm", None)  # OLMo-2 reads the stream as it is
+    frozen = 1.0 if norm is None else torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _eps(norm)) * _gain(name, norm)
     cos, sin = got["position_embeddings"]
     module = __import__(type(attn).__module__, fromlist=["apply_rotary_pos_emb"])
-    sides = []
+    sides, wholes = [], []
     for kind, index in (("q", head), ("k", g)):
         proj = getattr(attn, f"{kind}_proj")
         rows = slice(index * Dh, (index + 1) * Dh)
-        side = F.linear(parts * r * gain, proj.weight[rows])                         # (writers + 1, B, n, Dh)
+        side = F.linear(parts * frozen, proj.weight[rows])                           # (writers + 1, B, n, Dh)
         if proj.bias is not None:
             side[-1] += proj.bias[rows]
-        if name == "gemma3":  # QK-norm, its scale frozen at the whole projection's
-            qk = getattr(attn, f"{kind}_norm")
-            whole = got[kind][..., rows]
+        whole = got[kind][..., rows]
+        qk = getattr(attn, f"{kind}_norm", None)
+        if name == "gemma3":  # QK-norm over each head, its scale frozen at the head's whole projection
             side = side * torch.rsqrt(whole.pow(2).mean(-1, keepdim=True) + qk.eps) * (1 + qk.weight)
+            whole = qk(whole)
+        elif name == "olmo2":  # a norm of the whole projection, every head's, frozen at the run's
+            full = got[kind]
+            side = side * (torch.rsqrt(full.pow(2).mean(-1, keepdim=True) + _eps(qk)) * qk.weight)[..., rows]
+            whole = qk(full)[..., rows]
         sides.append(side)
+        wholes.append(whole)
     q, k = sides
     q, _ = module.apply_rotary_pos_emb(q, q, cos, sin, unsqueeze_dim=0)
     _, k = module.apply_rotary_pos_emb(k, k, cos, sin, unsqueeze_dim=0)
     q = q * attn.scaling
-    whole_q, whole_k = got["q"][..., head * Dh:(head + 1) * Dh], got["k"][..., g * Dh:(g + 1) * Dh]
-    if name == "gemma3":
-        whole_q, whole_k = attn.q_norm(whole_q), attn.k_norm(whole_k)
-    wq, wk = module.apply_rotary_pos_emb(whole_q.unsqueeze(1), whole_k.unsqueeze(1), cos, sin)
+    wq, wk = module.apply_rotary_pos_emb(wholes[0].unsqueeze(1), wholes[1].unsqueeze(1), cos, sin)
     scores = (wq @ wk.transpose(-1, -2))[:, 0] * attn.scaling                         # (B, n, n)
     return q.detach(), k.detach(), scores.detach(), out.attentions[layer][:, head].detach()
+
+
+def capped_softmax(scores: torch.Tensor, visible: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """The weights of ``scores`` over the ``visible`` keys, capped first where the model caps them (Gemma 2)."""
+    capped = scores if softcap is None else torch.tanh(scores / softcap) * softcap
+    return torch.softmax(capped.masked_fill(~visible, -torch.inf), -1)
 
 
 def test_every_writer_pair_equals_transformers_modules_and_sums_to_the_score(family):
@@ -115,12 +171,12 @@ def test_every_writer_pair_equals_transformers_modules_and_sums_to_the_score(fam
             total = split.sum((0, 1))
             size = float(scores[:, query, :query + 1].abs().max())
             torch.testing.assert_close(total, scores[:, query, :query + 1], atol=1e-5 * size, rtol=1e-5)
-            visible = sides.visible(query)
-            masked = total.masked_fill(~visible, float("-inf"))
-            torch.testing.assert_close(torch.softmax(masked, -1), weights[:, query, :query + 1], atol=1e-6, rtol=0)
-    if name == "gemma3":  # a sliding-window layer past its window: the last query sees only its last keys
-        assert stack.layers[0].attn.window == test_gemma3.WINDOW
-        assert int(Q.head_sides(stack, graph, run, 0, 0).visible(N - 1).sum()) == test_gemma3.WINDOW
+            weights_ours = capped_softmax(total, sides.visible(query), sides.softcap)
+            torch.testing.assert_close(weights_ours, weights[:, query, :query + 1], atol=1e-6, rtol=0)
+    window = {"gemma3": test_gemma3.WINDOW, "gemma2": 5}.get(name)
+    if window:  # a sliding-window layer past its window: the last query sees only its last keys
+        assert stack.layers[0].attn.window == window
+        assert int(Q.head_sides(stack, graph, run, 0, 0).visible(N - 1).sum()) == window
 
 
 def hf_weights_without(name: str, hf, ids, layer: int, head: int, part: torch.Tensor, side: str, query: int,
@@ -129,33 +185,36 @@ def hf_weights_without(name: str, hf, ids, layer: int, head: int, part: torch.Te
     queries (at ``query``) or its keys (everywhere) read, put in by a hook on ``q_proj`` or ``k_proj``'s input;
     ``frozen``: the input norm's scale (and the QK-norm's) kept at the run's, else recomputed."""
     block = hf.model.layers[layer]
-    norm = block.input_layernorm
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    gain = (1 + norm.weight) if name == "gemma3" else norm.weight
+    norm = getattr(block, "input_layernorm", None)  # OLMo-2's attention reads the stream as it is
     seen = {}
 
     def take_out(m, a):
         h, x = a[0].clone(), seen["x"]
         seen["h"] = a[0]
         rows = slice(query, query + 1) if side == "q" else slice(None)
-        if frozen:
-            h[:, rows] -= part[:, rows] * torch.rsqrt(x[:, rows].pow(2).mean(-1, keepdim=True) + eps) * gain
+        if norm is None:
+            h[:, rows] -= part[:, rows]
+        elif frozen:
+            h[:, rows] -= part[:, rows] * torch.rsqrt(x[:, rows].pow(2).mean(-1, keepdim=True) + _eps(norm)) * \
+                _gain(name, norm)
         else:
             less = x.clone()
             less[:, rows] -= part[:, rows]
             h[:, rows] = norm(less)[:, rows]
         return (h,)
 
-    def frozen_qk_norm(m, a, out):  # Gemma 3's QK-norm at the scale of the projection the run made
-        B, n, _ = seen["h"].shape
+    def frozen_qk_norm(m, a, out):  # the QK-norm at the scale of the projection the run made
         proj = getattr(block.self_attn, f"{side}_proj")  # called without its hook, on the run's own input
-        whole = F.linear(seen["h"], proj.weight, proj.bias).view(B, n, -1, out.shape[-1]).transpose(1, 2)
-        return a[0] * torch.rsqrt(whole.pow(2).mean(-1, keepdim=True) + m.eps) * (1 + m.weight)
+        whole = F.linear(seen["h"], proj.weight, proj.bias)
+        if name == "gemma3":  # over each head
+            B, n, _ = seen["h"].shape
+            whole = whole.view(B, n, -1, out.shape[-1]).transpose(1, 2)
+        return a[0] * torch.rsqrt(whole.pow(2).mean(-1, keepdim=True) + _eps(m)) * _gain(name, m)
 
     hooks = [block.register_forward_pre_hook(lambda m, a, kw: seen.__setitem__("x", a[0] if a else
                                                                                kw["hidden_states"]), with_kwargs=True),
              getattr(block.self_attn, f"{side}_proj").register_forward_pre_hook(take_out)]
-    if frozen and name == "gemma3":
+    if frozen and name in ("gemma3", "olmo2"):
         hooks.append(getattr(block.self_attn, f"{side}_norm").register_forward_hook(frozen_qk_norm))
     try:
         with torch.no_grad():
@@ -176,77 +235,129 @@ def test_taking_a_writer_out_changes_the_score_by_its_parts_and_the_weight_as_th
     split = sides.split(query)                                                        # (W, W, B, keys)
     scores = split.sum((0, 1))
     visible = sides.visible(query)
-    key = int(torch.softmax(scores[0].masked_fill(~visible, -torch.inf), -1).argmax())
+    key = int(capped_softmax(scores[0], visible, sides.softcap).argmax())
     m = split.shape[0] - 1
     s, t = np.unravel_index(int(split[:m, :m, 0, key].abs().argmax()), (m, m))  # the top pair of two nodes
     for side, writer, less in (("q", s, split[s].sum(0)), ("k", t, split[:, t].sum(0))):
-        predicted = torch.softmax((scores - less).masked_fill(~visible, -torch.inf), -1)
+        predicted = capped_softmax(scores - less, visible, sides.softcap)
         part = run.outs[writer].double()
         frozen = hf_weights_without(name, hf, ids, layer, head, part, side, query, frozen=True)
         torch.testing.assert_close(predicted, frozen[:, :query + 1], atol=1e-6, rtol=0)
-        # the score by exactly the split's amount: the log-weights' differences between keys move by it
-        theirs = torch.log(frozen[0, :query + 1][visible]) - torch.log(
-            hf_weights_without(name, hf, ids, layer, head, part * 0, side, query, frozen=True)[0, :query + 1][visible])
-        ours = -less[0][visible]
-        torch.testing.assert_close(theirs - theirs[0], ours - ours[0], atol=1e-5 * float(less.abs().max()), rtol=0)
+        if sides.softcap is None:  # the score by exactly the split's amount: log-weights' differences move by it
+            theirs = torch.log(frozen[0, :query + 1][visible]) - torch.log(hf_weights_without(
+                name, hf, ids, layer, head, part * 0, side, query, frozen=True)[0, :query + 1][visible])
+            ours = -less[0][visible]
+            torch.testing.assert_close(theirs - theirs[0], ours - ours[0], atol=1e-5 * float(less.abs().max()),
+                                       rtol=0)
         # the run with the norm recomputed, which the frames set beside the split's prediction
         real = Q.scores_without(stack, graph, run, layer, head, query, int(writer), side)
         recomputed = hf_weights_without(name, hf, ids, layer, head, part, side, query, frozen=False)
-        torch.testing.assert_close(torch.softmax(real.masked_fill(~visible, -torch.inf), -1),
-                                   recomputed[:, :query + 1], atol=1e-6, rtol=0)
+        torch.testing.assert_close(capped_softmax(real, visible, sides.softcap), recomputed[:, :query + 1], atol=1e-6,
+                                   rtol=0)
+        assert (predicted - capped_softmax(scores, visible, sides.softcap)).abs().max() > 1e-4  # the writer mattered
 
 
-def test_the_frames_on_a_prompt(family):
+def test_the_frames_on_a_prompt_are_transformers_parts(family):
+    """What each frame shows of a prompt's split is read from transformers' own parts (``hf_sides``): the strongest
+    writer pairs, a grid's named cells and what it sums as the rest, each side's writers, the keys' weights."""
     name, _, hf, model = family
     text = "the cat sat on the mat and the cat ran"
     split = QA.qk_attribution(model, text, 1, 2, query=-1)
-    assert split.query == len(split.tokens) - 1 and split.tokens == model.tokenizer.convert_ids_to_tokens(
-        model.tokenizer(text)["input_ids"])
-    assert split.key == int(np.argmax(split.weights))
-    att = model.attend(text)
-    np.testing.assert_allclose(split.weights, att.weights[1, 2, split.query, :split.query + 1], atol=1e-5)
-    pairs = split.pairs()
-    assert len(pairs) == len(split.writers) ** 2 and split.writers[-1] == Q.CONSTANT
-    assert abs(pairs.part.sum() - split.scores[split.key]) < 1e-4 * max(1, abs(split.scores[split.key]))
-    assert abs(pairs.share.sum() - 1) < 1e-4 and pairs.part.abs().is_monotonic_decreasing
+    ids = model.tokenizer(text)["input_ids"]
+    assert split.query == len(ids) - 1 and split.tokens == model.tokenizer.convert_ids_to_tokens(ids)
+    q, k, scores, weights = hf_sides(name, hf, torch.tensor([ids]), 1, 2)
+    n, key = split.query, split.key
+    theirs = torch.einsum("sd,tjd->stj", q[:, 0, n], k[:, 0, :n + 1]).numpy()             # (W, W, keys)
+    close = dict(atol=1e-4 * float(np.abs(theirs).max()), rtol=0)  # the frames' model is float32, theirs float64
+    np.testing.assert_allclose(split.weights, weights[0, n, :n + 1].numpy(), atol=1e-5)
+    np.testing.assert_allclose(split.keys().weight, weights[0, n, :n + 1].numpy(), atol=1e-5)
+    np.testing.assert_allclose(split.keys().score, scores[0, n, :n + 1].numpy(), **close)
+    pairs = split.pairs(n=6)
+    np.testing.assert_allclose(pairs.part, theirs[pairs.query_index, pairs.key_index, key], **close)
+    m = theirs[:, :, key]
+    assert abs(pairs.part.iloc[0]) == pytest.approx(np.abs(m).max(), abs=close["atol"])  # the strongest first
     rows, cols, grid = split.grid(n=3)
-    assert rows[-1] == cols[-1] == QA.REST and grid.shape == (4, 4)
-    assert abs(grid.sum() - split.scores[split.key]) < 1e-4 * max(1, abs(split.scores[split.key]))
-    q = split.query_writers()
-    assert abs(q.part.sum() - split.scores[split.key]) < 1e-4 * max(1, abs(split.scores[split.key]))
-    assert q.weight_without_run.notna().sum() == min(QA.REMOVED, len(split.writers) - 1)
-    keys = split.keys()
-    assert len(keys) == split.query + 1 and keys.weight.idxmax() == split.key
-    assert split.to_json()["pairs"][0]["query_writer"] == pairs.query_writer[0]
+    where = {w: i for i, w in enumerate(split.writers)}
+    r, c = [where[w] for w in rows[:-1]], [where[w] for w in cols[:-1]]
+    r_rest, c_rest = np.setdiff1d(np.arange(len(m)), r), np.setdiff1d(np.arange(len(m)), c)
+    want = np.block([[m[np.ix_(r, c)], m[np.ix_(r, c_rest)].sum(1, keepdims=True)],
+                     [m[np.ix_(r_rest, c)].sum(0, keepdims=True), m[np.ix_(r_rest, c_rest)].sum(keepdims=True)]])
+    assert rows[-1] == cols[-1] == QA.REST
+    np.testing.assert_allclose(grid, want, **close)
+    for frame, parts in ((split.query_writers(), m.sum(1)), (split.key_writers(), m.sum(0))):
+        np.testing.assert_allclose(frame.part.head(5), parts[frame["index"].head(5)], **close)
+        assert frame.weight_without_run.notna().sum() == min(QA.REMOVED, len(split.writers) - 1)
+
+
+def test_what_a_split_cannot_read_gets_a_sentence(family, hf_model):
+    name, stack, hf, model = family
+    text = "the cat sat on the mat and the cat ran"
+    n = len(model.tokenizer(text)["input_ids"])
     with pytest.raises(HeadLensError, match="not a position"):
         QA.qk_attribution(model, text, 1, 2, query=99)
     with pytest.raises(HeadLensError, match="no head 9"):
         QA.qk_attribution(model, text, 1, 9)
+    with pytest.raises(HeadLensError, match=f"The key 7 comes after the query 3: a query sees only the keys up to it"):
+        QA.qk_attribution(model, text, 1, 2, query=3, key=7)
+    with pytest.raises(HeadLensError, match=f"The key 99 is not a position of the prompt's {n} tokens"):
+        QA.qk_attribution(model, text, 1, 2, key=99)
+    split = QA.qk_attribution(model, text, 1, 2, query=3)
+    with pytest.raises(HeadLensError, match=r"Key 4 is not among the query's keys \(0 to 3\)"):
+        split.grid(key=4)
+    long = " ".join(["the cat sat on the mat"] * 120)
+    with pytest.raises(HeadLensError, match=f"at most {QA.MAX_TOKENS}"):
+        QA.qk_attribution(model, long, 1, 2)
+    window = stack.layers[0].attn.window
+    if window is not None:  # a sliding layer: the last query does not see the first key
+        with pytest.raises(HeadLensError, match="outside this layer's window"):
+            QA.qk_attribution(model, text, 0, 0, key=0)
+    with pytest.raises(HeadLensError, match="Why a head attends where it does is read on a language model; "
+                                            ".*all-MiniLM-L6-v2 is an encoder"):
+        QA.qk_attribution(hf_model, "Which do you like better, coffee or tea?", 0, 0)
 
 
-def test_the_task_form_equals_the_prompt_form_pair_by_pair(family):
-    name, _, hf, model = family
-    vocab = hf.config.vocab_size
+def hand_task(model, vocab: int) -> tuple[Task, list, list]:
+    """Three pairs of random tokens one token apart (at 4), roles A (2) and END (the last)."""
     ids = ids_for(vocab, seed=3, batch=3).tolist()
     bad = [row[:4] + [(row[4] + 1) % vocab] + row[5:] for row in ids]
     tok = model.tokenizer
     pairs = tuple(TaskPair(tok.decode(a), tok.decode(b), tuple(a), tuple(b), 7, 9, (("A", 2), ("END", N - 1)))
                   for a, b in zip(ids, bad))
-    task = Task("mine", "hand-made", pairs)
+    return Task("mine", "hand-made", pairs), ids, bad
+
+
+def test_the_task_form_equals_the_prompt_form_pair_by_pair(family):
+    name, _, hf, model = family
+    task, ids, bad = hand_task(model, hf.config.vocab_size)
     got = QA.qk_attribution_task(model, task, 2 if name == "gemma3" else 1, 0, "END", "A", batch_pairs=2)
     ours = model.scratch()
+    graph = C.graph_of(ours.stack)
+    one = {}
     for i, (a, b) in enumerate(zip(ids, bad)):
         for which, row in (("clean", a), ("corrupted", b)):
-            run = Q.writers_run(ours.stack, C.graph_of(ours.stack), torch.tensor([row]))
-            one = Q.head_sides(ours.stack, C.graph_of(ours.stack), run, got.layer, 0).split(N - 1)[:, :, 0, 2]
-            np.testing.assert_allclose(got.parts(which)[i], one.double().numpy(), atol=1e-5)
+            run = Q.writers_run(ours.stack, graph, torch.tensor([row]))
+            one[which, i] = Q.head_sides(ours.stack, graph, run, got.layer, 0).split(N - 1)[:, :, 0, 2].double().numpy()
+            np.testing.assert_allclose(got.parts(which)[i], one[which, i], atol=1e-5)
+    # the frame's rows: the writer pairs of largest mean |difference| first, each the mean of the prompt forms'
     frame = got.frame("difference", n=5)
-    diff = got.parts("difference").reshape(3, -1)
-    top = np.argsort(-np.abs(diff.mean(0)), kind="stable")[:5]
-    np.testing.assert_allclose(frame.part, diff.mean(0)[top])
+    mean = np.mean([one["clean", i] - one["corrupted", i] for i in range(3)], 0)
+    np.testing.assert_allclose(frame.part, mean[frame.query_index, frame.key_index], atol=1e-5)
+    assert frame.part.abs().is_monotonic_decreasing and abs(frame.part.iloc[0]) == pytest.approx(np.abs(mean).max())
     assert (frame.part_lo <= frame.part + 1e-12).all() and (frame.part <= frame.part_hi + 1e-12).all()
+
+
+def test_what_a_task_split_cannot_read_gets_a_sentence(family):
+    name, _, hf, model = family
+    task, _, _ = hand_task(model, hf.config.vocab_size)
     with pytest.raises(HeadLensError, match="roles"):
         QA.qk_attribution_task(model, task, 1, 0, "END", "S2")
+    with pytest.raises(HeadLensError, match="A pair's END comes after its A: a query sees no later key"):
+        QA.qk_attribution_task(model, task, 1, 0, "A", "END")
+    with pytest.raises(HeadLensError, match="The task has no pairs"):
+        QA.qk_attribution_task(model, Task("none", "empty", ()), 1, 0)
+    found = QA.qk_attribution_task(model, task.subset([0]), 1, 0, "END", "A")
+    with pytest.raises(HeadLensError, match="Choose clean, corrupted or difference, not 'x'"):
+        found.parts("x")
 
 
 WORDS = ["the", "apple", "river", "stone", "cloud", "green", "house", "light", "music", "night", "paper", "quiet",

@@ -189,6 +189,20 @@ def _position(at: int, n: int, what: str) -> int:
     return at % n
 
 
+def _key_position(key: int, query: int, n: int) -> int:
+    """``key`` as a position up to ``query`` (a negative one counted back from the query, -1 the query itself); a
+    sentence for one past the prompt or after the query, which the query does not see."""
+    key = int(key)
+    if key < 0:
+        return _position(key, query + 1, "key")
+    if key >= n:
+        raise HeadLensError(f"The key {key} is not a position of the prompt's {n} tokens.")
+    if key > query:
+        raise HeadLensError(f"The key {key} comes after the query {query}: a query sees only the keys up to it "
+                            f"(0 to {query}).")
+    return key
+
+
 def qk_attribution(model: AttentionModel, text: str, layer: int, head: int, query: int = -1,
                    key: int | None = None) -> QKAttribution:
     """Head ``(layer, head)``'s scores from ``query`` (a token position; -1 the last) to every key, each split
@@ -204,7 +218,7 @@ def qk_attribution(model: AttentionModel, text: str, layer: int, head: int, quer
         visible = sides.visible(query).cpu().numpy()
     scores = split.sum((0, 1))
     weights = _softmax(scores, visible, sides.softcap)
-    key = int(np.argmax(weights)) if key is None else _position(key, query + 1, "key")
+    key = int(np.argmax(weights)) if key is None else _key_position(key, query, len(tokens))
     if not visible[key]:
         raise HeadLensError(f"Query {query} does not see key {key}: it lies outside this layer's window.")
     removed = {}
