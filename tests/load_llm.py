@@ -149,6 +149,16 @@ async def _steps(page) -> int:
     return int(shown.split()[1].replace(",", "")) if shown.startswith("Step") else 0
 
 
+async def _past(page, step: int, timeout_s: float = ACTION_TIMEOUT / 1000) -> int:
+    """The step the Train page shows once it is past ``step`` (a state waited on, within ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while (now := await _steps(page)) <= step:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the training showed no step past {step} in {timeout_s:.0f} s")
+        await asyncio.sleep(0.5)
+    return now
+
+
 async def _trainer(n: int, page, url: str, clock: dict, report: LlmLoadReport, training: str,
                    alone: asyncio.Event, idle_s: float) -> None:
     """Starts a training, measures its speed alone for ``idle_s`` (then sets ``alone``: the class may start),
@@ -161,19 +171,19 @@ async def _trainer(n: int, page, url: str, clock: dict, report: LlmLoadReport, t
     report.latencies.append(time.perf_counter() - start)
     report.kinds.append("start training")
     report.actions += 1
-    await asyncio.sleep(2)  # its first steps, which build the model
-    first, t0 = await _steps(page), time.monotonic()
+    first = await _past(page, 0)  # its first logged step: the model built, the training under way
+    t0 = time.monotonic()
     await asyncio.sleep(idle_s)
-    steps, t1 = await _steps(page), time.monotonic()
-    report.idle_steps_s = (steps - first) / (t1 - t0)
+    steps = await _past(page, first)  # at least one more logged step, however long a busy machine takes
+    report.idle_steps_s = (steps - first) / (time.monotonic() - t0)
     alone.set()
     while clock["end"] == float("inf"):
         await asyncio.sleep(0.5)
     begin, t2 = await _steps(page), time.monotonic()
     while time.monotonic() < clock["end"]:
         await asyncio.sleep(2)
-    end, t3 = await _steps(page), time.monotonic()
-    report.trained_steps, report.class_steps_s = end - begin, (end - begin) / (t3 - t2)
+    end = await _past(page, begin)  # the training went on while the class worked: a step logged since it began
+    report.trained_steps, report.class_steps_s = end - begin, (end - begin) / (time.monotonic() - t2)
     await _errors_shown(page, n, "training", report)
 
 

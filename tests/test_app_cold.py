@@ -18,8 +18,7 @@ FIRST_FORMS = {"app_pages/queries_keys.py": "queries and keys", "app_pages/circu
 
 def test_a_cold_servers_pages_show_first_forms_and_leave_the_full_ones_to_the_preparation(new_app, prepared,
                                                                                            monkeypatch):
-    job = prepared.job
-    assert job.running, "the preparation has already finished: this test runs first among those given it"
+    job = prepared.job  # under way (this test runs first among those given it) or, on a fast machine, done
     prepared_keys = {result.key(*args) for result, args in steps(REF)}
     in_sessions, shown_first, went_on = [], [], []
     put, now, later = shared.SharedCache.put, shared.Shared.now, shared.Shared.later
@@ -30,8 +29,9 @@ def test_a_cold_servers_pages_show_first_forms_and_leave_the_full_ones_to_the_pr
         put(cache, key, value)
 
     def counted_now(result, *args):
+        ready = result.peek(*args) is not None  # the full form ready when the page asks: shown at once
         out = now(result, *args)
-        shown_first.append((result.name, out != args))
+        shown_first.append((result.name, out != args, ready))
         return out
 
     def counted_later(result, *args, says=""):
@@ -47,8 +47,9 @@ def test_a_cold_servers_pages_show_first_forms_and_leave_the_full_ones_to_the_pr
         shown_first.clear(), went_on.clear()
         at = new_app({"model": REF.choice}, page=page, timeout=COLD_RUN_S)
         assert not at.exception and not at.error, (page, at.exception, [e.value for e in at.error])
-        if page in FIRST_FORMS:  # its first run showed the first form; the run after it, the full one
-            assert shown_first[0] == (FIRST_FORMS[page], True) and shown_first[-1] == (FIRST_FORMS[page], False), \
+        if page in FIRST_FORMS:  # its first run showed the first form unless the full one was ready; its last, the full
+            name, first, ready = shown_first[0]
+            assert (name, first) == (FIRST_FORMS[page], not ready) and shown_first[-1][:2] == (name, False), \
                 (page, shown_first)
         finals[page] = at
     assert not set(in_sessions) & prepared_keys, sorted(k[0] for k in set(in_sessions) & prepared_keys)

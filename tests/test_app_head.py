@@ -123,3 +123,26 @@ def test_a_decoders_card_reads_the_effects_pages_own_results(new_app, smollm2):
     shown = next(m for m in at.metric if m.label.endswith("mean recovered"))
     assert shown.value == f"{task['mean']:+.3f}"
     assert any(b.key.startswith("like-SmolLM2") for b in at.button)
+
+
+@pytest.mark.parametrize("page, what", [(HEAD, "A head's card"), (ATLAS, "The atlas")])
+def test_an_encoder_decoder_gets_a_sentence_on_the_card_and_the_atlas(new_app, tiny, page, what):
+    """BART has an encoder and a decoder, and a card or the atlas does not say which part a head is in: the page says
+    so and which pages do show its heads, and draws nothing."""
+    folder = str(tiny("bart"))
+    at = new_app({"model": "custom", "custom_model": folder, "text": "The cat sat."}, page=page)
+    assert not at.exception and not at.error
+    assert any(i.value.startswith(f"{what} reads an encoder or a decoder; ") and "has both" in i.value
+               and "Explore or Compare" in i.value for i in at.info), [i.value for i in at.info]
+    assert not figures(at)
+
+
+@pytest.mark.parametrize("page", [HEAD, "app_pages/explore.py"])
+def test_an_encoder_has_no_why_it_attends_here_section(new_app, page):
+    """The QK split reads a language model's writers: on all-MiniLM-L6-v2 neither the card nor Explore offers it
+    (while the same pages of a decoder do, ``test_app_why``), and no sentence about decoders stands in its place."""
+    at = new_app({}, page=page)
+    assert not at.exception and not at.error
+    assert "Why it attends here" not in [h.value for h in at.subheader]
+    assert not any(b.key and "why" in b.key for b in at.button)
+    assert not [i.value for i in at.info if "language model" in i.value or "decoder" in i.value.lower()]

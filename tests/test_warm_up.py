@@ -120,18 +120,20 @@ def test_both_engines_of_a_model_ask_for_one_result_and_share_one_warm_up(warm, 
     assert job is not None and warm_up.warm_up(other) is job and len(warm_up.warmups()) == 1
 
 
-def _preparing(cache, ticks: list, started: threading.Event, steps: int = 40) -> threading.Thread:
-    """The server's preparation computing "prepared" in its own thread, a progress point every 20 ms."""
+def _preparing(cache, ticks: list, started: threading.Event, page: dict | None = None,
+               steps: int = 40) -> threading.Thread:
+    """The server's preparation computing "prepared" in its own thread: ``steps`` progress points, each followed by
+    a tick that records whether a session's page was computing then (``page["on"]``)."""
     def prepare():
         here.background = here.steps_aside = True
 
         def compute():
             bar = shared.Bar("Preparing")
             for i in range(steps):
-                bar(i, steps)
-                ticks.append(time.perf_counter())
+                bar(i, steps)  # a progress point: where the preparation may step aside
+                ticks.append(bool(page and page["on"]))
                 started.set()
-                time.sleep(0.02)
+                time.sleep(0.005)
             return "prepared"
 
         cache.get_or_compute("prepared", compute)
@@ -141,39 +143,52 @@ def _preparing(cache, ticks: list, started: threading.Event, steps: int = 40) ->
     return thread
 
 
+def _until(condition, timeout_s: float = 120.0) -> bool:
+    """Whether ``condition()`` comes true within ``timeout_s`` (room for a busy machine): a state waited on."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def test_the_preparation_steps_aside_while_a_session_computes():
-    """A page opened while the server prepares is computed first: the preparation pauses at its next progress
-    point until the session's computation is done, then goes on."""
-    cache, ticks, started = shared.SharedCache(4), [], threading.Event()
-    thread = _preparing(cache, ticks, started)
-    assert started.wait(10)
-    spans = []
+    """A page opened while the server prepares is computed first: the preparation pauses at its next progress point
+    (at most the tick under way when the page began comes while it computes) until the session's computation is
+    done, then goes on."""
+    cache, ticks, started, page = shared.SharedCache(4), [], threading.Event(), {"on": False}
+    thread = _preparing(cache, ticks, started, page)
+    assert started.wait(120)
 
-    def page():
-        begin = time.perf_counter()
-        time.sleep(1.0)
-        spans.append((begin, time.perf_counter()))
-        return "page"
+    def compute():
+        page["on"] = True
+        paused = _until(lambda: preparing.SESSIONS.aside == 1)  # the preparation waits at a progress point
+        page["on"] = False
+        return paused
 
-    assert shared.computed_once(cache, "page", page, "Waiting") == "page"
-    thread.join(30)
-    (begin, end), = spans
-    assert not [t for t in ticks if begin + 0.1 < t < end]  # at most the tick under way when the page began
-    assert len(ticks) == 40 and cache.get("prepared") == "prepared" and ticks[-1] > end
+    assert shared.computed_once(cache, "page", compute, "Waiting") is True
+    thread.join(120)
+    assert sum(ticks) <= 1 and len(ticks) == 40 and not ticks[-1] and cache.get("prepared") == "prepared"
     assert (preparing.SESSIONS.computing, preparing.SESSIONS.waiting, preparing.SESSIONS.aside) == (0, 0, 0)
 
 
-def test_the_preparation_never_pauses_for_a_session_that_waits_on_it():
-    """A session whose computation needs what the preparation is computing waits for it, and the preparation
-    goes on meanwhile (pausing would leave both waiting, up to a minute)."""
+def test_the_preparation_never_pauses_for_a_session_that_waits_on_it(monkeypatch):
+    """A session whose computation needs what the preparation is computing waits for it, and the preparation goes
+    on meanwhile: however long the preparation would step aside (an hour here), the session gets the value."""
     cache, ticks, started = shared.SharedCache(4), [], threading.Event()
+    aside = preparing.SESSIONS.step_aside
+    monkeypatch.setattr(preparing.SESSIONS, "step_aside", lambda at_most_s=60.0: aside(3600.0))
     thread = _preparing(cache, ticks, started)
-    assert started.wait(10)
-    begin = time.perf_counter()
-    needs = shared.computed_once(cache, "page", lambda: shared.computed_once(cache, "prepared", lambda: "again",
-                                                                             "Waiting"), "Waiting")
-    assert needs == "prepared" and time.perf_counter() - begin < 5
-    thread.join(30)
+    assert started.wait(120)
+    got = []
+    session = threading.Thread(target=lambda: got.append(shared.computed_once(
+        cache, "page", lambda: shared.computed_once(cache, "prepared", lambda: "again", "Waiting"), "Waiting")),
+        daemon=True)
+    session.start()
+    session.join(120)  # a preparation paused for it would hold it an hour
+    assert got == ["prepared"]
+    thread.join(120)
     assert len(ticks) == 40 and (preparing.SESSIONS.computing, preparing.SESSIONS.waiting) == (0, 0)
 
 
@@ -185,15 +200,15 @@ def _declared(name: str, compute) -> shared.Shared:
 def test_a_session_waiting_on_a_queued_step_moves_it_to_the_front():
     """A session asking for a step the preparation has not started waits for the preparation to run it, and the
     preparation runs it next, inside the step under way, which pauses; a step that reads what the paused one
-    computes runs as soon as that one ends, before the rest of the queue."""
-    events, ticking = [], threading.Event()
+    computes runs as soon as that one ends, before the rest of the queue. The step under way goes on until the
+    test lets it end: nothing here depends on how long a step takes."""
+    events, ticking, release = [], threading.Event(), threading.Event()
 
     def slow():
-        for i in range(60):
-            if i == 2:
-                ticking.set()
+        while not release.is_set():
+            ticking.set()
             preparing.step_aside()  # a progress point
-            time.sleep(0.02)
+            time.sleep(0.005)
         events.append(("slow", threading.current_thread().name))
         return "slow"
 
@@ -204,12 +219,14 @@ def test_a_session_waiting_on_a_queued_step_moves_it_to_the_front():
     queue = preparing.Queue([(first, ()), (second, ()), (reads, ()), (wanted, ())], lambda result, args: result(*args))
     thread = threading.Thread(target=queue.prepare, name="preparation", daemon=True)
     thread.start()
-    assert ticking.wait(10)
+    assert ticking.wait(120)
     assert preparing.preparing(wanted.key()) is queue
     assert wanted() == "wanted"  # this session waits; the preparation computes it, while "slow" is paused
     assert events == [("wanted", "preparation")]
-    assert reads() == "slow"  # needs "slow": runs right after it, before "second"
-    thread.join(30)
+    # "slow" ends once this session waits on "reads", which needs it: "reads" runs right after it, before "second"
+    threading.Thread(target=lambda: _until(lambda: preparing.SESSIONS.waiting >= 1) and release.set(), daemon=True).start()
+    assert reads() == "slow"
+    thread.join(120)
     assert events == [("wanted", "preparation"), ("slow", "preparation"), ("reads", "preparation"),
                       ("second", "preparation")]
     assert not preparing.QUEUES and preparing.SESSIONS.waiting == 0
