@@ -171,17 +171,47 @@ BUNDLED = ("SmolLM2-135M", "gemma-3-270m", '"smollm2', '"gemma3')  # a test that
 
 
 COLD = "tests/test_app_cold.py"  # the test that makes the run's one preparation
+# the restart reads that preparation back and opens pages over it: right after the cold server, whose pages left in
+# the caches what they compute beside the preparation
+RESTART = "tests/test_warm_up.py::test_a_restart_"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+# The modules each group holds, as the classification below finds them (it checks this table against them): the
+# workers' scheduler, which sees test ids and no fixtures, reads it
+GROUPS = {**dict.fromkeys([
+    "tests/test_app_circuits.py", "tests/test_app_cold.py", "tests/test_app_effects.py", "tests/test_app_generate.py",
+    "tests/test_app_head.py", "tests/test_app_llm.py", "tests/test_app_roles.py", "tests/test_app_tasks.py",
+    "tests/test_app_value_norms.py", "tests/test_card_once.py", "tests/test_gemma3.py", "tests/test_gemma3_bundled.py",
+    "tests/test_load_llm.py", "tests/test_warm_up.py"], "prepared"), **dict.fromkeys([
+    "tests/test_browser.py", "tests/test_browser_card.py", "tests/test_browser_circuits.py",
+    "tests/test_browser_hard.py", "tests/test_browser_layout.py", "tests/test_browser_llm.py",
+    "tests/test_browser_long.py", "tests/test_browser_pruning.py", "tests/test_browser_qk.py",
+    "tests/test_browser_train.py", "tests/test_browser_why.py"], "browser")}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole groups to one worker: a module of ``GROUPS`` goes with its group, any other module as a unit of its
+    own. (pytest-xdist's ``loadgroup`` names a test's group in its id, which pytest 9 no longer lets it change.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return GROUPS.get(module, module)
+
+    return Groups(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark each test by the fixtures it uses (and a bundled decoder it names); a test with none of those marks
     is ``fast``: tiny models built here and the bundled MiniLM, the loop to run while working.
 
-    The run's two workers (``-n 2 --dist loadgroup``) each take whole modules: the modules whose tests read a
-    bundled decoder's results in this process (AppTest, the results' caches) are one group, so one worker makes
-    the run's one preparation and every test that reads it finds it in its caches. The tests of the shared server
-    are another group, so that one server computes what they open; any other module goes anywhere."""
+    The run's two workers (``-n 2``, ``pytest_xdist_make_scheduler``) each take whole modules: the modules whose
+    tests read a bundled decoder's results in this process (AppTest, the results' caches) are one group, so one
+    worker makes the run's one preparation and every test that reads it finds it in its caches. The tests of the
+    shared server are another group, so that one server computes what they open; any other module goes anywhere.
+    ``GROUPS`` must name what this finds."""
     groups = {}  # a module's file -> "prepared" or "browser"
     reads_results = {}  # a module's file -> whether it imports the app's results (read once a module)
     for item in items:
@@ -205,12 +235,14 @@ def pytest_collection_modifyitems(config, items):
             groups[module] = "prepared"
         elif "server" in used:
             groups.setdefault(module, "browser")
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(groups.get(module, module)))
+    modules = {item.nodeid.split("::")[0] for item in items}
+    wrong = sorted(m for m in modules if groups.get(m) != GROUPS.get(m))
+    if wrong:
+        raise pytest.UsageError("conftest.GROUPS does not say where these modules' tests go: " + ", ".join(
+            f"{m} (its tests: {groups.get(m) or 'no group'}; GROUPS: {GROUPS.get(m) or 'no group'})" for m in wrong))
     # the cold server first: it makes the run's one preparation, whose results every test after it finds in the
-    # caches (as a server's sessions do) instead of computing them again
-    items.sort(key=lambda item: not item.nodeid.startswith(COLD))
+    # caches (as a server's sessions do) instead of computing them again; the restart second
+    items.sort(key=lambda item: 0 if item.nodeid.startswith(COLD) else 1 if item.nodeid.startswith(RESTART) else 2)
 
 
 
