@@ -82,4 +82,4 @@ def rule_scores(attentions: Sequence, rule: Rule, *, replicates: int = 1000) -> 
     return pd.DataFrame({"layer": layer, "head": head, "rule": rule.name, "sentence": rule.sentence, "score": score,
                          "lo": lo.ravel(), "hi": hi.ravel(), "coverage": covered / queries,
                          "lift": score / (uniform / queries) if uniform else np.nan,
-                         "sink_share": (sinks / queries).ravel()})
+                         "sink_share": (sinks / queries).ravel()}, columns=COLUMNS)
