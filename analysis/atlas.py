@@ -24,6 +24,7 @@ METRICS = {
     "self": "share on itself",
     "punct": "share on punctuation",
     "peak": "peak weight (mean over sentences)",
+    "explained": "explained: its rule's held-out score",
     "induction": "induction (detector)",
     "duplicate_token": "duplicate token (detector)",
     "previous_token": "previous token (detector)",
@@ -41,13 +42,17 @@ LIKE_K = 5
 
 def atlas_frame(parts: CardParts) -> pd.DataFrame:
     """One row per head: ``layer``, ``head``, ``name``, ``role`` (Head roles' label), ``detector_role`` (a
-    decoder's), and every measure of ``METRICS`` that ``parts`` holds, each the card's figure; ``effect``: the
+    decoder's), its explanation (``rule``, ``rule_family``, ``sentence``; ``explained``, the rule's held-out
+    score), and every measure of ``METRICS`` that ``parts`` holds, each the card's figure; ``effect``: the
     task's mean effect when there is one, else the first pair's recovered share."""
     frame = parts.profile[["layer", "head", "label", *[c for c in METRICS if c in parts.profile]]].rename(
         columns={"label": "role"}).reset_index(drop=True)
     frame.insert(2, "name", [head_label(int(r.layer), int(r.head)) for r in frame.itertuples()])
     frame["peak"] = np.nanmean(parts.peaks.weight, axis=0).reshape(-1)
     on = ["layer", "head"]
+    if parts.explanations is not None:
+        frame = frame.merge(parts.explanations[[*on, "score", "rule", "family", "sentence"]].rename(
+            columns={"score": "explained", "family": "rule_family"}), on=on, how="left")
     if parts.detector is not None:
         frame = frame.merge(parts.detector[[*on, "induction", "duplicate_token", "previous_token", "sink", "label"]]
                             .rename(columns={"label": "detector_role"}), on=on, how="left")

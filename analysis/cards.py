@@ -24,6 +24,7 @@ from .detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detect
 from .defaults import PAIRS
 from .effects import logit_attribution, patch_heads
 from .head_card import CardParts, HeadCard, Peaks, Writes, card_from, corpus_peaks, corpus_writes
+from .explanations import explain_corpus
 from .importance import head_importance
 from .qk import qk_embedding, qk_vectors
 from .roles import measure_heads
@@ -52,6 +53,7 @@ class CardSource(Protocol):
 
     def profile(self) -> tuple[pd.DataFrame, list]: ...               # Head roles' frame, the corpus' attention
     def peaks(self, attentions: list) -> Peaks: ...
+    def explanations(self, attentions: list) -> pd.DataFrame | None: ...  # explain_corpus; None: not ready
     def importance(self) -> pd.DataFrame | None: ...                  # None: not measured
     def pictures(self) -> dict | None: ...                            # queries and keys, None: not drawn
     def decoder(self) -> bool: ...
@@ -67,6 +69,7 @@ def assemble(source: CardSource) -> CardParts:
     """Every head's card parts, each taken from ``source``: the one place a card is put together."""
     frame, attentions = source.profile()
     parts = CardParts(frame, attentions, source.peaks(attentions), windows=attentions[0].windows)
+    parts.explanations = source.explanations(attentions)
     parts.importance, parts.qk = source.importance(), source.pictures()
     parts.decoder = source.decoder()
     if not parts.decoder:
@@ -99,6 +102,9 @@ class Computed:
 
     def peaks(self, attentions):
         return corpus_peaks(attentions)
+
+    def explanations(self, attentions):
+        return explain_corpus(attentions)
 
     def decoder(self) -> bool:
         return is_decoder(self.model)
@@ -142,7 +148,8 @@ class Computed:
 def card_parts(model: AttentionModel, *, sentences: Sequence[str] | None = None, pairs: dict | None = None,
                task: tuple[str, int] | None = TASK, importance: bool = True, progress=None) -> CardParts:
     """Every head's card parts, each as its page computes it (``assemble`` over ``Computed``): Head roles over
-    ``sentences`` (the built-in corpus), and for a decoder the head detector, the OV copying scores, each of
+    ``sentences`` (the built-in corpus) and each head's explanation (fitted on alternate sentences, scored on the
+    others: ``analysis.explanations.explain_corpus``), and for a decoder the head detector, the OV copying scores, each of
     ``pairs`` (the built-in pairs) attributed and patched exactly, ``task`` (a generator's name and its pairs; None
     for none) by attribution patching, and (``importance``) each head's importance by gradient on Pruning's
     sample."""

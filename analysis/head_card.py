@@ -29,6 +29,8 @@ from models.limits import batches
 from models.result import Attention
 
 from .effects import parts as P
+from .explanations import held_out_of, misses
+from .rules import rule_named
 from .views import set_aside, token_label
 
 TOP = 10  # examples a card shows
@@ -171,6 +173,7 @@ class CardParts:
     qk: dict | None = None                     # (layer, head) -> qk_embedding frame (Queries & keys)
     windows: tuple | None = None               # each layer's sliding window, None for a global layer
     decoder: bool = False                      # a decoder's card (its parts above may be missing while prepared)
+    explanations: pd.DataFrame | None = None   # explain_corpus over ``attentions`` (each head's rule, held out)
 
 
 def _row(frame: pd.DataFrame | None, layer: int, head: int) -> pd.Series | None:
@@ -209,6 +212,8 @@ class HeadCard:
     importance: pd.Series | None       # importance and rank
     qk: pd.DataFrame | None
     like: pd.DataFrame | None = None   # heads like it (``analysis.atlas.heads_like``)
+    explanation: pd.Series | None = None  # its rule and the rule's held-out score (``analysis.explanations``)
+    misses: pd.DataFrame | None = None    # the held-out queries where that rule fails most
 
     @property
     def name(self) -> str:
@@ -220,6 +225,10 @@ class HeadCard:
         role = self.detector_role if self.decoder and self.detector_role not in (None, "other") else self.role
         said = [f"{self.name} of {self.model}: {role}; entropy {m['entropy']:.2f} nats, mean distance "
                 f"{m['distance']:.1f} tokens, {m['cls']:.0%} of its weight on the first token"]
+        if self.explanation is not None:
+            e = self.explanation
+            said.append(f"{e['sentence']} ({e['score']:.2f} [{e['lo']:.2f}, {e['hi']:.2f}] of its attention on "
+                        "held-out text)")
         if not self.top.empty:
             t = self.top.iloc[0]
             said.append(f"strongest on “{t['query_token']}” → “{t['key_token']}” ({t['weight']:.2f})")
@@ -269,4 +278,13 @@ def card_from(parts: CardParts, model: str, layer: int, head: int, k: int = TOP)
         window=window, top=top_examples(parts.peaks, parts.attentions, layer, head, k),
         writes=None if parts.writes is None else top_writes(parts.writes, parts.attentions, layer, head, k),
         copying=copying, pairs=pairs, task=task, task_name=parts.task_name, importance=importance,
-        qk=None if parts.qk is None else parts.qk.get((layer, head)))
+        qk=None if parts.qk is None else parts.qk.get((layer, head)), **_explained(parts, layer, head))
+
+
+def _explained(parts: CardParts, layer: int, head: int) -> dict:
+    """The head's explanation and the held-out queries its rule misses, when ``parts`` has explanations."""
+    row = _row(parts.explanations, layer, head)
+    if row is None:
+        return {}
+    return {"explanation": row,
+            "misses": misses(held_out_of(parts.attentions), rule_named(row["rule"]), layer, head)}

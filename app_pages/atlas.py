@@ -1,6 +1,8 @@
 """Atlas: every head of a model as a point on two of its measures, or on a map of them all; a click opens its card."""
 import streamlit as st
 
+from analysis import EXPLAINED
+
 from analysis.atlas import METRICS, atlas_frame, head_map, metrics_of
 from app_pages.results.card import atlas, card_parts, decoder
 from app_pages.results.models import ModelRef
@@ -35,9 +37,16 @@ shared_metrics = [m for m in METRICS if all(m in metrics_of(f) for _, f in frame
 cols = st.columns(2)
 plot = bound(cols[0].segmented_control, "atlas_plot", "measures", init="default", options=list(PLOTS), cast=str,
              label="Place heads by", format_func=PLOTS.get, required=True)
-roles = ["role", *(["detector_role"] if all("detector_role" in f for _, f in frames.values()) else [])]
-colour = choose("Colour", roles, "atlas_colour", default=roles[-1], container=cols[1], cast=str,
-                format_func={"role": "Head roles' label", "detector_role": "Head detector's label"}.get)
+roles = ["role", *(c for c in ("detector_role", "rule_family") if all(c in f for _, f in frames.values()))]
+colour = choose("Colour", roles, "atlas_colour", default="detector_role" if "detector_role" in roles else "role",
+                container=cols[1], cast=str, format_func={"role": "Head roles' label", "detector_role": "Head "
+                                                          "detector's label", "rule_family": "Its rule's family"}.get)
+least = 0.0
+if all("explained" in f for _, f in frames.values()):
+    least = bound(st.slider, "atlas_explained", 0.0, cast=float, label="Explained from", min_value=0.0, max_value=1.0,
+                  step=0.05, help="Only the heads whose rule's held-out score is at least this (a head is called "
+                  f"explained from {EXPLAINED}).")
+    frames = {t: (r, f[f["explained"] >= least]) for t, (r, f) in frames.items()}
 cols = st.columns(3)
 if plot == "measures":
     default_x = "induction" if "induction" in shared_metrics else "entropy"
@@ -52,6 +61,9 @@ size = choose("Size", sizes, "atlas_size", default=sizes[-1] if "effect" not in 
 
 for col, (title, (r, frame)) in zip(st.columns(len(frames)), frames.items()):
     with col:
+        if len(frame) < 2:
+            st.info(f"{title}: {len(frame)} head explained from {least:.2f}; lower “Explained from” to see more.")
+            continue
         if plot == "map":
             frame = head_map(frame, shared_metrics)
             share = sum(frame.attrs["explained"])

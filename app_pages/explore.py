@@ -5,6 +5,7 @@ import streamlit as st
 from analysis import head_stats, special_share
 from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button, card_url, start_here
+from app_pages.ui.explanations import explained_in
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.long import explore_long
 from app_pages.ui.page import start
@@ -37,7 +38,7 @@ v = view(s, att)
 
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
                 title=title_for(att, f"Layer {layer}"), visible=v.visible(layer),
-                links={h: card_url(layer, h) for h in heads})
+                links={h: card_url(layer, h) for h in heads}, about=explained_in(s, layer))
 clicks = v.causal and explore_clicks(fig, v, heads, layer)  # a decoder: a cell's score split by writer, below
 event = chart(fig, "explore-grid", **({"on_select": "rerun", "selection_mode": "points"} if clicks else {}))
 causal_note(v, layer)

@@ -46,6 +46,7 @@ text = pick_sentence(s, container=top[1], label="Your sentence")
 
 view.on_text(s, card, text)
 view.over_corpus(card, len(parts.attentions))
+view.explained(card)
 view.examples(card)
 view.what_it_writes(s, ref, card, text)
 view.predictions(ref, card, text)

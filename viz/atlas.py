@@ -11,7 +11,13 @@ from .grids import ROLE_COLORS, SYNTAX_COLOR
 HALF_TITLE = 38  # title characters a line in a chart half a 1024 px window wide
 
 
-def _colour(role: str) -> str:
+FAMILY_COLORS = {"positional": "#1f77b4", "lexical": "#d62728", "syntactic": "#2ca02c", "focus": "#9467bd"}
+UNION_COLORS = ("#17becf", "#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f")  # the families of a union
+
+
+def _colour(role: str, column: str = "role", order: int = 0) -> str:
+    if column == "rule_family":
+        return FAMILY_COLORS.get(role, UNION_COLORS[order % len(UNION_COLORS)])
     colour = ROLE_COLORS.get(role, SYNTAX_COLOR)
     return "#e3e3e3" if colour == "#ffffff" else colour  # a white point on white would vanish
 
@@ -29,21 +35,26 @@ def atlas_scatter(frame: pd.DataFrame, x: str, y: str, *, colour: str = "role", 
                   labels: dict[str, str] | None = None, title: str = "", marked: tuple[int, int] | None = None,
                   height: int = 560, title_chars: int = HALF_TITLE) -> go.Figure:
     """Each head of ``frame`` (``analysis.atlas``) at ``(x, y)``, coloured by ``colour`` (a role column), sized by
-    ``|size|``; hover names the head, its role and its figures. Every point's ``customdata`` is ``[layer, head]``
+    ``|size|``; hover names the head, its role, its rule and its figures. Every point's ``customdata`` is ``[layer, head]``
     (a click opens that head); ``marked`` is ringed."""
     labels = labels or {}
     shown = [c for c in dict.fromkeys([x, y, *([size] if size else [])]) if c in frame]
     sizes = _sizes(frame[size].to_numpy() if size and size in frame else None, len(frame))
     fig = go.Figure()
+    unions = 0
     for role in sorted(frame[colour].astype(str).unique()):
         part = (frame[colour].astype(str) == role).to_numpy()
         rows = frame[part]
         text = ["<br>".join([f"<b>{r['name']}</b> · {safe(role)}",
+                             *([f"rule: {safe(r['rule'])} ({r['explained']:.2f} held out)"]
+                               if "rule" in r and isinstance(r["rule"], str) else []),
                              *(f"{safe(labels.get(c, c))}: {r[c]:.3f}" for c in shown)]) for _, r in rows.iterrows()]
+        tint = _colour(role, colour, unions)
+        unions += colour == "rule_family" and role not in FAMILY_COLORS
         fig.add_trace(go.Scatter(
             x=rows[x], y=rows[y], mode="markers", name=safe(role), text=text,
             customdata=rows[["layer", "head"]].to_numpy(), hovertemplate="%{text}<br>click to open its card<extra></extra>",
-            marker=dict(color=_colour(role), size=sizes[part], line=dict(width=0.5, color="#333"), opacity=0.85)))
+            marker=dict(color=tint, size=sizes[part], line=dict(width=0.5, color="#333"), opacity=0.85)))
     if marked is not None:
         row = frame[(frame["layer"] == marked[0]) & (frame["head"] == marked[1])]
         if not row.empty:

@@ -144,8 +144,10 @@ def hidden_cells(visible: np.ndarray | None, q_starts: np.ndarray, k_starts: np.
 
 
 def _heatmap(w: np.ndarray, q_cats, k_cats, name: str, zmax: float | None, coloraxis: str | None = None,
-             colorscale=COLORSCALE, zmid=None, pooled: bool = False, hidden: np.ndarray | None = None) -> go.Heatmap:
-    """A heatmap trace; ``hidden`` cells are left empty (NaN), so the grey background shows through."""
+             colorscale=COLORSCALE, zmid=None, pooled: bool = False, hidden: np.ndarray | None = None,
+             note: str = "") -> go.Heatmap:
+    """A heatmap trace; ``hidden`` cells are left empty (NaN), so the grey background shows through; ``note``: a
+    line its hover adds."""
     z = np.asarray(w, dtype=np.float32)
     if hidden is not None:
         z = np.where(hidden, np.nan, z)
@@ -153,7 +155,8 @@ def _heatmap(w: np.ndarray, q_cats, k_cats, name: str, zmax: float | None, color
         z=z, x=k_cats, y=q_cats, name=name, hoverongaps=False,
         coloraxis=coloraxis, colorscale=None if coloraxis else colorscale, zmin=None if zmid is not None else 0,
         zmax=zmax, zmid=zmid, showscale=False,
-        hovertemplate=_hover(pooled, "weight" if zmid is None else "difference") + f"<extra>{safe(name)}</extra>")
+        hovertemplate=_hover(pooled, "weight" if zmid is None else "difference") + (f"<br>{safe(note)}" if note else "")
+        + f"<extra>{safe(name)}</extra>")
 
 
 def _hidden_background(fig: go.Figure, hidden: np.ndarray | None) -> None:
@@ -168,7 +171,7 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
               shared_scale: bool = True, title: str = "", cols: int = 4, cell_px: int = 260,
               max_cells: int | None = MAX_CELLS, visible: np.ndarray | None = None,
               starts: tuple[np.ndarray, np.ndarray] | None = None, hidden: np.ndarray | None = None,
-              links: dict[int, str] | None = None) -> go.Figure:
+              links: dict[int, str] | None = None, about: dict[int, str] | None = None) -> go.Figure:
     """One heatmap per head of one layer: queries on rows, keys on columns.
 
     The heads share their axes: token labels run down the first column and under the lowest
@@ -186,6 +189,7 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
             ``(len(heads), query blocks, key blocks)`` in the order of ``heads``, and ``starts`` the first
             query and key of each block; ``hidden`` (bool per block) replaces ``visible``.
         links: a head's title links to this address (its card), opened in the same tab.
+        about: a line a head's hover adds (its explanation).
     """
     cols = max(1, min(cols, len(heads)))
     rows = math.ceil(len(heads) / cols)
@@ -213,7 +217,8 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
     pooled = bool(np.diff(q_starts, append=len(query_labels)).max(initial=1) > 1
                   or np.diff(k_starts, append=len(key_labels)).max(initial=1) > 1)
     traces = [_heatmap(w, q_cats, k_cats, f"head {h}", None if shared_scale else float(w.max()) or 1.0,
-                       coloraxis="coloraxis" if shared_scale else None, pooled=pooled, hidden=hidden)
+                       coloraxis="coloraxis" if shared_scale else None, pooled=pooled, hidden=hidden,
+                       note=(about or {}).get(h, ""))
               for h, w in zip(heads, drawn)]
     fig.add_traces(traces, rows=[i // cols + 1 for i in range(len(heads))], cols=[i % cols + 1 for i in range(len(heads))])
     x_axis, y_axis = _axis(key_labels, k_starts, k_cats), _axis(query_labels, q_starts, q_cats)

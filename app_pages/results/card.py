@@ -1,7 +1,7 @@
 """A head's card and the atlas, gathered from the results the other pages share, and the ways to open a card.
 
 The card computes nothing another page computes: its parts are those pages' shared results (the Head roles
-profile, the decoder detector, Effects' pairs, copying scores and task, Pruning's importance, Queries & keys'
+profile and its explanations, the decoder detector, Effects' pairs, copying scores and task, Pruning's importance, Queries & keys'
 pictures), asked with the arguments those pages open with, so the server's preparation has them ready. Its own
 two measures, each head's strongest examples and what it writes, are declared here and prepared with them.
 """
@@ -22,6 +22,7 @@ from models.corpus import CORPUS, corpus_sample
 
 from .detector import detected
 from .effects import cheap_copying, copying, effects
+from .explanations import explanations
 from .models import LLM, ModelRef, cached_model
 from .profiles import corpus_profile
 from .pruning import SAMPLE, first_measured, importance
@@ -113,6 +114,9 @@ class FromPages:
 
     def peaks(self, attentions):
         return peaks(self.ref, self.causal, self.heads_off)
+
+    def explanations(self, attentions):
+        return self._ready(explanations, self.ref, self.causal, self.heads_off)
 
     def importance(self):
         scratch = self.ref.editable()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis import DETECTORS, FOCI, FOCUS_NAMES, make_view
+from analysis import DETECTORS, EXPLAINED, FOCI, FOCUS_NAMES, make_view
 from analysis.atlas import METRICS
 from analysis.head_card import HeadCard
 from analysis.routes import flow_heads
@@ -79,6 +79,36 @@ def over_corpus(card: HeadCard, n_sentences: int) -> None:
                  "95% interval": f"{m[f'{f}_lift_lo']:.2f} to {m[f'{f}_lift_hi']:.2f}"} for f in FOCI]
     st.markdown(markdown_table(rows))
     st.caption(f"Measured over {n_sentences:,} sentences of the built-in corpus, as Head roles measures them.")
+    deeper("roles")
+
+
+def explained(card: HeadCard) -> None:
+    """The rule that best predicts where the head attends, fitted on half of the built-in corpus and scored on the
+    other half, and the held-out queries where it fails most."""
+    st.subheader("Explained in a sentence")
+    e = card.explanation
+    if e is None:
+        st.caption("Its explanation is being prepared.")
+        return
+    st.markdown(plain(f"{card.name} {e['sentence']}."))
+    cols = st.columns(4)
+    cols[0].metric("Held-out score", f"{e['score']:.2f}", help="The mean over queries of its attention on the rule's "
+                   "keys, on sentences the rule was not chosen on" + (" (the first token set aside, each query's "
+                   "other weights renormalised)" if card.decoder else "") + f". Explained from {EXPLAINED}.")
+    cols[0].caption(f"[{e['lo']:.2f}, {e['hi']:.2f}], 95% interval")
+    cols[1].metric("Lift over uniform", f"{e['lift']:.1f}×", help="Its score over that of attention spread evenly "
+                   "over the keys each query sees.")
+    cols[2].metric("Over the best positional rule", f"{e['lift_positional']:.2f}×",
+                   help=f"Its score over the held-out score of its best positional rule ({e['positional']}).")
+    cols[3].metric("Queries it names keys for", f"{e['coverage']:.0%}", help="A query the rule names no key for "
+                   "counts 0.")
+    if card.decoder:
+        st.caption(f"Set aside: {e['sink_share']:.0%} of its weight goes to the first token (the sink).")
+    if card.misses is not None and not card.misses.empty:
+        st.caption("Where the rule fails most on the held-out sentences: a «query» that gives its rule's keys little "
+                   "weight, and the [key] it attends to instead.")
+        st.markdown(markdown_table([{"weight": f"{r.weight:.2f}", "on its rule's keys": f"{r.on_rule:.2f}",
+                                     "context": r.snippet} for r in card.misses.itertuples()]))
     deeper("roles")
 
 

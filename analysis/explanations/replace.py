@@ -1,0 +1,190 @@
+"""A head replaced by its explanation: its attention pattern taken from its rule, in one run with edits (the
+``pattern`` point of ``models.run``), and what the model loses, beside the same heads mean-ablated.
+
+The rule's pattern: each query the score reads spreads its weight evenly over the rule's keys. In a decoder the
+first token keeps the head's sink share (its mean on the fit text, ``sink_share``) and the rest is spread over the
+keys; a query whose rule names no key puts all of its weight on the first token (a decoder's sink, an encoder's
+[CLS]). Rows the score does not read (a decoder's first token, an encoder's special tokens) keep the head's own
+weights. The loss: a decoder's mean next-token cross-entropy on the texts; an encoder's mean cosine of each text's
+embedding (mean-pooled, as the sentence model pools) to the unedited model's.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from models import HeadLensError
+from models.base import mean_pooled
+from models.run import Edits, device_of, editable
+
+from ..rules import Reading, rule_named
+from .heads import corpus_halves
+
+
+def rule_pattern(reading: Reading, keys: list[list[int]], sink: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """``(pattern (n, n), rows)``: ``keys``' pattern over ``reading``'s tokens and which query rows it replaces."""
+    n = len(reading)
+    rows = np.arange(n) >= 1 if reading.causal else ~reading.special
+    out = np.zeros((n, n))
+    for q in np.flatnonzero(rows):
+        named = keys[q]
+        if named:
+            out[q, named] = (1.0 - sink) / len(named)
+            out[q, 0] += sink
+        else:
+            out[q, 0] = 1.0
+    return out, rows
+
+
+def _groups(model, texts: list[str]) -> list[tuple[list[int], dict]]:
+    """The texts in batches of one token count (no padding): ``(indices, model inputs)``."""
+    counts = model.token_counts(texts)
+    by_length: dict[int, list[int]] = {}
+    for i, n in enumerate(counts):
+        by_length.setdefault(n, []).append(i)
+    out = []
+    for _, idx in sorted(by_length.items()):
+        enc = model.tokenize([texts[i] for i in idx], truncation=True, max_length=model.max_tokens,
+                             return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
+        out.append((idx, enc))
+    return out
+
+
+class Replacer:
+    """Runs of ``texts`` through ``model`` with heads replaced by their rules (``run(heads)``) or mean-ablated
+    (``run(heads, ablate=True)``), each measured as ``measure`` says: "loss" or "cosine"."""
+
+    def __init__(self, model, explanations: pd.DataFrame, texts: Sequence[str], *, means: np.ndarray):
+        self.model = editable(model, "Replacing a head by its rule")
+        self.stack = self.model.stack
+        self.device = device_of(self.stack)
+        self.causal = bool(self.model.causal)
+        self.measure = "loss" if self.stack.language_model else "cosine"
+        self.rules = {(int(r.layer), int(r.head)): (rule_named(r.rule), float(r.sink_share) if self.causal else 0.0)
+                      for r in explanations.itertuples()}
+        self.texts = list(texts)
+        self.groups = _groups(self.model, self.texts)
+        self.readings = [[self._reading(texts[i], enc, j) for j, i in enumerate(idx)] for idx, enc in self.groups]
+        self.means = means
+        self.reference = None
+        self.unedited = self.run(())
+
+    def _reading(self, text: str, enc, j: int) -> Reading:
+        return Reading(text, self.model.tokenizer.convert_ids_to_tokens(enc["input_ids"][j]),
+                       [tuple(map(int, o)) for o in enc["offset_mapping"][j]],
+                       enc["special_tokens_mask"][j].numpy().astype(bool), self.causal)
+
+    def _edits(self, heads, readings: list[Reading]) -> Edits:
+        by_layer: dict[int, list[int]] = {}
+        for layer, head in heads:
+            by_layer.setdefault(layer, []).append(head)
+        edits = {}
+        for layer, hs in by_layer.items():
+            kept = list(self.stack.kept[layer])
+            patterns = []
+            for h in hs:
+                if h not in kept:
+                    continue
+                rule, sink = self.rules[(layer, h)]
+                made = [rule_pattern(r, rule.keys_of(r), sink) for r in readings]
+                pattern = torch.as_tensor(np.stack([p for p, _ in made]))
+                rows = torch.as_tensor(np.stack([w for _, w in made]))
+                patterns.append((kept.index(h), pattern, rows))
+            edits[("pattern", layer)] = self._replacing(patterns)
+        return Edits(edits)
+
+    def _replacing(self, patterns) -> Callable:
+        def replace(weights):                                                   # (B, kept, n, keys)
+            weights = weights.clone()
+            for i, pattern, rows in patterns:
+                mine = pattern.to(weights.device, weights.dtype)
+                keep = rows.to(weights.device)[..., None]
+                weights[:, i] = torch.where(keep, mine, weights[:, i])
+            return weights
+        return replace
+
+    @torch.inference_mode()
+    def run(self, heads, *, ablate: bool = False) -> float:
+        """The measure with ``heads`` (``(layer, head)`` pairs) replaced by their rules, or (``ablate``)
+        mean-ablated."""
+        heads = [(int(a), int(b)) for a, b in heads]
+        missing = [h for h in heads if h not in self.rules]
+        if missing:
+            raise HeadLensError(f"Layer {missing[0][0]}, head {missing[0][1]} has no explanation to replace it by.")
+        total, count, pooled = 0.0, 0, []
+        for (idx, enc), readings in zip(self.groups, self.readings):
+            ids = enc["input_ids"].to(self.device)
+            mask = torch.ones_like(ids)
+            options = {}
+            if "token_type_ids" in self.stack.input_names and "token_type_ids" in enc:
+                options["token_type_ids"] = enc["token_type_ids"].to(self.device)
+            if ablate and heads:
+                off = torch.ones(self.model.n_layers, self.model.n_heads, device=self.device)
+                for layer, head in heads:
+                    off[layer, head] = 0
+                options.update(head_mask=off, head_fill=torch.as_tensor(self.means, dtype=torch.float32,
+                                                                          device=self.device))
+            elif heads:
+                options["edits"] = self._edits(heads, readings)
+            h = self.stack(ids, mask, need_weights=False, need_logits=False, **options).last_hidden_state
+            if self.measure == "loss":
+                s, c, _ = self.model.next_token_sums(h, ids, mask)
+                total, count = total + float(s), count + c
+            else:
+                pooled.append((idx, mean_pooled(h, mask)))
+        if self.measure == "loss":
+            return total / max(count, 1)
+        embeddings = np.zeros((sum(len(i) for i, _ in pooled), pooled[0][1].shape[1]))
+        for idx, e in pooled:
+            embeddings[idx] = e
+        if self.reference is None:
+            self.reference = embeddings
+        return float((embeddings * self.reference).sum(1).mean())
+
+
+def _means(model, texts: Sequence[str]) -> np.ndarray:
+    return editable(model, "Mean ablation").head_means(list(texts))
+
+
+def replace_heads(model, explanations: pd.DataFrame, heads, texts: Sequence[str] | None = None, *,
+                  means_of: Sequence[str] | None = None) -> dict:
+    """``heads`` (``(layer, head)`` pairs) replaced by their rules from ``explanations`` (``explain_heads``'s frame)
+    on ``texts`` (default: the built-in corpus's held-out half): ``{"measure", "unedited", "replaced",
+    "mean_ablated"}``, a decoder's loss or an encoder's cosine to the unedited embedding. Mean ablation puts each
+    head's mean output over ``means_of`` (default: the fit half) in its place."""
+    fit, held = corpus_halves()
+    r = Replacer(model, explanations, list(held if texts is None else texts),
+                 means=_means(model, fit if means_of is None else means_of))
+    heads = list(heads)
+    return {"measure": r.measure, "heads": len(heads), "unedited": r.unedited, "replaced": r.run(heads),
+            "mean_ablated": r.run(heads, ablate=True)}
+
+
+def replacement_counts(n: int) -> list[int]:
+    """The numbers of best-explained heads a curve replaces: 1, 2, 4, a tenth, a quarter, a half, all."""
+    return sorted({k for k in (1, 2, 4, round(n / 10), round(n / 4), round(n / 2), n) if 1 <= k <= n})
+
+
+def replacement_curve(model, explanations: pd.DataFrame, texts: Sequence[str] | None = None, *,
+                      counts: Sequence[int] | None = None, means_of: Sequence[str] | None = None,
+                      progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """The ``k`` best-explained heads (by held-out score) replaced by their rules, and mean-ablated, for each ``k`` of
+    ``counts`` (``replacement_counts``): one row per ``k`` (``k, measure, unedited, replaced, mean_ablated``)."""
+    fit, held = corpus_halves()
+    order = explanations.sort_values(["score", "layer", "head"], ascending=[False, True, True])
+    heads = list(zip(order["layer"].astype(int), order["head"].astype(int)))
+    counts = replacement_counts(len(heads)) if counts is None else sorted(set(int(k) for k in counts))
+    r = Replacer(model, explanations, list(held if texts is None else texts),
+                 means=_means(model, fit if means_of is None else means_of))
+    rows = []
+    for i, k in enumerate(counts):
+        rows.append({"k": k, "measure": r.measure, "unedited": r.unedited, "replaced": r.run(heads[:k]),
+                     "mean_ablated": r.run(heads[:k], ablate=True)})
+        if progress is not None:
+            progress(i + 1, len(counts))
+    out = pd.DataFrame(rows)
+    out.attrs["texts"] = len(r.texts)
+    return out

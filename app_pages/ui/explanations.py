@@ -1,0 +1,91 @@
+"""Every head explained in a sentence, on Head roles: how many heads a rule explains on held-out text, each head's
+rule, and what the model loses when its best-explained heads are replaced by their rules."""
+from __future__ import annotations
+
+import streamlit as st
+
+from analysis import EXPLAINED
+from viz.explanations import explained_grid, replacement_chart
+
+from ..results.explanations import explanations, first_replacement, replacement, whole_replacement
+from ..results.models import ModelRef
+from .card_links import click_picks_head
+from .exports import chart, file_name
+
+SHOWN = ["layer", "head", "rule", "score", "lo", "hi", "coverage", "lift", "positional", "lift_positional",
+         "sink_share"]
+
+
+def every_head_explained(ref: ModelRef, causal: bool, heads_off: tuple) -> None:
+    """The section: a summary, the grid of held-out scores (a click opens a card), the table, the replacement
+    curve, and the exports."""
+    st.subheader("Every head explained in a sentence")
+    found = explanations(ref, causal, heads_off)
+    n, explained = len(found), int((found["score"] >= EXPLAINED).sum())
+    cols = st.columns(3)
+    cols[0].metric("Heads explained", f"{explained} of {n}", help=f"Held-out score {EXPLAINED} or more.")
+    cols[1].metric("Median held-out score", f"{found['score'].median():.2f}")
+    cols[2].metric("Rules in use", f"{found['rule'].nunique()}")
+    st.caption("Each head's rule is the one (or the union of two) that best predicts its attention on alternate "
+               "sentences of the built-in corpus; its score is the mean over queries of the head's attention on the "
+               "rule's keys on the other sentences, with a 95% interval" + (", the first token set aside (its share "
+               "is the sink share) and each query's other weights renormalised" if found.attrs.get("causal") else "") + ". A query the rule names no key for "
+               "counts 0.")
+    grid = explained_grid(found, threshold=EXPLAINED, title=f"Held-out score of each head's rule · {explained} of "
+                          f"{n} explained")
+    click_picks_head(chart(grid, "explained-grid", on_select="rerun", selection_mode="points"), "explained-grid",
+                     grid, int(found["head"].max()) + 1)
+    st.dataframe(found[SHOWN].sort_values("score", ascending=False).style.format(precision=2), hide_index=True,
+                 key="explained-table")
+    left, right, _ = st.columns([1, 1, 2])
+    left.download_button("Explanations · CSV", lambda: found.to_csv(index=False), file_name("explanations", ext="csv"),
+                         "text/csv", key="explained-csv", on_click="ignore")
+    right.download_button("Explanations · JSON", lambda: found.to_json(orient="records", indent=1),
+                          file_name("explanations", ext="json"), "application/json", key="explained-json",
+                          on_click="ignore")
+    _replaced(ref)
+
+
+def explained_in(s, layer: int) -> dict[int, str]:
+    """Each head of ``layer``'s explanation, in a line, once computed for the sidebar's model (Head roles, a card or
+    the server's preparation computes it; Explore does not wait for it)."""
+    found = explanations.peek(s.model, s.causal, s.heads_off)
+    if found is None:
+        return {}
+    rows = found[found["layer"] == layer]
+    return {int(r.head): f"explained: {r.rule} ({r.score:.2f} held out)" for r in rows.itertuples()}
+
+
+def _replaced(ref: ModelRef) -> None:
+    """What the model loses with its best-explained heads replaced: a quarter of them on a few held-out sentences
+    first, the whole curve on request."""
+    st.markdown("**Replaced by their rules**")
+    whole = whole_replacement(ref)
+    curve = replacement.peek(*whole)
+    if curve is None:
+        curve = replacement(*first_replacement(ref))
+        if st.button(f"The whole curve, on {len(whole[1])} held-out sentences", key="explained-whole",
+                     icon=":material/show_chart:", help="The 1, 2, 4 best-explained heads, a tenth, a quarter, a half "
+                     "and all of them replaced, each beside the same heads mean-ablated (SmolLM2: about a minute on "
+                     "two cores), then shared."):
+            replacement(*whole)
+            st.rerun()
+    measure = str(curve["measure"].iloc[0])
+    if len(curve) > 1:
+        chart(replacement_chart(curve, title="The best-explained heads replaced by their rules"), "explained-replaced")
+    k = int(curve["k"].iloc[-1] if len(curve) == 1 else curve["k"].iloc[len(curve) // 2])
+    row = curve[curve["k"] == k].iloc[0]
+    said = "next-token loss" if measure == "loss" else "cosine to the unedited embedding"
+    cols = st.columns(3)
+    cols[0].metric(f"Unedited · {said}", f"{row['unedited']:.3f}")
+    cols[1].metric(f"{k} best-explained replaced", f"{row['replaced']:.3f}", f"{row['replaced'] - row['unedited']:+.3f}",
+                   delta_color="inverse" if measure == "loss" else "normal")
+    cols[2].metric(f"The same {k} mean-ablated", f"{row['mean_ablated']:.3f}",
+                   f"{row['mean_ablated'] - row['unedited']:+.3f}", delta_color="inverse" if measure == "loss" else "normal")
+    st.caption("Each head's attention replaced by its rule's pattern (even over the rule's keys; "
+               + ("the first token keeping the head's sink share; " if measure == "loss" else "")
+               + f"a query with no key on the first token), against the same heads mean-ablated, on {curve.attrs.get('texts', '')} "
+               "held-out sentences. Heads are replaced best-explained first.")
+    st.dataframe(curve.style.format(precision=4), hide_index=True, key="explained-curve")
+    st.download_button("Replacement · CSV", lambda: curve.to_csv(index=False), file_name("replacement", ext="csv"),
+                       "text/csv", key="replaced-csv", on_click="ignore")
