@@ -2,7 +2,6 @@
 import streamlit as st
 
 from analysis import EXPLAINED
-
 from analysis.atlas import METRICS, atlas_frame, head_map, metrics_of
 from app_pages.results.card import atlas, card_parts, decoder
 from app_pages.results.models import ModelRef

@@ -42,7 +42,8 @@ def kept_apart(fit: Sequence[str], held_out: Sequence[str]) -> None:
     """A held-out text is never one fitted on."""
     both = set(fit) & set(held_out)
     if both:
-        raise HeadLensError(f"{len(both)} of the held-out texts are among the fit texts (such as {next(iter(both))!r}): "
+        raise HeadLensError(f"{len(both)} of the held-out texts are among the fit texts (such as "
+                            f"{next(iter(both))!r}): "
                             "a rule is scored on text it was not chosen on.")
     if not fit or not held_out:
         raise HeadLensError("Explaining heads needs fit texts and held-out texts, at least one of each.")
@@ -129,7 +130,8 @@ def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[st
     if fit is None and held_out is None:
         fit, held_out = corpus_halves()
     elif fit is None or held_out is None:
-        raise HeadLensError("Give both the fit texts and the held-out texts, or neither (the built-in corpus's halves).")
+        raise HeadLensError("Give both the fit texts and the held-out texts, or neither (the built-in corpus's "
+                            "halves).")
     fit, held_out = list(fit), list(held_out)
     kept_apart(fit, held_out)
     attentions = model.attend(fit + held_out, batch_size=batch_size)

@@ -127,7 +127,9 @@ def misses(attentions: Sequence, rule: Rule, layer: int, head: int, k: int = 3) 
     own text, whose weight on the rule's keys is below ``MISS_BELOW`` and whose strongest weight elsewhere is the
     largest. One row each: ``text``, ``query``, ``key`` (where it went), their tokens, ``weight`` (on that key, as the
     score reads it), ``on_rule`` (its weight on the rule's keys) and a ``snippet``."""
-    from ..head_card import snippet  # the card's sentence snippets; the card reads this module
+    from ..head_card import (
+        snippet,  # the card's sentence snippets; the card reads this module
+    )
 
     found = []
     for attention in attentions:
@@ -147,7 +149,8 @@ def misses(attentions: Sequence, rule: Rule, layer: int, head: int, k: int = 3) 
             found.append((float(strength[r]), attention, int(c.queries[r]), int(best[r]), float(share[r])))
     found.sort(key=lambda f: -f[0])
     out = [{"text": a.text, "query": q, "key": key, "query_token": token_label(a.tokens[q]),
-            "key_token": token_label(a.tokens[key]), "weight": weight, "on_rule": on_rule, "snippet": snippet(a, q, key)}
+            "key_token": token_label(a.tokens[key]), "weight": weight, "on_rule": on_rule,
+            "snippet": snippet(a, q, key)}
            for weight, a, q, key, on_rule in found[:k]]
     return pd.DataFrame(out, columns=["text", "query", "key", "query_token", "key_token", "weight", "on_rule",
                                       "snippet"])

@@ -7,7 +7,12 @@ import streamlit as st
 from analysis import EXPLAINED
 from viz.explanations import explained_grid, replacement_chart
 
-from ..results.explanations import explanations, first_replacement, replacement, whole_replacement
+from ..results.explanations import (
+    explanations,
+    first_replacement,
+    replacement,
+    whole_replacement,
+)
 from ..results.models import ModelRef
 from .card_links import click_picks_head
 from .exports import chart, file_name
@@ -26,10 +31,11 @@ def every_head_explained(ref: ModelRef, causal: bool, heads_off: tuple) -> None:
     cols[0].metric("Heads explained", f"{explained} of {n}", help=f"Held-out score {EXPLAINED} or more.")
     cols[1].metric("Median held-out score", f"{found['score'].median():.2f}")
     cols[2].metric("Rules in use", f"{found['rule'].nunique()}")
+    aside = (", the first token set aside (its share is the sink share) and each query's other weights renormalised"
+             if found.attrs.get("causal") else "")
     st.caption("Each head's rule is the one (or the union of two) that best predicts its attention on alternate "
                "sentences of the built-in corpus; its score is the mean over queries of the head's attention on the "
-               "rule's keys on the other sentences, with a 95% interval" + (", the first token set aside (its share "
-               "is the sink share) and each query's other weights renormalised" if found.attrs.get("causal") else "") + ". A query the rule names no key for "
+               f"rule's keys on the other sentences, with a 95% interval{aside}. A query the rule names no key for "
                "counts 0.")
     grid = explained_grid(found, threshold=EXPLAINED, title=f"Held-out score of each head's rule · {explained} of "
                           f"{n} explained")
@@ -78,13 +84,14 @@ def _replaced(ref: ModelRef) -> None:
     said = "next-token loss" if measure == "loss" else "cosine to the unedited embedding"
     cols = st.columns(3)
     cols[0].metric(f"Unedited · {said}", f"{row['unedited']:.3f}")
-    cols[1].metric(f"{k} best-explained replaced", f"{row['replaced']:.3f}", f"{row['replaced'] - row['unedited']:+.3f}",
-                   delta_color="inverse" if measure == "loss" else "normal")
+    worse = "inverse" if measure == "loss" else "normal"  # a higher loss is worse, a higher cosine better
+    cols[1].metric(f"{k} best-explained replaced", f"{row['replaced']:.3f}",
+                   f"{row['replaced'] - row['unedited']:+.3f}", delta_color=worse)
     cols[2].metric(f"The same {k} mean-ablated", f"{row['mean_ablated']:.3f}",
-                   f"{row['mean_ablated'] - row['unedited']:+.3f}", delta_color="inverse" if measure == "loss" else "normal")
-    st.caption("Each head's attention replaced by its rule's pattern (even over the rule's keys; "
-               + ("the first token keeping the head's sink share; " if measure == "loss" else "")
-               + f"a query with no key on the first token), against the same heads mean-ablated, on {curve.attrs.get('texts', '')} "
+                   f"{row['mean_ablated'] - row['unedited']:+.3f}", delta_color=worse)
+    sink = "the first token keeping the head's sink share; " if measure == "loss" else ""
+    st.caption(f"Each head's attention replaced by its rule's pattern (even over the rule's keys; {sink}a query with "
+               f"no key on the first token), against the same heads mean-ablated, on {curve.attrs.get('texts', '')} "
                "held-out sentences. Heads are replaced best-explained first.")
     st.dataframe(curve.style.format(precision=4), hide_index=True, key="explained-curve")
     st.download_button("Replacement · CSV", lambda: curve.to_csv(index=False), file_name("replacement", ext="csv"),

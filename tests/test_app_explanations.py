@@ -1,0 +1,87 @@
+"""Every head explained, on the default model in AppTest: Head roles' summary, grid, table, exports and replacement
+curve; the card's sentence and score; Atlas's colour and filter; Explore's hover. The frame each shows is
+``explain_heads`` on the built-in corpus's halves (its scores held to transformers' attention in
+test_explain_heads.py), here read from the transformers engine's profile."""
+import io
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.explanations import (
+    EXPLAINED,
+    explain_heads,
+    replace_heads,
+    replacement_counts,
+)
+from analysis.explanations.heads import corpus_halves
+from tests.conftest import decode, downloads, figures, shown
+
+
+@pytest.fixture(scope="module")
+def explained(scratch_model):
+    return explain_heads(scratch_model)
+
+
+def test_head_roles_explains_every_head_and_replaces_the_best_explained(new_app, explained, scratch_model):
+    at = new_app(page="app_pages/roles.py")
+    assert not at.exception and not at.error
+    n = int((explained["score"] >= EXPLAINED).sum())
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Heads explained"] == f"{n} of 72" and 20 <= n <= 60
+    grid = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("Held-out score"))
+    z = decode(grid["data"][0]["z"])
+    np.testing.assert_allclose(z, explained["score"].to_numpy().reshape(6, 12), atol=1e-4)
+    table = at.dataframe[0].value  # Head roles' own table, with each head's rule
+    assert table["rule"].tolist() == explained["rule"].tolist()
+    np.testing.assert_allclose(table["explained"], explained["score"], atol=1e-4)
+    files = downloads(at)
+    csv = pd.read_csv(io.BytesIO(files["Explanations · CSV"]))
+    assert list(csv.columns[:4]) == ["layer", "head", "rule", "family"] and len(csv) == 72
+    assert [r["rule"] for r in json.loads(files["Explanations · JSON"])] == explained["rule"].tolist()
+    # a quarter of the heads, best explained first, replaced on the first 24 held-out sentences
+    order = explained.sort_values(["score", "layer", "head"], ascending=[False, True, True])
+    heads = list(zip(order["layer"], order["head"]))[:18]
+    want = replace_heads(scratch_model, explained, heads, corpus_halves()[1][:24])
+    assert metrics["Unedited · cosine to the unedited embedding"] == "1.000"
+    assert metrics["18 best-explained replaced"] == f"{want['replaced']:.3f}"
+    assert metrics["The same 18 mean-ablated"] == f"{want['mean_ablated']:.3f}"
+    at.button(key="explained-whole").click().run(timeout=300)
+    curve = at.dataframe[-1].value  # the curve's table, last on the page
+    assert curve["k"].tolist() == replacement_counts(72) == [1, 2, 4, 7, 18, 36, 72]
+    chart = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("The best-explained heads"))
+    np.testing.assert_allclose(decode(chart["data"][0]["y"]), curve["replaced"])
+    assert curve["replaced"].iloc[0] > curve["replaced"].iloc[-1]  # replacing more heads costs more
+
+
+def test_a_card_says_its_head_in_a_sentence_with_its_held_out_score(new_app, explained):
+    at = new_app({"head": "0.2"}, page="app_pages/head.py")
+    assert not at.exception
+    row = explained.set_index(["layer", "head"]).loc[(0, 2)]
+    assert row["rule"] == "previous token"
+    assert {m.label: m.value for m in at.metric}["Held-out score"] == f"{row['score']:.2f}"
+    texts = [shown(m.value) for m in at.markdown]
+    assert "L0 H2 attends to the previous token." in texts
+    assert "attends to the previous token (" in texts[0]  # the card's summary
+
+
+def test_atlas_colours_by_rule_family_and_filters_the_explained(new_app, explained):
+    at = new_app({"atlas_colour": "rule_family", "atlas_explained": "0.8"}, page="app_pages/atlas.py")
+    assert not at.exception
+    fig = figures(at)[0]
+    points = sum(len(decode(t["x"])) for t in fig["data"])
+    assert points == int((explained["score"] >= 0.8 - 1e-9).sum())
+    families = {t["name"] for t in fig["data"]}
+    assert families == set(explained.loc[explained["score"] >= 0.8, "family"])
+
+
+def test_explores_hover_names_each_heads_explanation(new_app, explained):
+    new_app(page="app_pages/roles.py")  # Head roles computes the explanations; Explore reads them, never waits on them
+    at = new_app({"layer": "0"}, page="app_pages/explore.py")
+    assert not at.exception
+    hovers = {t["name"]: t["hovertemplate"] for t in figures(at)[0]["data"] if t.get("type") == "heatmap"}
+    assert len(hovers) >= 4
+    for r in explained[explained["layer"] == 0].itertuples():
+        if f"head {r.head}" in hovers:
+            assert f"<br>explained: {r.rule} ({r.score:.2f} held out)<extra>" in hovers[f"head {r.head}"]

@@ -1,0 +1,197 @@
+"""Every head explained (``analysis.explanations.explain_heads``): the rule chosen on the fit text and scored on the
+held-out text, each score recomputed query by query from transformers' own attention; the two texts held apart; and a
+head replaced by its rule equal to transformers' run with a hook that sets the head's output to (the rule's pattern)
+@ (its values from transformers' value projection)."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import BertModel
+
+from analysis.explanations import (
+    EXPLAINED,
+    explain_attentions,
+    explain_heads,
+    explained_share,
+)
+from analysis.explanations.replace import Replacer
+from analysis.rules import RULES, rule_named
+from models import HeadLensError, load_model
+from models.corpus import CORPUS
+from tests.test_explanations import by_hand, transformers_weights
+from tests.test_families import build
+
+FIT, HELD_OUT = list(CORPUS[0:16:2]), list(CORPUS[1:16:2])
+
+
+def _hand_scores(folder, model, texts, rule, causal) -> np.ndarray:
+    """The rule's score for every head over ``texts``, query by query from transformers' attention."""
+    parts = []
+    for t in texts:
+        special = None if causal else list(model.attend(t).special)
+        parts.append(by_hand(transformers_weights(folder, model, t), rule.keys(model, t), special, causal))
+    return sum(p["score"] for p in parts) / sum(p["queries"] for p in parts)
+
+
+def _check(frame, folder, model, fit, held_out, causal):
+    singles = {name: _hand_scores(folder, model, fit, rule, causal) for name, rule in RULES.items()}
+    best_single = np.max(np.stack(list(singles.values())), axis=0)
+    fits = dict(singles)
+    for r in frame.itertuples():
+        if r.rule not in fits:
+            fits[r.rule] = _hand_scores(folder, model, fit, rule_named(r.rule), causal)
+        fitted = fits[r.rule][r.layer, r.head]
+        assert r.fit_score == pytest.approx(fitted, abs=1e-5)
+        assert r.fit_score >= best_single[r.layer, r.head] - 1e-5  # no single rule fits the head better
+        if r.rule in singles:  # a single rule is the best one
+            assert r.fit_score == pytest.approx(best_single[r.layer, r.head], abs=1e-5)
+        else:  # a union earns its second rule
+            assert r.fit_score >= best_single[r.layer, r.head] + 0.05 - 1e-5
+    # held out: the chosen rule and the best positional one
+    for r in frame.sample(min(12, len(frame)), random_state=0).itertuples():
+        held = _hand_scores(folder, model, held_out, rule_named(r.rule), causal)[r.layer, r.head]
+        assert r.score == pytest.approx(held, abs=1e-5)
+        positional = _hand_scores(folder, model, held_out, RULES[r.positional], causal)[r.layer, r.head]
+        assert r.lift_positional == pytest.approx(held / positional, rel=1e-4)
+        fit_positional = {n: singles[n][r.layer, r.head] for n, rule in RULES.items() if rule.family == "positional"}
+        assert fit_positional[r.positional] == pytest.approx(max(fit_positional.values()), abs=1e-5)  # on the fit
+        assert r.lo <= r.score + 1e-9 <= r.hi + 2e-9
+
+
+def test_an_encoders_heads_are_explained_on_text_they_were_not_fitted_on(scratch_model, minilm_dir):
+    frame = explain_heads(scratch_model, FIT, HELD_OUT, replicates=200)
+    assert len(frame) == 72 and frame.attrs == {"causal": False, "fit": len(FIT), "held_out": len(HELD_OUT)}
+    _check(frame, minilm_dir, scratch_model, FIT, HELD_OUT, causal=False)
+    assert explained_share(frame) == pytest.approx((frame["score"] >= EXPLAINED).mean())
+    l0h2 = frame.set_index(["layer", "head"]).loc[(0, 2)]  # MiniLM's previous-token head
+    assert l0h2["rule"] == "previous token" and l0h2["score"] > 0.95
+
+
+def test_a_decoders_heads_set_the_first_token_aside(tmp_path):
+    folder, _, _ = build("gpt2", tmp_path)
+    model = load_model(folder)
+    texts = ["The cat sat on the mat. The cat sat on the rug.", "A dog and a dog and a cat.", *CORPUS[:6]]
+    fit, held = texts[0::2], texts[1::2]
+    frame = explain_heads(model, fit, held, replicates=200)
+    assert frame.attrs["causal"] is True
+    _check(frame, folder, model, fit, held, causal=True)
+
+
+def test_the_fit_and_held_out_texts_are_kept_apart(scratch_model):
+    with pytest.raises(HeadLensError, match="1 of the held-out texts are among the fit texts"):
+        explain_heads(scratch_model, FIT, [FIT[0], *HELD_OUT])
+    with pytest.raises(HeadLensError, match="both"):
+        explain_heads(scratch_model, FIT)
+    fit, held = scratch_model.attend(FIT), scratch_model.attend(HELD_OUT)
+    other = scratch_model.attend(list(CORPUS[100:116]))
+    a, b = explain_attentions(fit, held, replicates=50), explain_attentions(other, held, replicates=50)
+    same = (a["rule"] == b["rule"]).to_numpy()
+    assert same.sum() > 20  # a rule chosen on other text is scored on the same held-out text the same way
+    np.testing.assert_allclose(a["score"][same], b["score"][same], atol=1e-12)
+    assert not np.allclose(a["fit_score"][same], b["fit_score"][same])
+    c = explain_attentions(fit, other, replicates=50)  # and the fit is untouched by the held-out text
+    np.testing.assert_allclose(a["fit_score"], c["fit_score"], atol=1e-12)
+    assert (a["rule"] == c["rule"]).all()
+
+
+# --- replacement ----------------------------------------------------------------------------------------------------
+
+def _pattern(n: int, keys: list[list[int]], rows: list[int], sink: float) -> torch.Tensor:
+    """By hand: each replaced row even over its keys, the first token keeping ``sink``; no key: all on the first."""
+    p = torch.zeros(n, n, dtype=torch.float64)
+    for q in rows:
+        if keys[q]:
+            for k in keys[q]:
+                p[q, k] += (1 - sink) / len(keys[q])
+            p[q, 0] += sink
+        else:
+            p[q, 0] = 1.0
+    return p
+
+
+def _hooked(layers, edits: dict, value_of, output_of):
+    """Hooks on transformers' layers: each edited head's slice of the output projection's input set to (pattern) @
+    (its values, read from the value projection's output in the same run)."""
+    values, handles = {}, []
+    for layer, heads in edits.items():
+        def keep(_, __, out, layer=layer):
+            values[layer] = out
+        def replace(_, args, layer=layer, heads=heads):
+            (x,) = args
+            x = x.clone()
+            for head, dh, pattern, rows in heads:
+                v = value_of(values[layer])[0, :, head * dh:(head + 1) * dh].to(x.dtype)
+                z = pattern.to(x.dtype) @ v
+                x[0, rows, head * dh:(head + 1) * dh] = z[rows]
+            return (x,)
+        handles.append(layers[layer][0].register_forward_hook(keep))
+        handles.append(layers[layer][1].register_forward_pre_hook(replace))
+    return handles
+
+
+def test_a_decoder_head_replaced_by_its_rule_is_transformers_run_with_that_pattern(tmp_path):
+    folder, hf, tok = build("gpt2", tmp_path)
+    ours = load_model(folder, backend="scratch")
+    ours.stack.double()
+    texts = ["The cat sat on the mat. The cat sat on the rug.", "A dog and a dog and a cat, and a dog."]
+    frame = pd.DataFrame({"layer": [0, 1, 1], "head": [1, 2, 3], "rule": ["previous token", "duplicate", "punctuation"],
+                          "sink_share": [0.3, 0.55, 0.0]})
+    heads = list(zip(frame["layer"], frame["head"]))
+    replacer = Replacer(ours, frame, texts, means=np.zeros((2, 4, 8)))
+    dh = 32 // 4
+    total = count = 0.0
+    for text in texts:
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        n = ids.shape[1]
+        edits = {}
+        for r in frame.itertuples():
+            keys = rule_named(r.rule).keys(ours, text)
+            edits.setdefault(r.layer, []).append((r.head, dh, _pattern(n, keys, list(range(1, n)), r.sink_share),
+                                                  list(range(1, n))))
+        layers = {l: (hf.transformer.h[l].attn.c_attn, hf.transformer.h[l].attn.c_proj) for l in edits}
+        handles = _hooked(layers, edits, lambda out: out[..., 64:96], None)
+        try:
+            with torch.no_grad():
+                logits = hf(ids).logits[0]
+        finally:
+            for h in handles:
+                h.remove()
+        total += float(torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:], reduction="sum"))
+        count += n - 1
+    assert replacer.run(heads) == pytest.approx(total / count, abs=1e-5)
+    assert abs(replacer.run(heads) - replacer.unedited) > 1e-3  # the replacement changed something
+
+
+def test_an_encoder_head_replaced_by_its_rule_is_transformers_run_with_that_pattern(scratch_model, minilm_dir):
+    hf = BertModel.from_pretrained(minilm_dir, attn_implementation="eager").eval()
+    texts = ["Which do you like better, coffee or tea?", "The cat sat on the mat, and the dog barked."]
+    frame = pd.DataFrame({"layer": [0, 3, 5], "head": [2, 7, 11],
+                          "rule": ["next token", "punctuation", "focus: object"],
+                          "sink_share": [0.4, 0.4, 0.4]})  # an encoder's pattern takes no sink share
+    replacer = Replacer(scratch_model, frame, texts, means=np.zeros((6, 12, 32)))
+    cosines = []
+    for text in texts:
+        enc = scratch_model.tokenize(text, return_tensors="pt", return_special_tokens_mask=True)
+        n = enc["input_ids"].shape[1]
+        rows = [q for q in range(n) if not enc["special_tokens_mask"][0, q]]
+        edits = {}
+        for r in frame.itertuples():
+            keys = rule_named(r.rule).keys(scratch_model, text)
+            edits.setdefault(r.layer, []).append((r.head, 32, _pattern(n, keys, rows, 0.0), rows))
+        layers = {l: (hf.encoder.layer[l].attention.self.value, hf.encoder.layer[l].attention.output.dense)
+                  for l in edits}
+        inputs = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+        with torch.no_grad():
+            plain = hf(**inputs).last_hidden_state[0].mean(0)
+        handles = _hooked(layers, edits, lambda out: out, None)
+        try:
+            with torch.no_grad():
+                edited = hf(**inputs).last_hidden_state[0].mean(0)
+        finally:
+            for h in handles:
+                h.remove()
+        cosines.append(float(torch.nn.functional.cosine_similarity(plain, edited, dim=0)))
+    heads = list(zip(frame["layer"], frame["head"]))
+    assert replacer.unedited == pytest.approx(1.0, abs=1e-6)
+    assert replacer.run(heads) == pytest.approx(float(np.mean(cosines)), abs=1e-5)
+    assert np.mean(cosines) < 0.999  # the replacement changed something
