@@ -69,6 +69,7 @@ class Replacer:
         self.groups = _groups(self.model, self.texts)
         self.readings = [[self._reading(texts[i], enc, j) for j, i in enumerate(idx)] for idx, enc in self.groups]
         self.means = means
+        self._patterns: dict = {}
         self.reference = None
         self.unedited = self.run(())
 
@@ -77,32 +78,39 @@ class Replacer:
                        [tuple(map(int, o)) for o in enc["offset_mapping"][j]],
                        enc["special_tokens_mask"][j].numpy().astype(bool), self.causal)
 
-    def _edits(self, heads, readings: list[Reading]) -> Edits:
+    def _pattern(self, group: int, rule, sink: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """A group's pattern of ``rule`` ``(B, n, n)`` and the rows it replaces ``(B, n)``, made once (many heads
+        share a rule)."""
+        key = (group, rule.name, sink)
+        if key not in self._patterns:
+            made = [rule_pattern(r, rule.keys_of(r), sink) for r in self.readings[group]]
+            self._patterns[key] = (torch.as_tensor(np.stack([p for p, _ in made])),
+                                   torch.as_tensor(np.stack([w for _, w in made])))
+        return self._patterns[key]
+
+    def _edits(self, heads, group: int) -> Edits:
         by_layer: dict[int, list[int]] = {}
         for layer, head in heads:
             by_layer.setdefault(layer, []).append(head)
         edits = {}
         for layer, hs in by_layer.items():
             kept = list(self.stack.kept[layer])
-            patterns = []
-            for h in hs:
-                if h not in kept:
-                    continue
-                rule, sink = self.rules[(layer, h)]
-                made = [rule_pattern(r, rule.keys_of(r), sink) for r in readings]
-                pattern = torch.as_tensor(np.stack([p for p, _ in made]))
-                rows = torch.as_tensor(np.stack([w for _, w in made]))
-                patterns.append((kept.index(h), pattern, rows))
-            edits[("pattern", layer)] = self._replacing(patterns)
+            patterns = [(kept.index(h), *self._pattern(group, *self.rules[(layer, h)])) for h in hs if h in kept]
+            if patterns:
+                edits[("pattern", layer)] = self._replacing(patterns)
         return Edits(edits)
 
-    def _replacing(self, patterns) -> Callable:
+    @staticmethod
+    def _replacing(patterns) -> Callable:
+        """The ``pattern`` edit setting each ``(kept index, pattern, rows)``'s rows to its pattern."""
+        at = torch.tensor([i for i, _, _ in patterns], dtype=torch.long)
+        pattern = torch.stack([p for _, p, _ in patterns], 1)                   # (B, k, n, n)
+        rows = torch.stack([r for _, _, r in patterns], 1)[..., None]           # (B, k, n, 1)
+
         def replace(weights):                                                   # (B, kept, n, keys)
             weights = weights.clone()
-            for i, pattern, rows in patterns:
-                mine = pattern.to(weights.device, weights.dtype)
-                keep = rows.to(weights.device)[..., None]
-                weights[:, i] = torch.where(keep, mine, weights[:, i])
+            at_, rows_ = at.to(weights.device), rows.to(weights.device)
+            weights[:, at_] = torch.where(rows_, pattern.to(weights.device, weights.dtype), weights[:, at_])
             return weights
         return replace
 
@@ -115,7 +123,7 @@ class Replacer:
         if missing:
             raise HeadLensError(f"Layer {missing[0][0]}, head {missing[0][1]} has no explanation to replace it by.")
         total, count, pooled = 0.0, 0, []
-        for (idx, enc), readings in zip(self.groups, self.readings):
+        for group, (idx, enc) in enumerate(self.groups):
             ids = enc["input_ids"].to(self.device)
             mask = torch.ones_like(ids)
             options = {}
@@ -128,7 +136,7 @@ class Replacer:
                 options.update(head_mask=off, head_fill=torch.as_tensor(self.means, dtype=torch.float32,
                                                                           device=self.device))
             elif heads:
-                options["edits"] = self._edits(heads, readings)
+                options["edits"] = self._edits(heads, group)
             h = self.stack(ids, mask, need_weights=False, need_logits=False, **options).last_hidden_state
             if self.measure == "loss":
                 s, c, _ = self.model.next_token_sums(h, ids, mask)

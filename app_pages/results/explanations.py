@@ -40,7 +40,8 @@ def whole_replacement(ref: ModelRef) -> tuple:
     return ref, corpus_halves()[1], CURVE
 
 
-@shared("replacement", entries=8, copy=True, waiting="Replacing heads by their rules")
+@shared("replacement", entries=8, copy=True, waiting="Replacing heads by their rules",
+        warm=Warm(21, lambda ref: [first_replacement(ref)]))  # the first form only: the whole curve on request
 def replacement(ref: ModelRef, texts: list[str], counts: str) -> pd.DataFrame:
     """The best-explained heads replaced by their rules and mean-ablated (``replacement_curve``) on ``texts``:
     ``counts`` "every" (``replacement_counts``), or "quarter" (a quarter of the heads alone)."""

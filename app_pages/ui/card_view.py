@@ -28,6 +28,7 @@ from .settings import Settings
 from .state import bound
 
 QK_PIXELS = 240
+SINK = 0.5  # a decoder head's share on the first token from which its card says so before its rule
 PAGES = {"explore": ("app_pages/explore.py", "Explore"), "roles": ("app_pages/roles.py", "Head roles"),
          "effects": ("app_pages/effects.py", "Effects"), "pruning": ("app_pages/pruning.py", "Pruning"),
          "qk": ("app_pages/queries_keys.py", "Queries & keys")}
@@ -90,7 +91,11 @@ def explained(card: HeadCard) -> None:
     if e is None:
         st.caption("Its explanation is being prepared.")
         return
-    st.markdown(plain(f"{card.name} {e['sentence']}."))
+    if card.decoder and e["sink_share"] >= SINK:  # most of it rests on the sink: the rule is about the rest
+        st.markdown(plain(f"{card.name} puts {e['sink_share']:.0%} of its weight on the first token (a sink); of the "
+                          f"rest, it {e['sentence']}."))
+    else:
+        st.markdown(plain(f"{card.name} {e['sentence']}."))
     cols = st.columns(4)
     cols[0].metric("Held-out score", f"{e['score']:.2f}", help="The mean over queries of its attention on the rule's "
                    "keys, on sentences the rule was not chosen on" + (" (the first token set aside, each query's "
@@ -102,7 +107,7 @@ def explained(card: HeadCard) -> None:
                    help=f"Its score over the held-out score of its best positional rule ({e['positional']}).")
     cols[3].metric("Queries it names keys for", f"{e['coverage']:.0%}", help="A query the rule names no key for "
                    "counts 0.")
-    if card.decoder:
+    if card.decoder and e["sink_share"] < SINK:
         st.caption(f"Set aside: {e['sink_share']:.0%} of its weight goes to the first token (the sink).")
     if card.misses is not None and not card.misses.empty:
         st.caption("Where the rule fails most on the held-out sentences: a «query» that gives its rule's keys little "
