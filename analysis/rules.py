@@ -200,6 +200,18 @@ def _focus(focus: str) -> Callable[[Reading], Keys]:
     return predict
 
 
+FIRST = "the first token ([CLS] in an encoder, the sink in a decoder)"
+LAST = "the last token ([SEP] in an encoder)"
+NAMED = {False: {FIRST: "[CLS]", LAST: "[SEP]"}, True: {FIRST: "the first token (the sink)", LAST: "the last token"}}
+
+
+def in_words(sentence: str, causal: bool) -> str:
+    """A rule's sentence as it reads for an encoder (``[CLS]``, ``[SEP]``) or a decoder (the sink)."""
+    for general, said in NAMED[bool(causal)].items():
+        sentence = sentence.replace(general, said)
+    return sentence
+
+
 def _rules() -> dict[str, Rule]:
     rules = [
         Rule("previous token", "positional", "attends to the previous token", _offset(-1)),
@@ -207,9 +219,8 @@ def _rules() -> dict[str, Rule]:
         Rule("itself", "positional", "attends to itself", _offset(0)),
         Rule("2 back", "positional", "attends to the token two back", _offset(-2)),
         Rule("3 back", "positional", "attends to the token three back", _offset(-3)),
-        Rule("first token", "positional", "attends to the first token ([CLS] in an encoder, the sink in a decoder)",
-             _first),
-        Rule("last token", "positional", "attends to the last token ([SEP] in an encoder)", _last),
+        Rule("first token", "positional", f"attends to {FIRST}", _first),
+        Rule("last token", "positional", f"attends to {LAST}", _last),
         Rule("duplicate", "lexical", "attends to an earlier copy of the current token", _duplicate),
         Rule("induction", "lexical", "attends to the token after an earlier copy of the current one (induction)",
              _induction),

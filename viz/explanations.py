@@ -32,7 +32,7 @@ def explained_grid(frame: pd.DataFrame, *, threshold: float, title: str = "") ->
                      side="top", showgrid=False, ticks="", tickangle=0, tickfont=dict(size=9 if n_heads > 6 else 10))
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_layers)), ticktext=[f"L{l}" for l in range(n_layers)],
                      showgrid=False, ticks="")
-    top = wrapped_title(title, 38)
+    top = wrapped_title(title)
     fig.update_layout(title=top, height=ROW_PX * n_layers + top_margin(top, room=40) + 20,
                       margin=dict(t=top_margin(top, room=40), l=44, r=10, b=10), plot_bgcolor="white")
     return fig

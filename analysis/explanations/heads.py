@@ -22,7 +22,7 @@ from models import HeadLensError
 from models.corpus import CORPUS
 
 from ..foci import LiftBootstrap
-from ..rules import RULES, Rule, union
+from ..rules import RULES, Rule, in_words, union
 from .scores import COLUMNS as SCORE_COLUMNS
 from .scores import Content, contents, no_query
 
@@ -94,6 +94,7 @@ def explain_attentions(fit: Sequence, held_out: Sequence, *, rules: Sequence[Rul
     ua, ub = a[chosen_unions], b[chosen_unions]
     R = len(rules)
     choice = np.where(take_union, R + np.searchsorted(chosen_unions, top_u), top)  # index among singles + chosen
+    causal = fitting[0].reading.causal
     held_masks = lambda _, c: np.concatenate([m := c.masks(rules), m[ua] | m[ub]])  # noqa: E731
     s, covered, uniform, queries, per_text = _summed(held, held_masks, keep=True)
     said(0.8)
@@ -109,7 +110,7 @@ def explain_attentions(fit: Sequence, held_out: Sequence, *, rules: Sequence[Rul
     frame = pd.DataFrame({
         "layer": rows.ravel(), "head": cols.ravel(),
         "rule": [named[i].name for i in choice.ravel()], "family": [named[i].family for i in choice.ravel()],
-        "sentence": [named[i].sentence for i in choice.ravel()],
+        "sentence": [in_words(named[i].sentence, causal) for i in choice.ravel()],
         "score": score.ravel(), "lo": lo.ravel(), "hi": hi.ravel(),
         "coverage": (covered[choice] / queries).ravel(),
         "lift": (score / np.where(uniform[choice] > 0, uniform[choice] / queries, np.nan)).ravel(),
@@ -117,7 +118,7 @@ def explain_attentions(fit: Sequence, held_out: Sequence, *, rules: Sequence[Rul
         "lift_positional": (score / np.where(pos_score > 0, pos_score, np.nan)).ravel(),
         "fit_score": np.where(take_union, union_score.max(0), fit_score.max(0)).ravel(),
         "sink_share": sink.ravel()}, columns=COLUMNS)
-    frame.attrs.update(causal=fitting[0].reading.causal, fit=len(fit), held_out=len(held_out))
+    frame.attrs.update(causal=causal, fit=len(fit), held_out=len(held_out))
     said(1.0)
     return frame
 
