@@ -3,12 +3,11 @@ import pandas as pd
 import streamlit as st
 
 from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view
-from app_pages.results.explanations import explanations
 from app_pages.results.models import LLM
 from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button, click_picks_head
 from app_pages.ui.detector import show_decoder_heads
-from app_pages.ui.explanations import every_head_explained
+from app_pages.ui.explanations import every_head_explained, explained_now
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.page import start
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile, profile_file
@@ -48,9 +47,11 @@ st.caption(f"Labels: positional above {THRESHOLDS['positional']}; a focus when t
            f"entropy; else mixed. {CONTENT_ATTENTION} Foci are measured on it; the other columns on raw attention.")
 
 st.subheader("Every head")
-table = frame[["layer", "head", "label", "secondary", *scores, "dep_relation", "dep_base"]].merge(
-    explanations(s.model, s.causal, s.heads_off)[["layer", "head", "rule", "score"]].rename(
-        columns={"score": "explained"}), on=["layer", "head"], how="left")  # the rule below, over the built-in corpus
+table = frame[["layer", "head", "label", "secondary", *scores, "dep_relation", "dep_base"]]
+explained = explained_now(s.model, s.causal, s.heads_off)  # None while the server prepares it
+if explained is not None:  # each head's rule (below), over the built-in corpus
+    table = table.merge(explained[["layer", "head", "rule", "score"]].rename(columns={"score": "explained"}),
+                        on=["layer", "head"], how="left")
 st.dataframe(table.style.format(precision=2), hide_index=True, key="roles-table")
 left, right, _ = st.columns([1, 1, 2])
 left.download_button("Profile · CSV", lambda: table.to_csv(index=False), "headlens-roles.csv", "text/csv",
@@ -95,4 +96,4 @@ else:
     similar(profiled, layer, head)
 if s.model.choice in LLM:
     show_decoder_heads(s.model)
-every_head_explained(s.model, s.causal, s.heads_off)
+every_head_explained(s.model, explained)

@@ -91,7 +91,7 @@ def test_similar_heads_are_ranked_by_divergence(new_app, hf_model):
     at = new_app({"corpus": "sidebar", "text": text, "role": "previous token", "role_head": "0.2"},
                  page="app_pages/roles.py")
     assert at.selectbox(key="role_head").value == (0, 2)
-    table = at.dataframe[-1].value
+    table = next(d.value for d in at.dataframe if "Jensen-Shannon divergence (nats)" in d.value.columns)
     S = head_similarity(hf_model.attend(text.splitlines()))
     row = S[layer_head := 0 * 12 + 2]
     want = [i for i in np.argsort(row) if i != layer_head][:6]

@@ -2,6 +2,7 @@
 rule, and what the model loses when its best-explained heads are replaced by their rules."""
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from analysis import EXPLAINED
@@ -21,11 +22,21 @@ SHOWN = ["layer", "head", "rule", "score", "lo", "hi", "coverage", "lift", "posi
          "sink_share"]
 
 
-def every_head_explained(ref: ModelRef, causal: bool, heads_off: tuple) -> None:
+def explained_now(ref: ModelRef, causal: bool, heads_off: tuple) -> pd.DataFrame | None:
+    """Every head's explanation, or None while the server's preparation holds it (the page is drawn without it,
+    then again with it)."""
+    args = (ref, causal, heads_off)
+    return None if explanations.later(*args) else explanations(*args)
+
+
+def every_head_explained(ref: ModelRef, found: pd.DataFrame | None) -> None:
     """The section: a summary, the grid of held-out scores (a click opens a card), the table, the replacement
-    curve, and the exports."""
+    curve, and the exports; ``found``: ``explained_now``'s."""
     st.subheader("Every head explained in a sentence")
-    found = explanations(ref, causal, heads_off)
+    if found is None:
+        st.caption("Every head's explanation is being prepared for every session and takes its place here when it "
+                   "is ready.")
+        return
     n, explained = len(found), int((found["score"] >= EXPLAINED).sum())
     cols = st.columns(3)
     cols[0].metric("Heads explained", f"{explained} of {n}", help=f"Held-out score {EXPLAINED} or more.")
@@ -69,7 +80,12 @@ def _replaced(ref: ModelRef) -> None:
     whole = whole_replacement(ref)
     curve = replacement.peek(*whole)
     if curve is None:
-        curve = replacement(*first_replacement(ref))
+        first = first_replacement(ref)
+        if replacement.later(*first):
+            st.caption("The best-explained quarter replaced is being prepared for every session and takes its place "
+                       "here when it is ready.")
+            return
+        curve = replacement(*first)
         if st.button(f"The whole curve, on {len(whole[1])} held-out sentences", key="explained-whole",
                      icon=":material/show_chart:", help="The 1, 2, 4 best-explained heads, a tenth, a quarter, a half "
                      "and all of them replaced, each beside the same heads mean-ablated (SmolLM2: about a minute on "
