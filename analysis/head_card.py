@@ -286,5 +286,7 @@ def _explained(parts: CardParts, layer: int, head: int) -> dict:
     row = _row(parts.explanations, layer, head)
     if row is None:
         return {}
-    return {"explanation": row,
-            "misses": misses(held_out_of(parts.attentions), rule_named(row["rule"]), layer, head)}
+    held = held_out_of(parts.attentions)
+    missed = misses(held, rule_named(row["rule"]), layer, head)
+    missed["snippet"] = [snippet(held[r.sentence], r.query, r.key) for r in missed.itertuples()]
+    return {"explanation": row, "misses": missed}

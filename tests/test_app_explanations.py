@@ -9,13 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.explanations import (
-    EXPLAINED,
-    explain_heads,
-    replace_heads,
-    replacement_counts,
-)
-from analysis.explanations.heads import corpus_halves
+from analysis.explanations import EXPLAINED, corpus_halves, explain_heads, replace_heads, replacement_counts
 from tests.conftest import decode, downloads, figures, shown
 
 

@@ -8,12 +8,7 @@ import pytest
 import torch
 from transformers import BertModel
 
-from analysis.explanations import (
-    EXPLAINED,
-    explain_attentions,
-    explain_heads,
-    explained_share,
-)
+from analysis.explanations import EXPLAINED, corpus_halves, explain_attentions, explain_heads, explained_share
 from analysis.explanations.replace import Replacer
 from analysis.rules import RULES, rule_named
 from models import HeadLensError, load_model
@@ -195,3 +190,29 @@ def test_an_encoder_head_replaced_by_its_rule_is_transformers_run_with_that_patt
     assert replacer.unedited == pytest.approx(1.0, abs=1e-6)
     assert replacer.run(heads) == pytest.approx(float(np.mean(cosines)), abs=1e-5)
     assert np.mean(cosines) < 0.999  # the replacement changed something
+
+
+def test_where_a_rule_fails_is_read_from_transformers_attention(scratch_model, minilm_dir):
+    """MiniLM's object head L5 H11 and its rule: each miss is a held-out query giving the rule's keys under half its
+    weight, and the key it gives most instead, the strongest such query of its sentence, strongest first."""
+    from analysis.explanations import misses
+
+    rule = rule_named("first token or focus: object")
+    held = corpus_halves()[1]
+    found = misses(scratch_model.attend(held), rule, 5, 11, k=5)
+    assert len(found) == 5 and found["weight"].is_monotonic_decreasing and found["sentence"].is_unique
+    for r in found.itertuples():
+        text = held[r.sentence]
+        w = transformers_weights(minilm_dir, scratch_model, text)[5, 11]
+        keys = rule.keys(scratch_model, text)
+        special = scratch_model.attend(text).special
+        best = {}
+        for q in (q for q in range(len(w)) if not special[q]):
+            on = sum(w[q, k] for k in keys[q])
+            others = [(w[q, k], k) for k in range(len(w)) if k not in keys[q]]
+            if on < 0.5 and others:
+                best[q] = (max(others), on)
+        q = max(best, key=lambda q: best[q][0][0])
+        (weight, key), on = best[q]
+        assert (r.query, r.key) == (q, key) and r.weight == pytest.approx(weight, abs=1e-5)
+        assert r.on_rule == pytest.approx(on, abs=1e-5)

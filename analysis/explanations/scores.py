@@ -42,12 +42,14 @@ class Content:
     sink: np.ndarray
 
     @classmethod
-    def of(cls, attention) -> Content:
+    def of(cls, attention, head: tuple[int, int] | None = None) -> Content:
+        """Every head's content, or (``head``, a ``(layer, head)``) that head's alone (shape ``(1, 1)``)."""
         reading = Reading.of(attention)
         n = len(reading)
         queries = np.arange(1, n) if reading.causal else np.flatnonzero(~reading.special)
-        L, H = attention.weights.shape[:2]
-        w = attention.weights[:, :, queries, :].astype(np.float64).reshape(L * H, len(queries), n)
+        weights = attention.weights if head is None else attention.weights[head[0]:head[0] + 1, head[1]:head[1] + 1]
+        L, H = weights.shape[:2]
+        w = weights[:, :, queries, :].astype(np.float64).reshape(L * H, len(queries), n)
         sink = w[..., 0].sum(-1).reshape(L, H)
         sees = np.ones((len(queries), n), dtype=bool)
         if reading.causal:
@@ -125,19 +127,14 @@ MISS_BELOW = 0.5  # a query whose weight on its rule's keys is below this is one
 def misses(attentions: Sequence, rule: Rule, layer: int, head: int, k: int = 3) -> pd.DataFrame:
     """Where ``rule`` fails for ``(layer, head)`` over ``attentions`` (held-out text): the ``k`` queries, each of its
     own text, whose weight on the rule's keys is below ``MISS_BELOW`` and whose strongest weight elsewhere is the
-    largest. One row each: ``text``, ``query``, ``key`` (where it went), their tokens, ``weight`` (on that key, as the
-    score reads it), ``on_rule`` (its weight on the rule's keys) and a ``snippet``."""
-    from ..head_card import (
-        snippet,  # the card's sentence snippets; the card reads this module
-    )
-
+    largest. One row each: ``sentence`` (its index in ``attentions``), ``text``, ``query``, ``key`` (where it went),
+    their tokens, ``weight`` (on that key, as the score reads it) and ``on_rule`` (its weight on the rule's keys)."""
     found = []
-    for attention in attentions:
-        c = Content.of(attention)
+    for i, attention in enumerate(attentions):
+        c = Content.of(attention, (layer, head))  # this head's weights alone
         if not len(c.queries):
             continue
-        L, H = c.shape
-        w = c.weights.reshape(L, H, len(c.queries), -1)[layer, head]                    # (Q, n)
+        w = c.weights[0]                                                                  # (Q, n)
         on = c.masks([rule])[0]
         share = (w * on).sum(-1)
         elsewhere = np.where(on | ~c.sees, -1.0, w)
@@ -146,11 +143,10 @@ def misses(attentions: Sequence, rule: Rule, layer: int, head: int, k: int = 3) 
         rows = np.flatnonzero((share < MISS_BELOW) & (strength > 0))
         if len(rows):
             r = rows[np.argmax(strength[rows])]
-            found.append((float(strength[r]), attention, int(c.queries[r]), int(best[r]), float(share[r])))
+            found.append((float(strength[r]), i, int(c.queries[r]), int(best[r]), float(share[r])))
     found.sort(key=lambda f: -f[0])
-    out = [{"text": a.text, "query": q, "key": key, "query_token": token_label(a.tokens[q]),
-            "key_token": token_label(a.tokens[key]), "weight": weight, "on_rule": on_rule,
-            "snippet": snippet(a, q, key)}
-           for weight, a, q, key, on_rule in found[:k]]
-    return pd.DataFrame(out, columns=["text", "query", "key", "query_token", "key_token", "weight", "on_rule",
-                                      "snippet"])
+    out = [{"sentence": i, "text": attentions[i].text, "query": q, "key": key,
+            "query_token": token_label(attentions[i].tokens[q]), "key_token": token_label(attentions[i].tokens[key]),
+            "weight": weight, "on_rule": on_rule} for weight, i, q, key, on_rule in found[:k]]
+    return pd.DataFrame(out, columns=["sentence", "text", "query", "key", "query_token", "key_token", "weight",
+                                      "on_rule"])

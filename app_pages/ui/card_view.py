@@ -112,8 +112,8 @@ def explained(card: HeadCard) -> None:
     if card.misses is not None and not card.misses.empty:
         st.caption("Where the rule fails most on the held-out sentences: a «query» that gives its rule's keys little "
                    "weight, and the [key] it attends to instead.")
-        st.markdown(markdown_table([{"weight": f"{r.weight:.2f}", "on its rule's keys": f"{r.on_rule:.2f}",
-                                     "context": r.snippet} for r in card.misses.itertuples()]))
+        st.markdown(markdown_table([{"context": r.snippet, "weight": f"{r.weight:.2f}",
+                                     "on its rule's keys": f"{r.on_rule:.2f}"} for r in card.misses.itertuples()]))
     deeper("roles")
 
 

@@ -8,12 +8,7 @@ import streamlit as st
 from analysis import EXPLAINED
 from viz.explanations import explained_grid, replacement_chart
 
-from ..results.explanations import (
-    explanations,
-    first_replacement,
-    replacement,
-    whole_replacement,
-)
+from ..results.explanations import explanations, first_replacement, replacement, whole_replacement
 from ..results.models import ModelRef
 from .card_links import click_picks_head
 from .exports import chart, file_name
