@@ -81,8 +81,8 @@ def main() -> None:
             row = curve[curve["k"] == quarter].iloc[0]
             if row["measure"] == "loss":
                 rise = {c: math.exp(row[c] - row["unedited"]) - 1 for c in ("replaced", "mean_ablated")}
-                print(f"  the best-explained quarter ({quarter} heads) on the held-out half: loss {row['unedited']:.3f} "
-                      f"-> replaced {row['replaced']:.3f} (perplexity {rise['replaced']:+.1%}), mean-ablated "
+                print(f"  the best-explained quarter ({quarter} heads) on the held-out half: loss "
+                      f"{row['unedited']:.3f} -> replaced {row['replaced']:.3f} (perplexity {rise['replaced']:+.1%}), mean-ablated "
                       f"{row['mean_ablated']:.3f} ({rise['mean_ablated']:+.1%})")
             else:
                 print(f"  the best-explained quarter ({quarter} heads) on the held-out half: cosine to the unedited "
