@@ -67,26 +67,28 @@ class Replacer:
                       for r in explanations.itertuples()}
         self.texts = list(texts)
         self.groups = _groups(self.model, self.texts)
-        self.readings = [[self._reading(texts[i], enc, j) for j, i in enumerate(idx)] for idx, enc in self.groups]
+        self.readings = [[Reading.read(self.model, self.texts[i]) for i in idx] for idx, _ in self.groups]
         self.means = means
         self._patterns: dict = {}
         self.reference = None
         self.unedited = self.run(())
 
-    def _reading(self, text: str, enc, j: int) -> Reading:
-        return Reading(text, self.model.tokenizer.convert_ids_to_tokens(enc["input_ids"][j]),
-                       [tuple(map(int, o)) for o in enc["offset_mapping"][j]],
-                       enc["special_tokens_mask"][j].numpy().astype(bool), self.causal)
-
     def _pattern(self, group: int, rule, sink: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """A group's pattern of ``rule`` ``(B, n, n)`` and the rows it replaces ``(B, n)``, made once (many heads
-        share a rule)."""
-        key = (group, rule.name, sink)
+        """A group's pattern of ``rule`` ``(B, n, n)`` with ``sink`` on the first token, and the rows it replaces
+        ``(B, n)``: the rule's sinkless pattern is made once (many heads share a rule, each with its own sink)."""
+        key = (group, rule.name)
         if key not in self._patterns:
-            made = [rule_pattern(r, rule.keys_of(r), sink) for r in self.readings[group]]
-            self._patterns[key] = (torch.as_tensor(np.stack([p for p, _ in made])),
-                                   torch.as_tensor(np.stack([w for _, w in made])))
-        return self._patterns[key]
+            made = [rule_pattern(r, rule.keys_of(r)) for r in self.readings[group]]
+            pattern = torch.as_tensor(np.stack([p for p, _ in made]))
+            rows = torch.as_tensor(np.stack([w for _, w in made]))
+            named = rows & (pattern[..., 1:].sum(-1) > 0)  # rows with a key past the first (the rest: all on it)
+            self._patterns[key] = (pattern, rows, named)
+        pattern, rows, named = self._patterns[key]
+        if sink:
+            shared = pattern * (1 - sink)
+            shared[..., 0] += sink
+            pattern = torch.where(named[..., None], shared, pattern)
+        return pattern, rows
 
     def _edits(self, heads, group: int) -> Edits:
         by_layer: dict[int, list[int]] = {}
