@@ -112,39 +112,47 @@ class LongAttention(Scans):
 
     def run_to(self, layer: int, progress: Progress | None = None) -> None:
         """Run the forward pass until ``layer``'s attention input is known: the layers below it, those not
-        run yet (``layer`` itself runs only when a higher layer is asked for). ``progress(done, layer + 1)``."""
-        self._check_layer(layer)
-        with self._lock:
-            if self._inputs[layer] is not None:
-                return
-            with torch.inference_mode():
-                if self._x is None:
-                    self._x = self.stack.embed_tokens(**self.model._stack_inputs(self._ids))[0]
-                start = self._next
-                edits = Edits.every_layer("attn_in", self._keep_input(layer, progress), range(start, layer))
-                edits = self.stack.switched_off(self._mask, self._fill).then(edits)
-                self._x = self.stack.run_layers(self._x, start=start, stop=layer, causal=self.causal, need_weights=False,
-                                                edits=edits)[0]
-                self._next = layer
-                if self._inputs[layer] is None:
-                    self._inputs[layer] = self.stack.layers[layer].attention_input(self._x)[0].contiguous()
-                if progress is not None:
-                    progress(layer + 1, layer + 1)
-                if self._inputs[-1] is not None:
-                    self._x = None  # nothing above the last layer needs its output
-            release_memory()
+        run yet (``layer`` itself runs only when a higher layer is asked for). ``progress(done, layer + 1)``.
 
-    def _keep_input(self, layer: int, progress: Progress | None):
-        """The ``attn_in`` edit of a layer below ``layer``: it keeps what the layer's attention reads, once."""
-        def make(i: int):
-            def keep(h):
-                if self._inputs[i] is None:
-                    self._inputs[i] = h[0].contiguous()
+        The pass goes one layer at a time, each under the prompt's lock: threads asking for different layers
+        share the work (the server running a prompt to the top after its first view, and a session's view of a
+        layer above where that has got), and a layer already known is read without waiting for the pass above it."""
+        self._check_layer(layer)
+        if self._inputs[layer] is not None:
+            return
+        with torch.inference_mode():
+            while self._inputs[layer] is None:
+                with self._lock:
+                    if self._inputs[layer] is None:
+                        self._run_one(layer)
                 if progress is not None:
-                    progress(i + 1, layer + 1)
-                return h
-            return keep
-        return make
+                    progress(min(self._next, layer) + 1, layer + 1)
+        release_memory()
+
+    def _run_one(self, layer: int) -> None:
+        """Under the lock: run the next layer below ``layer`` (its attention input kept), or, once ``layer`` is
+        reached, read ``layer``'s attention input from the stream entering it."""
+        if self._x is None:
+            self._x = self.stack.embed_tokens(**self.model._stack_inputs(self._ids))[0]
+        i = self._next
+        if i == layer:
+            self._inputs[layer] = self.stack.layers[layer].attention_input(self._x)[0].contiguous()
+        else:
+            edits = Edits.every_layer("attn_in", self._keep_input, (i,))
+            edits = self.stack.switched_off(self._mask, self._fill).then(edits)
+            self._x = self.stack.run_layers(self._x, start=i, stop=i + 1, causal=self.causal, need_weights=False,
+                                            edits=edits)[0]
+            self._next = i + 1
+        if self._inputs[-1] is not None:
+            self._x = None  # nothing above the last layer needs its output
+
+    def _keep_input(self, i: int):
+        """The ``attn_in`` edit of layer ``i``: it keeps what the layer's attention reads, once."""
+        def keep(h):
+            if self._inputs[i] is None:
+                self._inputs[i] = h[0].contiguous()
+            return h
+        return keep
 
     def queries_keys(self, layer: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """The heads ``layer`` still has (original numbering) and their queries and keys as the softmax

@@ -10,7 +10,9 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from app_pages.results import long as long_results
 from models import load_model
+from models.long import LongAttention
 from models.corpus import CORPUS
 from tests.conftest import block_max, decode, figures, heatmaps, title_text
 
@@ -73,7 +75,7 @@ def texts(at) -> str:
     return " ".join(str(e.value) for kind in ("caption", "markdown", "warning", "subheader") for e in at.get(kind))
 
 
-def test_explore_pools_every_head_of_a_2048_token_prompt_and_zooms_from_the_url(new_app, reference):
+def test_explore_pools_every_head_of_a_2048_token_prompt_and_zooms_from_the_url(new_app, reference, monkeypatch):
     text = prompt(reference.tokenizer, 2048, seed=1)
     at = long_app(new_app, text, layer="3", zoom_head="2", zoom_q="1000", zoom_k="900")
     assert not at.error and not at.warning, [e.value for e in (*at.error, *at.warning)]
@@ -106,6 +108,19 @@ def test_explore_pools_every_head_of_a_2048_token_prompt_and_zooms_from_the_url(
     zoom = figures(at)[1]
     np.testing.assert_allclose(np.nan_to_num(decode(zoom["data"][0]["z"]).astype(float)),
                                exact[1500:1628, 900:1028], atol=1e-4)
+
+    # once the first view is drawn the server runs the prompt to its top layer: a switch then runs no layer
+    for climb in list(long_results._climbs.values()):
+        climb.join(timeout=300)
+    ran = []
+    with monkeypatch.context() as patched:
+        patched.setattr(LongAttention, "_run_one", lambda self, layer: ran.append(layer))
+        at.selectbox(key="layer").set_value(27).run()
+    assert not at.error and ran == [], ran
+    z = decode(heatmaps(figures(at)[0])[2]["z"]).astype(float)
+    top = reference(text, 27, 2)
+    np.testing.assert_allclose(z[~np.isnan(z)], block_max(top)[~np.isnan(z)], atol=1e-4)
+    at.selectbox(key="layer").set_value(3).run()
 
     # the last queries, one row each, against every key
     at.toggle(key="last_only").set_value(True).run()

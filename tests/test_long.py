@@ -144,6 +144,48 @@ def test_a_layer_needs_only_the_layers_below_it(decoder):
     assert long.layers_done == 3 and long.nbytes > before
 
 
+def test_a_climb_beside_a_view_runs_each_layer_once_and_gives_transformers_weights(decoder, monkeypatch):
+    """The server's climb to the top (a thread asking for each layer in turn, as ``app_pages.results.long.climb``)
+    and a session's view of a layer share the pass: each layer runs once, a layer already known is read while the
+    climb goes on above it, and every layer's weights are transformers'."""
+    _, model, hf = decoder
+    text = text_of(model, 1024)
+    long = model.attend_long(text)
+    runs, go_on, at_layer_1 = [], threading.Event(), threading.Event()
+    run_layers = long.stack.run_layers
+
+    def counted(x, *args, start=0, stop=None, **kwargs):
+        runs.append(start)
+        return run_layers(x, *args, start=start, stop=stop, **kwargs)
+
+    monkeypatch.setattr(long.stack, "run_layers", counted)
+
+    def pause():  # the climb waits before layer 2 until the view of layer 1 is drawn
+        if long.layers_done == 2:
+            at_layer_1.set()
+            assert go_on.wait(30)
+
+    def climb():
+        for layer in range(model.n_layers):
+            pause()
+            long.run_to(layer)
+
+    climber = threading.Thread(target=climb, daemon=True)
+    climber.start()
+    try:
+        assert at_layer_1.wait(30)
+        reference = eager(hf, model, text)
+        np.testing.assert_allclose(long.weights(1), reference[1], atol=1e-4)  # known: nothing runs
+        assert runs == [0] and long.layers_done == 2  # layer 1's input is layer 0's output
+    finally:
+        go_on.set()
+    climber.join(30)
+    assert long.layers_done == model.n_layers and sorted(runs) == list(range(model.n_layers - 1))
+    for layer in range(model.n_layers):
+        np.testing.assert_allclose(long.weights(layer), reference[layer], atol=1e-4)
+    assert runs == list(range(model.n_layers - 1)) and long._x is None  # the top layer's output is never needed
+
+
 def test_attend_with_layers_equals_the_full_result_on_both_engines(decoder):
     folder, model, _ = decoder
     texts = [text_of(model, 200), "Which do you like better, coffee or tea?"]

@@ -2,13 +2,18 @@
 and pooled grids cached so that a rerun redraws without recomputing."""
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 
 import numpy as np
 
 from analysis import Grid, LongView, Survey, survey
+from models.long import LongAttention
 
+from .preparing import SESSIONS
 from .shared import Bar, shared, spinner
+from .threads import here, lower_priority
 
 
 @shared("long grid", entries=64, owned=True, waiting="Computing this layer's weights")  # at most heads x 128 x 128
@@ -61,3 +66,44 @@ def throttled(update, seconds: float = PROGRESS_EVERY):
             update(done, total)
 
     return progress
+
+
+_climbs: dict[int, threading.Thread] = {}  # long prompt's uid -> the thread running it to the top
+_climbs_lock = threading.Lock()
+
+
+def climb(att: LongAttention) -> None:
+    """Run ``att`` to its top layer in the server's own thread, once per prompt, at a lower priority, each layer
+    after the sessions' reruns (``SESSIONS.step_aside``, at most ``CLIMB_PAUSE_S`` at a time, so that a busy class
+    still sees it climb): once a prompt's first view is drawn, a switch to any layer computes that layer's weights
+    alone, not the layers below it. A session asking for a layer the climb has not reached runs the layers with it,
+    one at a time (``LongAttention.run_to``)."""
+    if att.layers_done >= att.n_layers:
+        return
+    with _climbs_lock:
+        for uid in [uid for uid, thread in _climbs.items() if not thread.is_alive()]:
+            del _climbs[uid]
+        if att.uid in _climbs:
+            return
+        thread = threading.Thread(target=_climb, args=(weakref.ref(att),), name=f"headlens-climb-{att.uid}",
+                                  daemon=True)
+        _climbs[att.uid] = thread
+    thread.start()
+
+
+CLIMB_PAUSE_S = 5.0  # the longest a climb waits for the sessions' reruns before its next layer
+
+
+def _climb(prompt: weakref.ref) -> None:
+    """The climb, a layer at a time; it ends when the prompt has left the cache (no session holds it)."""
+    here.background = True
+    lower_priority()
+    while (att := prompt()) is not None and att.layers_done < att.n_layers:
+        layer = att.layers_done
+        del att
+        SESSIONS.step_aside(at_most_s=CLIMB_PAUSE_S)
+        SESSIONS.take_share()
+        if (att := prompt()) is None:
+            return
+        att.run_to(layer)
+        del att

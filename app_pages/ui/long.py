@@ -16,7 +16,7 @@ from models.long import LongAttention
 from viz import head_grid, head_heatmap, text_shading, token_lines
 from viz.figures import HIDDEN_NOTE, block_categories
 
-from ..results.long import pooled, rolled, throttled
+from ..results.long import climb, pooled, rolled, throttled
 from ..results.messages import plain, stop_with
 from .exports import chart, exports
 from .pickers import title_for
@@ -27,7 +27,9 @@ ZOOM_REGIONS = 16  # click targets along each axis of a head's heatmap
 
 
 def run_layers(att: LongAttention, layer: int) -> None:
-    """Run ``att``'s forward pass up to ``layer`` under a progress bar (nothing when it has run that far)."""
+    """Run ``att``'s forward pass up to ``layer`` under a progress bar (nothing when it has run that far); the server
+    then runs it to the top once this page is drawn (``climb``)."""
+    climb(att)
     if att.layers_done > layer:
         return
     bar = st.progress(0.0, text=f"Running the prompt's {len(att.tokens):,} tokens through layers 0–{layer}…")
