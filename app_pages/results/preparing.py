@@ -27,18 +27,44 @@ class Sessions:
 
     def __init__(self):
         self.computing = self.waiting = self.aside = 0
+        self._threads: dict[int, int] = {}  # the threads computing, each with how many computations it is inside
         self._changed = threading.Condition()
 
     @contextlib.contextmanager
     def counted(self, what: str):
+        me = threading.get_ident()
         with self._changed:
             setattr(self, what, getattr(self, what) + 1)
+            if what == "computing":
+                self._threads[me] = self._threads.get(me, 0) + 1
+        if what == "computing":
+            self.take_share()
         try:
             yield
         finally:
             with self._changed:
                 setattr(self, what, getattr(self, what) - 1)
+                if what == "computing":
+                    self._threads[me] -= 1
+                    if not self._threads[me]:
+                        del self._threads[me]
                 self._changed.notify_all()
+
+    def share(self) -> int:
+        """This thread's share of the cores, in torch threads: every core while it computes alone, ``CORES`` split
+        among the threads computing side by side (at least one each)."""
+        with self._changed:
+            busy = len(self._threads.keys() | {threading.get_ident()})
+        return max(1, CORES // busy)
+
+    def take_share(self) -> None:
+        """Set this thread's torch threads to its ``share``: sessions computing at once do not oversubscribe the
+        cores (two sessions of two threads each on two cores wait on each other's threads). A thread's count is its
+        own (each thread reads torch's count when it first computes, then keeps its own); it is set again each time
+        the thread starts a computation or, in the server's own work, at each of its progress points."""
+        n = self.share()
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
 
     def step_aside(self, at_most_s: float = 60.0) -> float:
         """In the server's preparation: wait while some session computes and none waits, ``at_most_s`` at a time;
@@ -54,6 +80,7 @@ class Sessions:
         return time.perf_counter() - start
 
 
+CORES = torch.get_num_threads()  # torch's threads for one computation alone: the machine's cores
 SESSIONS = Sessions()
 
 
@@ -65,6 +92,7 @@ def step_aside() -> None:
         if queue is not None:
             queue.run_wanted()
         SESSIONS.step_aside()
+        SESSIONS.take_share()
 
 
 class Reentered(Exception):
