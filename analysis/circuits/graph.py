@@ -258,16 +258,20 @@ Progress = Callable[[int, int], None]
 
 
 def edge_attribution(stack, graph: Graph, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, measure: Measure,
-                     rows: torch.Tensor, steps: int = 1) -> tuple[torch.Tensor, Run, Run]:
+                     rows: torch.Tensor, steps: int = 1,
+                     each_step: Callable[[int], None] | None = None) -> tuple[torch.Tensor, Run, Run]:
     """``(senders, receivers)``: each edge's score summed over the batch, the estimated fall of the metric when the
     edge's sender output is the corrupted run's instead of the clean run's: ``(a_clean - a_corrupted) · g``, ``g``
     the gradient of the metric by the receiver's stream. ``steps`` 1: ``g`` at the clean input (EAP, Syed et al.
     2023); more: averaged over inputs ``corrupted + j / steps (clean - corrupted)``, ``j`` 1 to ``steps`` (EAP-IG,
-    Hanna et al. 2024). Also the clean and the corrupted runs. Zero where a pair is not an edge."""
+    Hanna et al. 2024). Also the clean and the corrupted runs. Zero where a pair is not an edge. ``each_step(j)``:
+    called once the corrupted run and each step ``j`` are done (0 to ``steps``)."""
     f = first_difference(clean_ids, corrupted_ids)                           # every output is the same before it
     with torch.inference_mode():
         e_clean, e_bad = embeddings(stack, clean_ids), embeddings(stack, corrupted_ids)
         bad = run_graph(stack, graph, e_bad, measure, rows, ids=corrupted_ids)
+    if each_step is not None:
+        each_step(0)
     e_clean, e_bad = e_clean.clone(), e_bad.clone()
     total = None
     for j in range(1, steps + 1):  # the last step's input is the clean one: its run is the clean run
@@ -277,6 +281,8 @@ def edge_attribution(stack, graph: Graph, clean_ids: torch.Tensor, corrupted_ids
             grads = torch.autograd.grad(run.value.sum(), run.taps)
         g = torch.cat([x[:, :, f:] for x in grads])                            # (receivers, B, n - f, E)
         total = g if total is None else total.add_(g)
+        if each_step is not None:
+            each_step(j)
     run.value, run.taps = run.value.detach(), []
     with torch.no_grad():
         delta = (run.outs[:, :, f:] - bad.outs[:, :, f:]).reshape(len(graph.senders), -1)

@@ -118,7 +118,9 @@ def edge_scores(model: AttentionModel, task: Task, method: str = "eap_ig", steps
     clean, corrupted, done = np.zeros(len(task)), np.zeros(len(task)), 0
     for idx in batches(task, batch_pairs):
         good, bad, rows = _batch(task, idx, device)
-        scores, c, b = C.edge_attribution(stack, graph, good, bad, measure, rows, steps=k)
+        each_step = None if progress is None else (  # a progress point after each run of the batch
+            lambda j, done=done, size=len(idx): progress(done + size * j / (k + 1), len(task)))
+        scores, c, b = C.edge_attribution(stack, graph, good, bad, measure, rows, steps=k, each_step=each_step)
         total += scores.double().cpu()
         clean[idx], corrupted[idx] = c.value.double().cpu().numpy(), b.value.double().cpu().numpy()
         done += len(idx)

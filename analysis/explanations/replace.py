@@ -187,14 +187,23 @@ def replacement_curve(model, explanations: pd.DataFrame, texts: Sequence[str] | 
     order = explanations.sort_values(["score", "layer", "head"], ascending=[False, True, True])
     heads = list(zip(order["layer"].astype(int), order["head"].astype(int)))
     counts = replacement_counts(len(heads)) if counts is None else sorted(set(int(k) for k in counts))
-    r = Replacer(model, explanations, list(held if texts is None else texts),
-                 means=_means(model, fit if means_of is None else means_of))
+    runs = 2 + 2 * len(counts)  # the means, the unedited run, then each count replaced and mean-ablated
+
+    def ran(i: int) -> None:
+        if progress is not None:
+            progress(i, runs)
+
+    means = _means(model, fit if means_of is None else means_of)
+    ran(1)
+    r = Replacer(model, explanations, list(held if texts is None else texts), means=means)
+    ran(2)
     rows = []
     for i, k in enumerate(counts):
-        rows.append({"k": k, "measure": r.measure, "unedited": r.unedited, "replaced": r.run(heads[:k]),
+        replaced = r.run(heads[:k])
+        ran(3 + 2 * i)
+        rows.append({"k": k, "measure": r.measure, "unedited": r.unedited, "replaced": replaced,
                      "mean_ablated": r.run(heads[:k], ablate=True)})
-        if progress is not None:
-            progress(i + 1, len(counts))
+        ran(4 + 2 * i)
     out = pd.DataFrame(rows)
     out.attrs["texts"] = len(r.texts)
     return out

@@ -24,7 +24,7 @@ from models.gguf import cache_root
 from models.memory import release_memory
 
 from ..results import declarations, steps
-from ..results.preparing import SESSIONS, Queue
+from ..results.preparing import SESSIONS, Queue, step_aside
 from ..results.models import LLM, ModelRef, cached_model
 from ..results.store import Store, folder_digest
 from ..results.threads import here, lower_priority
@@ -125,12 +125,12 @@ def _warm(job: Warmup) -> None:
     lower_priority()
     job.state = "running"
     try:
-        SESSIONS.step_aside()  # the page that opened the model is drawn first
         folder, _ = resolve_model_dir(bundled(job.ref.choice).name)
         store = Store(results_root(), folder_digest(folder))
         for choice in bundled(job.ref.choice).engines():  # both engines, which the pages read, whether or not the
             # steps are computed or read from disk; their weights read once, as a preparation from nothing reads
             # them, so that the pages' next passes do not wait on the weights' file
+            step_aside()  # the page that opened the model is drawn first, and any page opened since
             cached_model(ModelRef(choice, device=job.ref.device)).page_in()
         todo = steps(job.ref)
         job.total = len(todo)
