@@ -73,6 +73,7 @@ class LongAttention(Scans):
         self._ids = model._inputs(enc)
         self.uid = next(_ids)  # names this prompt in caches of what was computed from it, without holding it
         self._lock = threading.Lock()
+        self._asking, self._asking_lock = 0, threading.Lock()  # the callers of ``run_to`` not ``behind``, now
         self._inputs: list[torch.Tensor | None] = [None] * self.n_layers  # (n, E): what each layer's attention read
         self._x: torch.Tensor | None = None                                 # the input of layer ``_next``
         self._next = 0
@@ -110,23 +111,36 @@ class LongAttention(Scans):
 
     # --- the forward pass, as high as asked ---------------------------------------------------------
 
-    def run_to(self, layer: int, progress: Progress | None = None) -> None:
+    def run_to(self, layer: int, progress: Progress | None = None, *, behind: bool = False) -> None:
         """Run the forward pass until ``layer``'s attention input is known: the layers below it, those not
         run yet (``layer`` itself runs only when a higher layer is asked for). ``progress(done, layer + 1)``.
 
         The pass goes one layer at a time, each under the prompt's lock: threads asking for different layers
         share the work (the server running a prompt to the top after its first view, and a session's view of a
-        layer above where that has got), and a layer already known is read without waiting for the pass above it."""
+        layer above where that has got), and a layer already known is read without waiting for the pass above it.
+        ``behind``: the caller gives way to any other asking for this prompt (the server's run to the top gives
+        way to a session's view): it returns, perhaps before ``layer``, when one asks, and runs no layer while
+        one does."""
         self._check_layer(layer)
         if self._inputs[layer] is not None:
             return
-        with torch.inference_mode():
-            while self._inputs[layer] is None:
-                with self._lock:
-                    if self._inputs[layer] is None:
-                        self._run_one(layer)
-                if progress is not None:
-                    progress(min(self._next, layer) + 1, layer + 1)
+        if not behind:
+            with self._asking_lock:
+                self._asking += 1
+        try:
+            with torch.inference_mode():
+                while self._inputs[layer] is None:
+                    if behind and self._asking:
+                        return
+                    with self._lock:
+                        if self._inputs[layer] is None and not (behind and self._asking):
+                            self._run_one(layer)
+                    if progress is not None:
+                        progress(min(self._next, layer) + 1, layer + 1)
+        finally:
+            if not behind:
+                with self._asking_lock:
+                    self._asking -= 1
         release_memory()
 
     def _run_one(self, layer: int) -> None:

@@ -186,6 +186,29 @@ def test_a_climb_beside_a_view_runs_each_layer_once_and_gives_transformers_weigh
     assert runs == list(range(model.n_layers - 1)) and long._x is None  # the top layer's output is never needed
 
 
+def test_the_climb_gives_way_to_a_session_asking_for_a_layer(decoder, monkeypatch):
+    """While a session's view runs the layers it needs, the server's climb (``behind``) runs none and returns; then
+    it goes on from where the session left off."""
+    _, model, _ = decoder
+    long = model.attend_long(text_of(model, 1024))
+    runs, tried = [], []
+    run_layers = long.stack.run_layers
+    monkeypatch.setattr(long.stack, "run_layers", lambda x, *a, start=0, **k: runs.append(start) or
+                        run_layers(x, *a, start=start, **k))
+
+    def progress(done, total):  # the session between two of its layers: the climb tries in another thread
+        if done == 2 and not tried:
+            climber = threading.Thread(target=long.run_to, args=(model.n_layers - 1,), kwargs={"behind": True})
+            climber.start()
+            climber.join(30)
+            tried.append(list(runs))
+
+    long.run_to(1, progress=progress)
+    assert tried == [[0]] and runs == [0] and long.layers_done == 2  # the climb ran nothing while the session asked
+    long.run_to(model.n_layers - 1, behind=True)  # nobody asks now: it climbs on from there
+    assert long.layers_done == model.n_layers and runs == [0, 1]
+
+
 def test_attend_with_layers_equals_the_full_result_on_both_engines(decoder):
     folder, model, _ = decoder
     texts = [text_of(model, 200), "Which do you like better, coffee or tea?"]

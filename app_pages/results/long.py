@@ -13,7 +13,7 @@ from models.long import LongAttention
 
 from .preparing import SESSIONS
 from .shared import Bar, shared, spinner
-from .threads import here, lower_priority
+from .threads import here
 
 
 @shared("long grid", entries=64, owned=True, waiting="Computing this layer's weights")  # at most heads x 128 x 128
@@ -73,11 +73,12 @@ _climbs_lock = threading.Lock()
 
 
 def climb(att: LongAttention) -> None:
-    """Run ``att`` to its top layer in the server's own thread, once per prompt, at a lower priority, each layer
-    after the sessions' reruns (``SESSIONS.step_aside``, at most ``CLIMB_PAUSE_S`` at a time, so that a busy class
-    still sees it climb): once a prompt's first view is drawn, a switch to any layer computes that layer's weights
-    alone, not the layers below it. A session asking for a layer the climb has not reached runs the layers with it,
-    one at a time (``LongAttention.run_to``)."""
+    """Run ``att`` to its top layer in the server's own thread, once per prompt, each layer after the sessions'
+    reruns (``SESSIONS.step_aside``, at most ``CLIMB_PAUSE_S`` at a time, so that a busy class still sees it climb):
+    once a prompt's first view is drawn, a switch to any layer computes that layer's weights alone, not the layers
+    below it. It gives way to a session asking for a layer it has not reached (``LongAttention.run_to``'s
+    ``behind``), which runs the layers itself, at the session's priority; the climb keeps the sessions' priority
+    too, so that a session never waits long on a layer the climb has under way."""
     if att.layers_done >= att.n_layers:
         return
     with _climbs_lock:
@@ -97,7 +98,6 @@ CLIMB_PAUSE_S = 5.0  # the longest a climb waits for the sessions' reruns before
 def _climb(prompt: weakref.ref) -> None:
     """The climb, a layer at a time; it ends when the prompt has left the cache (no session holds it)."""
     here.background = True
-    lower_priority()
     while (att := prompt()) is not None and att.layers_done < att.n_layers:
         layer = att.layers_done
         del att
@@ -105,5 +105,7 @@ def _climb(prompt: weakref.ref) -> None:
         SESSIONS.take_share()
         if (att := prompt()) is None:
             return
-        att.run_to(layer)
+        att.run_to(layer, behind=True)
+        if att.layers_done == layer:  # it gave way to a session, which runs the layers: look again shortly
+            time.sleep(0.1)
         del att
