@@ -144,6 +144,9 @@ SENTENCES = DETECTOR_SENTENCES  # the defaults table's (``analysis.defaults``)
 SEQUENCES, LENGTH = DETECTOR_SEQUENCES, DETECTOR_LENGTH
 
 
+BATCH = 8  # texts run at once: a progress point at least every second on two cores (SmolLM2)
+
+
 def head_detector(model: AttentionModel, *, seed: int = 0, sentences: Sequence[str] | None = None,
                   n_sequences: int = 32, length: int = 30, progress=None) -> pd.DataFrame:
     """Every head's previous-token, duplicate-token, induction and sink score with 95% intervals.
@@ -161,8 +164,13 @@ def head_detector(model: AttentionModel, *, seed: int = 0, sentences: Sequence[s
     if not sentences or n_sequences < 1 or length < 2:
         raise HeadLensError("The head detector needs sentences, at least one repeated sequence and a length of 2 or more.")
     texts = repeated_sequences(model.tokenizer, n_sequences, length, seed)
-    repeated = model.attend(texts, progress=progress)
-    natural = model.attend(sentences)
+    total = len(texts) + len(sentences)
+
+    def told(offset: int):  # progress over both runs, a point every batch of ``BATCH`` texts
+        return None if progress is None else lambda done, _: progress(offset + done, total)
+
+    repeated = model.attend(texts, batch_size=BATCH, progress=told(0))
+    natural = model.attend(sentences, batch_size=BATCH, progress=told(len(texts)))
     scores = {"induction": [], "duplicate_token": [], "previous_token": [], "sink": []}
     for att in repeated:
         induction, duplicate = repeat_scores(att.weights, copy_positions(att, length), length)

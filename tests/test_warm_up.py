@@ -173,6 +173,46 @@ def test_the_preparation_steps_aside_while_a_session_computes():
     assert (preparing.SESSIONS.computing, preparing.SESSIONS.waiting, preparing.SESSIONS.aside) == (0, 0, 0)
 
 
+def test_sessions_computing_side_by_side_split_the_cores(monkeypatch):
+    """Each thread computing takes its share of the cores in torch threads: all of them alone, one each beside
+    another; a progress point gives a long computation the cores back once the other has ended."""
+    import torch
+
+    monkeypatch.setattr(preparing, "CORES", 2)
+    seen, second_in, first_out = {}, threading.Event(), threading.Event()
+
+    def first():
+        with preparing.SESSIONS.counted("computing"):
+            seen["alone"] = torch.get_num_threads()
+            second_in.wait(30)
+            preparing.step_aside()  # a progress point, the other computing too
+            seen["beside"] = torch.get_num_threads()
+            first_out.set()
+
+    def second():
+        with preparing.SESSIONS.counted("computing"):
+            seen["second"] = torch.get_num_threads()
+            second_in.set()
+            first_out.wait(30)
+            preparing.step_aside()  # the first has ended: both cores again
+            seen["second alone"] = torch.get_num_threads()
+
+    threads = torch.get_num_threads()
+    a = threading.Thread(target=first)
+    a.start()
+    try:
+        while not preparing.SESSIONS.computing:
+            time.sleep(0.01)
+        b = threading.Thread(target=second)
+        b.start()
+        a.join(30)
+        b.join(30)
+    finally:
+        torch.set_num_threads(threads)  # the count threads started from now on read, as the run set it
+    assert seen == {"alone": 2, "second": 1, "beside": 1, "second alone": 2}, seen
+    assert preparing.SESSIONS.computing == 0
+
+
 def test_the_preparation_never_pauses_for_a_session_that_waits_on_it(monkeypatch):
     """A session whose computation needs what the preparation is computing waits for it, and the preparation goes
     on meanwhile: however long the preparation would step aside (an hour here), the session gets the value."""

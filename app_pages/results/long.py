@@ -60,6 +60,7 @@ def throttled(update, seconds: float = PROGRESS_EVERY):
     last = [0.0]
 
     def progress(done: int, total: int) -> None:
+        SESSIONS.take_share()  # the cores back when the sessions beside this one have ended
         now = time.monotonic()
         if now - last[0] >= seconds:
             last[0] = now

@@ -85,14 +85,15 @@ SESSIONS = Sessions()
 
 
 def step_aside() -> None:
-    """Where the server's preparation may pause for the sessions (``Sessions``), and first runs a step some session
-    waits on (``Queue.wanted``); elsewhere nothing."""
+    """A progress point: where the server's preparation may pause for the sessions (``Sessions``), and first runs a
+    step some session waits on (``Queue.wanted``); in any thread, where it takes its share of the cores again (a
+    long computation begun beside others gets the cores back when they end)."""
     if getattr(here, "steps_aside", False):
         queue = getattr(here, "queue", None)
         if queue is not None:
             queue.run_wanted()
         SESSIONS.step_aside()
-        SESSIONS.take_share()
+    SESSIONS.take_share()
 
 
 class Reentered(Exception):
