@@ -139,9 +139,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, nargs="+", default=[0, 15, 29])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--roles", action="store_true", help="Head roles over long texts instead")
+    ap.add_argument("--climb", action="store_true", help="any layer after a first view, as the app climbs")
     a = ap.parse_args()
     if a.roles:
         roles(a)
+        return
+    if a.climb:
+        climbed(a)
         return
 
     from models import load_model
@@ -263,6 +267,43 @@ def roles(a) -> None:
         print(f"{n:,} tokens ({statistics.median(sentences):.0f} sentences), median of {a.prompts}: "
               f"{statistics.median(seconds):.1f} s from nothing, {statistics.median(ratios):.1f} x transformers' "
               f"SDPA forward; at most {max(memory) / 2**20:,.0f} MiB above the prompt run to the top")
+
+
+def climbed(a) -> None:
+    """The app's climb (``app_pages.results.long.climb``) after a first view of layer 0: how long until every layer
+    is run, and then a switch to each of ``--layers`` (its grid, figures and figure, as ``switch``), against the same
+    switch without the climb (the layers below run then)."""
+    from app_pages.results.long import climb
+    from models import load_model
+
+    scratch = load_model(NAME, backend="scratch", device=a.device)
+    scratch.attend("Which do you like better, coffee or tea?")
+    print(f"# A long prompt climbed to the top after its first view, SmolLM2-135M-Instruct, on {machine(a.device)}")
+    for n in a.tokens:
+        runs, after, before = [], {layer: [] for layer in a.layers}, {layer: [] for layer in a.layers}
+        for p in range(a.prompts):
+            text = prompt(scratch, n, seed=7000 + 100 * n + p)
+            seconds, _, att = first_view(scratch, text, 0, a.device)
+            start = time.perf_counter()
+            climb(att)
+            while att.layers_done < att.n_layers:
+                time.sleep(0.05)
+            runs.append(time.perf_counter() - start)
+            for layer in a.layers:
+                after[layer].append(switch(att, layer, 0, a.device)[0])
+            att = None
+            gc.collect()
+            for layer in a.layers:  # without the climb: a new prompt, its first view, then this layer
+                _, _, att = first_view(scratch, text, 0, a.device)
+                before[layer].append(switch(att, layer, 0, a.device)[0])
+                att = None
+                gc.collect()
+        print(f"\n## {n:,} tokens, median of {a.prompts} new prompts: the climb to the top after a first view of "
+              f"layer 0 takes {statistics.median(runs):.1f} s")
+        print("switch from layer 0 to    climbed s   not climbed s   (aim: within 3 s once climbed)")
+        for layer in a.layers:
+            climbed_s, not_climbed_s = statistics.median(after[layer]), statistics.median(before[layer])
+            print(f"  layer {layer:<18} {climbed_s:9.2f}   {not_climbed_s:13.2f}")
 
 
 def theirs_inputs(model, text: str) -> dict:

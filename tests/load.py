@@ -58,7 +58,8 @@ class LoadReport:
 
     def by_kind(self) -> str:
         return "; ".join(f"{k} p50 {self.percentile(50, k):.2f} s p95 {self.percentile(95, k):.2f} s "
-                         f"({self.kinds.count(k)})" for k in sorted(set(self.kinds)))
+                         f"max {self.percentile(100, k):.2f} s ({self.kinds.count(k)})"
+                         for k in sorted(set(self.kinds)))
 
     def memory_at(self, t: float) -> float:
         return min(self.memory_mib, key=lambda s: abs(s[0] - t))[1]

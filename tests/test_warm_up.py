@@ -212,6 +212,25 @@ def test_sessions_computing_side_by_side_split_the_cores(monkeypatch):
     assert seen == {"alone": 2, "second": 1, "beside": 1, "second alone": 2}, seen
     assert preparing.SESSIONS.computing == 0
 
+    # a page waiting on another's computation leaves the cores to those computing
+    waiting, done = threading.Event(), threading.Event()
+
+    def page_that_waits():
+        with preparing.SESSIONS.counted("computing"), preparing.SESSIONS.counted("waiting"):
+            waiting.set()
+            done.wait(30)
+
+    c = threading.Thread(target=page_that_waits)
+    c.start()
+    try:
+        assert waiting.wait(30)
+        with preparing.SESSIONS.counted("computing"):
+            assert preparing.SESSIONS.share() == 2
+    finally:
+        done.set()
+        c.join(30)
+        torch.set_num_threads(threads)
+
 
 def test_the_preparation_never_pauses_for_a_session_that_waits_on_it(monkeypatch):
     """A session whose computation needs what the preparation is computing waits for it, and the preparation goes

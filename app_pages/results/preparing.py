@@ -1,7 +1,8 @@
 """The server's preparation and the sessions, side by side: who runs first.
 
 ``Sessions`` counts the sessions running a page or computing a shared result, and those waiting; the preparation
-pauses for the first at each of its progress points (``step_aside``). ``Queue`` is a preparation's steps not yet
+pauses for the first at each of its progress points (``step_aside``), and the threads computing side by side split
+the cores (``take_share``). ``Queue`` is a preparation's steps not yet
 done: a session waiting on one moves it to the front (``to_front``), and the preparation runs it at its next
 progress point, inside the step under way (``run_wanted``); ``waited`` is a session's wait for it.
 """
@@ -28,15 +29,15 @@ class Sessions:
     def __init__(self):
         self.computing = self.waiting = self.aside = 0
         self._threads: dict[int, int] = {}  # the threads computing, each with how many computations it is inside
+        self._waits: dict[int, int] = {}  # the threads waiting, likewise
         self._changed = threading.Condition()
 
     @contextlib.contextmanager
     def counted(self, what: str):
-        me = threading.get_ident()
+        me, threads = threading.get_ident(), self._threads if what == "computing" else self._waits
         with self._changed:
             setattr(self, what, getattr(self, what) + 1)
-            if what == "computing":
-                self._threads[me] = self._threads.get(me, 0) + 1
+            threads[me] = threads.get(me, 0) + 1
         if what == "computing":
             self.take_share()
         try:
@@ -44,24 +45,25 @@ class Sessions:
         finally:
             with self._changed:
                 setattr(self, what, getattr(self, what) - 1)
-                if what == "computing":
-                    self._threads[me] -= 1
-                    if not self._threads[me]:
-                        del self._threads[me]
+                threads[me] -= 1
+                if not threads[me]:
+                    del threads[me]
                 self._changed.notify_all()
 
     def share(self) -> int:
         """This thread's share of the cores, in torch threads: every core while it computes alone, ``CORES`` split
-        among the threads computing side by side (at least one each)."""
+        among the threads computing side by side (at least one each); a page's thread waiting on another's
+        computation does not count."""
         with self._changed:
-            busy = len(self._threads.keys() | {threading.get_ident()})
+            busy = len((self._threads.keys() - self._waits.keys()) | {threading.get_ident()})
         return max(1, CORES // busy)
 
     def take_share(self) -> None:
         """Set this thread's torch threads to its ``share``: sessions computing at once do not oversubscribe the
         cores (two sessions of two threads each on two cores wait on each other's threads). A thread's count is its
         own (each thread reads torch's count when it first computes, then keeps its own); it is set again each time
-        the thread starts a computation or, in the server's own work, at each of its progress points."""
+        the thread starts a computation and at each of its progress points (``step_aside``), so that a long one begun
+        beside others gets the cores back when they end."""
         n = self.share()
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
