@@ -22,8 +22,13 @@ class Patterned:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def attend(self, texts, progress=None):
-        return [self._one(t) for t in texts]
+    def attend(self, texts, batch_size=32, progress=None):
+        out = []
+        for start in range(0, len(texts), batch_size):  # a batch at a time, as a model's attend reports it
+            out += [self._one(t) for t in texts[start:start + batch_size]]
+            if progress is not None:
+                progress(len(out), len(texts))
+        return out
 
     def _one(self, text):
         enc = self.tokenizer(text, return_special_tokens_mask=True)
@@ -47,7 +52,12 @@ def tokenizer(request, hf_model, smollm2):
 
 
 def test_each_score_finds_the_head_built_to_have_it(tokenizer):
-    df = head_detector(Patterned(tokenizer), sentences=SENTENCES, n_sequences=5, length=12)
+    points = []
+    df = head_detector(Patterned(tokenizer), sentences=SENTENCES, n_sequences=5, length=12,
+                       progress=lambda done, total: points.append((done, total)))
+    total = 5 + len(SENTENCES)  # a point after each batch of 8, over the repeated sequences then the sentences
+    assert points[0] == (5, total) and points[-1] == (total, total)
+    assert [d for d, _ in points] == sorted(d for d, _ in points) and len(points) == 1 + -(-len(SENTENCES) // 8)
     built = {"induction": 0, "duplicate_token": 1, "previous_token": 2, "sink": 3}
     for name, head in built.items():
         assert df.loc[head, name] == pytest.approx(1.0)
