@@ -11,7 +11,7 @@ import numpy as np
 from analysis import Grid, LongView, Survey, survey
 from models.long import LongAttention
 
-from .preparing import SESSIONS
+from .preparing import SESSIONS, step_aside
 from .shared import Bar, shared, spinner
 from .threads import here
 
@@ -60,7 +60,7 @@ def throttled(update, seconds: float = PROGRESS_EVERY):
     last = [0.0]
 
     def progress(done: int, total: int) -> None:
-        SESSIONS.take_share()  # the cores back when the sessions beside this one have ended
+        step_aside()  # a progress point: the cores back when the sessions beside this one have ended
         now = time.monotonic()
         if now - last[0] >= seconds:
             last[0] = now
