@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models.run import device_of, language_stack
+from models.run import device_of, patching_stack
 
 from .effects import METHODS
 from .effects import batched as B
@@ -28,7 +28,9 @@ from .tasks import Task
 
 METRICS = {"logit_diff": "logit difference: logit(answer) − logit(distractor)",
            "prob_diff": "probability difference: p(answer) − p(distractor)",
-           "greater_than": "greater-than: p(years after YY) − p(years up to YY)"}
+           "greater_than": "greater-than: p(years after YY) − p(years up to YY)",
+           "embedding": "embedding difference: cos(e, answer) − cos(e, distractor)"}
+ENCODER_METRICS = ("embedding",)
 NORMALISE = {"set": "over the set: mean effect / mean (clean − corrupted)",
              "pair": "per pair: mean of each pair's effect / its (clean − corrupted)"}
 BATCH_PAIRS = 16   # pairs traced together
@@ -36,10 +38,24 @@ BATCH_PAIRS = 16   # pairs traced together
 Progress = Callable[[int, int], None]
 
 
-def measure_for(task: Task, metric: str, device) -> B.Measure:
-    """The task's metric as ``effects.batched.Measure`` over its pairs."""
+def measure_for(task: Task, metric: str, device, model=None) -> B.Measure:
+    """The task's metric as ``effects.batched.Measure`` over its pairs (``model``: the one the embedding metric
+    embeds the probes with)."""
     if metric not in METRICS:
         raise HeadLensError(f"Unknown metric '{metric}': choose one of {', '.join(METRICS)}.")
+    encoder = model is not None and not model.causal
+    if encoder and metric not in ENCODER_METRICS:
+        raise HeadLensError(f"The {METRICS[metric].split(':')[0]} is read from a language model's next-token "
+                            "logits; on an encoder a task's metric is the embedding difference: choose a task of "
+                            "an encoder (objects, relation, sentence type, sentiment) or pairs with probe texts.")
+    if metric == "embedding":
+        if not encoder:
+            raise HeadLensError("The embedding difference is an encoder's metric; on a language model choose the "
+                                "logit or probability difference.")
+        if not all(p.probes for p in task.pairs):
+            raise HeadLensError("The embedding difference compares each sentence with its pair's probe texts; "
+                                "this task's pairs have none: choose an encoder's task or upload pairs with them.")
+        return B.embedding_measure(model, [p.probes for p in task.pairs])
     if metric == "greater_than":
         if not all(p.above and p.below for p in task.pairs):
             raise HeadLensError("The greater-than metric reads the years after and up to a pair's YY: choose the "
@@ -75,7 +91,7 @@ class TaskEffects:
     - ``heads`` ``(pairs, layers, heads)``: the effect of patching each head's clean output in (every position);
     - ``residual`` ``(pairs, layers, roles)``: of patching the clean residual entering a layer at a role's token;
     - ``role_attention`` ``(pairs, layers, heads, roles)`` float32: the clean prompt's attention from its last
-      token to each role's token.
+      token to each role's token (an encoder's: from every token, the mean).
     """
 
     task: Task
@@ -124,10 +140,10 @@ def run_task(model: AttentionModel, task: Task, metric: str | None = None, metho
     and (``residual``) its residual stream patched at each role's token (zeros otherwise)."""
     if method not in METHODS:
         raise HeadLensError(f"Unknown patching method '{method}': choose {' or '.join(map(repr, METHODS))}.")
-    stack, metric = language_stack(model, "Patching replaces a head's output"), metric or task.metric
+    stack, metric = patching_stack(model), metric or task.metric
     if not len(task):
         raise HeadLensError("The task has no pairs.")
-    measure = measure_for(task, metric, device_of(stack))
+    measure = measure_for(task, metric, device_of(stack), model)
     roles = tuple(task.roles)
     N, L, H, R = len(task), stack.n_layers, stack.n_heads, len(roles)
     out = {"clean": np.zeros(N), "corrupted": np.zeros(N), "attribution": np.zeros((N, L, H)),
@@ -186,7 +202,10 @@ def _run_batch(model, stack, task: Task, measure: B.Measure, idx: np.ndarray, ro
 @torch.inference_mode()
 def _attribution(stack, clean, measure: B.Measure, idx: np.ndarray) -> np.ndarray:
     """``(b, layers, heads)``: each head's output at each prompt's last token, through the final norm (its scale
-    frozen at the prompt's own) and along the pair's direction."""
+    frozen at the prompt's own) and along the pair's direction; on an encoder, its output at every token through
+    the norms above it, pooled (``parts.embedding_parts``)."""
+    if measure.kind == "embedding":  # an encoder's: every token's part, through the post-norms frozen
+        return P.embedding_parts(stack, clean, measure.weights[torch.as_tensor(idx)])["heads"].double().cpu().numpy()
     results = P.head_results(stack, clean)                                        # (b, L, H, E)
     out = np.zeros(results.shape[:3])
     for k, p in enumerate(idx):
@@ -197,8 +216,10 @@ def _attribution(stack, clean, measure: B.Measure, idx: np.ndarray) -> np.ndarra
 
 @torch.inference_mode()
 def _role_attention(stack, clean, positions: np.ndarray) -> np.ndarray:
-    """``(b, layers, heads, roles)``: each head's weight from the last token to each role's token."""
-    last = P.trace_weights(stack, clean)[..., -1, :]                                  # (b, L, H, n)
+    """``(b, layers, heads, roles)``: each head's weight from the last token to each role's token (an encoder's:
+    the mean over every token, as its embedding pools them)."""
+    weights = P.trace_weights(stack, clean)
+    last = weights[..., -1, :] if stack.causal else weights.mean(-2)                 # (b, L, H, n)
     at = torch.as_tensor(positions, device=last.device)[:, None, None, :].expand(*last.shape[:3], -1)
     return last.gather(3, at).float().cpu().numpy()
 

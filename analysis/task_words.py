@@ -53,3 +53,26 @@ FACT_TEMPLATES = {"city": (LANDMARKS, "The {X} is located in the city of"),
 WAR_NOUNS = ["war", "dynasty", "reign", "expedition", "siege", "treaty", "plague", "journey", "rebellion",
              "occupation", "empire", "conflict", "drought", "voyage", "campaign"]
 CENTURIES = list(range(11, 18))
+
+# An encoder's tasks, from the four foci of "Which do you like better, coffee or tea?" ({X}, {Y}: things to eat or
+# drink; {R}: a relation; {S}: a sentiment word). Each template's corrupted form changes one focus, and the pair's
+# probes are the texts whose embeddings the sentence's is compared with (answer, distractor).
+FOODS = ["coffee", "tea", "juice", "milk", "water", "wine", "beer", "soda", "cake", "bread", "rice", "pasta", "soup",
+         "pizza", "cheese", "fruit", "salad", "chicken", "fish", "chocolate", "pie", "candy", "eggs", "beans"]
+OBJECT_TEMPLATES = ["Which do you like better, {X} or {Y}?", "Would you rather have {X} or {Y}?",
+                    "Do you want {X} or {Y} today?", "We ordered {X} and {Y} for lunch."]
+RELATIONS = [("like", "hate"), ("love", "hate"), ("enjoy", "hate"), ("want", "hate")]
+RELATION_TEMPLATES = ["Which do you {R} more, {X} or {Y}?", "I {R} {X}.", "They really {R} {X} and {Y}.",
+                      "Do you {R} {X}?"]
+RELATION_PROBES = ("I {R} it.", "I {R} it.")
+# (question, statement) with as many tokens
+TYPE_TEMPLATES = [("Do you like {X}?", "You do like {X}."), ("Is {X} better than {Y}?", "{X} is better than {Y}."),
+                  ("Can we drink {X}?", "We can drink {X}."),
+                  ("Will they buy {X} or {Y}?", "They will buy {X} or {Y}."),
+                  ("Did she order {X}?", "She did order {X}.")]
+TYPE_PROBES = ("Is it?", "It is.")
+# (sentiment words, as clean and corrupted, and the templates they fit)
+SENTIMENTS = [([("better", "worse")], ["Which do you like {S}, {X} or {Y}?", "{X} is {S} than {Y}.",
+                                      "This {X} tastes {S} than {Y}."]),
+              ([("good", "bad"), ("great", "awful"), ("nice", "terrible")], ["The {X} was {S}.",
+                                                                             "I think {X} is {S}."])]

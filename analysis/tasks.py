@@ -12,8 +12,14 @@ positions named by role so that pairs from different templates line up.
   "after YY" exactly a tens digit above YY's (and "up to YY" one at or below it); roles ``YY``, ``END``.
 - ``induction``: random words, then the same words again (clean) against the first copy with its last
   word changed (corrupted); roles ``FIRST`` (that word in the first copy), ``END``.
+- ``objects``, ``relation``, ``sentence_type``, ``sentiment``: an encoder's tasks, from the four foci of "Which do you
+  like better, coffee or tea?": an object changed (tea → juice), the relation (like → hate), a question made a
+  statement, the sentiment (better → worse). Each pair has probes, the texts whose embeddings the sentence's is
+  compared with (its metric ``embedding``: ``cos(e, answer) - cos(e, distractor)``); roles name the changed word
+  (``FOCUS``) and the others the template has (``OBJECT``, ``OTHER``), with ``START`` and ``END``.
 - ``from_rows`` / ``from_csv``: a user's pairs; each bad row gets a sentence naming it, and the good rows go
-  on; roles ``DIFF`` (the first position where the prompts differ) and ``END``.
+  on; roles ``DIFF`` (the first position where the prompts differ) and ``END``. On an encoder the answer and
+  distractor are probe texts.
 
 Every pair is checked under the model's tokenizer (both prompts of the same length, the answer one token,
 each role on its token), and a task is the same from the same seed.
@@ -28,7 +34,9 @@ from dataclasses import dataclass, field
 
 from models import AttentionModel, HeadLensError
 
-from .task_words import CENTURIES, FACT_TEMPLATES, IOI_TEMPLATES, NAMES, OBJECTS, PLACES, WAR_NOUNS
+from .task_words import (CENTURIES, FACT_TEMPLATES, FOODS, IOI_TEMPLATES, NAMES, OBJECT_TEMPLATES, OBJECTS, PLACES,
+                         RELATION_PROBES, RELATION_TEMPLATES, RELATIONS, SENTIMENTS, TYPE_PROBES, TYPE_TEMPLATES,
+                         WAR_NOUNS)
 
 MAX_PAIRS = 10_000   # pairs in one task
 PAGE_ROWS = 1_000    # rows of a CSV read on the page
@@ -37,7 +45,8 @@ PAGE_ROWS = 1_000    # rows of a CSV read on the page
 @dataclass(frozen=True)
 class TaskPair:
     """Two prompts of the same token length, ``clean_ids`` and ``corrupted_ids`` as the model reads them, and the
-    tokens compared: ``answer`` against ``distractor`` (``above`` against ``below``, the greater-than metric's)."""
+    tokens compared: ``answer`` against ``distractor`` (``above`` against ``below``, the greater-than metric's); an
+    encoder's pair compares texts instead, its ``probes`` (answer, distractor), and its tokens are -1."""
 
     clean: str
     corrupted: str
@@ -49,6 +58,7 @@ class TaskPair:
     template: str = ""
     above: tuple[int, ...] = ()
     below: tuple[int, ...] = ()
+    probes: tuple[str, str] | tuple = ()
 
     def __len__(self) -> int:
         return len(self.clean_ids)
@@ -85,6 +95,9 @@ INDUCTION_WORDS = 8     # words in each copy of an induction sequence
 
 TASKS = {"ioi": "Indirect object (Wang et al. 2022)", "facts": "Facts: a city, a capital, a language",
          "greater_than": "Greater-than (Hanna et al. 2023)", "induction": "Induction: random words repeated"}
+ENCODER_TASKS = {"objects": "Objects: coffee or tea → coffee or juice", "relation": "Relation: like → hate",
+                 "sentence_type": "Sentence type: a question → a statement",
+                 "sentiment": "Sentiment: better → worse"}
 CORRUPTIONS = {"s2": "the subject's second mention flipped to the other name",
                "abc": "three other names (Wang et al.'s ABC)"}
 
@@ -287,14 +300,103 @@ def induction(model: AttentionModel, n: int = 100, seed: int = 0, words: int = I
     return Task("induction", TASKS["induction"], tuple(_draw(n, seed, make)))
 
 
+def _probed(reader: _Reader, clean: str, corrupted: str, probes: tuple[str, str], chars: dict[str, int],
+            template: str) -> TaskPair | None:
+    """An encoder's pair when both prompts have the same length and each role's character lies in a token."""
+    ids, offsets = reader.ids(clean)
+    bad_ids, _ = reader.ids(corrupted)
+    if len(ids) != len(bad_ids) or probes[0] == probes[1]:
+        return None
+    roles = [("START", 0)]
+    for role, char in chars.items():
+        at = _token_at(offsets, char)
+        if at is None:
+            return None
+        roles.append((role, at))
+    roles.append(("END", len(ids) - 1))
+    return TaskPair(clean, corrupted, tuple(ids), tuple(bad_ids), -1, -1, tuple(roles), template, probes=probes)
+
+
+def _focus_task(model: AttentionModel, name: str, n: int, seed: int, make) -> Task:
+    """An encoder's task ``name`` of ``n`` pairs, each from ``make(rng, foods)`` (foods: those the tokenizer reads as
+    one token)."""
+    reader = _Reader(model)
+    foods = reader.singles(FOODS)
+    if len(foods) < 4:
+        raise HeadLensError(f"{model.name}'s tokenizer reads too few of the task's foods as one token each.")
+    return Task(name, ENCODER_TASKS[name], tuple(_draw(n, seed, lambda rng: make(reader, rng, foods))),
+                metric="embedding")
+
+
+def objects(model: AttentionModel, n: int = 100, seed: int = 0) -> Task:
+    """The second object changed: "coffee or tea" → "coffee or juice"; probes the two objects."""
+    def make(reader, rng, foods):
+        template = rng.choice(OBJECT_TEMPLATES)
+        x, y, z = rng.sample(foods, 3)
+        clean, chars = _fill(template, X=x, Y=y)
+        corrupted, _ = _fill(template, X=x, Y=z)
+        return _probed(reader, clean, corrupted, (y, z), {"OBJECT": chars["X"], "FOCUS": chars["Y"]}, template)
+    return _focus_task(model, "objects", n, seed, make)
+
+
+def relation(model: AttentionModel, n: int = 100, seed: int = 0) -> Task:
+    """The relation changed: like → hate; probes "I like it." and "I hate it."."""
+    def make(reader, rng, foods):
+        template = rng.choice(RELATION_TEMPLATES)
+        (r, r2), (x, y) = rng.choice(RELATIONS), rng.sample(foods, 2)
+        clean, chars = _fill(template, R=r, X=x, Y=y)
+        corrupted, _ = _fill(template, R=r2, X=x, Y=y)
+        probes = (RELATION_PROBES[0].format(R=r), RELATION_PROBES[1].format(R=r2))
+        return _probed(reader, clean, corrupted, probes, {"FOCUS": chars["R"], "OBJECT": chars["X"]}, template)
+    return _focus_task(model, "relation", n, seed, make)
+
+
+def sentence_type(model: AttentionModel, n: int = 100, seed: int = 0) -> Task:
+    """A question made a statement of as many tokens ("Do you like tea?" → "You do like tea."); probes "Is it?"
+    and "It is."."""
+    def make(reader, rng, foods):
+        question, statement = rng.choice(TYPE_TEMPLATES)
+        x, y = rng.sample(foods, 2)
+        clean, chars = _fill(question, X=x, Y=y)
+        corrupted, _ = _fill(statement, X=x, Y=y)
+        clean, corrupted = clean[0].upper() + clean[1:], corrupted[0].upper() + corrupted[1:]
+        return _probed(reader, clean, corrupted, TYPE_PROBES, {"FOCUS": len(clean) - 1, "OBJECT": chars["X"]},
+                       question)
+    return _focus_task(model, "sentence_type", n, seed, make)
+
+
+def sentiment(model: AttentionModel, n: int = 100, seed: int = 0) -> Task:
+    """The sentiment changed: better → worse, good → bad; probes the two words."""
+    def make(reader, rng, foods):
+        words, templates = rng.choice(SENTIMENTS)
+        (w, w2), template, (x, y) = rng.choice(words), rng.choice(templates), rng.sample(foods, 2)
+        clean, chars = _fill(template, S=w, X=x, Y=y)
+        corrupted, _ = _fill(template, S=w2, X=x, Y=y)
+        clean, corrupted = clean[0].upper() + clean[1:], corrupted[0].upper() + corrupted[1:]
+        return _probed(reader, clean, corrupted, (w, w2), {"FOCUS": chars["S"], "OBJECT": chars["X"]}, template)
+    return _focus_task(model, "sentiment", n, seed, make)
+
+
 GENERATORS = {"ioi": ioi, "facts": facts, "greater_than": greater_than, "induction": induction}
+ENCODER_GENERATORS = {"objects": objects, "relation": relation, "sentence_type": sentence_type,
+                      "sentiment": sentiment}
+
+
+def tasks_for(model: AttentionModel) -> dict[str, str]:
+    """The built-in tasks ``model`` runs, by name: a language model's (``TASKS``) or an encoder's
+    (``ENCODER_TASKS``)."""
+    return TASKS if model.causal else ENCODER_TASKS
 
 
 def make_task(model: AttentionModel, name: str, n: int = 100, seed: int = 0, **options) -> Task:
-    """The task ``name`` (``TASKS``) of ``n`` pairs for ``model``'s tokenizer."""
-    if name not in GENERATORS:
-        raise HeadLensError(f"Unknown task '{name}': choose one of {', '.join(GENERATORS)}, or give your own pairs.")
-    return GENERATORS[name](model, n=n, seed=seed, **options)
+    """The task ``name`` (``TASKS``, or on an encoder ``ENCODER_TASKS``) of ``n`` pairs for ``model``'s
+    tokenizer."""
+    generators = GENERATORS if model.causal else ENCODER_GENERATORS
+    if name not in generators:
+        kind = "a language model" if model.causal else "an encoder"
+        raise HeadLensError(f"'{name}' is not a task for {kind}: choose one of {', '.join(generators)}, or give your "
+                            "own pairs.")
+    return generators[name](model, n=n, seed=seed, **options)
 
 
 # --- a user's pairs ---------------------------------------------------------------------------------------
@@ -334,7 +436,8 @@ def from_rows(model: AttentionModel, rows: Iterable[dict], name: str = "yours", 
                         "or run it from the command line (python -m analysis.task_run).")
     if not pairs:
         raise HeadLensError("No row could be made a pair. " + " ".join(problems[:5]))
-    return Task(name, "Your pairs", tuple(pairs), problems=tuple(problems))
+    return Task(name, "Your pairs", tuple(pairs), "logit_diff" if model.causal else "embedding",
+                problems=tuple(problems))
 
 
 def _row_problem(reader: _Reader, row: dict) -> TaskPair | str:
@@ -344,14 +447,25 @@ def _row_problem(reader: _Reader, row: dict) -> TaskPair | str:
         if not isinstance(value, str) or not value.strip():
             return f"the {what} prompt is empty or not text; write the prompt in the '{what}' column"
         texts[what] = value
-    answer, why = _one_token(reader, row.get("answer"), "answer")
-    if why:
-        return why
-    distractor, why = _one_token(reader, row.get("distractor"), "distractor")
-    if why:
-        return why
-    if answer == distractor:
-        return "its answer and distractor are the same token; give two different ones"
+    if not reader.model.causal:  # an encoder's answer and distractor: probe texts
+        probes = tuple(row.get(what).strip() if isinstance(row.get(what), str) else "" for what in
+                       ("answer", "distractor"))
+        if not all(probes):
+            return ("its answer or distractor is empty; on an encoder each is a text (a word or a sentence) the "
+                    "sentence's embedding is compared with")
+        if probes[0] == probes[1]:
+            return "its answer and distractor are the same text; give two different ones"
+        answer = distractor = -1
+    else:
+        probes = ()
+        answer, why = _one_token(reader, row.get("answer"), "answer")
+        if why:
+            return why
+        distractor, why = _one_token(reader, row.get("distractor"), "distractor")
+        if why:
+            return why
+        if answer == distractor:
+            return "its answer and distractor are the same token; give two different ones"
     ids, _ = reader.ids(texts["clean"])
     bad, _ = reader.ids(texts["corrupted"])
     if len(ids) != len(bad):
@@ -361,7 +475,8 @@ def _row_problem(reader: _Reader, row: dict) -> TaskPair | str:
         return f"the prompts are {len(ids)} tokens; a pair has at most 256"
     differ = [i for i, (a, b) in enumerate(zip(ids, bad)) if a != b]
     roles = (("DIFF", differ[0] if differ else len(ids) - 1), ("END", len(ids) - 1))
-    return TaskPair(texts["clean"], texts["corrupted"], tuple(ids), tuple(bad), answer, distractor, roles, "row")
+    return TaskPair(texts["clean"], texts["corrupted"], tuple(ids), tuple(bad), answer, distractor, roles, "row",
+                    probes=probes)
 
 
 def from_csv(model: AttentionModel, text: str | bytes, limit: int = PAGE_ROWS) -> Task:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from models import Attention, AttentionModel, HeadLensError
-from models.run import Trace, language_stack, trace, trace_weights
+from models.run import Trace, patching_stack, trace, trace_weights
 
 PATCH_MAX_TOKENS = 256  # per-position patching of every head runs heads x tokens copies of the prompt
 WHAT = "What a head adds to a prediction is read"
@@ -24,8 +24,8 @@ WHAT = "What a head adds to a prediction is read"
 
 @dataclass(frozen=True, eq=False)
 class Traced:
-    """``text`` run once on ``model`` (a language model; ``stack``: what the run went up): ``ids`` ``(n,)``,
-    ``tokens`` and ``trace``."""
+    """``text`` run once on ``model`` (a language model or an encoder; ``stack``: what the run went up): ``ids``
+    ``(n,)``, ``tokens`` and ``trace``."""
 
     model: AttentionModel
     stack: object
@@ -56,14 +56,14 @@ class Traced:
         m, stack = self.model, self.stack
         return Attention(tokens=self.tokens, weights=self.weights(), word_ids=self.word_ids, special=self.special,
                          offsets=self.offsets, text=self.text, model_name=m.name, backend="scratch",
-                         device=str(m.device), n_tokens_original=len(self.tokens), causal=True,
+                         device=str(m.device), n_tokens_original=len(self.tokens), causal=bool(stack.causal),
                          pruned=stack.pruned_mask() if stack.pruned else None, windows=stack.windows)
 
 
 def traced(model: AttentionModel, text: str, noun: str = "prompt") -> Traced:
-    """``text`` run once on ``model``; a sentence for a text that is empty or longer than ``PATCH_MAX_TOKENS``, and
-    for a model that is not a language model."""
-    stack = language_stack(model, WHAT)
+    """``text`` run once on ``model`` (a language model or an encoder); a sentence for a text that is empty or longer
+    than ``PATCH_MAX_TOKENS``, and for a model the from-scratch engine does not implement."""
+    stack = patching_stack(model, WHAT)
     model.token_counts([text], noun)
     enc = model.tokenize(text, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False)
     ids = enc["input_ids"]
@@ -86,7 +86,7 @@ def _same_weights(a: Traced, model: AttentionModel, stack) -> bool:
 def as_traced(model: AttentionModel, prompt: "str | Traced", noun: str = "prompt") -> Traced:
     """``prompt`` when it is traced already (on ``model``, on either engine), else ``traced(model, prompt)``."""
     if isinstance(prompt, Traced):
-        if not _same_weights(prompt, model, language_stack(model, WHAT)):
+        if not _same_weights(prompt, model, patching_stack(model, WHAT)):
             raise HeadLensError(f"That {noun} was traced on {prompt.model.name}, not on {model.name}.")
         return prompt
     return traced(model, prompt, noun)

@@ -144,6 +144,13 @@ def language_stack(model, what: str = "What a head adds to a prediction is read"
     return stack
 
 
+def patching_stack(model, what: str = "Patching replaces a head's output"):
+    """``stack_of(model)`` for a run that patches and measures: a language model's (logits at the last token) or an
+    encoder's (a sentence embedding, a masked token's logits); a sentence for an architecture the engine does not
+    implement."""
+    return stack_of(model, what)
+
+
 def device_of(stack) -> torch.device:
     """Where a stack's weights are."""
     return next(stack.parameters()).device
@@ -152,8 +159,8 @@ def device_of(stack) -> torch.device:
 @torch.inference_mode()
 def trace_batch(model, ids: torch.Tensor) -> Trace:
     """Run ``ids`` ``(B, n)`` through ``model``'s stack once, keeping every layer's ``resid_pre`` ``(B, n, E)`` and
-    every head's ``z`` ``(B, kept heads, n, Dh)``."""
-    stack = language_stack(model)
+    every head's ``z`` ``(B, kept heads, n, Dh)``: a language model's run or an encoder's."""
+    stack = patching_stack(model)
     resid, zs = [], []
     layers = range(stack.n_layers)
     edits = Edits({**Edits.every_layer("resid_pre", lambda _: reading(resid), layers),
@@ -184,7 +191,7 @@ def trace_weights(stack, t: Trace) -> torch.Tensor:
     for layer in range(stack.n_layers):
         resid = t.resid[layer]
         _, (weights,) = stack.run_layers(resid.unsqueeze(0) if single else resid, start=layer, stop=layer + 1,
-                                         causal=True, last="attention")
+                                         last="attention")
         out.append(weights)
     weights = torch.stack(out, 1)                                                    # (B, L, H, n, n)
     return weights[0] if single else weights

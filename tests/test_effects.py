@@ -261,8 +261,11 @@ def test_what_cannot_be_patched_gets_a_sentence(decoder, hf_model, tiny):
         patch_heads(ours, CLEAN, CLEAN, 5, 6)
     with pytest.raises(HeadLensError, match="Unknown patching method"):
         patch_heads(ours, CLEAN, CORRUPTED, 5, 6, method="fast")
-    with pytest.raises(HeadLensError, match="encoder, not a language model"):
+    with pytest.raises(HeadLensError, match="give a distractor text beside the answer"):
         logit_attribution(hf_model, "Which do you like better, coffee or tea?", "tea")
+    with pytest.raises(HeadLensError, match="On an encoder the answer is a text"):
+        patch_heads(hf_model, "Which do you like better, coffee or tea?", "Which do you like better, coffee or juice?",
+                    5, "juice")
     with pytest.raises(HeadLensError, match="the from-scratch engine, which does not implement"):
         logit_attribution(load_model(tiny("bloom")), "Hello world", 5)
 

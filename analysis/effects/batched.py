@@ -16,25 +16,47 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.run import ROWS_PER_CHUNK, Edits, Trace, device_of, language_stack
+from models.run import ROWS_PER_CHUNK, Edits, Trace, device_of, patching_stack
 
 Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
 class Measure:
-    """A metric on each pair of a batch: ``sum_k weights[p, k] * s(tokens[p, k])``, ``s`` the logit (``kind``
-    "logit", read through the unembedding's rows alone) or the probability ("prob"); or (kind "direction") the
-    final hidden state's dot product with ``weights[p]`` ``(E,)``."""
+    """A metric on each pair of a batch, read from a run's final residual stream:
+
+    - ``logit``: ``sum_k weights[p, k] * logit(tokens[p, k])`` at the last position, the logits read through the
+      unembedding's rows alone (the logit difference); ``prob``: the same of the probabilities (a probability
+      difference, greater-than's mass); ``direction``: the final hidden state's dot product with ``weights[p]``
+      ``(E,)`` (a decoder's);
+    - ``embedding`` (an encoder's): the sentence embedding ``e``, the mean of the final hidden states over every token
+      (sentence-transformers' pooling), its cosine with ``weights[p]`` ``(E,)``, the answer's unit embedding less the
+      distractor's: ``cos(e, answer) - cos(e, distractor)``;
+    - ``mask`` (a masked-LM encoder's): ``logit`` at the position ``tokens[p, 0]`` (its ``[MASK]``) of the answer
+      ``tokens[p, 1]`` less the distractor ``tokens[p, 2]``, through the model's MLM head."""
 
     kind: str
     tokens: torch.Tensor    # (pairs, K) long
-    weights: torch.Tensor   # (pairs, K)
+    weights: torch.Tensor   # (pairs, K), or (pairs, E)
 
-    def __call__(self, stack, x_last: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``(N,)``: the metric of each final residual ``x_last`` ``(N, E)``, row ``i`` belonging to pair
-        ``rows[i]``."""
-        h = stack.finish(x_last)
+    @classmethod
+    def toward(cls, vector: torch.Tensor) -> "Measure":
+        """One pair's ``direction`` measure along ``vector`` ``(E,)``."""
+        return cls("direction", torch.zeros(1, 0, dtype=torch.long), vector.view(1, -1))
+
+    def __call__(self, stack, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``(N,)``: the metric of each run's final residuals ``x`` ``(N, n, E)`` (a language model's may hold only
+        the tokens after a prefix every run shares: it reads the last), run ``i`` belonging to pair ``rows[i]``."""
+        if self.kind == "embedding":
+            e = stack.finish(x).mean(1)                                                  # (N, E)
+            return (e * self.weights[rows].to(e.dtype)).sum(-1) / e.norm(dim=-1)
+        if self.kind == "mask":
+            tokens = self.tokens[rows].to(x.device)                                      # (N, 3)
+            h = stack.finish(x[torch.arange(len(x), device=x.device), tokens[:, 0]])     # (N, E)
+            logits = stack.logits(h.unsqueeze(1)).squeeze(1)                             # (N, V)
+            return logits.gather(1, tokens[:, 1:]) @ torch.tensor([1.0, -1.0], dtype=logits.dtype,
+                                                                  device=logits.device)
+        h = stack.finish(x[:, -1])
         if self.kind == "direction":
             return h @ self.weights[0] if len(self.weights) == 1 else (h * self.weights[rows].to(h.dtype)).sum(-1)
         tokens, weights = self.tokens[rows], self.weights[rows].to(h.dtype)         # (N, K)
@@ -47,7 +69,10 @@ class Measure:
 
     def direction(self, stack, p: int) -> torch.Tensor:
         """``(E,)``: pair ``p``'s weighted unembedding rows, what a final hidden state is read along for its
-        direct attribution (a probability metric's weights scaled so that each sign's sum to 1 in size)."""
+        direct attribution (a probability metric's weights scaled so that each sign's sum to 1 in size); an
+        embedding metric's probe difference."""
+        if self.kind in ("direction", "embedding"):
+            return self.weights[min(p, len(self.weights) - 1)]
         w = self.weights[p].double()
         if self.kind == "prob":
             pos, neg = w.clamp_min(0), (-w).clamp_min(0)
@@ -59,11 +84,14 @@ class Measure:
 @torch.inference_mode()
 def final_measures(stack, t: Trace, measure: Measure, rows: torch.Tensor) -> np.ndarray:
     """``(B,)`` float64: the metric of each prompt of a batched trace, row ``b`` belonging to pair ``rows[b]``."""
-    return measure(stack, t.resid[-1][:, -1], rows).double().cpu().numpy()
+    return measure(stack, t.resid[-1], rows).double().cpu().numpy()
 
 
-def shared_prefix(clean: Trace, corrupted: Trace) -> int:
-    """How many first tokens every clean prompt of a batch shares with its corrupted one (at most ``n - 1``)."""
+def shared_prefix(stack, clean: Trace, corrupted: Trace) -> int:
+    """How many first tokens every clean prompt of a batch shares with its corrupted one (at most ``n - 1``) and no
+    patch changes: none in an encoder, whose every token sees every other."""
+    if not stack.causal:
+        return 0
     differ = (clean.ids != corrupted.ids).any(0)
     n = clean.ids.shape[1]
     return min(int(differ.int().argmax()), n - 1) if bool(differ.any()) else n - 1
@@ -81,9 +109,9 @@ def patched_measures(model, clean: Trace, corrupted: Trace, measure: Measure, ro
     The tokens every pair shares before the prompts differ are the same in every copy as in the corrupted run,
     at every layer: the copies run only the tokens after them, attending to those tokens' keys and values as
     the corrupted run formed them (an edit there changes nothing: its copy is the corrupted prompt)."""
-    stack = language_stack(model)
+    stack = patching_stack(model)
     B, n, E = corrupted.resid[0].shape
-    f = shared_prefix(clean, corrupted)
+    f = shared_prefix(stack, clean, corrupted)
     out = np.empty(len(pair), dtype=np.float64)
     idle = (positions >= 0) & (positions < f)
     base = final_measures(stack, corrupted, measure, rows)
@@ -103,7 +131,7 @@ def patched_measures(model, clean: Trace, corrupted: Trace, measure: Measure, ro
         chunk = order[start:start + per_chunk]
         x = _run_copies(stack, clean, corrupted, prefixes, f, pair[chunk], layers[chunk], heads[chunk],
                         positions[chunk], ran)
-        out[chunk] = measure(stack, x[:, -1], rows[torch.as_tensor(pair[chunk])]).double().cpu().numpy()
+        out[chunk] = measure(stack, x, rows[torch.as_tensor(pair[chunk])]).double().cpu().numpy()
     if progress is not None and not len(live):
         progress(1, 1)
     return out
@@ -196,7 +224,7 @@ def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure:
     corrupted prompts ``(B, n)``, times the clean minus the corrupted activation. Returns ``(heads, resid,
     corrupted, values)``: ``(B, layers, heads, n)`` (zero for a pruned head) and ``(B, layers, n)`` float64, the
     corrupted prompts' trace (read from the same forward pass) and their metric ``(B,)``."""
-    stack = language_stack(model)
+    stack = patching_stack(model)
     L, H = stack.n_layers, stack.n_heads
     B, n = corrupted_ids.shape
     resid_seen, z_seen, resid_taps, z_taps = [], [], [], []
@@ -215,7 +243,7 @@ def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure:
     with torch.enable_grad():
         x, _ = stack.run_layers(stack.embed(corrupted_ids.to(device_of(stack))).detach(), need_weights=False, edits=edits)
         resid_seen.append(x.detach())
-        values = measure(stack, x[:, -1], rows)   # each prompt's metric depends on its own row alone
+        values = measure(stack, x, rows)   # each prompt's metric depends on its own row alone
         grads = torch.autograd.grad(values.sum(), resid_taps + z_taps)
     corrupted = Trace(corrupted_ids, resid_seen, z_seen)
     heads, resid = np.zeros((B, L, H, n)), np.zeros((B, L, n))
@@ -228,3 +256,27 @@ def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure:
                 dz = clean.z[layer] - corrupted.z[layer]                               # (B, kept, n, Dh)
                 heads[:, layer, kept] = (dz * grads[L + layer]).sum(-1).double().cpu().numpy()
     return heads, resid, corrupted, values.detach().double().cpu().numpy()
+
+
+@torch.inference_mode()
+def unit_embeddings(model, texts) -> torch.Tensor:
+    """``(k, E)``: each text's sentence embedding as the ``embedding`` measure pools it (the mean of the final
+    hidden states over its tokens, special ones included), at unit length, in the stack's own dtype."""
+    stack = patching_stack(model, "A sentence embedding is read")
+    out = []
+    for text in texts:
+        ids = torch.tensor([model.tokenize(text, verbose=False)["input_ids"]], device=device_of(stack))
+        x, _ = stack.run_layers(stack.embed(ids), need_weights=False)
+        e = stack.finish(x).mean(1)[0]
+        out.append(e / e.norm())
+    return torch.stack(out)
+
+
+def embedding_measure(model, probes) -> Measure:
+    """The ``embedding`` measure of pairs whose ``probes`` are ``(answer, distractor)`` texts, each text embedded
+    once, unpatched."""
+    texts = sorted({t for pair in probes for t in pair})
+    at = {t: i for i, t in enumerate(texts)}
+    units = unit_embeddings(model, texts)
+    weights = torch.stack([units[at[a]] - units[at[d]] for a, d in probes])
+    return Measure("embedding", torch.zeros(len(probes), 0, dtype=torch.long, device=weights.device), weights)

@@ -23,10 +23,11 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models.run import language_stack
+from models.run import as_batch, patching_stack
 
 from ..defaults import Pair
 from ..traced import Traced, as_traced
+from . import batched as B
 from . import parts as P
 METHODS = {"exact": "exact patching: the corrupted prompt rerun with each activation patched",
            "attribution": "attribution patching: a first-order estimate from one forward and one backward pass"}
@@ -100,6 +101,8 @@ def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distr
     """
     traced_prompt = as_traced(model, prompt)
     stack, t = traced_prompt.stack, traced_prompt.trace
+    if not stack.language_model:
+        return _embedding_attribution(traced_prompt, answer, distractor)
     a = answer_token(model, answer)
     d = None if distractor is None else answer_token(model, distractor, "distractor")
     toward = P.direction(stack, a, d)
@@ -119,6 +122,24 @@ def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distr
     return frame
 
 
+def _embedding_attribution(traced_prompt: Traced, answer, distractor) -> pd.DataFrame:
+    """``logit_attribution`` on an encoder: the embedding difference split into what wrote it, each part through
+    the post-LayerNorms above it, their scales frozen at the run's values (``parts.embedding_parts``)."""
+    model, stack, t = traced_prompt.model, traced_prompt.stack, traced_prompt.trace
+    if distractor is None:
+        raise HeadLensError("On an encoder the attribution compares the sentence's embedding with two texts: give a "
+                            "distractor text beside the answer.")
+    measure, a, d = pair_measure(model, stack, answer, distractor)
+    parts = P.embedding_parts(stack, as_batch(t), measure.weights)
+    value = lambda key: parts[key][0].double().cpu().numpy()  # noqa: E731
+    frame = _frame(value("heads"), ("layer", "head"), column="attribution")
+    frame.attrs.update(embeddings=float(value("embeddings")), attention_bias=value("attention_bias").tolist(),
+                       mlp=value("mlp").tolist(), final_norm=float(value("norms")),
+                       logit_diff=_measured(stack, t, measure), answer=a, distractor=d, tokens=traced_prompt.tokens,
+                       metric="embedding")
+    return frame
+
+
 def parts_total(frame: pd.DataFrame) -> float:
     """What ``logit_attribution``'s parts add up to: every head, the embeddings, biases, MLPs and the norm."""
     a = frame.attrs
@@ -132,10 +153,12 @@ class _Setup:
     stack: object
     clean: P.Trace
     corrupted: P.Trace
-    toward: torch.Tensor
+    measure: B.Measure
     ld_clean: float
     ld_corrupted: float
     tokens: list[str]
+    answer: str
+    distractor: str
 
     @property
     def span(self) -> float:
@@ -143,15 +166,42 @@ class _Setup:
 
     def attrs(self, method: str) -> dict:
         return {"ld_clean": self.ld_clean, "ld_corrupted": self.ld_corrupted, "method": method,
-                "tokens": self.tokens}
+                "tokens": self.tokens, "metric": metric_of(self.stack), "answer": self.answer,
+                "distractor": self.distractor}
+
+
+def metric_of(stack) -> str:
+    """What a pair's figures measure on ``stack``: a language model's logit difference at the last token, an
+    encoder's sentence embedding moved toward the answer's and away from the distractor's."""
+    return "logit_diff" if stack.language_model else "embedding"
+
+
+def probe_text(value, role: str) -> str:
+    """An encoder's answer or distractor: a text to embed; a sentence for anything else."""
+    if not isinstance(value, str) or not value.strip():
+        raise HeadLensError(f"On an encoder the {role} is a text (a word or a sentence) whose embedding the "
+                            "prompt's is compared with; give it as text.")
+    return value.strip()
+
+
+def pair_measure(model, stack, answer, distractor) -> tuple[B.Measure, str, str]:
+    """One pair's measure on ``stack`` and how its answer and distractor read: a language model's logit difference
+    of two tokens, an encoder's embedding difference of two texts (``batched.Measure``)."""
+    if stack.language_model:
+        a = answer_token(model, answer)
+        d = answer_token(model, distractor, "distractor")
+        if a == d:
+            raise HeadLensError("The answer and the distractor are the same token; patching compares two.")
+        return B.Measure.toward(P.direction(stack, a, d)), token_text(model, a), token_text(model, d)
+    a, d = probe_text(answer, "answer"), probe_text(distractor, "distractor")
+    if a == d:
+        raise HeadLensError("The answer and the distractor are the same text; patching compares two.")
+    return B.embedding_measure(model, [(a, d)]), a, d
 
 
 def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distractor) -> _Setup:
-    stack = language_stack(model, "Patching replaces a head's output")
-    a = answer_token(model, answer)
-    d = answer_token(model, distractor, "distractor")
-    if a == d:
-        raise HeadLensError("The answer and the distractor are the same token; patching compares two.")
+    stack = patching_stack(model)
+    measure, a, d = pair_measure(model, stack, answer, distractor)
     clean, corrupted = as_traced(model, clean, "clean prompt"), as_traced(model, corrupted, "corrupted prompt")
     ids_clean, ids_corrupted = clean.ids, corrupted.ids
     if len(ids_clean) != len(ids_corrupted):
@@ -159,12 +209,17 @@ def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distract
                             f"both need as many tokens: the clean prompt has {len(ids_clean)}, the corrupted one "
                             f"{len(ids_corrupted)}.")
     t_clean, t_corrupted = clean.trace, corrupted.trace
-    toward = P.direction(stack, a, d)
-    ld_clean, ld_corrupted = _difference(stack, t_clean, toward), _difference(stack, t_corrupted, toward)
+    ld_clean, ld_corrupted = _measured(stack, t_clean, measure), _measured(stack, t_corrupted, measure)
     if abs(ld_clean - ld_corrupted) < 1e-6:
-        raise HeadLensError(f"The clean and corrupted prompts give the same logit difference ({ld_clean:.3f}), so "
+        what = "logit difference" if stack.language_model else "embedding difference"
+        raise HeadLensError(f"The clean and corrupted prompts give the same {what} ({ld_clean:.3f}), so "
                             "there is nothing for a patch to recover; corrupt the prompt where it decides the answer.")
-    return _Setup(model, stack, t_clean, t_corrupted, toward, ld_clean, ld_corrupted, corrupted.tokens)
+    return _Setup(model, stack, t_clean, t_corrupted, measure, ld_clean, ld_corrupted, corrupted.tokens, a, d)
+
+
+def _measured(stack, t: P.Trace, measure: B.Measure) -> float:
+    with torch.inference_mode():
+        return float(measure(stack, t.resid[-1].unsqueeze(0), torch.zeros(1, dtype=torch.long)))
 
 
 def _check_method(method: str) -> None:
@@ -185,7 +240,7 @@ def patch_heads(model: AttentionModel, clean: str | Traced, corrupted: str | Tra
     s = _setup(model, clean, corrupted, answer, distractor)
     L, H, n = s.stack.n_layers, s.stack.n_heads, len(s.tokens)
     if method == "attribution":
-        estimate = P.attribution_estimates(s.model, s.clean, s.corrupted, s.toward)[0] / s.span   # (L, H, n)
+        estimate = P.attribution_estimates(s.model, s.clean, s.corrupted, s.measure)[0] / s.span   # (L, H, n)
         values = estimate if per_position else estimate.sum(-1)
     else:
         values = _exact_heads(s, L, H, n, per_position, progress)
@@ -198,7 +253,7 @@ def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress
     stack = s.stack
     if not per_position:
         layers, heads = np.divmod(np.arange(L * H), H)
-        patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, heads, np.full(L * H, -1), s.toward,
+        patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, heads, np.full(L * H, -1), s.measure,
                                         progress=progress)
         return ((patched - s.ld_corrupted) / s.span).reshape(L, H)
     values = np.zeros((L, H, n))  # a patch that changes nothing recovers nothing: only differing z's are run
@@ -206,7 +261,7 @@ def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress
              if not torch.equal(s.clean.z[layer][k, p], s.corrupted.z[layer][k, p])]
     if edits:
         layers, heads, positions = (np.array(c) for c in zip(*edits))
-        patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, heads, positions, s.toward,
+        patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, heads, positions, s.measure,
                                         progress=progress)
         values[layers, heads, positions] = (patched - s.ld_corrupted) / s.span
     elif progress is not None:
@@ -223,7 +278,7 @@ def patch_residual(model: AttentionModel, clean: str | Traced, corrupted: str | 
     s = _setup(model, clean, corrupted, answer, distractor)
     L, n = s.stack.n_layers, len(s.tokens)
     if method == "attribution":
-        values = P.attribution_estimates(s.model, s.clean, s.corrupted, s.toward)[1] / s.span
+        values = P.attribution_estimates(s.model, s.clean, s.corrupted, s.measure)[1] / s.span
     else:
         values = np.zeros((L, n))
         edits = [(layer, p) for layer in range(L) for p in range(n)
@@ -231,7 +286,7 @@ def patch_residual(model: AttentionModel, clean: str | Traced, corrupted: str | 
         if edits:
             layers, positions = (np.array(c) for c in zip(*edits))
             patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions,
-                                            s.toward, progress=progress)
+                                            s.measure, progress=progress)
             values[layers, positions] = (patched - s.ld_corrupted) / s.span
         elif progress is not None:
             progress(1, 1)

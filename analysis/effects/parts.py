@@ -22,7 +22,8 @@ from models.run import Trace, as_batch, language_stack, trace, trace_batch, trac
 from .batched import Measure, attribution_batch, patched_measures
 
 __all__ = ["Trace", "trace", "trace_batch", "language_stack", "trace_weights", "head_results", "result_norms",
-           "attention_biases", "direction", "patched_differences", "attribution_estimates", "head_values",
+           "attention_biases", "embedding_parts", "direction", "patched_differences", "attribution_estimates",
+           "head_values",
            "output_columns", "head_writes", "Shares", "shares"]
 
 Progress = Callable[[int, int], None]
@@ -70,6 +71,35 @@ def result_norms(stack, t: Trace) -> torch.Tensor:
     return out
 
 
+@torch.inference_mode()
+def embedding_parts(stack, t: Trace, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """An encoder's embedding metric (``batched.Measure`` "embedding": the mean of the final hidden states, its cosine
+    with ``weights`` ``(B, E)``) of a batch's trace, split into what wrote it, each part passed through the
+    post-LayerNorms above it with their scales frozen at the run's values (``frozen_norms``) and the embedding's
+    length frozen too: ``heads`` ``(B, layers, heads)`` (zero for a pruned head), ``attention_bias`` and ``mlp``
+    ``(B, layers)``, ``embeddings`` and ``norms`` (the norms' biases) ``(B,)``; they add up to the metric."""
+    fn = stack.frozen_norms(t.resid, t.z)
+    e = stack.finish(t.resid[-1]).mean(-2)                                               # (B, E)
+    along = weights.to(e.dtype) / e.norm(dim=-1, keepdim=True)                           # (B, E)
+
+    def read(part: torch.Tensor, first: int) -> torch.Tensor:                          # (B, ..., n, E) -> (B, ...)
+        pooled = fn.through(part, first).mean(-2)
+        return (pooled * along.view(len(along), *[1] * (pooled.dim() - 2), -1)).sum(-1)
+
+    B, L = len(e), stack.n_layers
+    heads = e.new_zeros(B, L, stack.n_heads)
+    bias, mlp = e.new_zeros(B, L), e.new_zeros(B, L)
+    for layer, block in enumerate(stack.layers):
+        results = _layer_results(stack, t, layer, slice(None))                        # (B, n, kept, E)
+        if results is not None:
+            heads[:, layer, stack.kept[layer]] = read(results.transpose(-2, -3), 2 * layer)
+        if block.attn.output_bias is not None:
+            bias[:, layer] = read(block.attn.output_bias.expand_as(t.resid[0]), 2 * layer)
+        mlp[:, layer] = read(fn.mlp[layer], 2 * layer + 1)
+    norms = (fn.constant(t.resid[0]).mean(-2) * along).sum(-1)
+    return {"heads": heads, "attention_bias": bias, "mlp": mlp, "embeddings": read(t.resid[0], 0), "norms": norms}
+
+
 def attention_biases(stack, like: torch.Tensor) -> torch.Tensor:
     """``(layers, E)``: each attention's output bias, added once whatever its heads do (zeros without one; a
     model whose blocks norm the attention's output has none)."""
@@ -85,30 +115,29 @@ def direction(stack, answer: int, distractor: int | None) -> torch.Tensor:
 
 
 def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarray, heads: np.ndarray,
-                        positions: np.ndarray, toward: torch.Tensor, *, progress: Progress | None = None) -> np.ndarray:
+                        positions: np.ndarray, measure: Measure, *, progress: Progress | None = None) -> np.ndarray:
     """The corrupted prompt run once per edit, each copy with one clean activation in place of its own;
-    ``(edits,)`` float64: ``toward`` (``direction``) read from each copy's last position.
+    ``(edits,)`` float64: ``measure`` (one pair's: ``Measure.toward`` a ``direction``, or an encoder's) of each
+    copy.
 
     Edit ``i`` puts at layer ``layers[i]`` the clean run's ``z`` of head ``heads[i]`` (or, where that is
     -1, the clean residual entering the layer), at position ``positions[i]`` (or, where that is -1, at
     every position). Copies run together from the layer of their edit up, a chunk of copies at a time, and only
     the tokens after those the two prompts share (``batched.patched_measures``, for one pair).
     """
-    measure = Measure("direction", torch.zeros(1, 0, dtype=torch.long), toward.view(1, -1))
     return patched_measures(model, as_batch(clean), as_batch(corrupted), measure, torch.zeros(1, dtype=torch.long),
                             np.zeros(len(layers), dtype=np.int64), np.asarray(layers), np.asarray(heads),
                             np.asarray(positions), progress=progress)
 
 
-def attribution_estimates(model, clean: Trace, corrupted: Trace, toward: torch.Tensor):
-    """Attribution patching (Nanda 2023): the corrupted prompt's gradient of ``toward`` with respect to every
-    head's ``z`` and every ``resid_pre``, in one forward and one backward pass, times the clean minus the
+def attribution_estimates(model, clean: Trace, corrupted: Trace, measure: Measure):
+    """Attribution patching (Nanda 2023): the corrupted prompt's gradient of ``measure`` (one pair's) with respect to
+    every head's ``z`` and every ``resid_pre``, in one forward and one backward pass, times the clean minus the
     corrupted activation: a first-order estimate of each patch (``batched.attribution_batch``, for one pair).
 
     Returns ``(heads, resid)``: ``(layers, heads, n)`` (zero for a pruned head) and ``(layers, n)`` float64.
     No gradient is left on the model's parameters.
     """
-    measure = Measure("direction", torch.zeros(1, 0, dtype=torch.long), toward.view(1, -1))
     heads, resid, _, _ = attribution_batch(model, as_batch(clean), corrupted.ids.view(1, -1), measure,
                                            torch.zeros(1, dtype=torch.long))
     return heads[0], resid[0]

@@ -119,6 +119,11 @@ class Block(nn.Module):
         """What the attention reads of the block's input ``x``: ``x`` itself (the norm comes after)."""
         return x
 
+    def attention_scale(self, a: torch.Tensor) -> None:
+        """None: the attention's output is written into the stream as it is; the norm after it passes every write
+        (``BertEncoder.frozen_norms``)."""
+        return None
+
     def attend(self, x: torch.Tensor, *, packing: Packing | None = None, edits=NO_EDITS, weights_into=None, **options):
         """The attention of the block's input ``x``, as ``forward`` runs it: its output ``(B, L, E)`` (padded) and its
         weights or None; ``options``: ``MultiHeadAttention.forward``'s."""
@@ -172,6 +177,24 @@ class BertEncoder(Stack):
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         return self.embeddings(input_ids, token_type_ids)                      # (B, L, E)
 
+    @torch.no_grad()
+    def frozen_norms(self, resid: list[torch.Tensor], z: list[torch.Tensor]) -> "FrozenNorms":
+        """The run's LayerNorms with their scales frozen at its values (``FrozenNorms``), from its trace: ``resid[l]``
+        ``(..., n, E)`` entering layer ``l`` and ``z[l]`` ``(..., kept, n, Dh)`` its heads' outputs."""
+        scales, biases, mlp = [], [], []
+        for layer, block in enumerate(self.layers):
+            x = resid[layer]
+            a = torch.einsum("...hnd,ehd->...ne", z[layer], block.attn.output_columns())
+            if block.attn.output_bias is not None:
+                a = a + block.attn.output_bias
+            mid = block.ln_attn(x + a)
+            mlp.append(block.ffn_out(block.act(block.ffn_in(mid))))
+            after = mid + mlp[-1]
+            for norm, u in ((block.ln_attn, x + a), (block.ln_ffn, after)):
+                scales.append(norm.weight / torch.sqrt(u.var(-1, unbiased=False, keepdim=True) + norm.eps))
+                biases.append(norm.bias)
+        return FrozenNorms(scales, biases, mlp)
+
     @classmethod
     def untrained(cls, config: EncoderConfig, seed: int = 0) -> "BertEncoder":
         """Randomly initialised the way BERT initialises before training, reproducibly for ``seed``."""
@@ -179,6 +202,39 @@ class BertEncoder(Stack):
         with torch.no_grad():
             model.embeddings.word_embeddings.weight[config.pad_token_id].zero_()
         return model.eval()
+
+
+@dataclass(frozen=True)
+class FrozenNorms:
+    """A post-LayerNorm run's norms, each scale frozen at the run's value: norm ``k`` (``2 l``: layer ``l``'s after its
+    attention, ``2 l + 1``: after its feed-forward) maps a part ``p`` of what it reads to
+    ``(p - mean(p)) * weight / sigma_k``, per token, and adds its bias once. With the scales frozen every norm is
+    linear, so the last layer's output is exactly the sum over the writers of each one's part passed through the norms
+    above where it writes (``through``): the embeddings' before norm 0, layer ``l``'s heads (and its output bias)
+    before norm ``2 l``, its feed-forward before ``2 l + 1``, and norm ``k``'s bias after it."""
+
+    scales: list[torch.Tensor]   # per norm, (..., n, E): weight / sigma of each token
+    biases: list[torch.Tensor]   # per norm, (E,)
+    mlp: list[torch.Tensor]      # per layer, (..., n, E): what its feed-forward wrote
+
+    def through(self, part: torch.Tensor, first: int, stop: int | None = None) -> torch.Tensor:
+        """``part`` ``(..., n, E)`` (a trace's leading axes, then any, then tokens) passed through norms ``first``
+        to ``stop`` (exclusive; all above by default), frozen, without their biases."""
+        stop = len(self.scales) if stop is None else stop
+        for k in range(first, stop):
+            s = self.scales[k]
+            s = s.view(*s.shape[:-2], *[1] * (part.dim() - s.dim()), *s.shape[-2:])
+            part = (part - part.mean(-1, keepdim=True)) * s
+        return part
+
+    def constant(self, like: torch.Tensor, stop: int | None = None) -> torch.Tensor:
+        """``(..., n, E)``: what the norms' biases below ``stop`` add to the output there (each passed through the
+        norms above it), shaped like the trace's residual ``like``."""
+        stop = len(self.scales) if stop is None else stop
+        out = torch.zeros_like(like)
+        for k in range(stop):
+            out = out + self.through(self.biases[k].expand_as(like), k + 1, stop)
+        return out
 
 
 def encoder_weights(layer: str, renames: dict[str, str], qkv: tuple[str, str], what: str, prefix: str) -> Weights:
