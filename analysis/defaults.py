@@ -9,6 +9,7 @@ from dataclasses import dataclass
 FIRST_TASK = "ioi"           # the task Effects, Circuits and a head's card open with: indirect object,
 FIRST_TASK_PAIRS = 50        # 50 pairs, seed 0, its names swapped (s2)
 FIRST_TASK_NAME = "Indirect object, 50 pairs"
+FIRST_ENCODER_TASK = "objects"  # an encoder's: the seed's objects changed, 50 pairs, seed 0
 ENCODER_SAMPLE = 100         # sentences of the built-in corpus Pruning measures an encoder on: about a minute on 2 cores
 DECODER_SAMPLE = 24          # sentences a bundled decoder's importance is measured on, by gradient
 DETECTOR_SENTENCES = 100     # natural sentences for the detector's previous-token and sink scores, spread over the corpus
@@ -17,7 +18,8 @@ DETECTOR_SEQUENCES, DETECTOR_LENGTH = 32, 30  # repeated random sequences, and t
 
 @dataclass(frozen=True)
 class Pair:
-    """A clean prompt, a corrupted one of the same length, and the two tokens whose logits are compared."""
+    """A clean prompt, a corrupted one of the same length, and the two tokens whose logits are compared (an encoder's:
+    the two texts its embedding is compared with)."""
 
     name: str
     task: str
@@ -40,4 +42,18 @@ PAIRS = {p.name: p for p in [
     Pair("Induction: a repeated sequence", "induction",
          "ocean violin pepper garden rocket silver. ocean violin pepper garden rocket",
          "ocean violin pepper garden rocket marble. ocean violin pepper garden rocket", " silver", " marble"),
+]}
+
+# An encoder's pairs: the founding sentence with each of its four foci changed; the answer and the distractor are
+# texts its embedding is compared with (cos(e, answer) - cos(e, distractor)).
+SEED = "Which do you like better, coffee or tea?"
+ENCODER_PAIRS = {p.name: p for p in [
+    Pair("Objects: coffee or tea → coffee or juice", "objects", SEED, "Which do you like better, coffee or juice?",
+         "tea", "juice"),
+    Pair("Relation: like → hate", "relation", SEED, "Which do you hate more, coffee or tea?", "I like it.",
+         "I hate it."),
+    Pair("Sentence type: a question → a statement", "sentence type", "Is coffee better than tea?",
+         "Coffee is better than tea.", "Is it?", "It is."),
+    Pair("Sentiment: better → worse", "sentiment", SEED, "Which do you like worse, coffee or tea?", "better",
+         "worse"),
 ]}

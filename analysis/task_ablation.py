@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models.run import device_of, language_stack, trace_batch
+from models.run import device_of, patching_stack, trace_batch
 
 from .task_effects import TaskEffects, batches, measure_for, table
 from .tasks import Task
@@ -35,7 +35,7 @@ def kept_counts(n_heads: int) -> list[int]:
 @torch.inference_mode()
 def head_means(model: AttentionModel, task: Task) -> torch.Tensor:
     """``(layers, heads, Dh)``: each head's mean ``z`` over every token of the task's clean prompts."""
-    stack = language_stack(model, WHAT)
+    stack = patching_stack(model, WHAT)
     L, H, Dh = stack.n_layers, stack.n_heads, stack.head_dim
     total, count = torch.zeros(L, H, Dh, dtype=torch.float64), 0
     for idx in batches(task):
@@ -51,7 +51,7 @@ def metric_with_heads(model: AttentionModel, task: Task, metric: str, keep: np.n
                       means: torch.Tensor) -> np.ndarray:
     """``(pairs,)``: the metric of each clean prompt with only the heads ``keep`` ``(layers, heads)`` bool working,
     every other one giving its mean output."""
-    stack = language_stack(model, WHAT)
+    stack = patching_stack(model, WHAT)
     device = device_of(stack)
     measure = measure_for(task, metric, device, model)
     mask = torch.as_tensor(keep, dtype=torch.float32, device=device)
@@ -61,7 +61,7 @@ def metric_with_heads(model: AttentionModel, task: Task, metric: str, keep: np.n
         ids = torch.tensor([task.pairs[i].clean_ids for i in idx], device=device)
         x, _ = stack.run_layers(stack.embed(ids), need_weights=False,
                                 edits=stack.switched_off(mask.to(fill.dtype), fill))
-        out[idx] = measure(stack, x[:, -1], torch.as_tensor(idx)).double().cpu().numpy()
+        out[idx] = measure(stack, x, torch.as_tensor(idx)).double().cpu().numpy()
     return out
 
 

@@ -39,7 +39,7 @@ def test_the_grids_are_attribution_and_patching_of_the_pair(new_app, expected, s
     assert table["recovered"].iloc[0] == pytest.approx(heads["recovered"].max(), abs=1e-6)
     np.testing.assert_allclose(grid_of(at, "Direct logit attribution"),
                                attribution["attribution"].to_numpy().reshape(30, 9), atol=1e-5)
-    np.testing.assert_allclose(grid_of(at, "share of the logit difference recovered"),
+    np.testing.assert_allclose(grid_of(at, "share of the difference recovered"),
                                heads["recovered"].to_numpy().reshape(30, 9), atol=1e-5)
     np.testing.assert_allclose(grid_of(at, "The residual stream"),
                                residual.pivot(index="layer", columns="position", values="recovered"), atol=1e-5)
@@ -81,7 +81,7 @@ def test_your_own_prompts_pick_answers_among_the_tokenizers_pieces_and_bad_input
     assert not at.exception and not at.error, [e.value for e in at.error]
     want = patch_heads(smollm2, "The Eiffel Tower is located in the city of", "The Colosseum is located in the city of",
                        " Paris", " Rome")
-    np.testing.assert_allclose(grid_of(at, "share of the logit difference recovered"),
+    np.testing.assert_allclose(grid_of(at, "share of the difference recovered"),
                                want["recovered"].to_numpy().reshape(30, 9), atol=1e-5)
     at.text_input(key="effects_corrupted").input("The Colosseum is in Rome, in the city of").run()
     assert not at.exception, at.exception
@@ -105,9 +105,48 @@ def test_per_position_patching_shows_the_strongest_heads_position_by_position(ne
     assert len(rows) == 12 and "Every head at each position · CSV" in downloads(at)
 
 
-def test_an_encoder_gets_a_sentence(new_app):
+def test_the_default_encoder_gets_the_pair_and_the_task_modes(new_app, scratch_model):
+    """MiniLM, the model the app opens with: the founding sentence's objects changed, its grids against patching and
+    attribution computed directly, no sentence asking for a decoder; then a task of the relation focus."""
+    from analysis.defaults import ENCODER_PAIRS
+    from analysis.task_effects import run_task, table
+    from analysis.tasks import make_task
+
+    pair = next(iter(ENCODER_PAIRS.values()))
     at = new_app(page=PAGE)
-    assert "it is an encoder" in at.info[0].value and not at.get("plotly_chart")
+    assert not at.error and not at.exception, [e.value for e in at.error]
+    assert not any("decoder" in i.value for i in at.info)
+    heads = patch_heads(scratch_model, pair.clean, pair.corrupted, pair.answer, pair.distractor)
+    attribution = logit_attribution(scratch_model, pair.clean, pair.answer, pair.distractor)
+    np.testing.assert_allclose(grid_of(at, "share of the difference recovered"),
+                               heads["recovered"].to_numpy().reshape(6, 12), atol=1e-5)
+    np.testing.assert_allclose(grid_of(at, "Direct attribution · cos(e, “tea”) − cos(e, “juice”)"),
+                               attribution["attribution"].to_numpy().reshape(6, 12), atol=1e-5)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Clean"] == f"{heads.attrs['ld_clean']:+.2f}" and metrics["Best head"] == "L5 H5"
+    assert "Compared: cos(e, “tea”) − cos(e, “juice”)" in " ".join(shown(c.value) for c in at.caption)
+    parts = pd.read_csv(io.BytesIO(downloads(at)["Every part of the attribution · CSV"]))
+    assert parts["attribution"].sum() == pytest.approx(attribution.attrs["logit_diff"], abs=1e-4)
+
+    at.segmented_control(key="effects_scope").set_value("task").run(timeout=300)
+    at.selectbox(key="task").set_value("relation").run(timeout=300)
+    assert not at.error and not at.exception, [e.value for e in at.error]
+    effects = run_task(scratch_model, make_task(scratch_model, "relation", 50), "embedding", "attribution")
+    frame = table(effects)
+    best = frame.loc[frame["mean"].idxmax()]
+    shown_table = next(d.value for d in at.dataframe if "95% low" in d.value.columns)
+    assert shown_table["head"].iloc[0] == f"L{int(best['layer'])} H{int(best['head'])}" == "L5 H9"
+    assert shown_table["recovered"].iloc[0] == pytest.approx(best["mean"], abs=1e-6)
+    assert {m.label: m.value for m in at.metric}["Clean"] == f"{effects.clean.mean():+.3f}"
+
+
+def test_your_own_encoder_pair_takes_probe_texts(new_app):
+    at = new_app({"effects_source": "own", "effects_clean": "I like coffee.", "effects_corrupted": "I hate coffee.",
+                  "effects_probe_answer": "I like it.", "effects_probe_distractor": "I hate it."}, page=PAGE)
+    assert not at.error and not at.exception, [e.value for e in at.error]
+    assert "Compared: cos(e, “I like it.”) − cos(e, “I hate it.”)" in " ".join(shown(c.value) for c in at.caption)
+    at.text_input(key="effects_corrupted").set_value("I really hate coffee.").run(timeout=300)
+    assert "both need as many tokens" in at.error[0].value
 
 
 def test_a_heads_vocabulary_the_copying_grid_and_the_routes_are_what_they_say(new_app, smollm2):

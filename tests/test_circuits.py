@@ -173,10 +173,10 @@ def test_a_circuit_with_every_edge_is_the_clean_run_and_with_none_the_corrupted_
     measure, rows = logit_measure(3), torch.arange(3)
     with torch.inference_mode():
         x, _ = stack.run_layers(stack.embed(clean), causal=True, need_weights=False)
-        model_clean = measure(stack, x[:, -1], rows)
+        model_clean = measure(stack, x, rows)
         corrupted = C.run_ids(stack, graph, bad, measure, rows)
         x, _ = stack.run_layers(stack.embed(bad), causal=True, need_weights=False)
-        model_bad = measure(stack, x[:, -1], rows)
+        model_bad = measure(stack, x, rows)
         every = C.circuit_values(stack, graph, clean, corrupted, C.all_edges(graph), measure, rows)
         none = C.circuit_values(stack, graph, clean, corrupted, torch.zeros(graph.mask().shape), measure, rows)
     np.testing.assert_allclose(every.numpy(), model_clean.numpy(), atol=1e-4)

@@ -149,7 +149,7 @@ def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: to
     it carry ``base``'s output instead of this run's (exact edge patching)."""
     edits = GraphEdits(stack, graph, emb, base=base, keep=keep, taps=taps, start=start, corrupt=corrupt)
     final, _ = stack.run_layers(emb, need_weights=False, edits=edits.edits())
-    return Run(edits.outs, edits.reads, measure(stack, final[:, -1], rows), edits.tapped, ids)
+    return Run(edits.outs, edits.reads, measure(stack, final, rows), edits.tapped, ids)
 
 
 class GraphEdits:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.defaults import PAIRS, Pair
+from analysis.defaults import ENCODER_PAIRS, PAIRS, Pair
 
 from analysis.effects import logit_attribution, patch_heads, patch_residual, top_predictions
 from analysis.routes import Flow, prediction_flow
@@ -73,7 +73,8 @@ def prompt_trace(ref: ModelRef, text: str) -> Traced:
 def _pairs(ref: ModelRef) -> list[tuple]:
     """What Effects shows first, the first built-in pair on the model on the from-scratch engine patched exactly, then the other pairs
     (a head's card reads each)."""
-    return [(ref.analysed, pair, "exact") for pair in PAIRS.values()]
+    pairs = PAIRS if cached_model(ref.analysed).causal else ENCODER_PAIRS
+    return [(ref.analysed, pair, "exact") for pair in pairs.values()]
 
 
 @shared("effects", entries=32, waiting="Patching these prompts", warm=Warm(6, _pairs))
@@ -82,7 +83,7 @@ def effects(ref: ModelRef, pair: Pair, method: str) -> Effects:
     prompt traced once for all three."""
     model = cached_model(ref)
     clean, corrupted = prompt_trace(ref, pair.clean), prompt_trace(ref, pair.corrupted)
-    with spinner("Attributing the logit difference to every head…"):
+    with spinner("Attributing the difference to every head…"):
         attribution = logit_attribution(model, clean, pair.answer, pair.distractor)
     n = model.n_layers * model.n_heads
     bar = Bar(f"Patching each of {n} heads" if method == "exact" else "Estimating every patch")

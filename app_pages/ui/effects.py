@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from analysis.defaults import PAIRS, Pair
+from analysis.defaults import ENCODER_PAIRS, PAIRS, Pair
 
 from analysis.effects import answer_token, repeated_pair, token_text
 from models import AttentionModel, HeadLensError
@@ -21,7 +21,9 @@ SOURCES = {"builtin": "A built-in pair", "own": "Your own prompts"}
 
 def builtin_pairs(ref: ModelRef, model: AttentionModel) -> dict[str, Pair]:
     """The pairs offered for ``model``: a trained decoder's held-out sequence made an induction pair, written in
-    its own tokens; for other models, the built-in English pairs."""
+    its own tokens; an encoder's, the founding sentence's four foci; for other models, the built-in English pairs."""
+    if not model.causal:
+        return dict(ENCODER_PAIRS)
     if ref.choice in TRAINED:
         job = trained_job()
         if job is not None and job.run.held_out:
@@ -42,9 +44,14 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     if source == "builtin":
         names = list(pairs)
         name = bound(st.selectbox, "effects_pair", names[0], init="index", options=names, cast=str, label="Pair",
-                     help="Indirect object (Wang et al. 2022): the name that did not give the drink; the corrupted "
-                          "prompt swaps who gave it. A fact: one landmark's city against another's. Induction: a "
-                          "sequence seen once, then again, the corrupted prompt with another token in the first copy.")
+                     help=("“Which do you like better, coffee or tea?” with one of its foci changed: an object, the "
+                           "relation, the sentence type, the sentiment. The figures measure how much nearer the "
+                           "sentence's embedding is to the answer text than to the distractor's."
+                           if not model.causal else
+                           "Indirect object (Wang et al. 2022): the name that did not give the drink; the corrupted "
+                           "prompt swaps who gave it. A fact: one landmark's city against another's. Induction: a "
+                           "sequence seen once, then again, the corrupted prompt with another token in the first "
+                           "copy."))
         pair = pairs[name]
         show_pair(model, pair)
         return pair
@@ -57,6 +64,8 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     if not clean.strip() or not corrupted.strip():
         st.info("Type a clean prompt and a corrupted one of the same number of tokens.")
         st.stop()
+    if not model.causal:
+        return _probes(model, clean, corrupted, first)
     try:
         options = candidates(ref, clean, corrupted)
     except HeadLensError as err:
@@ -78,19 +87,44 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     return pair
 
 
-def show_pair(model: AttentionModel, pair: Pair) -> None:
-    """The pair's tokens as the model reads them, where the two prompts differ, and the tokens compared."""
-    tok = model.tokenizer
+def _probes(model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
+    """An encoder's own pair: the two texts its embedding is compared with, typed."""
+    left, right = st.columns(2)
+    answer = bound(left.text_input, "effects_probe_answer", first.answer, label="Answer text", max_chars=500,
+                   help="A word or a sentence the clean prompt's embedding should be near: the page explains "
+                        "cos(e, answer) − cos(e, distractor), e the prompt's sentence embedding (the mean over its "
+                        "tokens).")
+    distractor = bound(right.text_input, "effects_probe_distractor", first.distractor, label="Distractor text",
+                       max_chars=500, help="A word or a sentence the corrupted prompt's embedding is nearer to.")
+    if not answer.strip() or not distractor.strip():
+        st.info("Type an answer text and a distractor text to compare the sentence's embedding with.")
+        st.stop()
+    pair = Pair("Your prompts", "yours", clean, corrupted, answer.strip(), distractor.strip())
+    show_pair(model, pair)
+    return pair
+
+
+def compared(model: AttentionModel, pair: Pair) -> str:
+    """What a pair's figures measure, in words: logit(“ Mary”) − logit(“ John”), or an encoder's cosines."""
+    if not model.causal:
+        return f"cos(e, “{pair.answer}”) − cos(e, “{pair.distractor}”)"
     try:
         answer, distractor = answer_token(model, pair.answer), answer_token(model, pair.distractor, "distractor")
     except HeadLensError as err:
         stop_with(err)
+    return f"logit(“{token_text(model, answer)}”) − logit(“{token_text(model, distractor)}”)"
+
+
+def show_pair(model: AttentionModel, pair: Pair) -> None:
+    """The pair's tokens as the model reads them, where the two prompts differ, and what is compared."""
+    tok = model.tokenizer
+    said = compared(model, pair)
     clean, corrupted = (tok.convert_ids_to_tokens(tok(t)["input_ids"]) for t in (pair.clean, pair.corrupted))
     differ = [i for i, (a, b) in enumerate(zip(clean, corrupted)) if a != b]
     where = (f"they differ at token{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))}" if differ else
              "they read the same") if len(clean) == len(corrupted) else "their lengths differ"
-    st.caption(plain(f"Clean: {len(clean)} tokens, corrupted: {len(corrupted)}; {where}. Compared: "
-                     f"logit(“{token_text(model, answer)}”) − logit(“{token_text(model, distractor)}”)."))
+    st.caption(plain(f"Clean: {len(clean)} tokens, corrupted: {len(corrupted)}; {where}. Compared: {said}"
+                     + (", e the sentence's embedding (the mean over its tokens)." if not model.causal else ".")))
 
 
 def frame_csv(frame: pd.DataFrame) -> str:
@@ -103,7 +137,8 @@ def parts_frame(attribution: pd.DataFrame) -> pd.DataFrame:
     rows = [("head", int(r.layer), int(r.head), float(r.attribution)) for r in attribution.itertuples()]
     rows += [("mlp", layer, None, v) for layer, v in enumerate(a["mlp"])]
     rows += [("attention_bias", layer, None, v) for layer, v in enumerate(a["attention_bias"]) if v]
-    rows += [("embeddings", None, None, a["embeddings"]), ("final_norm_bias", None, None, a["final_norm"])]
+    norm = "final_norm_bias" if a.get("metric") != "embedding" else "norm_biases"
+    rows += [("embeddings", None, None, a["embeddings"]), (norm, None, None, a["final_norm"])]
     return pd.DataFrame(rows, columns=["part", "layer", "head", "attribution"])
 
 

@@ -20,6 +20,7 @@ from viz.effects import effect_grid, flow_figure, parts_bars, position_grid, voc
 
 from ..results.detector import detected
 from ..results.effects import Effects, copying, flow, per_position, prompt_trace, vocabulary
+from ..results.messages import plain
 from ..results.models import LLM, ModelRef, TRAINED
 from .card_links import card_button
 from .detector import NAMES
@@ -47,6 +48,11 @@ class EffectsView:
 
     def __post_init__(self):
         L, H = self.model.n_layers, self.model.n_heads
+        a = self.found.attribution.attrs
+        self.encoder = a.get("metric") == "embedding"
+        self.compared = (f"cos(e, “{a['answer']}”) − cos(e, “{a['distractor']}”)" if self.encoder else
+                         f"logit(“{a['answer']}”) − logit(“{a['distractor']}”)")
+        self.units = "" if self.encoder else " logits"
         self.attribution = self.found.attribution["attribution"].to_numpy().reshape(L, H)
         self.recovered = grid(self.found.heads, "recovered", L, H)
         heads = self.found.heads
@@ -54,16 +60,18 @@ class EffectsView:
 
 
 def metrics(v: EffectsView) -> None:
-    """The clean and corrupted logit differences, the heads' direct share, and the head that recovers most."""
+    """The clean and corrupted differences, the heads' direct share, and the head that recovers most."""
     att, heads = v.found.attribution, v.found.heads
-    answer, distractor = att.attrs["answer"], att.attrs["distractor"]
     cols = st.columns(4)
     cols[0].metric("Clean", f"{heads.attrs['ld_clean']:+.2f}",
-                   help=f"The logit difference logit(“{answer}”) − logit(“{distractor}”) after the clean prompt.")
+                   help=plain(f"{v.compared}, e the clean prompt's sentence embedding (the mean over its tokens)."
+                              if v.encoder else f"The logit difference {v.compared} after the clean prompt."))
     cols[1].metric("Corrupted", f"{heads.attrs['ld_corrupted']:+.2f}", help="The same after the corrupted prompt.")
     cols[2].metric("By the heads", f"{att['attribution'].sum():+.2f}",
                    help="The heads' direct share of the clean difference; the MLPs, the embeddings and the biases "
-                        "write the rest (the bars below).")
+                        "write the rest (the bars below)." + (" Each part passes the LayerNorms above it, their "
+                                                               "scales frozen at the prompt's own values, so that "
+                                                               "the parts add up." if v.encoder else ""))
     best = heads.loc[heads["recovered"].idxmax()]
     cols[3].metric("Best head", head_label(best["layer"], best["head"]),
                    help=f"Patching this head alone brings back {best['recovered']:.2f} of the difference.")
@@ -81,10 +89,10 @@ def grids(v: EffectsView, selected: tuple[int, int]) -> None:
     """Attribution and patching as two grids centred on zero, and the ten heads that recover most."""
     att = v.found.attribution
     label = "Patching, estimated" if v.method == "attribution" else "Patching"
-    grids_drawn = (("effects-attribution", "Attribution grid", v.attribution, "logits",
-                    f"Direct logit attribution · logit(“{att.attrs['answer']}”) − logit(“{att.attrs['distractor']}”)"),
+    grids_drawn = (("effects-attribution", "Attribution grid", v.attribution, "attribution" if v.encoder else "logits",
+                    f"Direct {'' if v.encoder else 'logit '}attribution · {v.compared}"),
                    ("effects-patching", "Patching grid", v.recovered, "recovered",
-                    f"{label} · share of the logit difference recovered"))
+                    f"{label} · share of the difference recovered"))
     for col, (key, name, values, value_name, title) in zip(st.columns(2), grids_drawn):
         with col:
             fig = effect_grid(values, value_name=value_name, selected=selected, title=title)
@@ -95,7 +103,8 @@ def grids(v: EffectsView, selected: tuple[int, int]) -> None:
     strongest = v.ranked.head(10)
     st.dataframe(pd.DataFrame({"head": [head_label(r.layer, r.head) for r in strongest.itertuples()],
                                "recovered": strongest["recovered"].to_numpy(),
-                               "attribution (logits)": v.attribution[strongest["layer"], strongest["head"]]}
+                               f"attribution{' (logits)' if not v.encoder else ''}":
+                                   v.attribution[strongest["layer"], strongest["head"]]}
                               ).style.format(precision=3), hide_index=True, key="effects-strongest")
 
 
@@ -112,7 +121,7 @@ def parts_and_residual(v: EffectsView) -> list[str]:
     if any(a["attention_bias"]):
         parts["attention biases"] = float(sum(a["attention_bias"]))
     if a["final_norm"]:
-        parts["final norm's bias"] = float(a["final_norm"])
+        parts["the norms' biases" if v.encoder else "final norm's bias"] = float(a["final_norm"])
     left, right = st.columns(2)
     with left:
         chart(parts_bars(parts, title=f"Where the clean difference of {a['logit_diff']:+.2f} comes from"),
@@ -134,6 +143,9 @@ def head_section(v: EffectsView, s: Settings, layer: int, head: int) -> None:
     """The head on both prompts: where it looks (from each prompt's trace) and what it writes at a token."""
     st.subheader(f"{head_label(layer, head)}: where it looks and what it writes")
     card_button(layer, head, "effects-card")
+    if v.encoder:
+        _encoder_head(v, s, layer, head)
+        return
     tokens = v.found.attribution.attrs["tokens"]
     at = bound(st.selectbox, "effects_at", len(tokens) - 1, init="index", options=list(range(len(tokens))),
                cast=int, label="What it writes at",
@@ -168,6 +180,19 @@ def head_section(v: EffectsView, s: Settings, layer: int, head: int) -> None:
     st.caption(said + " The bars: the logits its output adds at the chosen token, the ten tokens it raises most "
                       "(red) and lowers most (blue); on average it adds "
                       f"{v.words['clean'].attrs['mean']:+.3f} to every token.")
+
+
+def _encoder_head(v: EffectsView, s: Settings, layer: int, head: int) -> None:
+    """An encoder's head on both prompts: where it looks, side by side, and its figures."""
+    for col, (what, text) in zip(st.columns(2), (("clean", v.pair.clean), ("corrupted", v.pair.corrupted))):
+        view = make_view(prompt_trace(v.ref, text).attention(), hide_special=s.hide_special)
+        with col:
+            chart(head_heatmap(view.head(layer, head), view.query_labels, view.key_labels,
+                               visible=view.visible(layer), title=f"{head_label(layer, head)} · {what} prompt"),
+                  f"effects-head-{what}")
+    st.caption(f"{head_label(layer, head)}: recovers {v.recovered[layer, head]:+.3f} of the difference, writes "
+               f"{v.attribution[layer, head]:+.3f} of it directly (its output at every token through the norms "
+               "above it, pooled into the embedding).")
 
 
 def copying_section(v: EffectsView, selected: tuple[int, int]) -> None:
@@ -281,15 +306,18 @@ def downloads(v: EffectsView, layer: int, head: int, edges: pd.DataFrame) -> Non
     att, heads = v.found.attribution, v.found.heads
     table = pd.DataFrame({"layer": heads["layer"], "head": heads["head"], "recovered": heads["recovered"],
                           "attribution": att["attribution"]})
-    written = pd.concat([w.assign(prompt=what) for what, w in v.words.items()])[
-        ["prompt", "direction", "rank", "token", "text", "logit"]]
     files = [("Patching and attribution per head · CSV", table, "headlens-effects-heads.csv", "effects-heads-csv"),
              ("Every part of the attribution · CSV", parts_frame(att), "headlens-effects-parts.csv",
               "effects-parts-csv"),
              ("Residual stream patching · CSV", v.found.residual, "headlens-effects-residual.csv",
-              "effects-residual-csv"),
-             (f"What {head_label(layer, head)} writes, both prompts · CSV", written,
-              file_name("effects-vocabulary", (layer, head), ext="csv"), "effects-vocabulary-csv"),
-             ("The routes drawn, one edge a row · CSV", edges, "headlens-effects-routes.csv", "effects-routes-csv")]
+              "effects-residual-csv")]
+    if v.words:
+        written = pd.concat([w.assign(prompt=what) for what, w in v.words.items()])[
+            ["prompt", "direction", "rank", "token", "text", "logit"]]
+        files.append((f"What {head_label(layer, head)} writes, both prompts · CSV", written,
+                      file_name("effects-vocabulary", (layer, head), ext="csv"), "effects-vocabulary-csv"))
+    if edges is not None:
+        files.append(("The routes drawn, one edge a row · CSV", edges, "headlens-effects-routes.csv",
+                      "effects-routes-csv"))
     for col, (label, frame, name, key) in zip(st.columns(3) + st.columns(2), files):
         col.download_button(label, lambda frame=frame: frame_csv(frame), name, "text/csv", key=key, on_click="ignore")

@@ -133,12 +133,15 @@ def head_section(v: TaskView, layer: int, head: int) -> pd.DataFrame:
     with right:
         mean, low, high = role_attention_summary(f, layer, head)
         fig = role_bars(mean, low, high, list(f.roles),
-                        title=f"{head_label(layer, head)}: attention from the last token to each role")
+                        title=f"{head_label(layer, head)}: attention from "
+                              f"{'the last token' if v.model.causal else 'every token (the mean)'} to each role")
         chart(fig, "task-roles")
         v.figures["task-roles"] = ("Role attention", fig, f"|{layer}.{head}")
     st.caption("Left: each pair is a point (hover for its prompt), grouped by template kind. Right: the head's weight "
-               "from the last token to each role's token of the clean prompt, the mean over the pairs with its 95% "
-               "interval (indirect object: a name mover looks from END at IO).")
+               + ("from the last token to each role's token of the clean prompt, the mean over the pairs with its 95% "
+                  "interval (indirect object: a name mover looks from END at IO)." if v.model.causal else
+                  "from every token to each role's token of the clean prompt (the mean over the tokens, as the "
+                  "embedding pools them), then over the pairs with its 95% interval (FOCUS: the word changed)."))
     return pairs
 
 
@@ -173,8 +176,10 @@ def downloads(v: TaskView, layer: int, head: int, pairs: pd.DataFrame, curve: pd
     st.subheader("Downloads")
     t = v.found.task
     pair_rows = pd.DataFrame({"clean": [p.clean for p in t.pairs], "corrupted": [p.corrupted for p in t.pairs],
-                              "answer": [v.model.tokenizer.decode([p.answer]) for p in t.pairs],
-                              "distractor": [v.model.tokenizer.decode([p.distractor]) for p in t.pairs],
+                              "answer": [p.probes[0] if p.probes else v.model.tokenizer.decode([p.answer])
+                                         for p in t.pairs],
+                              "distractor": [p.probes[1] if p.probes else v.model.tokenizer.decode([p.distractor])
+                                             for p in t.pairs],
                               "template": [p.template for p in t.pairs], "clean_metric": v.found.clean,
                               "corrupted_metric": v.found.corrupted, "correct": v.found.correct})
     files = [("Patching per head, with intervals · CSV", v.heads, "headlens-task-heads.csv"),

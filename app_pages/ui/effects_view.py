@@ -76,8 +76,10 @@ def _pair(s: Settings, ref: ModelRef, model: AttentionModel) -> Mode:
     def sections(layer: int, head: int):
         tokens = pair_mode.parts_and_residual(v)
         pair_mode.head_section(v, s, layer, head)
-        pair_mode.copying_section(v, (layer, head))
-        edges = pair_mode.flow_section(v)
+        edges = None
+        if model.causal:  # through the unembedding, and a pre-norm stream's updates: a language model's
+            pair_mode.copying_section(v, (layer, head))
+            edges = pair_mode.flow_section(v)
         pair_mode.positions_section(v, tokens)
         return edges
 
@@ -86,7 +88,7 @@ def _pair(s: Settings, ref: ModelRef, model: AttentionModel) -> Mode:
 
 
 def _task(ref: ModelRef, model: AttentionModel) -> Mode:
-    choice = pick_task()
+    choice = pick_task(encoder=not model.causal)
     task_mode.problems(task_or_stop(ref, choice.spec))
     everyone = task_effects(ref, choice.spec, choice.metric, choice.method)
     v = task_mode.TaskView(ref, model, choice, everyone, chosen(everyone, choice.correct_only))

@@ -13,20 +13,22 @@ from app_pages.results.messages import stop_with
 from app_pages.results.models import DECODERS, ModelRef
 from app_pages.results.threads import here
 from models import HeadLensError
-from models.run import language_stack
+from models.run import language_stack, patching_stack
 
 from .models import model_for
 from .settings import Settings, settings
 
 SECTIONS = ("Looking at attention", "What heads are", "What they cause", "Making models")
 ANY, ONE_STACK, EDITABLE, DECODER = "any", "one stack", "editable", "decoder"  # what a page needs of the model
+PATCHABLE = "patchable"
 
 
 @dataclass(frozen=True)
 class Page:
     """A page: its file ``app_pages/NAME.py`` and address ``/NAME``, title, icon, sidebar section, the question it
     answers (its first line), what it needs of the model (``ANY``; ``ONE_STACK``: not an encoder-decoder;
-    ``EDITABLE``: runs that take edits, head masks and pruning; ``DECODER``: a language model) and ``why`` (what it
+    ``EDITABLE``: runs that take edits, head masks and pruning; ``DECODER``: a language model; ``PATCHABLE``: a
+    language model or an encoder on the from-scratch engine, patched and measured) and ``why`` (what it
     reads that another model lacks, ``{model}`` its name), and the note over its first form on a cold server."""
 
     name: str
@@ -70,8 +72,8 @@ PAGES = (
     Page("queries_keys", "Queries & keys", ":material/scatter_plot:", ARE,
          "How does a head match queries to keys, across a whole corpus?", EDITABLE,
          "Queries and keys are read inside HeadLens's own attention, the from-scratch engine"),
-    Page("effects", "Effects", ":material/science:", CAUSE, "Which heads make this prediction?", DECODER,
-         "Effects are read through a language model's unembedding, and {model} has none"),
+    Page("effects", "Effects", ":material/science:", CAUSE, "Which heads make this prediction?", PATCHABLE,
+         "Effects are measured inside HeadLens's own attention, the from-scratch engine"),
     Page("circuits", "Circuits", ":material/account_tree:", CAUSE,
          "Which connections between heads carry a task, and do they alone keep it?", DECODER,
          "Circuits run between a language model's heads up to its logits, and {model} has no logits"),
@@ -116,6 +118,13 @@ def needed(page: Page, ref: ModelRef) -> ModelRef:
         return editable
     if page.needs == DECODER:
         return decoder_or_stop(ref, why)
+    if page.needs == PATCHABLE:
+        analysed = ref.analysed
+        try:
+            patching_stack(model_for(analysed), why)
+        except HeadLensError as err:
+            stop_with(err)
+        return analysed
     return ref
 
 

@@ -9,7 +9,7 @@ import streamlit as st
 
 from analysis.significance import interval
 from analysis.task_effects import METRICS, NORMALISE, TaskEffects
-from analysis.tasks import CORRUPTIONS, PAGE_ROWS, TASKS, Task
+from analysis.tasks import CORRUPTIONS, ENCODER_TASKS, PAGE_ROWS, TASKS, Task
 from models import HeadLensError
 
 from ..results.messages import stop_with
@@ -18,13 +18,17 @@ from ..results.tasks import METHOD_LABELS, TaskSpec, built_task
 from .state import bound, flag
 
 SOURCES = {**TASKS, "csv": "Your pairs (a CSV file)"}
+ENCODER_SOURCES = {**ENCODER_TASKS, "csv": "Your pairs (a CSV file)"}
 SHORT_METRICS = {"logit_diff": "Logit difference", "prob_diff": "Probability difference",
-                 "greater_than": "Greater-than mass"}
+                 "greater_than": "Greater-than mass", "embedding": "Embedding difference"}
 PAIR_COUNTS = [10, 20, 50, 100, 200, 500, 1000]
 TEMPLATE_CSV = ("clean,corrupted,answer,distractor\n"
                 "\"When Mary and John went to the store, John gave a drink to\","
                 "\"When Mary and John went to the store, Mary gave a drink to\", Mary, John\n"
                 "The Eiffel Tower is located in the city of,The Colosseum is located in the city of, Paris, Rome\n")
+ENCODER_CSV = ("clean,corrupted,answer,distractor\n"
+               "\"Which do you like better, coffee or tea?\",\"Which do you like better, coffee or juice?\",tea,juice\n"
+               "I like coffee.,I hate coffee.,I like it.,I hate it.\n")
 
 
 @dataclass(frozen=True)
@@ -36,24 +40,32 @@ class TaskChoice:
     correct_only: bool
 
 
-def pick_task(patching: bool = True) -> TaskChoice:
+def pick_task(patching: bool = True, *, encoder: bool = False) -> TaskChoice:
     """The task, metric, method and averaging from the page's widgets (``patching`` False: the task and metric
-    alone, the method and averaging left at their defaults)."""
+    alone, the method and averaging left at their defaults); ``encoder``: an encoder's tasks and metric."""
     cols = st.columns([2, 1, 1])
-    source = bound(cols[0].selectbox, "task", "ioi", init="index", options=list(SOURCES), cast=str, label="Task",
-                   format_func=SOURCES.get,
-                   help="Indirect object: 17 templates in both name orders (Wang et al. 2022). Facts: a landmark's "
-                        "city, a capital, a language. Greater-than: \"The war lasted from the year 1729 to the year "
-                        "17\" (Hanna et al. 2023). Induction: random words repeated. Or a CSV of your own pairs.")
+    sources = ENCODER_SOURCES if encoder else SOURCES
+    source = bound(cols[0].selectbox, "task", next(iter(sources)), init="index", options=list(sources), cast=str,
+                   label="Task", format_func=sources.get,
+                   help=("The four foci of “Which do you like better, coffee or tea?”, each changed in templates "
+                         "over foods: an object, the relation, the sentence type, the sentiment. The metric: how "
+                         "much nearer the sentence's embedding is to the pair's answer text than to its distractor. "
+                         "Or a CSV of your own pairs." if encoder else
+                         "Indirect object: 17 templates in both name orders (Wang et al. 2022). Facts: a landmark's "
+                         "city, a capital, a language. Greater-than: \"The war lasted from the year 1729 to the year "
+                         "17\" (Hanna et al. 2023). Induction: random words repeated. Or a CSV of your own pairs."))
     csv = b""
     if source == "csv":
         upload = st.file_uploader("Pairs · CSV with the columns clean, corrupted, answer, distractor", type=["csv"],
                                   key="task_csv")
-        st.download_button("A CSV to start from", TEMPLATE_CSV, "headlens-task-template.csv", "text/csv",
-                           key="task-template", on_click="ignore")
+        st.download_button("A CSV to start from", ENCODER_CSV if encoder else TEMPLATE_CSV,
+                           "headlens-task-template.csv", "text/csv", key="task-template", on_click="ignore")
         if upload is None:
             st.info("Upload a CSV of prompt pairs: a header row, then one pair a row. Each prompt pair needs the same "
-                    "number of tokens; the answer and the distractor are one token each (with their leading space).")
+                    "number of tokens; " + ("the answer and the distractor are texts the sentence's embedding is "
+                                            "compared with." if encoder else
+                                            "the answer and the distractor are one token each (with their leading "
+                                            "space)."))
             st.stop()
         csv = upload.getvalue()
         pairs, seed, corruption = PAGE_ROWS, 0, "s2"
@@ -67,7 +79,8 @@ def pick_task(patching: bool = True) -> TaskChoice:
             corruption = bound(st.segmented_control, "task_corruption", "s2", init="default",
                                options=list(CORRUPTIONS), cast=str, label="Corrupted by",
                                format_func=lambda c: CORRUPTIONS[c][0].upper() + CORRUPTIONS[c][1:], required=True)
-    metrics = [m for m in METRICS if m != "greater_than" or source == "greater_than"]
+    metrics = ["embedding"] if encoder else [m for m in METRICS if m not in ("greater_than", "embedding")
+                                             or source == "greater_than" and m == "greater_than"]
     cols = st.columns(3)
     metric = bound(cols[0].selectbox, "task_metric", metrics[-1] if source == "greater_than" else metrics[0],
                    init="index", options=metrics, cast=str, label="Metric", format_func=SHORT_METRICS.get,
@@ -99,7 +112,8 @@ def task_or_stop(ref: ModelRef, spec: TaskSpec) -> Task:
 
 
 def role_attention_summary(effects: TaskEffects, layer: int, head: int):
-    """The head's mean attention from the last token to each role, with 95% bootstrap intervals."""
+    """The head's mean attention from the last token (an encoder's: every token) to each role, with 95% bootstrap
+    intervals."""
     values = effects.role_attention[:, layer, head, :].astype(np.float64)
     if len(values) < 2:
         return values.mean(0), values.mean(0), values.mean(0)
