@@ -87,9 +87,9 @@ def head_note(v: EffectsView, h: tuple[int, int]) -> str:
 
 def grids(v: EffectsView, selected: tuple[int, int]) -> None:
     """Attribution and patching as two grids centred on zero, and the ten heads that recover most."""
-    att = v.found.attribution
     label = "Patching, estimated" if v.method == "attribution" else "Patching"
-    grids_drawn = (("effects-attribution", "Attribution grid", v.attribution, "attribution" if v.encoder else "logits",
+    units = "attribution" if v.encoder else "logits"
+    grids_drawn = (("effects-attribution", "Attribution grid", v.attribution, units,
                     f"Direct {'' if v.encoder else 'logit '}attribution · {v.compared}"),
                    ("effects-patching", "Patching grid", v.recovered, "recovered",
                     f"{label} · share of the difference recovered"))
