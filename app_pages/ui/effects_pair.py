@@ -124,8 +124,8 @@ def parts_and_residual(v: EffectsView) -> list[str]:
         parts["the norms' biases" if v.encoder else "final norm's bias"] = float(a["final_norm"])
     left, right = st.columns(2)
     with left:
-        chart(parts_bars(parts, title=f"Where the clean difference of {a['logit_diff']:+.2f} comes from"),
-              "effects-parts")
+        chart(parts_bars(parts, title=f"Where the clean difference of {a['logit_diff']:+.2f} comes from",
+                         value_name="embedding difference" if v.encoder else "logit difference"), "effects-parts")
     tokens = [token_label(c) if c == k else f"{token_label(c)}/{token_label(k)}"
               for c, k in zip(a["tokens"], residual.attrs["tokens"])]
     with right:
@@ -141,7 +141,7 @@ def parts_and_residual(v: EffectsView) -> list[str]:
 
 def head_section(v: EffectsView, s: Settings, layer: int, head: int) -> None:
     """The head on both prompts: where it looks (from each prompt's trace) and what it writes at a token."""
-    st.subheader(f"{head_label(layer, head)}: where it looks and what it writes")
+    st.subheader(f"{head_label(layer, head)}: where it looks" + ("" if v.encoder else " and what it writes"))
     card_button(layer, head, "effects-card")
     if v.encoder:
         _encoder_head(v, s, layer, head)
