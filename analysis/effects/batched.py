@@ -263,12 +263,15 @@ def unit_embeddings(model, texts) -> torch.Tensor:
     """``(k, E)``: each text's sentence embedding as the ``embedding`` measure pools it (the mean of the final
     hidden states over its tokens, special ones included), at unit length, in the stack's own dtype."""
     stack = patching_stack(model, "A sentence embedding is read")
-    out = []
-    for text in texts:
-        ids = torch.tensor([model.tokenize(text, verbose=False)["input_ids"]], device=device_of(stack))
-        x, _ = stack.run_layers(stack.embed(ids), need_weights=False)
-        e = stack.finish(x).mean(1)[0]
-        out.append(e / e.norm())
+    ids = [model.tokenize(text, verbose=False)["input_ids"] for text in texts]
+    out = [None] * len(texts)
+    for n in sorted({len(i) for i in ids}):  # the texts of one length in one run, no padding
+        same = [k for k, i in enumerate(ids) if len(i) == n]
+        x, _ = stack.run_layers(stack.embed(torch.tensor([ids[k] for k in same], device=device_of(stack))),
+                                need_weights=False)
+        e = stack.finish(x).mean(1)
+        for k, row in zip(same, e / e.norm(dim=-1, keepdim=True)):
+            out[k] = row
     return torch.stack(out)
 
 
