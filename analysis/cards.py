@@ -16,9 +16,10 @@ import pandas as pd
 
 from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS, corpus_sample
-from models.run import language_stack
+from models.run import language_stack, patching_stack
 
-from .defaults import DECODER_SAMPLE, FIRST_TASK, FIRST_TASK_NAME, FIRST_TASK_PAIRS, Pair
+from .defaults import (DECODER_SAMPLE, ENCODER_PAIRS, FIRST_ENCODER_TASK, FIRST_ENCODER_TASK_NAME, FIRST_TASK,
+                       FIRST_TASK_NAME, FIRST_TASK_PAIRS, Pair)
 from .atlas import atlas_frame, heads_like
 from .detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector
 from .defaults import PAIRS
@@ -35,6 +36,16 @@ from .vocabulary import copying_scores
 TASK = (FIRST_TASK, FIRST_TASK_PAIRS)  # the defaults table's (``analysis.defaults``), as the page's
 IMPORTANCE_SAMPLE = DECODER_SAMPLE
 CARD = "A head's card reads its heads"
+
+
+def is_encoder(model: AttentionModel) -> bool:
+    """An encoder whose heads the from-scratch engine runs, patched and measured by its sentence embedding."""
+    if model.causal or model.encoder_decoder:
+        return False
+    try:
+        return patching_stack(model, CARD) is not None
+    except HeadLensError:
+        return False
 
 
 def is_decoder(model: AttentionModel) -> bool:
@@ -57,6 +68,7 @@ class CardSource(Protocol):
     def importance(self) -> pd.DataFrame | None: ...                  # None: not measured
     def pictures(self) -> dict | None: ...                            # queries and keys, None: not drawn
     def decoder(self) -> bool: ...
+    def patchable(self) -> bool: ...                                  # its pairs and task are read
     def writes(self) -> Writes: ...
     def detector(self) -> pd.DataFrame: ...
     def copying(self) -> pd.DataFrame | None: ...
@@ -72,9 +84,10 @@ def assemble(source: CardSource) -> CardParts:
     parts.explanations = source.explanations(attentions)
     parts.importance, parts.qk = source.importance(), source.pictures()
     parts.decoder = source.decoder()
-    if not parts.decoder:
+    if parts.decoder:
+        parts.writes, parts.detector, parts.copying = source.writes(), source.detector(), source.copying()
+    if not source.patchable():
         return parts
-    parts.writes, parts.detector, parts.copying = source.writes(), source.detector(), source.copying()
     for name, pair in source.pairs().items():
         found = source.pair(pair)
         if found is not None:  # a source may leave out what it has not got yet
@@ -109,6 +122,9 @@ class Computed:
     def decoder(self) -> bool:
         return is_decoder(self.model)
 
+    def patchable(self) -> bool:
+        return self.decoder() or is_encoder(self.model)
+
     def importance(self):
         if not (self.importance_too and self.decoder()):
             return None
@@ -129,7 +145,9 @@ class Computed:
         return copying_scores(self.model)
 
     def pairs(self):
-        return PAIRS if self.pairs_given is None else self.pairs_given
+        if self.pairs_given is not None:
+            return self.pairs_given
+        return PAIRS if self.model.causal else ENCODER_PAIRS
 
     def pair(self, pair):
         e = self.model
@@ -141,8 +159,11 @@ class Computed:
             return None
         name, n = self.task_given
         e = self.model
-        found = table(run_task(e, make_task(e, name, n), "logit_diff", "attribution", residual=False))
-        return found, FIRST_TASK_NAME if self.task_given == TASK else f"{name}, {n} pairs"
+        if self.task_given == TASK and not e.causal:  # an encoder's first task: the seed's objects changed
+            name = FIRST_ENCODER_TASK
+        found = table(run_task(e, make_task(e, name, n), None, "attribution", residual=False))
+        first = FIRST_TASK_NAME if e.causal else FIRST_ENCODER_TASK_NAME
+        return found, first if self.task_given == TASK else f"{name}, {n} pairs"
 
 
 def card_parts(model: AttentionModel, *, sentences: Sequence[str] | None = None, pairs: dict | None = None,

@@ -10,6 +10,7 @@ FIRST_TASK = "ioi"           # the task Effects, Circuits and a head's card open
 FIRST_TASK_PAIRS = 50        # 50 pairs, seed 0, its names swapped (s2)
 FIRST_TASK_NAME = "Indirect object, 50 pairs"
 FIRST_ENCODER_TASK = "objects"  # an encoder's: the seed's objects changed, 50 pairs, seed 0
+FIRST_ENCODER_TASK_NAME = "Objects, 50 pairs"
 ENCODER_SAMPLE = 100         # sentences of the built-in corpus Pruning measures an encoder on: about a minute on 2 cores
 DECODER_SAMPLE = 24          # sentences a bundled decoder's importance is measured on, by gradient
 DETECTOR_SENTENCES = 100     # natural sentences for the detector's previous-token and sink scores, spread over the corpus

@@ -50,6 +50,17 @@ def test_a_card_from_its_url_is_the_card_computed_directly(new_app, hf_model, mi
     np.testing.assert_allclose(foci["lift over uniform"].astype(float),
                                [card.measures[f"{f}_lift"] for f in ("sentence_type", "object", "relation", "sentiment")],
                                atol=5e-3)
+    # the default encoder's effects: each of its built-in pairs patched, as Effects patches it, and its first task
+    from analysis.defaults import ENCODER_PAIRS
+    from analysis.effects import patch_heads
+
+    pairs = table(at, "built-in pair")
+    assert len(pairs) == len(ENCODER_PAIRS)
+    for row in pairs.itertuples(index=False):
+        p = ENCODER_PAIRS[row[0]]
+        want = patch_heads(hf_model, p.clean, p.corrupted, p.answer, p.distractor).set_index(["layer", "head"])
+        assert float(row[3]) == pytest.approx(want.loc[(2, 5), "recovered"], abs=5e-4)
+    assert metrics["Objects, 50 pairs: mean recovered"] == f"{card.task['mean']:+.3f}"
     like = [b.label for b in at.button if b.key.startswith("like-")]
     assert like[0].startswith(f"{card.like.iloc[0]['name']} · ")
     at.button(key=next(b.key for b in at.button if b.key.startswith("like-"))).click().run()
@@ -77,14 +88,15 @@ def test_each_page_that_draws_heads_opens_a_card(new_app, page, params, button):
 
 def test_the_atlas_points_are_the_atlas_frame_and_its_map(new_app, minilm_parts):
     frame = atlas_frame(minilm_parts)
-    at = new_app({"atlas_x": "prev_token", "atlas_y": "cls"}, page=ATLAS)
+    assert frame.attrs["effect"] == "Objects, 50 pairs: mean recovered"  # the default encoder's first task
+    at = new_app({"atlas_x": "prev_token", "atlas_y": "effect"}, page=ATLAS)
     fig = figures(at)[0]
     xs = np.concatenate([decode(t["x"]) for t in fig["data"]])
     ys = np.concatenate([decode(t["y"]) for t in fig["data"]])
     heads = np.concatenate([decode(t["customdata"]).reshape(-1, 2).astype(int) for t in fig["data"]])
     order = np.lexsort((heads[:, 1], heads[:, 0]))
     np.testing.assert_allclose(xs[order], frame["prev_token"], atol=1e-9)
-    np.testing.assert_allclose(ys[order], frame["cls"], atol=1e-9)
+    np.testing.assert_allclose(ys[order], frame["effect"], atol=1e-9)
     roles = {t["name"]: {tuple(h) for h in decode(t["customdata"]).reshape(-1, 2).astype(int)} for t in fig["data"]}
     for r in frame.itertuples():
         assert (r.layer, r.head) in roles[r.role]  # coloured by the role grid's label

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from analysis.atlas import atlas_frame
-from analysis.cards import assemble
-from analysis.defaults import FIRST_TASK_NAME, PAIRS
+from analysis.cards import assemble, is_encoder
+from analysis.defaults import ENCODER_PAIRS, FIRST_ENCODER_TASK_NAME, FIRST_TASK_NAME, PAIRS
 from analysis.head_card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
 from analysis.labels import telling_head
 from analysis.task_effects import table
@@ -92,6 +92,13 @@ def decoder(ref: ModelRef) -> bool:
     return ref.choice in LLM
 
 
+def encoder(ref: ModelRef) -> bool:
+    """An encoder the from-scratch engine patches (the default MiniLM on either engine, the untrained encoder, a
+    custom BERT-family model there): its card reads its pairs and task."""
+    scratch = ref.editable()
+    return scratch is not None and is_encoder(cached_model(scratch))
+
+
 @dataclass
 class FromPages:
     """A card's parts as the pages' shared results (``analysis.cards.CardSource``), computed here when no page or
@@ -136,6 +143,9 @@ class FromPages:
     def decoder(self) -> bool:
         return decoder(self.ref)
 
+    def patchable(self) -> bool:
+        return decoder(self.ref) or encoder(self.ref)
+
     def writes(self):
         return self._ready(writes, self.ref, self.causal, self.heads_off)
 
@@ -147,7 +157,7 @@ class FromPages:
         return self._ready(copying, scratch) if cheap_copying(self.ref) else copying.peek(scratch)  # else on request
 
     def pairs(self):
-        return PAIRS
+        return ENCODER_PAIRS if encoder(self.ref) else PAIRS
 
     def pair(self, pair):
         found = self._ready(effects, self.ref.analysed, pair, "exact")
@@ -155,7 +165,7 @@ class FromPages:
 
     def task(self):
         found = self._ready(task_heads, self.ref)
-        return None if found is None else (found, TASK_NAME)
+        return None if found is None else (found, FIRST_ENCODER_TASK_NAME if encoder(self.ref) else TASK_NAME)
 
 
 def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, importance_too: bool = True,

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 
 
-from analysis.defaults import FIRST_TASK, FIRST_TASK_PAIRS
+from analysis.defaults import FIRST_ENCODER_TASK, FIRST_TASK, FIRST_TASK_PAIRS
 from analysis.task_effects import TaskEffects, run_task
 from analysis.tasks import Task, from_csv, make_task
 from models import HeadLensError
@@ -32,6 +32,7 @@ class TaskSpec:
 
 
 FIRST = TaskSpec(FIRST_TASK, FIRST_TASK_PAIRS)  # the defaults table's (``analysis.defaults``)
+FIRST_ENCODER = TaskSpec(FIRST_ENCODER_TASK, FIRST_TASK_PAIRS)
 
 
 @shared("task", entries=16, waiting="Building the task's pairs")
@@ -45,7 +46,10 @@ def built_task(ref: ModelRef, spec: TaskSpec) -> Task:
 
 
 def first_task(ref: ModelRef) -> list[tuple]:
-    """What Effects over a task shows first: indirect object, 50 pairs, by attribution patching, on the from-scratch engine."""
+    """What Effects over a task shows first: indirect object, 50 pairs, by attribution patching, on the from-scratch
+    engine (an encoder's: the seed's objects changed, its embedding difference)."""
+    if not cached_model(ref.analysed).causal:
+        return [(ref.analysed, FIRST_ENCODER, "embedding", "attribution")]
     return [(ref.analysed, FIRST, "logit_diff", "attribution")]
 
 

@@ -135,7 +135,10 @@ def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> Non
     st.subheader("What it writes")
     scratch = ref.analysed
     if not card.decoder:
-        st.caption("What a head writes, and what it does to the built-in pairs and task, are read on the bundled "
+        st.caption("What a head writes into the vocabulary is read through a language model's unembedding: on the "
+                   "bundled decoders (SmolLM2, Gemma 3). An encoder's heads are measured by what they do to its "
+                   "sentence embedding, below." if not card.decoder and card.pairs is not None else
+                   "What a head writes, and what it does to the built-in pairs and task, are read on the bundled "
                    "decoders (SmolLM2, Gemma 3); for a decoder trained here, open Effects.")
         return
     tokens = attention(s, text).tokens
@@ -167,11 +170,17 @@ def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> Non
 def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
     """What the head does to predictions: each built-in pair, the task, its flow share, its importance."""
     st.subheader("What it does to predictions")
-    if card.decoder:
+    encoder = not card.decoder and (card.pairs is not None or card.task is not None)
+    if encoder:
+        st.caption("Each built-in pair is the founding sentence with one focus changed; the head's clean output put "
+                   "into the corrupted run, and its direct part, measured on the embedding difference "
+                   "cos(e, answer) − cos(e, distractor) (Effects).")
+    if card.decoder or encoder:
         if card.pairs is None:
             st.caption("The built-in pairs, each head patched, are being prepared.")
         else:
-            st.markdown(markdown_table([{"built-in pair": r.pair, "attribution (logits)": f"{r.attribution:+.3f}",
+            st.markdown(markdown_table([{"built-in pair": r.pair,
+                                         "attribution" + ("" if encoder else " (logits)"): f"{r.attribution:+.3f}",
                                          "rank": r.attribution_rank, "patching recovers": f"{r.recovered:+.3f}",
                                          "rank ": r.recovered_rank} for r in card.pairs.itertuples()]))
         t = card.task
@@ -183,6 +192,10 @@ def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
                            help=f"95% interval {t['low']:.3f} to {t['high']:.3f}; q = {t['q']:.3g}; rank "
                                 f"{int(t['rank'])} by size, attribution patching.")
             cols[0].caption(f"[{t['low']:.3f}, {t['high']:.3f}], rank {int(t['rank'])}")
+        if encoder:
+            _importance(ref, card, cols[1])
+            deeper("effects", "pruning")
+            return
         shares = flow_heads(flow(ref.analysed, text))
         rank = int((shares > shares[card.layer, card.head]).sum()) + 1
         cols[1].metric("Flow share on your text", f"{shares[card.layer, card.head]:.3f}",
