@@ -131,7 +131,13 @@ def test_a_map_of_two_measures_keeps_every_distance_between_heads(hand_set):
 def test_an_encoders_card_reads_its_seed_foci_and_a_head_it_lacks_gets_a_sentence(hf_model):
     parts = card_parts(hf_model, sentences=TEXTS)
     card = head_card(hf_model, 2, 5, parts=parts)
-    assert not card.decoder and card.detector is None and card.pairs is None and card.writes is None
+    assert not card.decoder and card.detector is None and card.writes is None
+    from analysis.defaults import ENCODER_PAIRS
+    from analysis.effects import patch_heads
+
+    pair = next(iter(ENCODER_PAIRS.values()))  # an encoder's pairs: the seed sentence with a focus changed
+    want = patch_heads(hf_model, pair.clean, pair.corrupted, pair.answer, pair.distractor).set_index(["layer", "head"])
+    assert card.pairs.iloc[0]["recovered"] == pytest.approx(want.loc[(2, 5), "recovered"], abs=1e-9)
     profile = measure_heads(hf_model.attend(TEXTS)).frame().set_index(["layer", "head"]).loc[(2, 5)]
     assert card.measures["object_lift_lo"] == pytest.approx(profile["object_lift_lo"])
     first = card.top.iloc[0]
