@@ -18,7 +18,7 @@ NONE = "none"
 
 s, ref = start("atlas")
 st.caption("Every head of the model as one point, placed by the measures its card reports (over the built-in corpus, "
-           "and for a decoder the head detector, the built-in pairs and the task); a click on a point opens its "
+           "the built-in pairs and the task, and for a decoder the head detector); a click on a point opens its "
            "card.")
 frames = {ref.title: (ref, atlas_frame(card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False,
                                                  first=True)))}
@@ -90,5 +90,6 @@ for col, (title, (r, frame)) in zip(st.columns(len(frames) + 1), frames.items())
     if tables:
         st.dataframe(frame.style.format(precision=3), hide_index=True, key=f"atlas-table-{r.choice}")
 if not decoder(ref):
-    st.caption("An encoder's heads are placed by what they attend to; a bundled decoder adds the head detector, OV "
-               "copying, what each head writes, its effect on a task and its importance.")
+    st.caption("An encoder's heads are placed by what they attend to and their effect on its first task (the seed "
+               "sentence's objects changed, measured on its sentence embedding); a bundled decoder adds the head "
+               "detector, OV copying, what each head writes and its importance.")

@@ -211,17 +211,18 @@ def test_direct_attribution_on_each_encoder_passes_transformers_norms_frozen_and
     w = hooked.along(tok, PROBES)
     ids = tok(CLEAN, return_tensors="pt")["input_ids"]
     out, zs, _, norm_in, _ = hooked.run(ids)
+    out = out.detach()
     e = out[0].mean(0)
     frame = logit_attribution(ours, CLEAN, *PROBES)
     assert frame.attrs["logit_diff"] == pytest.approx(float(e @ w / e.norm()), abs=1e-10)
     assert parts_total(frame) == pytest.approx(frame.attrs["logit_diff"], abs=1e-10)
-    frozen = [(norm.weight / torch.sqrt(x[0].var(-1, unbiased=False, keepdim=True) + norm.eps)) for norm, x in norm_in]
+    frozen = [(norm.weight.detach() / torch.sqrt(x[0].var(-1, unbiased=False, keepdim=True) + norm.eps)) for norm, x in norm_in]
     Dh = zs[0].shape[-1] // 4
     want = np.zeros((2, 4))
     for layer in range(2):
         proj = hooked.out_proj(hooked.layers_of(hooked.hf)[layer])
         for h in range(4):
-            part = zs[layer][0, :, h * Dh:(h + 1) * Dh] @ proj.weight[:, h * Dh:(h + 1) * Dh].T     # (n, E)
+            part = zs[layer][0, :, h * Dh:(h + 1) * Dh] @ proj.weight.detach()[:, h * Dh:(h + 1) * Dh].T     # (n, E)
             for scale in frozen[2 * layer:]:
                 part = (part - part.mean(-1, keepdim=True)) * scale
             want[layer, h] = float(part.mean(0) @ w / e.norm())
