@@ -23,7 +23,8 @@ import transformers as tf
 from analysis.defaults import ENCODER_PAIRS
 from analysis.effects import patch_heads
 from analysis.task_effects import run_task
-from analysis.tasks import ENCODER_TASKS, make_task
+from analysis.focus_tasks import ENCODER_TASKS
+from analysis.tasks import make_task
 from bench.common import machine, ratio, timed
 from models import load_model
 from models.files import default_model_dir

@@ -8,7 +8,8 @@ import transformers as tf
 
 from analysis.effects import logit_attribution, parts_total, patch_heads, patch_residual
 from analysis.task_effects import run_task, table
-from analysis.tasks import ENCODER_TASKS, from_rows, make_task
+from analysis.focus_tasks import ENCODER_TASKS
+from analysis.tasks import from_rows, make_task
 from models import HeadLensError, load_model
 from tests.conftest import _bpe_vocab
 
@@ -216,7 +217,8 @@ def test_direct_attribution_on_each_encoder_passes_transformers_norms_frozen_and
     frame = logit_attribution(ours, CLEAN, *PROBES)
     assert frame.attrs["logit_diff"] == pytest.approx(float(e @ w / e.norm()), abs=1e-10)
     assert parts_total(frame) == pytest.approx(frame.attrs["logit_diff"], abs=1e-10)
-    frozen = [(norm.weight.detach() / torch.sqrt(x[0].var(-1, unbiased=False, keepdim=True) + norm.eps)) for norm, x in norm_in]
+    frozen = [norm.weight.detach() / torch.sqrt(x[0].var(-1, unbiased=False, keepdim=True) + norm.eps)
+              for norm, x in norm_in]
     Dh = zs[0].shape[-1] // 4
     want = np.zeros((2, 4))
     for layer in range(2):

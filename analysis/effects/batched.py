@@ -1,8 +1,9 @@
 """Many prompt pairs at once: each batch a set of pairs of one token length (no padding), traced by
 ``models.run.trace_batch``; every run here is one run with edits (``models.run``).
 
-``Measure`` reads a task's metric from each row's last position: a weighted sum of some tokens' logits (the
-logit difference) or of their probabilities (a probability difference, greater-than's mass).
+``Measure`` reads a task's metric from each run's final residual stream: at a language model's last position, a
+weighted sum of some tokens' logits (the logit difference) or of their probabilities (a probability difference,
+greater-than's mass); an encoder's sentence embedding, pooled over every token, against two probe texts'.
 ``patched_measures`` runs copies of the corrupted prompts, each with one clean activation in place of its own,
 the copies of every pair of the batch together from the layer of their edit up (a layer runs once for all the
 copies that have reached it); ``attribution_batch`` estimates every patch of every pair of the batch from one
@@ -31,9 +32,7 @@ class Measure:
       ``(E,)`` (a decoder's);
     - ``embedding`` (an encoder's): the sentence embedding ``e``, the mean of the final hidden states over every token
       (sentence-transformers' pooling), its cosine with ``weights[p]`` ``(E,)``, the answer's unit embedding less the
-      distractor's: ``cos(e, answer) - cos(e, distractor)``;
-    - ``mask`` (a masked-LM encoder's): ``logit`` at the position ``tokens[p, 0]`` (its ``[MASK]``) of the answer
-      ``tokens[p, 1]`` less the distractor ``tokens[p, 2]``, through the model's MLM head."""
+      distractor's: ``cos(e, answer) - cos(e, distractor)``."""
 
     kind: str
     tokens: torch.Tensor    # (pairs, K) long
@@ -50,12 +49,6 @@ class Measure:
         if self.kind == "embedding":
             e = stack.finish(x).mean(1)                                                  # (N, E)
             return (e * self.weights[rows].to(e.dtype)).sum(-1) / e.norm(dim=-1)
-        if self.kind == "mask":
-            tokens = self.tokens[rows].to(x.device)                                      # (N, 3)
-            h = stack.finish(x[torch.arange(len(x), device=x.device), tokens[:, 0]])     # (N, E)
-            logits = stack.logits(h.unsqueeze(1)).squeeze(1)                             # (N, V)
-            return logits.gather(1, tokens[:, 1:]) @ torch.tensor([1.0, -1.0], dtype=logits.dtype,
-                                                                  device=logits.device)
         h = stack.finish(x[:, -1])
         if self.kind == "direction":
             return h @ self.weights[0] if len(self.weights) == 1 else (h * self.weights[rows].to(h.dtype)).sum(-1)

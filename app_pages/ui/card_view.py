@@ -192,16 +192,15 @@ def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
                            help=f"95% interval {t['low']:.3f} to {t['high']:.3f}; q = {t['q']:.3g}; rank "
                                 f"{int(t['rank'])} by size, attribution patching.")
             cols[0].caption(f"[{t['low']:.3f}, {t['high']:.3f}], rank {int(t['rank'])}")
-        if encoder:
-            _importance(ref, card, cols[1])
-            deeper("effects", "pruning")
-            return
-        shares = flow_heads(flow(ref.analysed, text))
-        rank = int((shares > shares[card.layer, card.head]).sum()) + 1
-        cols[1].metric("Flow share on your text", f"{shares[card.layer, card.head]:.3f}",
-                       help="How much of your sentence's last token passes through it (every route, shares multiplied).")
-        cols[1].caption(f"rank {rank} of {shares.size}")
-        where = cols[2]
+        where = cols[1]
+        if card.decoder:  # the routes of a prediction: a language model's
+            shares = flow_heads(flow(ref.analysed, text))
+            rank = int((shares > shares[card.layer, card.head]).sum()) + 1
+            cols[1].metric("Flow share on your text", f"{shares[card.layer, card.head]:.3f}",
+                           help="How much of your sentence's last token passes through it (every route, shares "
+                                "multiplied).")
+            cols[1].caption(f"rank {rank} of {shares.size}")
+            where = cols[2]
     else:
         where = st
     _importance(ref, card, where)

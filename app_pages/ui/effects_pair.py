@@ -52,7 +52,6 @@ class EffectsView:
         self.encoder = a.get("metric") == "embedding"
         self.compared = (f"cos(e, “{a['answer']}”) − cos(e, “{a['distractor']}”)" if self.encoder else
                          f"logit(“{a['answer']}”) − logit(“{a['distractor']}”)")
-        self.units = "" if self.encoder else " logits"
         self.attribution = self.found.attribution["attribution"].to_numpy().reshape(L, H)
         self.recovered = grid(self.found.heads, "recovered", L, H)
         heads = self.found.heads

@@ -9,7 +9,8 @@ import streamlit as st
 
 from analysis.significance import interval
 from analysis.task_effects import METRICS, NORMALISE, TaskEffects
-from analysis.tasks import CORRUPTIONS, ENCODER_TASKS, PAGE_ROWS, TASKS, Task
+from analysis.focus_tasks import ENCODER_TASKS
+from analysis.tasks import CORRUPTIONS, PAGE_ROWS, TASKS, Task
 from models import HeadLensError
 
 from ..results.messages import stop_with
