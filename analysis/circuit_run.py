@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from models import HeadLensError
-from models.run import language_stack
+from models.run import patching_stack
 
 from . import circuits as AC
 from .ray_run import check_model, no_restarts, start_ray, worker_errors
@@ -73,7 +73,7 @@ class CurveBatches(_Actor):
 
     def __call__(self, batch: dict) -> dict:
         index, task = self.task(batch)
-        graph = AC.graph_of(language_stack(self.model))
+        graph = AC.graph_of(patching_stack(self.model))
         s = AC.EdgeScores(task, self.metric, self.method, self.steps, graph, self.scores, self.clean[index],
                           np.zeros(len(task)))
         values, clean, corrupted = AC.circuit_values(self.model, s, self.sizes)
@@ -97,7 +97,7 @@ def run_ray(model_name: str, task: Task, metric: str, method: str, steps: int, s
                 fn, batch_size=CHUNK, compute=ray.data.ActorPoolStrategy(size=actors),
                 fn_constructor_kwargs={**options, **more}, ray_remote_args_fn=no_restarts, **resources)
 
-    graph = AC.graph_of(language_stack(load_model(model_name, backend="scratch", device="cpu")))
+    graph = AC.graph_of(patching_stack(load_model(model_name, backend="scratch", device="cpu")))
     total, clean, corrupted = 0.0, np.zeros(len(task)), np.zeros(len(task))
     with worker_errors():  # a worker's error arrives wrapped; a HeadLens one is a sentence for the user
         for batch in mapped(ScoreBatches).iter_batches(batch_size=None, batch_format="numpy"):

@@ -211,10 +211,11 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj.weight.view(-1, self.num_heads, self.head_dim)
 
     def by_head(self, hq: torch.Tensor, hk: torch.Tensor, hv: torch.Tensor, *, hook_pattern=None,
-                hook_z=None) -> torch.Tensor:
-        """Causal self-attention with each query head reading its own input ``hq[i]`` and each key/value head its
-        own ``hk[g]``, ``hv[g]`` (``(heads, B, n, E)``, ``(kv heads, B, n, E)``, as ``forward``'s ``query``):
-        each head's output ``z`` ``(B, heads, n, Dh)``. ``hook_pattern``, ``hook_z`` as ``forward``'s."""
+                hook_z=None, causal: bool = True) -> torch.Tensor:
+        """Self-attention (causal unless ``causal`` is False: an encoder's) with each query head reading its own
+        input ``hq[i]`` and each key/value head its own ``hk[g]``, ``hv[g]`` (``(heads, B, n, E)``, ``(kv heads, B,
+        n, E)``, as ``forward``'s ``query``, no padding): each head's output ``z`` ``(B, heads, n, Dh)``.
+        ``hook_pattern``, ``hook_z`` as ``forward``'s."""
         H = self.num_heads
         B, n, _ = hq.shape[1:]
         projected = []
@@ -224,13 +225,13 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.shape_heads(*projected)                                        # (B, H, n, Dh) each
         window = self.window if self.window is not None and n > self.window else None
         weighed = self.softcap is not None or hook_pattern is not None  # no fused kernel caps or hands the weights
-        blocked = None if window is None and not weighed else \
+        blocked = None if (window is None and not weighed) or not causal else \
             attention_masks(B, H, n, n, causal=True, like=q, window=window)[0]
         if weighed:
             weights = attention_weights(q, k, blocked, None, self.softcap)
             z = torch.matmul(weights if hook_pattern is None else hook_pattern(weights), v)
         else:
-            z = fused_attention(q, k, v, blocked, None, 0.0, only_causal=window is None)  # (B, H, n, Dh)
+            z = fused_attention(q, k, v, blocked, None, 0.0, only_causal=causal and window is None)  # (B, H, n, Dh)
         return z if hook_z is None else hook_z(z)
 
     def head_writes(self, z: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from models import head_label
 from models.run import Edits, Given, device_of
 
 from ..effects.batched import Measure
+from . import post_norm
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ class Graph:
 
 
 def graph_of(stack) -> Graph:
-    """The nodes and edges of a pre-norm language ``stack`` (from-scratch engine)."""
+    """The nodes and edges of a ``stack`` (from-scratch engine): a pre-norm language model's, or a post-norm
+    encoder's (``post_norm`` says how its writers reach its readers)."""
     senders, receivers, reach, reads = [("input", -1, -1)], [], [], []
     for layer, block in enumerate(stack.layers):
         attn, kept = block.attn, stack.kept[layer]
@@ -146,8 +148,13 @@ def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: to
     stream with each circuit sender's output in this run in place of its output in ``base``; ``start``: the first
     position where this run's input differs from ``base``'s (before it every output is ``base``'s, the model being
     causal, and nothing is added there). ``corrupt`` (without ``keep``): receiver -> the senders whose edges into
-    it carry ``base``'s output instead of this run's (exact edge patching)."""
-    edits = GraphEdits(stack, graph, emb, base=base, keep=keep, taps=taps, start=start, corrupt=corrupt)
+    it carry ``base``'s output instead of this run's (exact edge patching). On a post-norm encoder every receiver
+    of a run with ``base`` reads a stream of its own rebuilt up the model's norms (``post_norm``)."""
+    if stack.post_norm and corrupt:
+        keep = without(graph, [(s, r) for r, senders in corrupt.items() for s in senders], emb.device)
+        corrupt, start = None, 0
+    edits = GraphEdits(stack, graph, emb, base=base, keep=keep, taps=taps, start=start, corrupt=corrupt,
+                       post=stack if stack.post_norm else None)
     final, _ = stack.run_layers(emb, need_weights=False, edits=edits.edits())
     return Run(edits.outs, edits.reads, measure(stack, final, rows), edits.tapped, ids)
 
@@ -158,8 +165,9 @@ class GraphEdits:
     at ``result`` and ``mlp_out`` (``run_graph`` says how)."""
 
     def __init__(self, stack, graph: Graph, emb: torch.Tensor, *, base: Run | None, keep: torch.Tensor | None,
-                 taps: bool, start: int, corrupt: dict[int, list[int]] | None):
+                 taps: bool, start: int, corrupt: dict[int, list[int]] | None, post=None):
         S = len(graph.senders)
+        self.post = post  # a post-norm stack: a circuit's receivers read streams rebuilt up its norms
         self.B, self.n, self.E = emb.shape
         self.graph, self.base, self.start, self.corrupt, self.taps = graph, base, start, corrupt, taps
         self.outs = emb.new_empty(S, self.B, self.n, self.E)
@@ -223,6 +231,10 @@ class GraphEdits:
                     for s in senders:
                         out[i] += self.base.outs[s] - self.outs[s]
             return out
+        if self.post is not None:
+            out = post_norm.private_streams(self.post, self.graph, r, count, keep, self.base.outs, self.diff)
+            self.reads[first] = out[0] if count == 1 else None
+            return out
         m = int(self.graph.reach[first])
         weights = keep[:m, r].reshape(m, count)
         active = weights.any(1).nonzero().view(-1)               # the senders with an edge here in the circuit
@@ -265,8 +277,10 @@ def edge_attribution(stack, graph: Graph, clean_ids: torch.Tensor, corrupted_ids
     the gradient of the metric by the receiver's stream. ``steps`` 1: ``g`` at the clean input (EAP, Syed et al.
     2023); more: averaged over inputs ``corrupted + j / steps (clean - corrupted)``, ``j`` 1 to ``steps`` (EAP-IG,
     Hanna et al. 2024). Also the clean and the corrupted runs. Zero where a pair is not an edge. ``each_step(j)``:
-    called once the corrupted run and each step ``j`` are done (0 to ``steps``)."""
-    f = first_difference(clean_ids, corrupted_ids)                           # every output is the same before it
+    called once the corrupted run and each step ``j`` are done (0 to ``steps``). On a post-norm encoder a sender's
+    change reaches a receiver through the norms between them, frozen at the clean run's scales
+    (``post_norm.edge_scores``)."""
+    f = shared_start(stack, clean_ids, corrupted_ids)                        # every output is the same before it
     with torch.inference_mode():
         e_clean, e_bad = embeddings(stack, clean_ids), embeddings(stack, corrupted_ids)
         bad = run_graph(stack, graph, e_bad, measure, rows, ids=corrupted_ids)
@@ -285,9 +299,19 @@ def edge_attribution(stack, graph: Graph, clean_ids: torch.Tensor, corrupted_ids
             each_step(j)
     run.value, run.taps = run.value.detach(), []
     with torch.no_grad():
-        delta = (run.outs[:, :, f:] - bad.outs[:, :, f:]).reshape(len(graph.senders), -1)
-        scores = delta @ (total if steps == 1 else total / steps).reshape(len(graph.receivers), -1).T
+        g = total if steps == 1 else total / steps
+        if stack.post_norm:
+            scores = post_norm.edge_scores(graph, post_norm.scales(stack, graph, run), run.outs - bad.outs, g)
+        else:
+            delta = (run.outs[:, :, f:] - bad.outs[:, :, f:]).reshape(len(graph.senders), -1)
+            scores = delta @ g.reshape(len(graph.receivers), -1).T
     return scores * torch.as_tensor(graph.mask(), device=scores.device), run, bad
+
+
+def shared_start(stack, a: torch.Tensor, b: torch.Tensor) -> int:
+    """Up to where prompts ``a`` and ``b`` run alike: ``first_difference`` for a causal model, 0 for an encoder,
+    where every token sees every other."""
+    return first_difference(a, b) if stack.causal else 0
 
 
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -302,7 +326,7 @@ def circuit_values(stack, graph: Graph, clean_ids: torch.Tensor, bad: Run, keep:
     """``(B,)``: the metric of the clean prompts run with only the edges ``keep`` ``(senders, receivers)`` (1 in,
     0 out) carrying this run's outputs; every other edge carries the corrupted run ``bad``'s."""
     return run_graph(stack, graph, embeddings(stack, clean_ids), measure, rows, base=bad, keep=keep,
-                     start=first_difference(clean_ids, bad.ids)).value
+                     start=shared_start(stack, clean_ids, bad.ids)).value
 
 
 @torch.inference_mode()

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError, head_label
-from models.run import device_of, language_stack
+from models.run import device_of, patching_stack
 
 from ..significance import interval
 from ..task_effects import batches, measure_for
@@ -36,8 +36,8 @@ Progress = Callable[[int, int], None]
 
 
 def _stack_graph(model: AttentionModel):
-    """The stack a circuit's runs go up, its device and its graph."""
-    stack = language_stack(model, "A circuit's edges are traced")
+    """The stack a circuit's runs go up (a language model's or an encoder's), its device and its graph."""
+    stack = patching_stack(model, "A circuit's edges are traced")
     return stack, device_of(stack), C.graph_of(stack)
 
 

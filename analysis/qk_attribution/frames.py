@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError, head_label
-from models.run import device_of, language_stack
+from models.run import device_of, patching_stack
 
 from ..circuits import graph as C
 from ..significance import interval
@@ -43,8 +43,9 @@ WHAT = "Why a head attends where it does is read"
 
 
 def head_graph(model: AttentionModel, layer: int, head: int):
-    """The stack the split's run goes up and its graph, the head checked to be there."""
-    stack = language_stack(model, WHAT)
+    """The stack the split's run goes up (a language model's or an encoder's) and its graph, the head checked to be
+    there."""
+    stack = patching_stack(model, WHAT)
     model.heads([(layer, head)])
     if head not in stack.kept[layer]:
         raise HeadLensError(f"Head {head} of layer {layer} was pruned away: it has no score to split.")
@@ -60,7 +61,8 @@ def _softmax(scores: np.ndarray, visible: np.ndarray, softcap: float | None = No
 
 @dataclass(frozen=True)
 class QKAttribution:
-    """One head's scores from ``query`` to every key up to it, split: ``split`` ``(writers, writers, keys)``
+    """One head's scores from ``query`` to every key up to it (an encoder's: every key), split: ``split`` ``(writers,
+    writers, keys)``
     float64 (query-side writer, key-side writer, key; the constant last on each side); ``scores`` the model's,
     ``weights`` its attention (zero on a key the query does not see); ``removed`` for the largest writers of each
     side, the weights with that writer taken out of the query (or key) input by a run with its norms recomputed."""
@@ -83,10 +85,15 @@ class QKAttribution:
     def weights(self) -> np.ndarray:
         return _softmax(self.scores, self.visible, self.softcap)
 
+    @property
+    def n_keys(self) -> int:
+        """How many keys the query is split against: up to it, or every token (an encoder's)."""
+        return self.split.shape[2]
+
     def _key(self, key: int | None) -> int:
         key = self.key if key is None else int(key)
-        if not 0 <= key <= self.query:
-            raise HeadLensError(f"Key {key} is not among the query's keys (0 to {self.query}).")
+        if not 0 <= key < self.n_keys:
+            raise HeadLensError(f"Key {key} is not among the query's keys (0 to {self.n_keys - 1}).")
         return key
 
     def pairs(self, key: int | None = None, n: int | None = None) -> pd.DataFrame:
@@ -124,10 +131,11 @@ class QKAttribution:
         return self.side("k", key)
 
     def keys(self) -> pd.DataFrame:
-        """Every key up to the query: its token, score, weight and the writer pair with the largest |part|."""
-        flat = np.abs(self.split).reshape(-1, self.split.shape[2]).argmax(0)
+        """Every key the query is split against: its token, score, weight and the writer pair with the largest
+        |part|."""
+        flat = np.abs(self.split).reshape(-1, self.n_keys).argmax(0)
         s, t = np.unravel_index(flat, self.split.shape[:2])
-        return pd.DataFrame({"key": np.arange(self.query + 1), "token": self.tokens[:self.query + 1],
+        return pd.DataFrame({"key": np.arange(self.n_keys), "token": self.tokens[:self.n_keys],
                              "score": self.scores, "weight": self.weights, "visible": self.visible,
                              "top_pair": [f"{self.writers[a]} × {self.writers[b]}" for a, b in zip(s, t)]})
 
@@ -147,7 +155,7 @@ class QKAttribution:
     def to_json(self, key: int | None = None) -> dict:
         key = self._key(key)
         return {"model": self.model_name, "layer": self.layer, "head": self.head, "query": self.query, "key": key,
-                "tokens": self.tokens[:self.query + 1], "score": float(self.scores[key]),
+                "tokens": self.tokens[:self.n_keys], "score": float(self.scores[key]),
                 "weight": float(self.weights[key]), "pairs": self.pairs(key, 200).drop(
                     columns=["query_index", "key_index"]).to_dict("records"),
                 "query_writers": self.query_writers(key).drop(columns="index").to_dict("records"),
@@ -178,7 +186,7 @@ def _ids(model: AttentionModel, text: str) -> tuple[torch.Tensor, list[str]]:
 
 def prompt_tokens(model: AttentionModel, text: str) -> list[str]:
     """The tokens ``qk_attribution`` splits ``text`` into (a sentence for a text it does not take)."""
-    language_stack(model, WHAT)
+    patching_stack(model, WHAT)
     return _ids(model, text)[1]
 
 
@@ -189,10 +197,13 @@ def _position(at: int, n: int, what: str) -> int:
     return at % n
 
 
-def _key_position(key: int, query: int, n: int) -> int:
+def _key_position(key: int, query: int, n: int, causal: bool = True) -> int:
     """``key`` as a position up to ``query`` (a negative one counted back from the query, -1 the query itself); a
-    sentence for one past the prompt or after the query, which the query does not see."""
+    sentence for one past the prompt or after the query, which the query does not see. An encoder's (not
+    ``causal``): any position of the prompt, a negative one counted back from the end."""
     key = int(key)
+    if not causal:
+        return _position(key, n, "key")
     if key < 0:
         return _position(key, query + 1, "key")
     if key >= n:
@@ -218,7 +229,7 @@ def qk_attribution(model: AttentionModel, text: str, layer: int, head: int, quer
         visible = sides.visible(query).cpu().numpy()
     scores = split.sum((0, 1))
     weights = _softmax(scores, visible, sides.softcap)
-    key = int(np.argmax(weights)) if key is None else _key_position(key, query, len(tokens))
+    key = int(np.argmax(weights)) if key is None else _key_position(key, query, len(tokens), stack.causal)
     if not visible[key]:
         raise HeadLensError(f"Query {query} does not see key {key}: it lies outside this layer's window.")
     removed = {}
@@ -310,7 +321,7 @@ def qk_attribution_task(model: AttentionModel, task: Task, layer: int, head: int
         pairs = [task.pairs[i] for i in idx]
         queries = torch.tensor([p.role(query_role) for p in pairs])
         keys = torch.tensor([p.role(key_role) for p in pairs])
-        if bool((keys > queries).any()):
+        if stack.causal and bool((keys > queries).any()):
             raise HeadLensError(f"A pair's {key_role} comes after its {query_role}: a query sees no later key.")
         for which, ids in (("clean", [p.clean_ids for p in pairs]), ("corrupted", [p.corrupted_ids for p in pairs])):
             run = Q.writers_run(stack, graph, torch.tensor(ids, device=device_of(stack)))

@@ -8,7 +8,9 @@ fixed linear map at each position, both are sums over the stream's writers (``an
 input, each earlier head, each earlier MLP) plus a constant (projection and norm biases, the attentions' output
 biases): the score is exactly a sum over (query-side writer, key-side writer) pairs, the constant one of them.
 OLMo-2's norm of the whole query (key) projection is frozen the same way, at every head's projection in the run.
-A soft-capped score (Gemma 2's) is split before its cap, which the softmax then applies.
+A soft-capped score (Gemma 2's) is split before its cap, which the softmax then applies. On a post-norm encoder
+(BERT) the head reads the stream as it is, and each writer's part of it has passed the norms above where it wrote,
+frozen (``analysis.circuits.post_norm``): the split stays exact, and a query sees every key.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from models.stacks.norms import frozen
 
 from ..circuits import graph as C
+from ..circuits import post_norm
 
 CONSTANT = "biases"  # the writer every side ends with: what no node writes (projection, norm and output biases)
 
@@ -34,6 +37,10 @@ class HeadSides:
     k: torch.Tensor
     window: int | None
     softcap: float | None = None
+    causal: bool = True          # a query sees the keys up to it (False: an encoder's, every key)
+
+    def _keys(self, query: int) -> slice:
+        return slice(0, query + 1) if self.causal else slice(0, self.k.shape[2])
 
     @property
     def n_writers(self) -> int:
@@ -41,13 +48,14 @@ class HeadSides:
 
     def split(self, query: int, keys: slice | None = None) -> torch.Tensor:
         """``(writers + 1, writers + 1, B, keys)``: each (query-side, key-side) writer pair's part of the score from
-        ``query`` to each of ``keys`` (default every key up to the query)."""
-        keys = slice(0, query + 1) if keys is None else keys
+        ``query`` to each of ``keys`` (default every key it sees: up to it, or all of an encoder's)."""
+        keys = self._keys(query) if keys is None else keys
         return torch.einsum("sbd,tbjd->stbj", self.q[:, :, query], self.k[:, :, keys])
 
     def scores(self, query: int) -> torch.Tensor:
-        """``(B, query + 1)``: the head's scores from ``query`` to every key up to it (masked ones included)."""
-        return torch.einsum("bd,bjd->bj", self.q[:, :, query].sum(0), self.k[:, :, :query + 1].sum(0))
+        """``(B, keys)``: the head's scores from ``query`` to every key up to it (an encoder's: every key; masked ones
+        included)."""
+        return torch.einsum("bd,bjd->bj", self.q[:, :, query].sum(0), self.k[:, :, self._keys(query)].sum(0))
 
     def at(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """``(B, writers + 1, writers + 1)``: each row's split of one score, from ``queries[b]`` to ``keys[b]``
@@ -57,8 +65,9 @@ class HeadSides:
                             self.k[:, b, keys.to(self.k.device)])
 
     def visible(self, query: int) -> torch.Tensor:
-        """``(query + 1,)`` bool: the keys ``query`` sees (all, or its window's last ones)."""
-        keys = torch.arange(query + 1, device=self.q.device)
+        """``(keys,)`` bool: which of the keys up to ``query`` (an encoder's: every key) it sees (all, or its
+        window's last ones)."""
+        keys = torch.arange(self._keys(query).stop, device=self.q.device)
         return keys > query - self.window if self.window is not None else torch.ones_like(keys, dtype=torch.bool)
 
 
@@ -117,6 +126,8 @@ def head_sides(stack, graph: C.Graph, run: C.Run, layer: int, head: int) -> Head
     first, m = _reads(graph, layer)
     x = run.reads[first]                                                          # (B, n, E)
     parts = run.outs[:m].to(x.dtype)                                              # (writers, B, n, E)
+    if stack.post_norm:  # each writer's part has passed the norms above where it wrote, frozen
+        parts = post_norm.parts_at(graph, post_norm.scales(stack, graph, run), parts, 2 * layer)
     (wq, bq), (wk, bk), _ = attn.head_projections()
     q = _side(block.attention_norm, wq[i], None if bq is None else bq[i], parts, x)
     k = _side(block.attention_norm, wk[g], None if bk is None else bk[g], parts, x)
@@ -131,7 +142,7 @@ def head_sides(stack, graph: C.Graph, run: C.Run, layer: int, head: int) -> Head
     q = q * (attn.q_factor * attn.head_dim ** -0.5)
     if attn.rotary is not None:
         q, k = attn.rotary(q, k)
-    return HeadSides(q, k, attn.window, attn.softcap)
+    return HeadSides(q, k, attn.window, attn.softcap, stack.causal)
 
 
 def writer_names(graph: C.Graph, layer: int) -> list[str]:
@@ -149,16 +160,23 @@ def scores_without(stack, graph: C.Graph, run: C.Run, layer: int, head: int, que
                    side: str) -> torch.Tensor:
     """``(B, query + 1)``: the head's scores from ``query`` when writer ``writer``'s output (``writer_names``' index;
     the last, the constant, is not a node's) is taken out of the stream its query reads at ``query`` (``side`` "q")
-    or of the stream its keys read at every position (``side`` "k"), each norm recomputed as the model does."""
+    or of the stream its keys read at every position (``side`` "k"), each norm recomputed as the model does (a
+    post-norm encoder's: every norm between the writer and the head)."""
     block, attn = stack.layers[layer], stack.layers[layer].attn
     i = stack.kept[layer].index(head)
     x = run.reads[_reads(graph, layer)[0]]                                    # (B, n, E)
-    less = x.clone()
-    if side == "q":
-        less[:, query] -= run.outs[writer, :, query].to(x.dtype)
+    n = x.shape[1]
+    if stack.post_norm:
+        where = torch.arange(n, device=x.device) == query if side == "q" else torch.ones(n, dtype=torch.bool,
+                                                                                          device=x.device)
+        less = post_norm.stream_without(stack, graph, run, 2 * layer, writer, where)
     else:
-        less -= run.outs[writer].to(x.dtype)
+        less = x.clone()
+        if side == "q":
+            less[:, query] -= run.outs[writer, :, query].to(x.dtype)
+        else:
+            less -= run.outs[writer].to(x.dtype)
     xq, xk = (less, x) if side == "q" else (x, less)
     q, k, _ = attn.heads_qkv(block.attention_input(xq), block.attention_input(xk), block.attention_input(xk))
     q = q[:, i, query] * attn.head_dim ** -0.5                                   # (B, Dh)
-    return torch.einsum("bd,bjd->bj", q, k[:, i, :query + 1])
+    return torch.einsum("bd,bjd->bj", q, k[:, i, :query + 1 if stack.causal else n])

@@ -111,6 +111,7 @@ class Stack(Saved, nn.Module):
     description: ClassVar[str] = ""                                # what it runs, for a sentence: "BERT encoders"
     language_model: ClassVar[bool] = False                         # gives logits, so a next-token loss
     causal: ClassVar[bool] = False                                  # a decoder masks later keys whatever it is asked
+    post_norm: ClassVar[bool] = False                               # norms after each write (BERT), not before each read
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
     weights: ClassVar = None  # its files' names (``weights.Weights``); None: the stack's own names
     layers: nn.ModuleList

@@ -115,6 +115,8 @@ class Block(nn.Module):
         self.dropout = c.hidden_dropout_prob
 
 
+    attention_norm = None  # the attention reads the stream as it is: the norm comes after it
+
     def attention_input(self, x: torch.Tensor) -> torch.Tensor:
         """What the attention reads of the block's input ``x``: ``x`` itself (the norm comes after)."""
         return x
@@ -142,18 +144,46 @@ class Block(nn.Module):
         """``x`` is ``(B, L, E)``, or ``(N, E)`` real tokens only when ``packing`` is given; ``edits``: this layer's
         (``models.run``), by point."""
         if any(point in edits for point in BY_HEAD):
-            raise HeadLensError("A post-LayerNorm encoder's attention is not run head by head: its heads' writes "
-                                "pass the norm after it.")
+            if packing is not None or key_padding_mask is not None:
+                raise HeadLensError("An encoder's attention runs head by head on prompts without padding only.")
+            return self.by_head(x, edits), None
         a, weights = self.attend(x, packing=packing, edits=edits, key_padding_mask=key_padding_mask, causal=causal,
                                  head_mask=head_mask, head_fill=head_fill, need_weights=need_weights,
                                  weights_into=weights_into)
         a = a if packing is None else packing.pack(a)                          # like x
         x = self.ln_attn(x + F.dropout(a, self.dropout, self.training))
+        return self.ffn_part(x, edits), weights
+
+    def ffn_part(self, x: torch.Tensor, edits) -> torch.Tensor:
+        """The block from its attention's norm's output ``x`` on: the feed-forward reading it (``mlp_in``, which
+        may hand a ``Given`` write instead), its write (``mlp_out``) and the norm after the sum."""
         read = x if (edit := edits.get("mlp_in")) is None else edit(x)
         h = read.writes if isinstance(read, Given) else self.ffn_out(self.act(self.ffn_in(read)))
         h = h if (edit := edits.get("mlp_out")) is None else edit(h)
-        x = self.ln_ffn(x + F.dropout(h, self.dropout, self.training))
-        return x, weights
+        return self.ln_ffn(x + F.dropout(h, self.dropout, self.training))
+
+    def by_head(self, x: torch.Tensor, edits) -> torch.Tensor:
+        """The block on ``x`` ``(B, n, E)`` with its attention run head by head: each query head and each head's
+        keys and values reading its own stream (``qkv_in``, ``(3 H, B, n, E)``, which may hand a ``Given`` of the
+        heads' writes instead), each head's write apart (``result``) and the output bias added once, then the norm;
+        the feed-forward as ``ffn_part``. What each receiver of a circuit reads (``analysis.circuits``)."""
+        attn = self.attn
+        H = attn.num_heads
+        streams = x.unsqueeze(0).expand(3 * H, *x.shape)
+        if (edit := edits.get("qkv_in")) is not None:
+            streams = edit(streams)
+        if isinstance(streams, Given):
+            writes = streams.writes
+        else:
+            z = attn.by_head(streams[:H], streams[H:2 * H], streams[2 * H:], hook_pattern=edits.get("pattern"),
+                             hook_z=edits.get("z"), causal=False)
+            writes = attn.head_writes(z)                                       # (H, B, n, E)
+        if (edit := edits.get("result")) is not None:
+            writes = edit(writes)
+        a = writes.sum(0) if H else torch.zeros_like(x)
+        if attn.out_proj.bias is not None:
+            a = a + attn.out_proj.bias
+        return self.ffn_part(self.ln_attn(x + a), edits)
 
 
 class BertEncoder(Stack):
@@ -164,6 +194,7 @@ class BertEncoder(Stack):
     model_types = ("bert",)
     description = "BERT encoders"
     input_names = ("input_ids", "attention_mask", "token_type_ids")
+    post_norm = True  # each block norms the stream after it writes: a writer's part passes every norm above it
     weights = None  # set below: BERT's file names (in transformers' names, q, k and v apart)
 
     def __init__(self, config: EncoderConfig):
