@@ -145,9 +145,13 @@ def test_minilm_on_the_transformers_engine_hands_patching_to_its_twin(hf_model, 
 @pytest.fixture(scope="module", params=list(ENCODERS))
 def encoder(request, tmp_path_factory, minilm_dir):
     """(model_type, ours in float64, Hooked on transformers' float64 model, tokenizer)."""
-    name = request.param
+    return tiny_encoder(request.param, tmp_path_factory.mktemp(f"encoder-effects-{request.param}"), minilm_dir)
+
+
+def tiny_encoder(name: str, folder, minilm_dir):
+    """A tiny random encoder of family ``name`` saved in ``folder``: (name, ours in float64, Hooked on transformers'
+    float64 model, tokenizer)."""
     config_class, model_class, sizes, *_ = ENCODERS[name]
-    folder = tmp_path_factory.mktemp(f"encoder-effects-{name}")
     torch.manual_seed(0)
     if name == "roberta":
         vocab, merges = _bpe_vocab()

@@ -1,0 +1,239 @@
+"""Circuits and the QK split on a post-LayerNorm encoder, against transformers' ``BertModel`` run with hooks: EAP edges
+are each sender's change passed through transformers' own LayerNorms (their scales read by hooks on the clean run)
+times the gradient at the receiver's input; an edge patched is the receiver's input rebuilt by transformers with
+every sender's output frozen but that one's; a circuit of every edge or none is the clean or the corrupted run; a
+head's score split sums to transformers' query times key."""
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+from analysis.circuits import graph as C
+from analysis.circuits import post_norm
+from analysis.circuits.scores import edge_scores, exact_edges, faithfulness, path_patching
+from analysis.effects.batched import embedding_measure
+from analysis.qk_attribution import qk_attribution
+from analysis.tasks import make_task
+from tests.test_encoder_effects import CLEAN, CORRUPTED, PROBES, metric, tiny_encoder
+
+
+class HFGraph:
+    """transformers' BERT run with hooks, as our graph names its nodes: the senders' outputs (the embeddings, each
+    head's slice of the output projection through its columns, each feed-forward's write), each norm's input, each
+    receiver's input; senders' outputs can be fixed and a receiver's input replaced or moved by ``extra``."""
+
+    def __init__(self, hf, graph):
+        self.hf, self.graph = hf, graph
+        self.layers = hf.encoder.layer
+        self.H = hf.config.num_attention_heads
+        self.Dh = hf.config.hidden_size // self.H
+
+    def run(self, ids, *, fix=None, replace=None, extra=None, grad=False):
+        """``fix``: sender index -> its output (B, n, E) to write instead; ``replace``: receiver index -> its input
+        (B, n, E); ``extra``: receiver index -> what is added to its input. Returns (last hidden state, senders'
+        outputs (S, B, n, E), norm inputs per norm, each receiver level's stream: layer inputs, MLP inputs, output)."""
+        fix, replace, extra = fix or {}, replace or {}, extra or {}
+        g, H, Dh = self.graph, self.H, self.Dh
+        outs, norms, handles = {}, [], []
+        streams = {"layer": [], "mlp": []}
+
+        def sender(kind, layer, index=-1):
+            return g.senders.index((kind, layer, index))
+
+        def input_of(kind, layer, index, x):  # a receiver's input: replaced, or moved by extra
+            r = g.receivers.index((kind, layer, index))
+            x = replace.get(r, x)
+            return x + extra[r] if r in extra else x
+
+        def emb_hook(m, args, out):
+            outs[0] = out
+            return fix.get(0, out)
+        handles.append(self.hf.embeddings.register_forward_hook(emb_hook))
+        for i, layer in enumerate(self.layers):
+            att = layer.attention
+
+            def pre_layer(m, args, kwargs, i=i):
+                x = args[0] if args else kwargs["hidden_states"]
+                streams["layer"].append(x)
+            handles.append(layer.register_forward_pre_hook(pre_layer, with_kwargs=True))
+            for kind, lin in (("q", att.self.query), ("k", att.self.key), ("v", att.self.value)):
+                def proj(m, args, out, kind=kind, i=i):
+                    x = args[0]
+                    parts = []
+                    for h in range(H):
+                        mine = input_of(kind, i, h, x)
+                        y = out if mine is x else torch.nn.functional.linear(mine, m.weight, m.bias)
+                        parts.append(y[..., h * Dh:(h + 1) * Dh])
+                    return torch.cat(parts, -1)
+                handles.append(lin.register_forward_hook(proj))
+
+            def pre_out(m, args, i=i):
+                z = args[0]
+                w = m.weight.view(-1, H, Dh)
+                zs = []
+                for h in range(H):
+                    s = sender("head", i, h)
+                    outs[s] = z[..., h * Dh:(h + 1) * Dh] @ w[:, h].T
+                    if s in fix:  # the write is linear in z: solve for the z that writes the fixed output
+                        zs.append(torch.linalg.lstsq(w[:, h], fix[s].reshape(-1, w.shape[0]).T).solution.T
+                                  .reshape(*z.shape[:-1], Dh))
+                    else:
+                        zs.append(z[..., h * Dh:(h + 1) * Dh])
+                return (torch.cat(zs, -1),)
+            handles.append(att.output.dense.register_forward_pre_hook(pre_out))
+
+            def pre_mlp(m, args, i=i):
+                streams["mlp"].append(args[0])
+                return (input_of("mlp", i, -1, args[0]),)
+            handles.append(layer.intermediate.dense.register_forward_pre_hook(pre_mlp))
+
+            def mlp_out(m, args, out, i=i):
+                s = sender("mlp", i)
+                outs[s] = out
+                return fix.get(s, out)
+            handles.append(layer.output.dense.register_forward_hook(mlp_out))
+            for norm in (att.output.LayerNorm, layer.output.LayerNorm):
+                handles.append(norm.register_forward_pre_hook(lambda m, args: norms.append((m, args[0]))))
+        try:
+            with torch.set_grad_enabled(grad):
+                last = self.hf(input_ids=ids).last_hidden_state
+        finally:
+            for h in handles:
+                h.remove()
+        out = input_of("logits", g.n_layers, -1, last)
+        streams["out"] = last
+        return out, torch.stack([outs[s] for s in range(len(g.senders))]), norms, streams
+
+    def through(self, part, norms, first, stop):
+        """``part`` passed through norms ``first`` to ``stop`` (exclusive), transformers' own, their scales frozen
+        at the inputs ``norms`` a run gave them; no bias."""
+        for m, u in norms[first:stop]:
+            part = (part - part.mean(-1, keepdim=True)) * m.weight / torch.sqrt(
+                u.var(-1, unbiased=False, keepdim=True) + m.eps)
+        return part
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory, minilm_dir):
+    name, ours, hooked, tok = tiny_encoder("bert", tmp_path_factory.mktemp("encoder-circuits"), minilm_dir)
+    stack = ours.stack
+    graph = C.graph_of(stack)
+    ids = [tok(t, return_tensors="pt")["input_ids"] for t in (CLEAN, CORRUPTED)]
+    w = hooked.along(tok, PROBES)
+    measure = embedding_measure(ours, [PROBES])
+    return ours, stack, graph, HFGraph(hooked.hf, graph), ids, w, measure
+
+
+def test_eap_edges_are_each_senders_change_through_frozen_norms_times_the_receivers_gradient(bert):
+    ours, stack, graph, hf, (clean, bad), w, measure = bert
+    rows = torch.zeros(1, dtype=torch.long)
+    scores, run, bad_run = C.edge_attribution(stack, graph, clean, bad, measure, rows)
+    _, out_clean, norms, _ = hf.run(clean)
+    _, out_bad, _, _ = hf.run(bad)
+    delta = (out_clean - out_bad).detach()
+    norms = [(m, u.detach()) for m, u in norms]
+    s_level, r_level = post_norm.sender_levels(graph), post_norm.receiver_levels(graph)
+    want = np.zeros(scores.shape)
+    for r in range(len(graph.receivers)):
+        m = int(graph.reach[r])
+        parts = torch.stack([hf.through(delta[s], norms, int(s_level[s]), int(r_level[r])) for s in range(m)])
+        eps = torch.zeros(m, dtype=torch.float64, requires_grad=True)
+        last, *_ = hf.run(clean, extra={r: torch.einsum("s,sbne->bne", eps, parts)}, grad=True)
+        want[:m, r] = torch.autograd.grad(metric(last, w).sum(), eps)[0].numpy()
+    np.testing.assert_allclose(scores.numpy(), want, atol=1e-9)
+    assert np.abs(want).max() > 2e-3 and (np.abs(want) > 1e-5).sum() > 50  # edges that carry something
+
+
+def test_an_encoders_edges_patched_are_the_receivers_input_rebuilt_with_that_sender_corrupted(bert):
+    ours, stack, graph, hf, (clean, bad), w, measure = bert
+    rows = torch.zeros(1, dtype=torch.long)
+    with torch.inference_mode():
+        bad_run = C.run_ids(stack, graph, bad, measure, rows)
+        clean_run = C.run_ids(stack, graph, clean, measure, rows)
+    last, out_clean, _, _ = hf.run(clean)
+    _, out_bad, _, _ = hf.run(bad)
+    m_clean, m_bad = float(metric(last, w)), float(metric(hf.run(bad)[0], w))
+    assert float(clean_run.value) == pytest.approx(m_clean, abs=1e-10)
+    assert float(bad_run.value) == pytest.approx(m_bad, abs=1e-10)
+    every = C.all_edges(graph).double()
+    with torch.inference_mode():
+        assert float(C.circuit_values(stack, graph, clean, bad_run, every, measure, rows)) == \
+            pytest.approx(m_clean, abs=1e-10)
+        assert float(C.circuit_values(stack, graph, clean, bad_run, every * 0, measure, rows)) == \
+            pytest.approx(m_bad, abs=1e-10)
+    names = [graph.receiver_name(r) for r in range(len(graph.receivers))]
+    chosen = [names.index(n) for n in ("logits", "MLP 1", "L1 H2.q", "L1 H1.k", "L1 H3.v", "MLP 0")]
+    fixed = {s: out_clean[s].detach() for s in range(len(graph.senders))}
+    moved = []
+    for r in chosen:
+        kind, layer, _ = graph.receivers[r]
+        for s in range(int(graph.reach[r])):
+            with torch.inference_mode():
+                got = float(C.patched_values(stack, graph, clean_run, bad_run, [(s, r)], measure, rows))
+            # transformers: every sender's output frozen at the clean run's but s's, the corrupted one's
+            _, _, _, streams = hf.run(clean, fix={**fixed, s: out_bad[s].detach()})
+            x = streams["out"] if kind == "logits" else streams["mlp"][layer] if kind == "mlp" else \
+                streams["layer"][layer]
+            last, *_ = hf.run(clean, replace={r: x.detach()})
+            want = float(metric(last, w))
+            assert got == pytest.approx(want, abs=1e-9), (graph.sender_name(s), names[r])
+            moved.append(abs(want - m_clean))
+    assert max(moved) > 1e-3  # edges that move the metric (a span of about 0.01 on this tiny model)
+
+
+def test_an_encoders_circuits_run_over_a_focus_task(scratch_model):
+    """MiniLM's objects task: EAP-IG scores, the top edges' faithfulness running from none to every edge, exact
+    patching of the top edge near its score, and path patching of a head to the output."""
+    task = make_task(scratch_model, "objects", 8, seed=2)
+    scores = edge_scores(scratch_model, task, "eap_ig", steps=3)
+    assert scores.metric == "embedding" and np.isfinite(scores.scores).all()
+    assert (scores.clean - scores.corrupted).mean() > 0.05
+    (s, r), = zip(*(a[:1] for a in scores.ranked()))
+    exact = exact_edges(scratch_model, task, [(s, r)])[:, 0].mean()
+    assert np.sign(exact) == np.sign(scores.scores[s, r])
+    assert abs(exact - scores.scores[s, r]) < 0.5 * abs(exact)
+    curve = faithfulness(scratch_model, scores, sizes=[0, 50, scores.graph.n_edges])
+    np.testing.assert_allclose(curve.faithfulness[[0, 2]], [0.0, 1.0], atol=1e-6)
+    assert 0.2 < curve.faithfulness[1] < 1.5
+    path = path_patching(scratch_model, task, (3, 11), [(5, h) for h in range(12)], kinds="qkv")
+    assert len(path.receivers) == 36 and path.low <= path.share <= path.high
+    np.testing.assert_allclose(path.span, scores.clean - scores.corrupted, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def minilm_hf(minilm_dir):
+    return tf.AutoModel.from_pretrained(minilm_dir, attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("layer, head, query", [(3, 11, 1), (5, 11, 9), (2, 0, 4)])
+def test_minilms_qk_split_sums_to_transformers_scores_and_removing_a_writer_frozen_is_its_prediction(
+        scratch_model, minilm_hf, layer, head, query):
+    split = qk_attribution(scratch_model, CLEAN, layer, head, query)
+    graph = C.graph_of(scratch_model.stack)
+    hf = HFGraph(minilm_hf, graph)
+    ids = scratch_model.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
+    attentions = minilm_hf(input_ids=ids, output_attentions=True).attentions[layer][0, head, query].detach()
+    _, outs, norms, streams = hf.run(ids)
+    x = streams["layer"][layer][0].detach()
+    att = minilm_hf.encoder.layer[layer].attention.self
+    Dh = hf.Dh
+    sl = slice(head * Dh, (head + 1) * Dh)
+    q = att.query(x)[query, sl].detach()
+    k = att.key(x)[:, sl].detach()
+    scores = (k @ q / Dh ** 0.5).double().numpy()
+    assert split.n_keys == len(split.tokens) == x.shape[0]  # an encoder's query sees every key
+    np.testing.assert_allclose(split.scores, scores, atol=1e-4 * np.abs(scores).max())
+    np.testing.assert_allclose(split.weights, attentions.double().numpy(), atol=1e-5)
+    # each of the query side's largest writers taken out of the query's stream, passed through the norms frozen
+    norms = [(m, u.detach()) for m, u in norms]
+    side = split.query_writers().set_index("writer")
+    s_level = post_norm.sender_levels(graph)
+    for writer in side.index[:4]:
+        if writer == "biases":
+            continue
+        s = split.writers.index(writer)
+        part = hf.through(outs[s].detach(), norms, int(s_level[s]), 2 * layer)[0, query]
+        q_less = att.query(x[query] - part)[sl].detach()
+        less = (k @ q_less / Dh ** 0.5).double()
+        weight = torch.softmax(less, 0)[split.key].item()
+        assert side.loc[writer, "weight_without"] == pytest.approx(weight, abs=1e-5)
