@@ -317,9 +317,10 @@ def test_what_a_split_cannot_read_gets_a_sentence(family, hf_model):
     if window is not None:  # a sliding layer: the last query does not see the first key
         with pytest.raises(HeadLensError, match="outside this layer's window"):
             QA.qk_attribution(model, text, 0, 0, key=0)
-    with pytest.raises(HeadLensError, match="Why a head attends where it does is read on a language model; "
-                                            ".*all-MiniLM-L6-v2 is an encoder"):
-        QA.qk_attribution(hf_model, "Which do you like better, coffee or tea?", 0, 0)
+    encoder = QA.qk_attribution(hf_model, "Which do you like better, coffee or tea?", 0, 0, query=2, key=9)
+    assert encoder.n_keys == 12 and encoder.key == 9  # an encoder's query sees the keys after it too
+    with pytest.raises(HeadLensError, match="The key 12 is not a position of the prompt's 12 tokens"):
+        QA.qk_attribution(hf_model, "Which do you like better, coffee or tea?", 0, 0, query=2, key=12)
 
 
 def hand_task(model, vocab: int) -> tuple[Task, list, list]:
