@@ -5,6 +5,7 @@ import streamlit as st
 
 from analysis import circuits as AC
 from app_pages.results.circuits import circuit_at, circuit_curve
+from app_pages.results.models import cached_model
 from app_pages.ui import circuit_view as view
 from app_pages.ui.circuits import pick_circuit, pick_edges, scores_or_stop
 from app_pages.ui.effects_task import problems
@@ -21,7 +22,7 @@ ABOUT = ("Patching says which heads matter; a circuit says how they connect. Eve
 
 s, ref = start("circuits")
 st.caption(ABOUT)
-choice = pick_circuit()
+choice = pick_circuit(encoder=not cached_model(ref).causal)
 # on a cold server, the first form (EAP over a few pairs) while the preparation computes this choice's
 _, spec, metric, method, steps, kinds, *sizes = circuit_curve.now(ref, *choice.args, choice.kinds)
 shown = replace(choice, spec=spec, metric=metric, method=method, steps=steps)

@@ -39,7 +39,7 @@ v = view(s, att)
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
                 title=title_for(att, f"Layer {layer}"), visible=v.visible(layer),
                 links={h: card_url(layer, h) for h in heads}, about=explained_in(s, layer))
-clicks = v.causal and explore_clicks(fig, v, heads, layer)  # a decoder: a cell's score split by writer, below
+clicks = explore_clicks(fig, v, heads, layer)  # a cell's score split by writer, below
 event = chart(fig, "explore-grid", **({"on_select": "rerun", "selection_mode": "points"} if clicks else {}))
 causal_note(v, layer)
 full = pick_full_resolution([v], heads, "full", "Head at full resolution", "head", lambda h: f"H{h}")
@@ -63,5 +63,4 @@ st.caption(f"Entropy and largest weight are of the rows as shown; “{special_wo
 st.dataframe(table.style.format(precision=3).highlight_between(subset=["head"], left=focus, right=focus),
              hide_index=True, key="explore-stats")
 exports("explore", fig, att, v, layer, focus, sig=f"{att.text}|{layer}|{heads}|{s}")
-if v.causal:
-    explore_why(s.model, event if clicks else None, fig, v, att.text, layer, focus)
+explore_why(s.model, event if clicks else None, fig, v, att.text, layer, focus)

@@ -1,6 +1,6 @@
 """The Circuits page in AppTest on SmolLM2: its circuit, curve, heads and exports against ``analysis.circuits``
 computed directly on the same pairs; the size and method from the link and the slider; path patching on a
-button; an encoder gets a sentence."""
+button; the default encoder's circuit over a focus task."""
 import io
 import json
 
@@ -86,10 +86,31 @@ def test_a_smaller_circuit_and_path_patching_from_the_page(new_app, smollm2, exp
     assert shown.label == "L20 H0 → L23 H0.q, L24 H4.q"
 
 
-def test_an_encoder_is_told_to_choose_a_decoder(new_app):
-    at = new_app({}, page=PAGE)  # the default model, MiniLM
-    assert any("it is an encoder" in i.value for i in at.info)
-    assert not at.get("plotly_chart")
+def test_the_default_encoder_gets_its_circuit_over_a_focus_task(new_app, scratch_model):
+    """MiniLM, the objects task: the page's scores and faithfulness are those of ``analysis.circuits`` on the same
+    pairs, with the embedding difference as the metric; no sentence about decoders."""
+    from analysis.tasks import make_task
+
+    at = new_app({"task_pairs": "10", "circuit_edges": "50"}, page=PAGE, timeout=COLD_RUN_S)
+    assert not at.exception and not at.error
+    assert not [i.value for i in at.info if "encoder" in i.value or "decoder" in i.value]
+    task = make_task(scratch_model, "objects", 10, seed=0)
+    scores = AC.edge_scores(scratch_model, task, "eap_ig", AC.STEPS)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Pairs"] == "10" and metrics["Edges"] == f"{scores.graph.n_edges:,}" == "7,588"
+    assert metrics["Clean − corrupted"] == f"{(scores.clean - scores.corrupted).mean():+.2f}"
+    one = AC.faithfulness(scratch_model, scores, [50])
+    assert f"faithfulness {one.faithfulness[0]:.0%}" in title_text(_figure(at, "The top 50 edges"))
+    top = scores.frame(50)
+    hovers = next(t for t in _figure(at, "The top 50 edges")["data"] if t.get("name") == "edges")["text"]
+    assert [h.split("<br>")[0] for h in hovers] == [f"{a} → {b}" for a, b in zip(top.sender, top.receiver)]
+    np.testing.assert_allclose([float(h.split("score ")[1].split(" ")[0]) for h in hovers], top.score, atol=1e-3)
+    # a path patched from the page: a head of layer 3 to the queries of layer 5's heads
+    at.selectbox(key="path_sender").set_value((3, 11)).run()
+    at.multiselect(key="path_receivers").set_value([(5, 11), (5, 5)]).run()
+    at.button(key="path-run").click().run()
+    result = AC.path_patching(scratch_model, task, (3, 11), [(5, 11), (5, 5)], kinds=("q",))
+    assert next(m for m in at.metric if m.label.startswith("L3 H11 →")).value == f"{result.share:.1%}"
 
 
 def test_why_a_circuit_head_attends_to_its_key_on_a_pair_and_over_the_task(new_app, smollm2, expected):

@@ -149,12 +149,29 @@ def test_an_encoder_decoder_gets_a_sentence_on_the_card_and_the_atlas(new_app, t
     assert not figures(at)
 
 
-@pytest.mark.parametrize("page", [HEAD, "app_pages/explore.py"])
-def test_an_encoder_has_no_why_it_attends_here_section(new_app, page):
-    """The QK split reads a language model's writers: on all-MiniLM-L6-v2 neither the card nor Explore offers it
-    (while the same pages of a decoder do, ``test_app_why``), and no sentence about decoders stands in its place."""
-    at = new_app({}, page=page)
+def test_the_default_encoder_says_why_a_head_attends_on_the_card_and_in_explore(new_app, scratch_model):
+    """On all-MiniLM-L6-v2 the card's "why" section and Explore's (its button, then a click on a cell) split the
+    head's score as ``qk_attribution`` does; a query sees the keys after it too."""
+    from analysis import qk_attribution as QA
+
+    text = "Which do you like better, coffee or tea?"
+    at = new_app({"head": "3.11", "text": text}, page=HEAD)
     assert not at.exception and not at.error
-    assert "Why it attends here" not in [h.value for h in at.subheader]
-    assert not any(b.key and "why" in b.key for b in at.button)
-    assert not [i.value for i in at.info if "language model" in i.value or "decoder" in i.value.lower()]
+    assert "Why it attends here" in [h.value for h in at.subheader]
+    split = QA.qk_attribution(scratch_model, text, 3, 11)
+    assert at.selectbox(key="why_key").value == split.key
+    assert len(at.selectbox(key="why_key").options) == len(split.tokens)  # every key, after the query too
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Score"] == f"{split.scores[split.key]:+.2f}" and metrics["Weight"] == f"{split.weights[split.key]:.2f}"
+    at.selectbox(key="why_query").set_value(1).run()
+    early = QA.qk_attribution(scratch_model, text, 3, 11, query=1)
+    assert early.key > 1 and at.selectbox(key="why_key").value == early.key  # "which" looks ahead
+    assert {m.label: m.value for m in at.metric}["Score"] == f"{early.scores[early.key]:+.2f}"
+
+    at = new_app({"text": text, "layer": "3", "head": "11"}, page="app_pages/explore.py")
+    assert not at.exception and not at.error
+    cells = [t for t in figures(at)[0]["data"] if t.get("name") == "cells"]
+    assert cells and len(cells[0]["customdata"]) == len(cells[0]["x"])  # every cell takes a click
+    at.button(key="explore-why-open").click().run()
+    assert "Why it attends here" in [h.value for h in at.subheader]
+    assert {m.label: m.value for m in at.metric}["Score"] == f"{split.scores[split.key]:+.2f}"

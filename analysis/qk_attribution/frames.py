@@ -25,6 +25,7 @@ from models.run import device_of, patching_stack
 from ..circuits import graph as C
 from ..significance import interval
 from ..task_effects import batches
+from ..focus_tasks import ENCODER_TASKS
 from ..tasks import Task
 from . import split as Q
 
@@ -34,7 +35,8 @@ REMOVED = 10       # writers a side whose removal is also run (the score's large
 TASK_PAIRS = 20    # writer pairs a task's frame gives intervals for
 BATCH_PAIRS = 16
 REST = "the rest"
-ROLE_PAIRS = {"ioi": ("END", "S2"), "induction": ("END", "FIRST")}  # a task's query and key roles by default
+ROLE_PAIRS = {"ioi": ("END", "S2"), "induction": ("END", "FIRST"),  # a task's query and key roles by default
+              **{name: ("OBJECT", "FOCUS") for name in ENCODER_TASKS}}  # an encoder's: the named object to the focus
 
 Progress = Callable[[int, int], None]
 

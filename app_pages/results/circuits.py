@@ -10,11 +10,14 @@ from analysis.circuits import EdgeScores
 
 from .models import ModelRef, cached_model
 from .shared import Bar, First, Warm, shared
-from .tasks import FIRST, TaskSpec, built_task
+from .tasks import FIRST, FIRST_ENCODER, TaskSpec, built_task
 
 
 def first_circuit(ref: ModelRef) -> list[tuple]:
-    """What the Circuits page shows first: the indirect-object task's 50 pairs, EAP-IG in 5 steps, on the from-scratch engine."""
+    """What the Circuits page shows first: the indirect-object task's 50 pairs, EAP-IG in 5 steps, on the from-scratch
+    engine (an encoder's: the seed's objects changed, its embedding difference)."""
+    if not cached_model(ref.analysed).causal:
+        return [(ref.analysed, FIRST_ENCODER, "embedding", "eap_ig", AC.STEPS)]
     return [(ref.analysed, FIRST, "logit_diff", "eap_ig", AC.STEPS)]
 
 

@@ -66,8 +66,10 @@ def heads_section(ref: ModelRef, c: CircuitChoice, scores: EdgeScores, n: int) -
     """What the circuit's heads are: their attention between the task's roles, detector label and OV scores, and
     Wang et al.'s classes set beside GPT-2 small's."""
     if not all(r in scores.task.roles for pattern in PATTERNS.values() for r in pattern):
-        st.caption("The heads are classed between the indirect-object task's roles (IO, S1, S1+1, S2, END); "
-                   "choose that task to see them.")
+        st.caption("The heads are classed between the indirect-object task's roles (IO, S1, S1+1, S2, END), as "
+                   "Wang et al. class GPT-2 small's; "
+                   + ("that is a language model's task." if scores.metric == "embedding" else
+                      "choose that task to see them."))
         return None
     st.subheader("What its heads are")
     copy = copying(ref) if cheap_copying(ref) or ref in st.session_state.get("_copying_asked", ()) else None

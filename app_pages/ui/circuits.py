@@ -37,9 +37,10 @@ class CircuitChoice:
         return self.spec, self.metric, self.method, self.steps
 
 
-def pick_circuit() -> CircuitChoice:
-    """The task and metric (Effects' widgets), the method, its steps and the kinds of edge from the page's widgets."""
-    choice = pick_task(patching=False)
+def pick_circuit(encoder: bool = False) -> CircuitChoice:
+    """The task and metric (Effects' widgets; ``encoder``: an encoder's), the method, its steps and the kinds of edge
+    from the page's widgets."""
+    choice = pick_task(patching=False, encoder=encoder)
     cols = st.columns(3)
     method = bound(cols[0].segmented_control, "circuit_method", "eap_ig", init="default", options=list(METHODS),
                    cast=str, label="Edge scores", format_func=METHODS.get, required=True,

@@ -68,7 +68,7 @@ def why_section(ref: ModelRef, text: str, layer: int, head: int, key: str, *, qu
     if moved:  # another query (or head, or text): its own strongest key first
         preset(f"{key}_key", None)
         st.query_params.pop(f"{key}_key", None)
-    keys = [int(k) for k in range(q + 1) if split.visible[k]]
+    keys = [int(k) for k in range(split.n_keys) if split.visible[k]]  # up to the query; an encoder's: every one
     k = choose("Key", keys, f"{key}_key", default=split.key, container=b,
                format_func=lambda i: f"{names[i]} · weight {split.weights[i]:.2f}",
                help="One of the keys the query sees; the strongest first.")
@@ -169,9 +169,8 @@ CLICKABLE = 48   # labels a side up to which Explore's cells take clicks (marker
 
 
 def explore_clicks(fig, v, heads: list[int], layer: int) -> bool:
-    """Let a click on a cell of Explore's grid ask why (a decoder's, drawn unpooled and small enough); whether it
-    does."""
-    if not v.causal or len(v.query_labels) > CLICKABLE:
+    """Let a click on a cell of Explore's grid ask why (drawn small enough); whether it does."""
+    if len(v.query_labels) > CLICKABLE:
         return False
     cell_targets(fig, heads, v.visible(layer))
     return True
