@@ -162,7 +162,7 @@ def test_an_encoders_edges_patched_are_the_receivers_input_rebuilt_with_that_sen
         assert float(C.circuit_values(stack, graph, clean, bad_run, every * 0, measure, rows)) == \
             pytest.approx(m_bad, abs=1e-10)
     names = [graph.receiver_name(r) for r in range(len(graph.receivers))]
-    chosen = [names.index(n) for n in ("logits", "MLP 1", "L1 H2.q", "L1 H1.k", "L1 H3.v", "MLP 0")]
+    chosen = [names.index(n) for n in ("embedding", "MLP 1", "L1 H2.q", "L1 H1.k", "L1 H3.v", "MLP 0")]
     fixed = {s: out_clean[s].detach() for s in range(len(graph.senders))}
     moved = []
     for r in chosen:

@@ -72,7 +72,7 @@ def circuit_figure(frame: pd.DataFrame, graph, n_heads: int, *, title: str = "",
             continue
         xy = [node_xy(n, L, n_heads) for n in part]
         label = {"head": lambda n: head_label(n[1], n[2]), "mlp": lambda n: f"MLP {n[1]}",
-                 "input": lambda n: "input", "logits": lambda n: "logits"}[kind]
+                 "input": lambda n: "input", "logits": lambda n: graph.output}[kind]
         fig.add_trace(go.Scatter(
             x=[p[0] for p in xy], y=[p[1] for p in xy], mode="markers+text", name=kind,
             text=[label(n) for n in part], textposition="middle right", textfont=dict(size=10),

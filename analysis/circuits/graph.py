@@ -42,6 +42,7 @@ class Graph:
     reach: np.ndarray
     n_layers: int
     reads: tuple[tuple[tuple[int, ...], ...], ...]
+    output: str = "logits"   # what the last receiver is called: a language model's logits, an encoder's embedding
 
     @property
     def n_edges(self) -> int:
@@ -70,7 +71,7 @@ class Graph:
         if kind in ("k", "v"):
             heads = self.reads[layer][index]
             return head_label(layer, heads[0]) if len(heads) == 1 else f"L{layer} KV{index}"
-        return "logits" if kind == "logits" else f"MLP {layer}"
+        return self.output if kind == "logits" else f"MLP {layer}"
 
     def receiver_node(self, r: int) -> tuple[str, int, int]:
         """The node a receiver belongs to, as a sender names it (the logits: ``("logits", L, -1)``)."""
@@ -114,7 +115,8 @@ def graph_of(stack) -> Graph:
             senders.append(("mlp", layer, -1))
     receivers.append(("logits", stack.n_layers, -1))
     reach.append(len(senders))
-    return Graph(tuple(senders), tuple(receivers), np.array(reach), stack.n_layers, tuple(reads))
+    return Graph(tuple(senders), tuple(receivers), np.array(reach), stack.n_layers, tuple(reads),
+                 "logits" if stack.language_model else "embedding")
 
 
 def block_mlp(block) -> bool:

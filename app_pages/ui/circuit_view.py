@@ -42,8 +42,9 @@ def graph_section(ref: ModelRef, c: CircuitChoice, scores: EdgeScores, n: int, f
             st.rerun()
         point_picks_head(point, fig, None, choice=ref.choice)
     st.caption("Blue edges carry the task (corrupting one lowers the metric), red ones work against it; wider is a "
-               "larger |score|. Solid lines enter a query, an MLP or the logits, dashed ones a key, dotted ones a "
-               "value (a key/value head's input is drawn below the heads that share it). Hover an edge's middle for "
+               "larger |score|. Solid lines enter a query, an MLP or the output (the logits; an encoder's "
+               "embedding), dashed ones a key, dotted ones a value (a key/value head's input is drawn below the heads "
+               "that share it). Hover an edge's middle for "
                "its score; a click on a head opens its card, on an edge into a query or a key shows below why that "
                "head attends where it does.")
     return fig

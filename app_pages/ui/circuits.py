@@ -53,8 +53,9 @@ def pick_circuit(encoder: bool = False) -> CircuitChoice:
     if method == "eap_ig":
         steps = bound(cols[1].number_input, "circuit_steps", AC.STEPS, cast=int, label="Steps", min_value=1,
                       max_value=50, step=1, help="Points along the way from the corrupted input to the clean one.")
+    named = {**KINDS, "logits": "the embedding"} if encoder else KINDS  # an encoder's output is its embedding
     kinds = bound(st.pills, "circuit_kinds", list(KINDS), multi=True, init="default", options=list(KINDS),
-                  cast=str, label="Edges into", format_func=KINDS.get, selection_mode="multi",
+                  cast=str, label="Edges into", format_func=named.get, selection_mode="multi",
                   help="The circuit's edges are the top ones among those entering these inputs.")
     if not kinds:
         st.info("Choose at least one kind of edge to build circuits from.")
