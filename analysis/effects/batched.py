@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from models import HeadLensError
 from models.run import ROWS_PER_CHUNK, Edits, Trace, device_of, patching_stack
 
 Progress = Callable[[int, int], None]
@@ -32,11 +33,13 @@ class Measure:
       ``(E,)`` (a decoder's);
     - ``embedding`` (an encoder's): the sentence embedding ``e``, the mean of the final hidden states over every token
       (sentence-transformers' pooling), its cosine with ``weights[p]`` ``(E,)``, the answer's unit embedding less the
-      distractor's: ``cos(e, answer) - cos(e, distractor)``."""
+      distractor's: ``cos(e, answer) - cos(e, distractor)``; ``masked`` (a masked-LM encoder's): the masked-LM
+      head's ``sum_k weights[p, k] * logit(tokens[p, k])`` at pair ``p``'s ``[MASK]``, ``positions[p]``."""
 
     kind: str
     tokens: torch.Tensor    # (pairs, K) long
     weights: torch.Tensor   # (pairs, K), or (pairs, E)
+    positions: torch.Tensor | None = None  # (pairs,) long: each pair's [MASK] (``masked``)
 
     @classmethod
     def toward(cls, vector: torch.Tensor) -> "Measure":
@@ -49,6 +52,11 @@ class Measure:
         if self.kind == "embedding":
             e = stack.finish(x).mean(1)                                                  # (N, E)
             return (e * self.weights[rows].to(e.dtype)).sum(-1) / e.norm(dim=-1)
+        if self.kind == "masked":
+            rows = rows.to(self.positions.device)
+            h = x[torch.arange(len(x), device=x.device), self.positions[rows].to(x.device)]   # (N, E)
+            logits = stack.masked_logits(h, self.tokens[rows])                          # (N, K)
+            return (logits * self.weights[rows].to(logits.dtype)).sum(-1)
         h = stack.finish(x[:, -1])
         if self.kind == "direction":
             return h @ self.weights[0] if len(self.weights) == 1 else (h * self.weights[rows].to(h.dtype)).sum(-1)
@@ -66,6 +74,10 @@ class Measure:
         embedding metric's probe difference."""
         if self.kind in ("direction", "embedding"):
             return self.weights[min(p, len(self.weights) - 1)]
+        if self.kind == "masked":
+            raise HeadLensError("A masked token's logits pass the masked-LM head's dense layer, activation and norm, "
+                                "which are not linear: they do not split into each writer's direct part. Patching "
+                                "and attribution patching read them.")
         w = self.weights[p].double()
         if self.kind == "prob":
             pos, neg = w.clamp_min(0), (-w).clamp_min(0)

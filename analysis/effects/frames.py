@@ -129,7 +129,8 @@ def _embedding_attribution(traced_prompt: Traced, answer, distractor) -> pd.Data
     if distractor is None:
         raise HeadLensError("On an encoder the attribution compares the sentence's embedding with two texts: give a "
                             "distractor text beside the answer.")
-    measure, a, d = pair_measure(model, stack, answer, distractor)
+    measure, a, d = pair_measure(model, stack, answer, distractor, t.ids.tolist())
+    measure.direction(stack, 0)  # a masked token's logits say why they do not split
     parts = P.embedding_parts(stack, as_batch(t), measure.weights)
     value = lambda key: parts[key][0].double().cpu().numpy()  # noqa: E731
     frame = _frame(value("heads"), ("layer", "head"), column="attribution")
@@ -166,7 +167,9 @@ class _Setup:
 
     def attrs(self, method: str) -> dict:
         return {"ld_clean": self.ld_clean, "ld_corrupted": self.ld_corrupted, "method": method,
-                "tokens": self.tokens, "metric": metric_of(self.stack), "answer": self.answer,
+                "tokens": self.tokens,
+                "metric": "masked_logit_diff" if self.measure.kind == "masked" else metric_of(self.stack),
+                "answer": self.answer,
                 "distractor": self.distractor}
 
 
@@ -184,9 +187,13 @@ def probe_text(value, role: str) -> str:
     return value.strip()
 
 
-def pair_measure(model, stack, answer, distractor) -> tuple[B.Measure, str, str]:
+def pair_measure(model, stack, answer, distractor, ids=None) -> tuple[B.Measure, str, str]:
     """One pair's measure on ``stack`` and how its answer and distractor read: a language model's logit difference
-    of two tokens, an encoder's embedding difference of two texts (``batched.Measure``)."""
+    of two tokens; a masked-LM encoder's of two tokens at the ``[MASK]`` of the clean prompt's ``ids``, when it has
+    one; an encoder's embedding difference of two texts (``batched.Measure``)."""
+    mask = getattr(model.tokenizer, "mask_token_id", None)
+    if not stack.language_model and getattr(stack, "masked_lm", False) and ids is not None and mask in list(ids):
+        return _masked_measure(model, list(ids), mask, answer, distractor)
     if stack.language_model:
         a = answer_token(model, answer)
         d = answer_token(model, distractor, "distractor")
@@ -199,10 +206,22 @@ def pair_measure(model, stack, answer, distractor) -> tuple[B.Measure, str, str]
     return B.embedding_measure(model, [(a, d)]), a, d
 
 
+def _masked_measure(model, ids: list[int], mask: int, answer, distractor) -> tuple[B.Measure, str, str]:
+    """The logit difference of two tokens at the one ``[MASK]`` of ``ids``."""
+    if ids.count(mask) != 1:
+        raise HeadLensError(f"The clean prompt has {ids.count(mask)} {model.tokenizer.mask_token} tokens; the "
+                            "masked-LM metric reads the logits at one.")
+    a, d = answer_token(model, answer), answer_token(model, distractor, "distractor")
+    if a == d:
+        raise HeadLensError("The answer and the distractor are the same token; patching compares two.")
+    measure = B.Measure("masked", torch.tensor([[a, d]]), torch.tensor([[1.0, -1.0]]), torch.tensor([ids.index(mask)]))
+    return measure, token_text(model, a), token_text(model, d)
+
+
 def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distractor) -> _Setup:
     stack = patching_stack(model)
-    measure, a, d = pair_measure(model, stack, answer, distractor)
     clean, corrupted = as_traced(model, clean, "clean prompt"), as_traced(model, corrupted, "corrupted prompt")
+    measure, a, d = pair_measure(model, stack, answer, distractor, clean.ids.tolist())
     ids_clean, ids_corrupted = clean.ids, corrupted.ids
     if len(ids_clean) != len(ids_corrupted):
         raise HeadLensError(f"Patching puts each clean activation at the same position of the corrupted prompt, so "

@@ -49,6 +49,7 @@ class EncoderConfig(TransformersSizes, StackConfig):
     pad_token_id: int = 0
     # heads removed by pruning, as ((layer, (head, ...)), ...); config.json writes {"layer": [head, ...]}
     pruned_heads: tuple = ()
+    masked_lm: bool = False                   # its files hold the masked-LM head (a ``...ForMaskedLM``)
     source: str = ""                          # the config.json a family read its sizes from, written back
 
     @property
@@ -73,10 +74,16 @@ class EncoderConfig(TransformersSizes, StackConfig):
             raise HeadLensError(f"The from-scratch engine has no activation '{act}'.")
         return d
 
+    @staticmethod
+    def masked(d: dict) -> bool:
+        """Whether a config.json names a model with its masked-LM head (``BertForMaskedLM``, ``...ForPreTraining``)."""
+        return bool(d.get("masked_lm")) or any("MaskedLM" in a or a.endswith("ForPreTraining")
+                                               for a in d.get("architectures") or ())
+
     @classmethod
     def from_dict(cls, d: dict) -> "EncoderConfig":
         """From a transformers ``config.json`` of a BERT model; unknown keys are ignored."""
-        return cls.from_fields(cls.checked(d))
+        return cls.from_fields({**cls.checked(d), "masked_lm": cls.masked(d)})
 
 
 class Embeddings(nn.Module):
@@ -97,6 +104,21 @@ class Embeddings(nn.Module):
         if types is not None:
             x = x + (types.weight[0] if token_type_ids is None else types(token_type_ids))
         return F.dropout(self.LayerNorm(x), self.dropout, self.training)
+
+
+class MaskedLMHead(nn.Module):
+    """The masked-LM head: a dense layer, the activation and a LayerNorm, then the word embeddings (tied) and a
+    bias per token: ``logits = LN(act(dense(h))) @ W_emb^T + bias``."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size)
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(c.vocab_size))
+        self.act = ACTIVATIONS[c.hidden_act]
+
+    def transform(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(h)))
 
 
 class Block(nn.Module):
@@ -204,6 +226,26 @@ class BertEncoder(Stack):
         super().__init__(config)
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(Block(config, len(kept)) for kept in self.kept)
+        if config.masked_lm:
+            self.mlm = MaskedLMHead(config)
+
+    @property
+    def masked_lm(self) -> bool:
+        """Whether it has its masked-LM head: logits at a ``[MASK]`` (``masked_logits``)."""
+        return hasattr(self, "mlm")
+
+    def masked_logits(self, h: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The masked-LM head's logits of final hidden states ``h`` ``(..., E)``: of every token ``(..., V)``, or of
+        ``ids`` ``(..., K)`` alone (each row of ``h`` its own tokens)."""
+        if not self.masked_lm:
+            raise HeadLensError("This encoder was opened without its masked-LM head: its files hold the base model "
+                                "alone. Open a ...ForMaskedLM folder to read logits at a [MASK].")
+        t = self.mlm.transform(h)
+        emb = self.embeddings.word_embeddings.weight
+        if ids is None:
+            return t @ emb.T.to(t.dtype) + self.mlm.bias.to(t.dtype)
+        ids = ids.to(emb.device)
+        return torch.einsum("...e,...ke->...k", t, emb[ids].to(t.dtype)) + self.mlm.bias[ids].to(t.dtype)
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         return self.embeddings(input_ids, token_type_ids)                      # (B, L, E)
@@ -268,14 +310,16 @@ class FrozenNorms:
         return out
 
 
-def encoder_weights(layer: str, renames: dict[str, str], qkv: tuple[str, str], what: str, prefix: str) -> Weights:
+def encoder_weights(layer: str, renames: dict[str, str], qkv: tuple[str, str], what: str, prefix: str,
+                    mlm: tuple[str, str, str]) -> Weights:
     """An encoder family's file names: ``layer`` a layer's start (``{i}`` its number), ``renames`` our block's
     modules -> theirs within it, ``qkv`` (a template with ``{p}``, the names of q, k and v joined by commas);
     ``prefix`` the model's name some files put first (``bert.``), and TensorFlow's ``gamma`` and ``beta`` read
-    as ``weight`` and ``bias``."""
+    as ``weight`` and ``bias``; ``mlm`` the masked-LM head's dense layer, norm and bias."""
     template, parts = qkv
     table = (("embeddings.", "embeddings."),) + tuple((f"layers.{{i}}.{ours}.", f"{layer}{theirs}.")
-                                                      for ours, theirs in renames.items())
+                                                      for ours, theirs in renames.items()) + \
+        tuple(zip(("mlm.dense.", "mlm.norm.", "mlm.bias"), mlm))
 
     def normalise(key: str) -> str:
         key = re.sub(rf"^({prefix}|model)\.", "", key)
@@ -289,4 +333,6 @@ def encoder_weights(layer: str, renames: dict[str, str], qkv: tuple[str, str], w
 BERT_LAYER = ("encoder.layer.{i}.", {"attn.out_proj": "attention.output.dense", "ln_attn": "attention.output.LayerNorm",
                                      "ffn_in": "intermediate.dense", "ffn_out": "output.dense",
                                      "ln_ffn": "output.LayerNorm"}, ("attention.self.{p}", "query,key,value"))
-BertEncoder.weights = encoder_weights(*BERT_LAYER, "BERT encoder weights", "bert")
+BertEncoder.weights = encoder_weights(*BERT_LAYER, "BERT encoder weights", "bert",
+                                     ("cls.predictions.transform.dense.", "cls.predictions.transform.LayerNorm.",
+                                      "cls.predictions.bias"))

@@ -28,14 +28,15 @@ class RobertaConfig(EncoderConfig):
 
     @classmethod
     def from_dict(cls, d: dict) -> "RobertaConfig":
-        return cls.from_fields({**cls.checked(d), "source": json.dumps(d)})
+        return cls.from_fields({**cls.checked(d), "source": json.dumps(d), "masked_lm": cls.masked(d)})
 
 
 class Roberta(BertEncoder):
     config_class = RobertaConfig
     model_types = ("roberta",)
     description = "RoBERTa encoders"
-    weights = encoder_weights(*BERT_LAYER, "RoBERTa encoder weights", "roberta")
+    weights = encoder_weights(*BERT_LAYER, "RoBERTa encoder weights", "roberta",
+                              ("lm_head.dense.", "lm_head.layer_norm.", "lm_head.bias"))
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class DistilBertConfig(EncoderConfig):
             "hidden_act": d.get("activation", "gelu"), "hidden_dropout_prob": d.get("dropout", 0.1),
             "attention_probs_dropout_prob": d.get("attention_dropout", 0.1), "pad_token_id": d.get("pad_token_id", 0),
             "initializer_range": d.get("initializer_range", 0.02), "pruned_heads": d.get("pruned_heads"),
-            "source": json.dumps(d)})
+            "masked_lm": cls.masked(d), "source": json.dumps(d)})
 
 
 class DistilBert(BertEncoder):
@@ -68,4 +69,5 @@ class DistilBert(BertEncoder):
     weights = encoder_weights(
         "transformer.layer.{i}.", {"attn.out_proj": "attention.out_lin", "ln_attn": "sa_layer_norm",
                                    "ffn_in": "ffn.lin1", "ffn_out": "ffn.lin2", "ln_ffn": "output_layer_norm"},
-        ("attention.{p}", "q_lin,k_lin,v_lin"), "DistilBERT encoder weights", "distilbert")
+        ("attention.{p}", "q_lin,k_lin,v_lin"), "DistilBERT encoder weights", "distilbert",
+        ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.bias"))

@@ -1,0 +1,181 @@
+"""A masked-LM encoder's metric, the logit difference of two tokens at its ``[MASK]``: tiny random BERT, RoBERTa and
+DistilBERT masked-LM models in float64, their heads patched and attributed against transformers' own
+``...ForMaskedLM`` run with a hook on each layer's attention output projection, and its logits read to 1e-10."""
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+from analysis.circuits import graph as C
+from analysis.effects import logit_attribution, patch_heads, patch_residual
+from models import HeadLensError, load_model
+from tests.conftest import _bpe_vocab
+
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+FAMILIES = {  # model_type: (config, model, sizes, its layers, layer i's attention output projection)
+    "bert": (tf.BertConfig, tf.BertForMaskedLM, dict(max_position_embeddings=64, **SIZES),
+             lambda hf: hf.bert.encoder.layer, lambda layer: layer.attention.output.dense),
+    "roberta": (tf.RobertaConfig, tf.RobertaForMaskedLM,
+                dict(max_position_embeddings=66, pad_token_id=1, bos_token_id=0, eos_token_id=2, **SIZES),
+                lambda hf: hf.roberta.encoder.layer, lambda layer: layer.attention.output.dense),
+    "distilbert": (tf.DistilBertConfig, tf.DistilBertForMaskedLM,
+                   dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=64, pad_token_id=0),
+                   lambda hf: hf.distilbert.transformer.layer, lambda layer: layer.attention.out_lin),
+}
+WORDS = {"bert": ("tea", "juice"), "roberta": (" the", " you"), "distilbert": ("tea", "juice")}
+SWAP = {"bert": "juice", "roberta": "water", "distilbert": "juice"}  # as many tokens as "coffee" to each tokenizer
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory, minilm_dir):
+    """(name, ours in float64, transformers' masked-LM model in float64, tokenizer)."""
+    name = request.param
+    config_class, model_class, sizes, *_ = FAMILIES[name]
+    folder = tmp_path_factory.mktemp(f"masked-{name}")
+    torch.manual_seed(0)
+    if name == "roberta":
+        vocab, merges = _bpe_vocab()
+        tf.RobertaTokenizerFast(vocab=vocab, merges=merges, mask_token="<mask>").save_pretrained(folder)
+        size = len(vocab)
+    else:
+        wordpiece = tf.AutoTokenizer.from_pretrained(minilm_dir)
+        wordpiece.save_pretrained(folder)
+        size = wordpiece.vocab_size
+    hf = model_class(config_class(vocab_size=size, initializer_range=0.2, **sizes)).eval()
+    with torch.no_grad():  # biases and norms away from their start, so that each takes part
+        for p in hf.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.3)
+    hf.save_pretrained(folder)
+    theirs = model_class.from_pretrained(folder, attn_implementation="eager").eval().double()
+    ours = load_model(folder, backend="scratch")
+    ours.stack.double()
+    return name, ours, theirs, tf.AutoTokenizer.from_pretrained(folder)
+
+
+def prompts(tok, name: str) -> tuple[str, str]:
+    m = tok.mask_token
+    return f"Which do you like better, coffee or {m}?", f"Which do you like better, {SWAP[name]} or {m}?"
+
+
+def test_the_masked_lm_head_is_read_with_the_encoder(family):
+    name, ours, theirs, tok = family
+    assert ours.stack.masked_lm
+    ids = tok(prompts(tok, name)[0], return_tensors="pt")["input_ids"]
+    want = theirs(input_ids=ids).logits
+    with torch.inference_mode():
+        x, _ = ours.stack.run_layers(ours.stack.embed(ids), need_weights=False)
+        got = ours.stack.masked_logits(x)
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), atol=1e-10)
+
+
+def _theirs_metric(theirs, ids, mask, a, d, layers, out_proj, H, patches=(), taps=None):
+    """transformers' logit difference at the mask, each row of ``ids`` with ``patches`` (row, layer, head, z) on
+    the output projection's input; ``taps``: a list given a zero added to each layer's z, for its gradient."""
+    zs, handles = [], []
+    for i, layer in enumerate(layers):
+        def pre(m, args, i=i):
+            z = args[0].clone()
+            Dh = z.shape[-1] // H
+            for row, at, h, clean in patches:
+                if at == i:
+                    z[row, :, h * Dh:(h + 1) * Dh] = clean[:, h * Dh:(h + 1) * Dh]
+            if taps is not None:
+                taps.append(torch.zeros_like(z, requires_grad=True))
+                z = z + taps[-1]
+            zs.append(z.detach())
+            return (z,)
+        handles.append(out_proj(layer).register_forward_pre_hook(pre))
+    try:
+        with torch.set_grad_enabled(taps is not None):
+            logits = theirs(input_ids=ids).logits[:, mask]
+    finally:
+        for h in handles:
+            h.remove()
+    return logits[:, a] - logits[:, d], zs
+
+
+def test_heads_patched_and_attributed_at_the_mask_equal_transformers_hooks(family):
+    name, ours, theirs, tok = family
+    _, _, _, layers_of, out_proj = FAMILIES[name]
+    layers, H = layers_of(theirs), 4
+    clean, corrupted = prompts(tok, name)
+    words = WORDS[name]
+    a, d = (tok(w, add_special_tokens=False)["input_ids"][0] for w in words)
+    ids = [tok(t, return_tensors="pt")["input_ids"] for t in (clean, corrupted)]
+    mask = ids[0][0].tolist().index(tok.mask_token_id)
+    m_clean, clean_z = _theirs_metric(theirs, ids[0], mask, a, d, layers, out_proj, H)
+    m_bad, _ = _theirs_metric(theirs, ids[1], mask, a, d, layers, out_proj, H)
+    rows = [(layer * H + h, layer, h, clean_z[layer][0]) for layer in range(2) for h in range(H)]
+    patched, _ = _theirs_metric(theirs, ids[1].repeat(2 * H, 1), mask, a, d, layers, out_proj, H, rows)
+    span = float(m_clean - m_bad)
+    want = ((patched.numpy() - float(m_bad)) / span).reshape(2, H)
+    frame = patch_heads(ours, clean, corrupted, *words)
+    assert frame.attrs["metric"] == "masked_logit_diff"
+    assert frame.attrs["ld_clean"] == pytest.approx(float(m_clean), abs=1e-10)
+    np.testing.assert_allclose(frame["recovered"].to_numpy().reshape(2, H), want, atol=1e-8)
+    assert np.abs(want).max() > 0.02
+    # attribution patching: the gradient taken through transformers' modules
+    taps = []
+    m, bad_z = _theirs_metric(theirs, ids[1], mask, a, d, layers, out_proj, H, taps=taps)
+    grads = torch.autograd.grad(m.sum(), taps)
+    Dh = clean_z[0].shape[-1] // H
+    want = np.array([[float(((clean_z[layer] - bad_z[layer]) * grads[layer])[..., h * Dh:(h + 1) * Dh].sum())
+                      for h in range(H)] for layer in range(2)]) / span
+    got = patch_heads(ours, clean, corrupted, *words, method="attribution")["recovered"].to_numpy().reshape(2, H)
+    np.testing.assert_allclose(got, want, atol=1e-8)
+    # the residual stream entering the last layer patched at the mask: transformers' layer input set there
+    caught = []
+    hook = layers[1].register_forward_pre_hook(
+        lambda m, args, kwargs: caught.append((args[0] if args else kwargs[next(k for k in kwargs if k in (
+            "hidden_states", "x"))]).detach()), with_kwargs=True)
+    try:
+        theirs(input_ids=ids[0])
+    finally:
+        hook.remove()
+
+    def put(m, args, kwargs):
+        key = None if args else next(k for k in kwargs if k in ("hidden_states", "x"))
+        x = (args[0] if args else kwargs[key]).clone()
+        x[:, mask] = caught[0][0, mask]
+        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, key: x})
+    hook = layers[1].register_forward_pre_hook(put, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            logits = theirs(input_ids=ids[1]).logits[0, mask]
+    finally:
+        hook.remove()
+    resid = patch_residual(ours, clean, corrupted, *words)
+    assert resid.query("layer == 1 and position == @mask")["recovered"].item() == \
+        pytest.approx((float(logits[a] - logits[d]) - float(m_bad)) / span, abs=1e-8)
+
+
+def test_what_a_masked_lm_metric_cannot_read_gets_a_sentence(family):
+    name, ours, theirs, tok = family
+    clean, corrupted = prompts(tok, name)
+    words = WORDS[name]
+    with pytest.raises(HeadLensError, match="not linear"):
+        logit_attribution(ours, clean, *words)
+    with pytest.raises(HeadLensError, match="2 .* tokens; the masked-LM metric reads the logits at one"):
+        patch_heads(ours, clean.replace("coffee", tok.mask_token), corrupted.replace(SWAP[name], tok.mask_token), *words)
+    if name == "bert":
+        with pytest.raises(HeadLensError, match="is 2 tokens"):
+            patch_heads(ours, clean, corrupted, "tea", "hot chocolate")
+
+
+def test_a_masked_lm_circuit_of_every_edge_or_none_is_the_clean_or_the_corrupted_run(family):
+    name, ours, theirs, tok = family
+    from analysis.effects.frames import pair_measure
+
+    stack = ours.stack
+    clean, corrupted = (tok(t, return_tensors="pt")["input_ids"] for t in prompts(tok, name))
+    measure, _, _ = pair_measure(ours, stack, *WORDS[name], clean[0].tolist())
+    graph, rows = C.graph_of(stack), torch.zeros(1, dtype=torch.long)
+    scores, good, bad = C.edge_attribution(stack, graph, clean, corrupted, measure, rows)
+    every = C.all_edges(graph).double()
+    with torch.inference_mode():
+        assert float(C.circuit_values(stack, graph, clean, bad, every, measure, rows)) == \
+            pytest.approx(float(good.value), abs=1e-10)
+        assert float(C.circuit_values(stack, graph, clean, bad, every * 0, measure, rows)) == \
+            pytest.approx(float(bad.value), abs=1e-10)
+    assert graph.receiver_name(len(graph.receivers) - 1) == "embedding" and np.abs(scores.numpy()).max() > 1e-3
