@@ -37,3 +37,23 @@ def test_the_circuit_reads_and_a_click_on_a_head_opens_its_card(width, browser, 
         card_opens(page, node["name"])
     finally:
         context.close()
+
+
+def test_the_default_encoders_circuit_reads(browser, server):
+    """all-MiniLM-L6-v2 (no model in the link): its objects task's circuit and curve, ending in the embedding."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1100})
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/circuits?" + urlencode({"task_pairs": "10", "circuit_edges": "30"}))
+        settled(page, 2)
+        page.wait_for_function("() => [...document.querySelectorAll('h3')].some(h => h.textContent.includes("
+                               "'Path patching'))", timeout=300_000)
+        settled(page, 2)
+        text = page.inner_text("body")
+        assert "choose a decoder" not in text.lower() and "it is an encoder" not in text
+        assert page.evaluate("() => document.querySelectorAll('.js-plotly-plot')[0]._fullData"
+                             ".some(t => (t.text || []).includes('embedding'))")
+        assert_readable(page, "circuits on MiniLM")
+        shot(page, "circuits-minilm")
+    finally:
+        context.close()

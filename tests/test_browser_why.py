@@ -51,3 +51,28 @@ def test_a_click_on_a_cell_asks_why_that_query_attends_to_that_key(width, browse
         shot(page, f"why-{width}")
     finally:
         context.close()
+
+
+def test_on_the_default_encoder_a_click_on_a_cell_asks_why_and_the_key_may_follow_the_query(browser, server):
+    """all-MiniLM-L6-v2 (no model in the link): a click on the cell from the first label to a later one opens the
+    split of that score, a key after its query."""
+    import re
+
+    context = browser.new_context(viewport={"width": 1280, "height": 1100})
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/explore?" + urlencode({"layer": "3", "head": "11",
+                                                    "text": "Which do you like better, coffee or tea?"}))
+        settled(page, 1)
+        page.locator(".js-plotly-plot").nth(0).scroll_into_view_if_needed()
+        click_until(page, CELL, [11, 0, 5], SECTION, None)
+        page.wait_for_function(TITLED, arg="L3 H11: ", timeout=120_000)
+        settled(page, 3)
+        titles = [t for t in page.evaluate(TITLES) if t.startswith("L3 H11: ")]
+        q, k = (int(x) for x in re.match(r"L3 H11: (\d+): .* → (\d+): ", titles[0]).groups())
+        assert k > q, titles
+        assert "choose a decoder" not in page.inner_text("body").lower()
+        assert_readable(page, "why it attends here on MiniLM")
+        shot(page, "why-minilm")
+    finally:
+        context.close()
