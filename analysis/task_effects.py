@@ -29,8 +29,9 @@ from .tasks import Task
 METRICS = {"logit_diff": "logit difference: logit(answer) − logit(distractor)",
            "prob_diff": "probability difference: p(answer) − p(distractor)",
            "greater_than": "greater-than: p(years after YY) − p(years up to YY)",
-           "embedding": "embedding difference: cos(e, answer) − cos(e, distractor)"}
-ENCODER_METRICS = ("embedding",)
+           "embedding": "embedding difference: cos(e, answer) − cos(e, distractor)",
+           "masked_logit_diff": "masked logit difference: logit(answer) − logit(distractor) at the [MASK]"}
+ENCODER_METRICS = ("embedding", "masked_logit_diff")
 NORMALISE = {"set": "over the set: mean effect / mean (clean − corrupted)",
              "pair": "per pair: mean of each pair's effect / its (clean − corrupted)"}
 BATCH_PAIRS = 16   # pairs traced together
@@ -48,13 +49,23 @@ def measure_for(task: Task, metric: str, device, model=None) -> B.Measure:
         raise HeadLensError(f"The {METRICS[metric].split(':')[0]} is read from a language model's next-token "
                             "logits; on an encoder a task's metric is the embedding difference: choose a task of "
                             "an encoder (objects, relation, sentence type, sentiment) or pairs with probe texts.")
+    if metric == "masked_logit_diff":
+        if not encoder or not all("MASK" in dict(p.roles) for p in task.pairs):
+            raise HeadLensError("The masked logit difference reads a masked-LM encoder's logits at each pair's "
+                                "[MASK]: upload pairs whose clean prompt has one, on a model opened with its "
+                                "masked-LM head.")
+        return B.Measure("masked", torch.tensor([[p.answer, p.distractor] for p in task.pairs], device=device),
+                         torch.tensor([[1.0, -1.0]] * len(task.pairs), device=device),
+                         torch.tensor([p.role("MASK") for p in task.pairs], device=device))
     if metric == "embedding":
         if not encoder:
             raise HeadLensError("The embedding difference is an encoder's metric; on a language model choose the "
                                 "logit or probability difference.")
         if not all(p.probes for p in task.pairs):
             raise HeadLensError("The embedding difference compares each sentence with its pair's probe texts; "
-                                "this task's pairs have none: choose an encoder's task or upload pairs with them.")
+                                "this task's pairs have none: choose an encoder's task or upload pairs with them"
+                                + (" (pairs with a [MASK] take the masked logit difference)." if
+                                   all("MASK" in dict(p.roles) for p in task.pairs) else "."))
         return B.embedding_measure(model, [p.probes for p in task.pairs])
     if metric == "greater_than":
         if not all(p.above and p.below for p in task.pairs):
@@ -203,7 +214,9 @@ def _run_batch(model, stack, task: Task, measure: B.Measure, idx: np.ndarray, ro
 def _attribution(stack, clean, measure: B.Measure, idx: np.ndarray) -> np.ndarray:
     """``(b, layers, heads)``: each head's output at each prompt's last token, through the final norm (its scale
     frozen at the prompt's own) and along the pair's direction; on an encoder, its output at every token through
-    the norms above it, pooled (``parts.embedding_parts``)."""
+    the norms above it, pooled (``parts.embedding_parts``); none (NaN) for a masked token's logits."""
+    if measure.kind == "masked":  # the masked-LM head is not linear: no head has a direct part of its logits
+        return np.full((len(idx), stack.n_layers, stack.n_heads), np.nan)
     if measure.kind == "embedding":  # an encoder's: every token's part, through the post-norms frozen
         return P.embedding_parts(stack, clean, measure.weights[torch.as_tensor(idx)])["heads"].double().cpu().numpy()
     results = P.head_results(stack, clean)                                        # (b, L, H, E)

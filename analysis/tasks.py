@@ -29,6 +29,7 @@ import random
 from collections.abc import Iterable
 
 from models import AttentionModel, HeadLensError
+from models.run import stack_of
 
 from .focus_tasks import ENCODER_GENERATORS
 from .task_pairs import MAX_PAIRS, Reader, Task, TaskPair, draw, fill, pair_of
@@ -192,6 +193,7 @@ def from_rows(model: AttentionModel, rows: Iterable[dict], name: str = "yours", 
     is left out with a sentence in ``problems`` naming it (rows counted from ``first_row``, a CSV's first data
     row being its line 2)."""
     reader, pairs, problems = Reader(model), [], []
+    reader.masked = not model.causal and getattr(stack_of(model, "A task is read"), "masked_lm", False)
     over = []
     for number, row in enumerate(rows, start=first_row):
         if len(pairs) >= limit:
@@ -207,7 +209,9 @@ def from_rows(model: AttentionModel, rows: Iterable[dict], name: str = "yours", 
                         "or run it from the command line (python -m analysis.task_run).")
     if not pairs:
         raise HeadLensError("No row could be made a pair. " + " ".join(problems[:5]))
-    return Task(name, "Your pairs", tuple(pairs), "logit_diff" if model.causal else "embedding",
+    masked = not model.causal and all("MASK" in dict(p.roles) for p in pairs)
+    return Task(name, "Your pairs", tuple(pairs),
+                "logit_diff" if model.causal else "masked_logit_diff" if masked else "embedding",
                 problems=tuple(problems))
 
 
@@ -218,6 +222,10 @@ def _row_problem(reader: Reader, row: dict) -> TaskPair | str:
         if not isinstance(value, str) or not value.strip():
             return f"the {what} prompt is empty or not text; write the prompt in the '{what}' column"
         texts[what] = value
+    mask = getattr(reader.tok, "mask_token", None)
+    masked = getattr(reader, "masked", False) and mask and mask in texts["clean"]
+    if masked:  # a masked-LM encoder's answer and distractor: tokens at the clean prompt's [MASK]
+        return _masked_row(reader, texts, row, mask)
     if not reader.model.causal:  # an encoder's answer and distractor: probe texts
         probes = tuple(row.get(what).strip() if isinstance(row.get(what), str) else "" for what in
                        ("answer", "distractor"))
@@ -248,6 +256,31 @@ def _row_problem(reader: Reader, row: dict) -> TaskPair | str:
     roles = (("DIFF", differ[0] if differ else len(ids) - 1), ("END", len(ids) - 1))
     return TaskPair(texts["clean"], texts["corrupted"], tuple(ids), tuple(bad), answer, distractor, roles, "row",
                     probes=probes)
+
+
+def _masked_row(reader: Reader, texts: dict, row: dict, mask: str) -> TaskPair | str:
+    """A masked-LM encoder's row: one mask token in the clean prompt, at the same position in the corrupted one,
+    and two tokens compared there."""
+    answer, why = _one_token(reader, row.get("answer"), "answer")
+    if why:
+        return why
+    distractor, why = _one_token(reader, row.get("distractor"), "distractor")
+    if why:
+        return why
+    if answer == distractor:
+        return "its answer and distractor are the same token; give two different ones"
+    ids, _ = reader.ids(texts["clean"])
+    bad, _ = reader.ids(texts["corrupted"])
+    mask_id = reader.tok.mask_token_id
+    if ids.count(mask_id) != 1:
+        return f"its clean prompt has {ids.count(mask_id)} {mask} tokens; the masked-LM metric reads the logits at one"
+    at = ids.index(mask_id)
+    if len(ids) != len(bad) or bad[at] != mask_id:
+        return (f"the corrupted prompt needs as many tokens as the clean one ({len(ids)}) and its {mask} at the "
+                "same position")
+    differ = [i for i, (a, b) in enumerate(zip(ids, bad)) if a != b]
+    roles = (("DIFF", differ[0] if differ else at), ("MASK", at), ("END", len(ids) - 1))
+    return TaskPair(texts["clean"], texts["corrupted"], tuple(ids), tuple(bad), answer, distractor, roles, "row")
 
 
 def from_csv(model: AttentionModel, text: str | bytes, limit: int = PAGE_ROWS) -> Task:

@@ -162,7 +162,8 @@ def test_the_default_encoder_says_why_a_head_attends_on_the_card_and_in_explore(
     assert at.selectbox(key="why_key").value == split.key
     assert len(at.selectbox(key="why_key").options) == len(split.tokens)  # every key, after the query too
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Score"] == f"{split.scores[split.key]:+.2f}" and metrics["Weight"] == f"{split.weights[split.key]:.2f}"
+    assert metrics["Score"] == f"{split.scores[split.key]:+.2f}"
+    assert metrics["Weight"] == f"{split.weights[split.key]:.2f}"
     at.selectbox(key="why_query").set_value(1).run()
     early = QA.qk_attribution(scratch_model, text, 3, 11, query=1)
     assert early.key > 1 and at.selectbox(key="why_key").value == early.key  # "which" looks ahead

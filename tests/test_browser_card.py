@@ -73,3 +73,15 @@ def test_a_click_on_the_role_grid_opens_a_card(browser, server):
         target = page.evaluate(CELL, [0, 3, 7])
         page.mouse.click(target["x"], target["y"])
         card_opens(page, "L3 H7")
+
+
+def test_effects_on_the_default_encoder_reads(browser, server):
+    """all-MiniLM-L6-v2's Effects: the founding pair's grids, parts and residual drawn readable, no sentence about
+    decoders."""
+    with opened(browser, server, "effects", {}, 1280) as page:
+        settled(page, 3)
+        text = page.inner_text("body")
+        assert "choose a decoder" not in text.lower() and "it is an encoder" not in text
+        assert "cos(e, answer)" in text or "embedding" in text.lower()
+        assert_readable(page, "effects on MiniLM")
+        shot(page, "effects-minilm")

@@ -179,3 +179,30 @@ def test_a_masked_lm_circuit_of_every_edge_or_none_is_the_clean_or_the_corrupted
         assert float(C.circuit_values(stack, graph, clean, bad, every * 0, measure, rows)) == \
             pytest.approx(float(bad.value), abs=1e-10)
     assert graph.receiver_name(len(graph.receivers) - 1) == "embedding" and np.abs(scores.numpy()).max() > 1e-3
+
+
+def test_a_csv_of_masked_pairs_is_a_task_whose_table_is_its_pairs_patched_one_at_a_time(family):
+    """Rows whose clean prompt has the mask token take the masked logit difference; a row without one at the same
+    place in the corrupted prompt, or with two, gets a sentence."""
+    from analysis.task_effects import run_task
+    from analysis.tasks import from_rows
+
+    name, ours, theirs, tok = family
+    clean, corrupted = prompts(tok, name)
+    a, d = WORDS[name]
+    m = tok.mask_token
+    rows = [{"clean": clean, "corrupted": corrupted, "answer": a, "distractor": d},
+            {"clean": clean.replace("better", "more"), "corrupted": corrupted.replace("better", "more"),
+             "answer": d, "distractor": a},
+            {"clean": clean, "corrupted": corrupted.replace(m, "tea"), "answer": a, "distractor": d},
+            {"clean": clean.replace("coffee", m), "corrupted": corrupted, "answer": a, "distractor": d}]
+    task = from_rows(ours, rows)
+    assert task.metric == "masked_logit_diff" and len(task.problems) == 2
+    assert "Row 4" in task.problems[0] and "same position" in task.problems[0]
+    assert "Row 5" in task.problems[1] and "reads the logits at one" in task.problems[1]
+    effects = run_task(ours, task, residual=False)
+    for k, pair in enumerate(task.pairs):
+        one = patch_heads(ours, pair.clean, pair.corrupted, tok.decode([pair.answer]), tok.decode([pair.distractor]))
+        np.testing.assert_allclose(effects.recovered("heads")[k], one["recovered"].to_numpy().reshape(2, 4),
+                                   atol=1e-8)
+    assert np.isnan(effects.attribution).all()  # no head has a direct part of a masked token's logits

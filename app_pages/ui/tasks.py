@@ -21,7 +21,8 @@ from .state import bound, flag
 SOURCES = {**TASKS, "csv": "Your pairs (a CSV file)"}
 ENCODER_SOURCES = {**ENCODER_TASKS, "csv": "Your pairs (a CSV file)"}
 SHORT_METRICS = {"logit_diff": "Logit difference", "prob_diff": "Probability difference",
-                 "greater_than": "Greater-than mass", "embedding": "Embedding difference"}
+                 "greater_than": "Greater-than mass", "embedding": "Embedding difference",
+                 "masked_logit_diff": "Masked logit difference"}
 PAIR_COUNTS = [10, 20, 50, 100, 200, 500, 1000]
 TEMPLATE_CSV = ("clean,corrupted,answer,distractor\n"
                 "\"When Mary and John went to the store, John gave a drink to\","
@@ -80,8 +81,9 @@ def pick_task(patching: bool = True, *, encoder: bool = False) -> TaskChoice:
             corruption = bound(st.segmented_control, "task_corruption", "s2", init="default",
                                options=list(CORRUPTIONS), cast=str, label="Corrupted by",
                                format_func=lambda c: CORRUPTIONS[c][0].upper() + CORRUPTIONS[c][1:], required=True)
-    metrics = ["embedding"] if encoder else [m for m in METRICS if m not in ("greater_than", "embedding")
-                                             or source == "greater_than" and m == "greater_than"]
+    metrics = (["embedding", "masked_logit_diff"] if source == "csv" else ["embedding"]) if encoder else \
+        [m for m in METRICS if m not in ("greater_than", "embedding", "masked_logit_diff")
+         or source == "greater_than" and m == "greater_than"]
     cols = st.columns(3)
     metric = bound(cols[0].selectbox, "task_metric", metrics[-1] if source == "greater_than" else metrics[0],
                    init="index", options=metrics, cast=str, label="Metric", format_func=SHORT_METRICS.get,
