@@ -9,7 +9,7 @@ import transformers as tf
 from analysis.circuits import graph as C
 from analysis.effects import logit_attribution, patch_heads, patch_residual
 from models import HeadLensError, load_model
-from tests.conftest import _bpe_vocab
+from tests.conftest import _bpe_vocab, decode, figures, title_text
 
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 FAMILIES = {  # model_type: (config, model, sizes, its layers, layer i's attention output projection)
@@ -206,3 +206,35 @@ def test_a_csv_of_masked_pairs_is_a_task_whose_table_is_its_pairs_patched_one_at
         np.testing.assert_allclose(effects.recovered("heads")[k], one["recovered"].to_numpy().reshape(2, 4),
                                    atol=1e-8)
     assert np.isnan(effects.attribution).all()  # no head has a direct part of a masked token's logits
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory, minilm_dir):
+    folder = tmp_path_factory.mktemp("masked-page")
+    tokenizer = tf.AutoTokenizer.from_pretrained(minilm_dir)
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = tf.BertConfig(vocab_size=tokenizer.vocab_size, initializer_range=0.2, **FAMILIES["bert"][2])
+    tf.BertForMaskedLM(config).eval().save_pretrained(folder)
+    return str(folder), load_model(folder, backend="scratch")
+
+
+def test_effects_patches_a_typed_pair_at_its_mask_and_says_why_there_are_no_direct_parts(new_app, bert_folder):
+    """The Effects page on a masked-LM BERT opened as a custom model: a typed pair with [MASK] is compared by the
+    logit difference there, its patching grid is ``patch_heads``'s, and the attribution grid gives way to a
+    sentence."""
+    folder, ours = bert_folder
+    clean, corrupted = "Which do you like better, coffee or [MASK]?", "Which do you like better, juice or [MASK]?"
+    at = new_app({"model": "custom", "custom_model": folder, "effects_source": "own", "effects_clean": clean,
+                  "effects_corrupted": corrupted, "effects_probe_answer": "tea", "effects_probe_distractor": "juice"},
+                 page="app_pages/effects.py")
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("logit(“tea”) − logit(“juice”) at [MASK]" in c.value.replace("\\", "") for c in at.caption)
+    assert any("not linear" in c.value for c in at.caption)
+    metrics = {m.label: m.value for m in at.metric}
+    want = patch_heads(ours, clean, corrupted, "tea", "juice")
+    assert metrics["Clean"] == f"{want.attrs['ld_clean']:+.2f}" and metrics["By the heads"] == "—"
+    charts = figures(at)
+    assert not any(title_text(c).startswith("Direct") for c in charts)
+    grid = next(c for c in charts if "recovered" in title_text(c))["data"][0]["z"]
+    np.testing.assert_allclose(decode(grid), want["recovered"].to_numpy().reshape(2, 4), atol=1e-6)

@@ -206,6 +206,15 @@ def pair_measure(model, stack, answer, distractor, ids=None) -> tuple[B.Measure,
     return B.embedding_measure(model, [(a, d)]), a, d
 
 
+def masked_pair(model, clean: str) -> bool:
+    """Whether a pair with this ``clean`` prompt is measured at a ``[MASK]``: a masked-LM encoder's prompt that has
+    the mask token (``pair_measure``)."""
+    mask = getattr(model.tokenizer, "mask_token", None)
+    if model.causal or not mask or mask not in clean:
+        return False
+    return bool(getattr(patching_stack(model), "masked_lm", False))
+
+
 def _masked_measure(model, ids: list[int], mask: int, answer, distractor) -> tuple[B.Measure, str, str]:
     """The logit difference of two tokens at the one ``[MASK]`` of ``ids``."""
     if ids.count(mask) != 1:

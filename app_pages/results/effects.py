@@ -7,7 +7,7 @@ import pandas as pd
 
 from analysis.defaults import ENCODER_PAIRS, PAIRS, Pair
 
-from analysis.effects import logit_attribution, patch_heads, patch_residual, top_predictions
+from analysis.effects import logit_attribution, masked_pair, patch_heads, patch_residual, top_predictions
 from analysis.routes import Flow, prediction_flow
 from analysis.traced import Traced, traced
 from analysis.vocabulary import copying_scores, copying_work, head_vocabulary
@@ -25,7 +25,7 @@ CANDIDATES = 8  # each prompt's most likely next tokens offered as the answer an
 
 @dataclass(frozen=True)
 class Effects:
-    attribution: pd.DataFrame   # logit_attribution of the clean prompt
+    attribution: pd.DataFrame | None  # logit_attribution of the clean prompt (None at a [MASK]: not a sum of parts)
     heads: pd.DataFrame         # patch_heads, every position
     residual: pd.DataFrame      # patch_residual
 
@@ -83,8 +83,10 @@ def effects(ref: ModelRef, pair: Pair, method: str) -> Effects:
     prompt traced once for all three."""
     model = cached_model(ref)
     clean, corrupted = prompt_trace(ref, pair.clean), prompt_trace(ref, pair.corrupted)
-    with spinner("Attributing the difference to every head…"):
-        attribution = logit_attribution(model, clean, pair.answer, pair.distractor)
+    attribution = None  # a masked token's logits pass the masked-LM head, which is not linear: no direct parts
+    if not masked_pair(model, pair.clean):
+        with spinner("Attributing the difference to every head…"):
+            attribution = logit_attribution(model, clean, pair.answer, pair.distractor)
     n = model.n_layers * model.n_heads
     bar = Bar(f"Patching each of {n} heads" if method == "exact" else "Estimating every patch")
     heads = patch_heads(model, clean, corrupted, pair.answer, pair.distractor, method=method, progress=bar)

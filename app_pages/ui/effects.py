@@ -7,7 +7,7 @@ import streamlit as st
 
 from analysis.defaults import ENCODER_PAIRS, PAIRS, Pair
 
-from analysis.effects import answer_token, repeated_pair, token_text
+from analysis.effects import answer_token, masked_pair, repeated_pair, token_text
 from models import AttentionModel, HeadLensError
 
 from ..results.effects import candidates
@@ -88,7 +88,10 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
 
 
 def _probes(model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
-    """An encoder's own pair: the two texts its embedding is compared with, typed."""
+    """An encoder's own pair: the two texts its embedding is compared with, typed (a masked-LM encoder's prompt with
+    its mask token: the two tokens compared there)."""
+    if masked_pair(model, clean):
+        return _masked(model, clean, corrupted)
     left, right = st.columns(2)
     answer = bound(left.text_input, "effects_probe_answer", first.answer, label="Answer text", max_chars=500,
                    help="A word or a sentence the clean prompt's embedding should be near: the page explains "
@@ -104,8 +107,32 @@ def _probes(model: AttentionModel, clean: str, corrupted: str, first: Pair) -> P
     return pair
 
 
+def _masked(model: AttentionModel, clean: str, corrupted: str) -> Pair:
+    """A masked-LM encoder's own pair: the answer and the distractor, one token each, at the clean prompt's mask."""
+    mask = model.tokenizer.mask_token
+    left, right = st.columns(2)
+    answer = bound(left.text_input, "effects_probe_answer", "", label=f"Answer token at {mask}", max_chars=100,
+                   help=f"The token the clean prompt should put at its {mask}, as the tokenizer reads it: the page "
+                        "explains logit(answer) − logit(distractor) there.")
+    distractor = bound(right.text_input, "effects_probe_distractor", "", label="Distractor token", max_chars=100,
+                       help=f"The token the corrupted prompt favours at its {mask}.")
+    if not answer.strip() or not distractor.strip():
+        st.info(f"Type the answer and the distractor: one token each, compared at the {mask}.")
+        st.stop()
+    pair = Pair("Your prompts", "yours", clean, corrupted, answer.strip(), distractor.strip())
+    show_pair(model, pair)
+    return pair
+
+
 def compared(model: AttentionModel, pair: Pair) -> str:
     """What a pair's figures measure, in words: logit(“ Mary”) − logit(“ John”), or an encoder's cosines."""
+    if masked_pair(model, pair.clean):
+        try:
+            answer, distractor = answer_token(model, pair.answer), answer_token(model, pair.distractor, "distractor")
+        except HeadLensError as err:
+            stop_with(err)
+        return (f"logit(“{token_text(model, answer)}”) − logit(“{token_text(model, distractor)}”) at "
+                f"{model.tokenizer.mask_token}")
     if not model.causal:
         return f"cos(e, “{pair.answer}”) − cos(e, “{pair.distractor}”)"
     try:
@@ -123,8 +150,9 @@ def show_pair(model: AttentionModel, pair: Pair) -> None:
     differ = [i for i, (a, b) in enumerate(zip(clean, corrupted)) if a != b]
     where = (f"they differ at token{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))}" if differ else
              "they read the same") if len(clean) == len(corrupted) else "their lengths differ"
+    embedding = not model.causal and not masked_pair(model, pair.clean)
     st.caption(plain(f"Clean: {len(clean)} tokens, corrupted: {len(corrupted)}; {where}. Compared: {said}"
-                     + (", e the sentence's embedding (the mean over its tokens)." if not model.causal else ".")))
+                     + (", e the sentence's embedding (the mean over its tokens)." if embedding else ".")))
 
 
 def frame_csv(frame: pd.DataFrame) -> str:

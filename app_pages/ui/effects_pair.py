@@ -48,11 +48,14 @@ class EffectsView:
 
     def __post_init__(self):
         L, H = self.model.n_layers, self.model.n_heads
-        a = self.found.attribution.attrs
+        a = self.found.heads.attrs
         self.encoder = a.get("metric") == "embedding"
+        self.masked = a.get("metric") == "masked_logit_diff"  # at a [MASK]: no direct parts (attribution None)
         self.compared = (f"cos(e, “{a['answer']}”) − cos(e, “{a['distractor']}”)" if self.encoder else
-                         f"logit(“{a['answer']}”) − logit(“{a['distractor']}”)")
-        self.attribution = self.found.attribution["attribution"].to_numpy().reshape(L, H)
+                         f"logit(“{a['answer']}”) − logit(“{a['distractor']}”)"
+                         + (f" at {self.model.tokenizer.mask_token}" if self.masked else ""))
+        self.attribution = None if self.found.attribution is None else \
+            self.found.attribution["attribution"].to_numpy().reshape(L, H)
         self.recovered = grid(self.found.heads, "recovered", L, H)
         heads = self.found.heads
         self.ranked = heads.reindex(heads["recovered"].abs().sort_values(ascending=False).index)
@@ -66,22 +69,28 @@ def metrics(v: EffectsView) -> None:
                    help=plain(f"{v.compared}, e the clean prompt's sentence embedding (the mean over its tokens)."
                               if v.encoder else f"The logit difference {v.compared} after the clean prompt."))
     cols[1].metric("Corrupted", f"{heads.attrs['ld_corrupted']:+.2f}", help="The same after the corrupted prompt.")
-    cols[2].metric("By the heads", f"{att['attribution'].sum():+.2f}",
-                   help="The heads' direct share of the clean difference; the MLPs, the embeddings and the biases "
-                        "write the rest (the bars below)." + (" Each part passes the LayerNorms above it, their "
-                                                               "scales frozen at the prompt's own values, so that "
-                                                               "the parts add up." if v.encoder else ""))
+    if att is None:
+        cols[2].metric("By the heads", "—", help=NO_PARTS)
+    else:
+        cols[2].metric("By the heads", f"{att['attribution'].sum():+.2f}",
+                       help="The heads' direct share of the clean difference; the MLPs, the embeddings and the biases "
+                            "write the rest (the bars below)." + (" Each part passes the LayerNorms above it, their "
+                                                                   "scales frozen at the prompt's own values, so that "
+                                                                   "the parts add up." if v.encoder else ""))
     best = heads.loc[heads["recovered"].idxmax()]
     cols[3].metric("Best head", head_label(best["layer"], best["head"]),
                    help=f"Patching this head alone brings back {best['recovered']:.2f} of the difference.")
 
 
+NO_PARTS = ("A masked token's logits pass the masked-LM head's dense layer, activation and norm, which are not "
+            "linear: the difference does not split into each head's direct part. Patching reads it.")
 PICK_HELP = "Heads in order of the share patching recovers, largest in size first; a click on either grid picks one too."
 
 
 def head_note(v: EffectsView, h: tuple[int, int]) -> str:
     """What the head picker says of head ``h`` beside its name."""
-    return f"recovered {v.recovered[h]:+.2f} · attribution {v.attribution[h]:+.2f}"
+    return f"recovered {v.recovered[h]:+.2f}" + ("" if v.attribution is None else
+                                                   f" · attribution {v.attribution[h]:+.2f}")
 
 
 def grids(v: EffectsView, selected: tuple[int, int]) -> None:
@@ -92,25 +101,31 @@ def grids(v: EffectsView, selected: tuple[int, int]) -> None:
                     f"Direct {'' if v.encoder else 'logit '}attribution · {v.compared}"),
                    ("effects-patching", "Patching grid", v.recovered, "recovered",
                     f"{label} · share of the difference recovered"))
+    if v.attribution is None:
+        grids_drawn = grids_drawn[1:]
+        st.caption(NO_PARTS)
     for col, (key, name, values, value_name, title) in zip(st.columns(2), grids_drawn):
         with col:
             fig = effect_grid(values, value_name=value_name, selected=selected, title=title)
             v.events.append((key, chart(fig, key, on_select="rerun", selection_mode="points")))
             v.figures[key] = (name, fig, "")
-    st.caption("Both grids are centred on zero: red raises the answer over the distractor, blue lowers it. Hover a "
-               "cell for its value; click a head to open it below.")
+    st.caption(("Both grids are" if len(grids_drawn) == 2 else "The grid is") + " centred on zero: red raises the "
+               "answer over the distractor, blue lowers it. Hover a cell for its value; click a head to open it below.")
     strongest = v.ranked.head(10)
-    st.dataframe(pd.DataFrame({"head": [head_label(r.layer, r.head) for r in strongest.itertuples()],
-                               "recovered": strongest["recovered"].to_numpy(),
-                               f"attribution{' (logits)' if not v.encoder else ''}":
-                                   v.attribution[strongest["layer"], strongest["head"]]}
-                              ).style.format(precision=3), hide_index=True, key="effects-strongest")
+    table = {"head": [head_label(r.layer, r.head) for r in strongest.itertuples()],
+             "recovered": strongest["recovered"].to_numpy()}
+    if v.attribution is not None:
+        table[f"attribution{' (logits)' if not v.encoder else ''}"] = \
+            v.attribution[strongest["layer"], strongest["head"]]
+    st.dataframe(pd.DataFrame(table).style.format(precision=3), hide_index=True, key="effects-strongest")
 
 
 def parts_and_residual(v: EffectsView) -> list[str]:
     """Where the clean difference comes from, and the residual stream patched by layer and position; the
     tokens as the residual grid names them (clean/corrupted where they differ)."""
     att, residual = v.found.attribution, v.found.residual
+    if att is None:
+        return _residual_alone(v)
     a = att.attrs
     top = att.reindex(att["attribution"].abs().sort_values(ascending=False).index).head(6)
     parts = {head_label(r.layer, r.head): float(r.attribution) for r in top.itertuples()}
@@ -138,11 +153,25 @@ def parts_and_residual(v: EffectsView) -> list[str]:
     return tokens
 
 
+def _residual_alone(v: EffectsView) -> list[str]:
+    """The residual stream patched by layer and position, where no part of the difference is direct."""
+    residual = v.found.residual
+    clean = prompt_trace(v.ref, v.pair.clean).tokens
+    tokens = [token_label(c) if c == k else f"{token_label(c)}/{token_label(k)}"
+              for c, k in zip(clean, residual.attrs["tokens"])]
+    values = residual.pivot(index="layer", columns="position", values="recovered").to_numpy()
+    fig = position_grid(values, tokens, title="The residual stream entering each layer, patched at one position")
+    chart(fig, "effects-residual")
+    v.figures["effects-residual"] = ("Residual stream", fig, "")
+    return tokens
+
+
 def head_section(v: EffectsView, s: Settings, layer: int, head: int) -> None:
     """The head on both prompts: where it looks (from each prompt's trace) and what it writes at a token."""
-    st.subheader(f"{head_label(layer, head)}: where it looks" + ("" if v.encoder else " and what it writes"))
+    st.subheader(f"{head_label(layer, head)}: where it looks" + ("" if not v.model.causal else
+                                                                  " and what it writes"))
     card_button(layer, head, "effects-card")
-    if v.encoder:
+    if not v.model.causal:
         _encoder_head(v, s, layer, head)
         return
     tokens = v.found.attribution.attrs["tokens"]
@@ -189,9 +218,10 @@ def _encoder_head(v: EffectsView, s: Settings, layer: int, head: int) -> None:
             chart(head_heatmap(view.head(layer, head), view.query_labels, view.key_labels,
                                visible=view.visible(layer), title=f"{head_label(layer, head)} · {what} prompt"),
                   f"effects-head-{what}")
-    st.caption(f"{head_label(layer, head)}: recovers {v.recovered[layer, head]:+.3f} of the difference, writes "
-               f"{v.attribution[layer, head]:+.3f} of it directly (its output at every token through the norms "
-               "above it, pooled into the embedding).")
+    said = f"{head_label(layer, head)}: recovers {v.recovered[layer, head]:+.3f} of the difference"
+    st.caption(said + ("." if v.attribution is None else
+                       f", writes {v.attribution[layer, head]:+.3f} of it directly (its output at every token through "
+                       "the norms above it, pooled into the embedding)."))
 
 
 def copying_section(v: EffectsView, selected: tuple[int, int]) -> None:
@@ -303,13 +333,15 @@ def downloads(v: EffectsView, layer: int, head: int, edges: pd.DataFrame) -> Non
     """Every frame behind the page as CSV."""
     st.subheader("Downloads")
     att, heads = v.found.attribution, v.found.heads
-    table = pd.DataFrame({"layer": heads["layer"], "head": heads["head"], "recovered": heads["recovered"],
-                          "attribution": att["attribution"]})
+    table = pd.DataFrame({"layer": heads["layer"], "head": heads["head"], "recovered": heads["recovered"]})
+    if att is not None:
+        table["attribution"] = att["attribution"].to_numpy()
     files = [("Patching and attribution per head · CSV", table, "headlens-effects-heads.csv", "effects-heads-csv"),
-             ("Every part of the attribution · CSV", parts_frame(att), "headlens-effects-parts.csv",
-              "effects-parts-csv"),
              ("Residual stream patching · CSV", v.found.residual, "headlens-effects-residual.csv",
               "effects-residual-csv")]
+    if att is not None:
+        files.insert(1, ("Every part of the attribution · CSV", parts_frame(att), "headlens-effects-parts.csv",
+                         "effects-parts-csv"))
     if v.words:
         written = pd.concat([w.assign(prompt=what) for what, w in v.words.items()])[
             ["prompt", "direction", "rank", "token", "text", "logit"]]
