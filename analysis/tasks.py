@@ -193,13 +193,13 @@ def from_rows(model: AttentionModel, rows: Iterable[dict], name: str = "yours", 
     is left out with a sentence in ``problems`` naming it (rows counted from ``first_row``, a CSV's first data
     row being its line 2)."""
     reader, pairs, problems = Reader(model), [], []
-    reader.masked = not model.causal and getattr(stack_of(model, "A task is read"), "masked_lm", False)
+    masked = not model.causal and getattr(stack_of(model, "A task is read"), "masked_lm", False)
     over = []
     for number, row in enumerate(rows, start=first_row):
         if len(pairs) >= limit:
             over.append(number)
             continue
-        why = _row_problem(reader, row)
+        why = _row_problem(reader, row, masked)
         if isinstance(why, str):
             problems.append(f"Row {number}: {why}.")
         else:
@@ -209,13 +209,15 @@ def from_rows(model: AttentionModel, rows: Iterable[dict], name: str = "yours", 
                         "or run it from the command line (python -m analysis.task_run).")
     if not pairs:
         raise HeadLensError("No row could be made a pair. " + " ".join(problems[:5]))
-    masked = not model.causal and all("MASK" in dict(p.roles) for p in pairs)
+    at_mask = masked and all("MASK" in dict(p.roles) for p in pairs)
     return Task(name, "Your pairs", tuple(pairs),
-                "logit_diff" if model.causal else "masked_logit_diff" if masked else "embedding",
+                "logit_diff" if model.causal else "masked_logit_diff" if at_mask else "embedding",
                 problems=tuple(problems))
 
 
-def _row_problem(reader: Reader, row: dict) -> TaskPair | str:
+def _row_problem(reader: Reader, row: dict, masked: bool = False) -> TaskPair | str:
+    """A row as a pair, or what is wrong with it; ``masked``: the model is a masked-LM encoder, whose rows with the
+    mask token in their clean prompt compare two tokens there."""
     texts = {}
     for what in ("clean", "corrupted"):
         value = row.get(what)
@@ -223,10 +225,8 @@ def _row_problem(reader: Reader, row: dict) -> TaskPair | str:
             return f"the {what} prompt is empty or not text; write the prompt in the '{what}' column"
         texts[what] = value
     mask = getattr(reader.tok, "mask_token", None)
-    masked = getattr(reader, "masked", False) and mask and mask in texts["clean"]
-    if masked:  # a masked-LM encoder's answer and distractor: tokens at the clean prompt's [MASK]
-        return _masked_row(reader, texts, row, mask)
-    if not reader.model.causal:  # an encoder's answer and distractor: probe texts
+    masked = masked and bool(mask) and mask in texts["clean"]  # tokens at the clean prompt's [MASK]
+    if not reader.model.causal and not masked:  # an encoder's answer and distractor: probe texts
         probes = tuple(row.get(what).strip() if isinstance(row.get(what), str) else "" for what in
                        ("answer", "distractor"))
         if not all(probes):
@@ -247,6 +247,16 @@ def _row_problem(reader: Reader, row: dict) -> TaskPair | str:
             return "its answer and distractor are the same token; give two different ones"
     ids, _ = reader.ids(texts["clean"])
     bad, _ = reader.ids(texts["corrupted"])
+    at = None
+    if masked:
+        mask_id = reader.tok.mask_token_id
+        if ids.count(mask_id) != 1:
+            return (f"its clean prompt has {ids.count(mask_id)} {mask} tokens; the masked-LM metric reads the logits "
+                    "at one")
+        at = ids.index(mask_id)
+        if len(ids) != len(bad) or bad[at] != mask_id:
+            return (f"the corrupted prompt needs as many tokens as the clean one ({len(ids)}) and its {mask} at the "
+                    "same position")
     if len(ids) != len(bad):
         return (f"the clean prompt is {len(ids)} tokens and the corrupted one {len(bad)}; change the corrupted "
                 "prompt so that both have the same number of tokens")
@@ -254,33 +264,10 @@ def _row_problem(reader: Reader, row: dict) -> TaskPair | str:
         return f"the prompts are {len(ids)} tokens; a pair has at most 256"
     differ = [i for i, (a, b) in enumerate(zip(ids, bad)) if a != b]
     roles = (("DIFF", differ[0] if differ else len(ids) - 1), ("END", len(ids) - 1))
+    if at is not None:
+        roles = (roles[0], ("MASK", at), roles[1])
     return TaskPair(texts["clean"], texts["corrupted"], tuple(ids), tuple(bad), answer, distractor, roles, "row",
                     probes=probes)
-
-
-def _masked_row(reader: Reader, texts: dict, row: dict, mask: str) -> TaskPair | str:
-    """A masked-LM encoder's row: one mask token in the clean prompt, at the same position in the corrupted one,
-    and two tokens compared there."""
-    answer, why = _one_token(reader, row.get("answer"), "answer")
-    if why:
-        return why
-    distractor, why = _one_token(reader, row.get("distractor"), "distractor")
-    if why:
-        return why
-    if answer == distractor:
-        return "its answer and distractor are the same token; give two different ones"
-    ids, _ = reader.ids(texts["clean"])
-    bad, _ = reader.ids(texts["corrupted"])
-    mask_id = reader.tok.mask_token_id
-    if ids.count(mask_id) != 1:
-        return f"its clean prompt has {ids.count(mask_id)} {mask} tokens; the masked-LM metric reads the logits at one"
-    at = ids.index(mask_id)
-    if len(ids) != len(bad) or bad[at] != mask_id:
-        return (f"the corrupted prompt needs as many tokens as the clean one ({len(ids)}) and its {mask} at the "
-                "same position")
-    differ = [i for i, (a, b) in enumerate(zip(ids, bad)) if a != b]
-    roles = (("DIFF", differ[0] if differ else at), ("MASK", at), ("END", len(ids) - 1))
-    return TaskPair(texts["clean"], texts["corrupted"], tuple(ids), tuple(bad), answer, distractor, roles, "row")
 
 
 def from_csv(model: AttentionModel, text: str | bytes, limit: int = PAGE_ROWS) -> Task:

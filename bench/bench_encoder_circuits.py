@@ -11,31 +11,19 @@ cos(e, answer) - cos(e, distractor).
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
-import transformers as tf
 
 from analysis import circuits as AC
 from analysis.qk_attribution import qk_attribution
 from analysis.tasks import make_task
-from bench.common import machine, ratio, timed
-from models import load_model
-from models.files import default_model_dir
+from bench.common import minilm_bench, ratio, timed
 
 SENTENCE = "Which do you like better, coffee or tea? "
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--pairs", type=int, default=100)
-    args = parser.parse_args()
-    print(f"# {machine(args.device)}")
-    ours = load_model(backend="scratch", device=args.device)
-    folder = default_model_dir()
-    hf = tf.AutoModel.from_pretrained(folder, attn_implementation="eager").eval().to(args.device)
-    tok = tf.AutoTokenizer.from_pretrained(folder)
+    args, ours, hf, tok = minilm_bench(__doc__.split("\n")[0])
 
     task = make_task(ours, "objects", args.pairs)
     clean = tok([p.clean for p in task.pairs], return_tensors="pt", padding=True).to(args.device)

@@ -14,20 +14,16 @@ one backward pass a batch) and by exact patching of every head in every pair.
 """
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 import torch
-import transformers as tf
 
 from analysis.defaults import ENCODER_PAIRS
 from analysis.effects import patch_heads
 from analysis.task_effects import run_task
 from analysis.focus_tasks import ENCODER_TASKS
 from analysis.tasks import make_task
-from bench.common import machine, ratio, timed
-from models import load_model
-from models.files import default_model_dir
+from bench.common import minilm_bench, ratio, timed
 
 
 def hooked_sweep(hf, tok, pair, device) -> np.ndarray:
@@ -67,15 +63,7 @@ def hooked_sweep(hf, tok, pair, device) -> np.ndarray:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--pairs", type=int, default=100)
-    args = parser.parse_args()
-    print(f"# {machine(args.device)}")
-    ours = load_model(backend="scratch", device=args.device)
-    folder = default_model_dir()
-    hf = tf.AutoModel.from_pretrained(folder, attn_implementation="eager").eval().to(args.device)
-    tok = tf.AutoTokenizer.from_pretrained(folder)
+    args, ours, hf, tok = minilm_bench(__doc__.split("\n")[0])
     pair = next(iter(ENCODER_PAIRS.values()))
 
     def mine():

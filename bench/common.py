@@ -118,3 +118,24 @@ class PeakMemory:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+
+def minilm_bench(description: str):
+    """A bench on the default encoder: its command line (``--device``, ``--pairs``, 100 by default), the machine
+    printed, and all-MiniLM-L6-v2 on both sides: ``(args, ours on the from-scratch engine, transformers' BertModel
+    (eager), its tokenizer)``."""
+    import argparse
+
+    import transformers as tf
+
+    from models import load_model
+    from models.files import default_model_dir
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--pairs", type=int, default=100)
+    args = parser.parse_args()
+    print(f"# {machine(args.device)}")
+    folder = default_model_dir()
+    hf = tf.AutoModel.from_pretrained(folder, attn_implementation="eager").eval().to(args.device)
+    return args, load_model(backend="scratch", device=args.device), hf, tf.AutoTokenizer.from_pretrained(folder)

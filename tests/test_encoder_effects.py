@@ -151,7 +151,15 @@ def encoder(request, tmp_path_factory, minilm_dir):
 def tiny_encoder(name: str, folder, minilm_dir):
     """A tiny random encoder of family ``name`` saved in ``folder``: (name, ours in float64, Hooked on transformers'
     float64 model, tokenizer)."""
-    config_class, model_class, sizes, *_ = ENCODERS[name]
+    ours, theirs, tokenizer = saved_tiny(name, folder, minilm_dir)
+    return name, ours, Hooked(name, theirs), tokenizer
+
+
+def saved_tiny(name: str, folder, minilm_dir, model_class=None):
+    """A tiny random model of family ``name`` (transformers' ``model_class``, its base model by default) saved in
+    ``folder``: (ours in float64, transformers' in float64, tokenizer)."""
+    config_class, base_class, sizes, *_ = ENCODERS[name]
+    model_class = model_class or base_class
     torch.manual_seed(0)
     if name == "roberta":
         vocab, merges = _bpe_vocab()
@@ -170,7 +178,7 @@ def tiny_encoder(name: str, folder, minilm_dir):
     theirs = model_class.from_pretrained(folder, attn_implementation="eager").eval().double()
     ours = load_model(folder, backend="scratch")
     ours.stack.double()
-    return name, ours, Hooked(name, theirs), tf.AutoTokenizer.from_pretrained(folder)
+    return ours, theirs, tf.AutoTokenizer.from_pretrained(folder)
 
 
 def test_head_and_residual_patching_on_each_encoder_equal_transformers_hooks(encoder):

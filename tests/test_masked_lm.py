@@ -9,18 +9,15 @@ import transformers as tf
 from analysis.circuits import graph as C
 from analysis.effects import logit_attribution, patch_heads, patch_residual
 from models import HeadLensError, load_model
-from tests.conftest import _bpe_vocab, decode, figures, title_text
+from tests.conftest import decode, figures, title_text
+from tests.test_encoder_effects import saved_tiny
 
-SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
-FAMILIES = {  # model_type: (config, model, sizes, its layers, layer i's attention output projection)
-    "bert": (tf.BertConfig, tf.BertForMaskedLM, dict(max_position_embeddings=64, **SIZES),
-             lambda hf: hf.bert.encoder.layer, lambda layer: layer.attention.output.dense),
-    "roberta": (tf.RobertaConfig, tf.RobertaForMaskedLM,
-                dict(max_position_embeddings=66, pad_token_id=1, bos_token_id=0, eos_token_id=2, **SIZES),
-                lambda hf: hf.roberta.encoder.layer, lambda layer: layer.attention.output.dense),
-    "distilbert": (tf.DistilBertConfig, tf.DistilBertForMaskedLM,
-                   dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=64, pad_token_id=0),
-                   lambda hf: hf.distilbert.transformer.layer, lambda layer: layer.attention.out_lin),
+FAMILIES = {  # model_type: (transformers' masked-LM model, its layers, layer i's attention output projection)
+    "bert": (tf.BertForMaskedLM, lambda hf: hf.bert.encoder.layer, lambda layer: layer.attention.output.dense),
+    "roberta": (tf.RobertaForMaskedLM, lambda hf: hf.roberta.encoder.layer,
+                lambda layer: layer.attention.output.dense),
+    "distilbert": (tf.DistilBertForMaskedLM, lambda hf: hf.distilbert.transformer.layer,
+                   lambda layer: layer.attention.out_lin),
 }
 WORDS = {"bert": ("tea", "juice"), "roberta": (" the", " you"), "distilbert": ("tea", "juice")}
 SWAP = {"bert": "juice", "roberta": "water", "distilbert": "juice"}  # as many tokens as "coffee" to each tokenizer
@@ -30,27 +27,8 @@ SWAP = {"bert": "juice", "roberta": "water", "distilbert": "juice"}  # as many t
 def family(request, tmp_path_factory, minilm_dir):
     """(name, ours in float64, transformers' masked-LM model in float64, tokenizer)."""
     name = request.param
-    config_class, model_class, sizes, *_ = FAMILIES[name]
     folder = tmp_path_factory.mktemp(f"masked-{name}")
-    torch.manual_seed(0)
-    if name == "roberta":
-        vocab, merges = _bpe_vocab()
-        tf.RobertaTokenizerFast(vocab=vocab, merges=merges, mask_token="<mask>").save_pretrained(folder)
-        size = len(vocab)
-    else:
-        wordpiece = tf.AutoTokenizer.from_pretrained(minilm_dir)
-        wordpiece.save_pretrained(folder)
-        size = wordpiece.vocab_size
-    hf = model_class(config_class(vocab_size=size, initializer_range=0.2, **sizes)).eval()
-    with torch.no_grad():  # biases and norms away from their start, so that each takes part
-        for p in hf.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.3)
-    hf.save_pretrained(folder)
-    theirs = model_class.from_pretrained(folder, attn_implementation="eager").eval().double()
-    ours = load_model(folder, backend="scratch")
-    ours.stack.double()
-    return name, ours, theirs, tf.AutoTokenizer.from_pretrained(folder)
+    return (name, *saved_tiny(name, folder, minilm_dir, FAMILIES[name][0]))
 
 
 def prompts(tok, name: str) -> tuple[str, str]:
@@ -97,7 +75,7 @@ def _theirs_metric(theirs, ids, mask, a, d, layers, out_proj, H, patches=(), tap
 
 def test_heads_patched_and_attributed_at_the_mask_equal_transformers_hooks(family):
     name, ours, theirs, tok = family
-    _, _, _, layers_of, out_proj = FAMILIES[name]
+    _, layers_of, out_proj = FAMILIES[name]
     layers, H = layers_of(theirs), 4
     clean, corrupted = prompts(tok, name)
     words = WORDS[name]
@@ -157,7 +135,8 @@ def test_what_a_masked_lm_metric_cannot_read_gets_a_sentence(family):
     with pytest.raises(HeadLensError, match="not linear"):
         logit_attribution(ours, clean, *words)
     with pytest.raises(HeadLensError, match="2 .* tokens; the masked-LM metric reads the logits at one"):
-        patch_heads(ours, clean.replace("coffee", tok.mask_token), corrupted.replace(SWAP[name], tok.mask_token), *words)
+        patch_heads(ours, clean.replace("coffee", tok.mask_token), corrupted.replace(SWAP[name], tok.mask_token),
+                    *words)
     if name == "bert":
         with pytest.raises(HeadLensError, match="is 2 tokens"):
             patch_heads(ours, clean, corrupted, "tea", "hot chocolate")
@@ -211,11 +190,7 @@ def test_a_csv_of_masked_pairs_is_a_task_whose_table_is_its_pairs_patched_one_at
 @pytest.fixture(scope="module")
 def bert_folder(tmp_path_factory, minilm_dir):
     folder = tmp_path_factory.mktemp("masked-page")
-    tokenizer = tf.AutoTokenizer.from_pretrained(minilm_dir)
-    tokenizer.save_pretrained(folder)
-    torch.manual_seed(0)
-    config = tf.BertConfig(vocab_size=tokenizer.vocab_size, initializer_range=0.2, **FAMILIES["bert"][2])
-    tf.BertForMaskedLM(config).eval().save_pretrained(folder)
+    saved_tiny("bert", folder, minilm_dir, tf.BertForMaskedLM)
     return str(folder), load_model(folder, backend="scratch")
 
 

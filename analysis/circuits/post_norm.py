@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from models.stacks.norms import frozen
+
 
 def sender_levels(graph) -> np.ndarray:
     """``(senders,)``: the first norm each sender's output passes."""
@@ -35,14 +37,33 @@ def scales(stack, graph, run) -> list[torch.Tensor]:
     ``(B, n, E)`` each, norm ``k`` at index ``k``."""
     out = []
     with torch.no_grad():
-        for layer, block in enumerate(stack.layers):
-            heads, attn_r, mlp_r = graph.layer_span(layer)
-            x = run.reads[attn_r.start].detach()
-            u = x + run.outs[heads].sum(0) + _bias(block, x)
-            mid = block.ln_attn(u)
-            for norm, v in ((block.ln_attn, u), (block.ln_ffn, mid + run.outs[heads.stop])):
-                out.append(norm.weight.to(v.dtype) * torch.rsqrt(v.var(-1, unbiased=False, keepdim=True) + norm.eps))
+        for k in range(2 * stack.n_layers):
+            gain, _, scale = frozen(_norm(stack, k), _entering(graph, run, k) + _written(stack, graph, run, k))
+            out.append(gain * scale)
     return out
+
+
+def _norm(stack, k: int):
+    layer, after_ffn = divmod(k, 2)
+    return stack.layers[layer].ln_ffn if after_ffn else stack.layers[layer].ln_attn
+
+
+def _entering(graph, run, k: int) -> torch.Tensor:
+    """``(B, n, E)``: the stream entering the part norm ``k`` follows (a layer's attention, or its feed-forward)."""
+    layer, after_ffn = divmod(k, 2)
+    heads, attn_r, mlp_r = graph.layer_span(layer)
+    return run.reads[mlp_r if after_ffn else attn_r.start]
+
+
+def _written(stack, graph, run, k: int) -> torch.Tensor:
+    """``(B, n, E)``: what the part norm ``k`` follows wrote into the stream in ``run`` (the heads and the output
+    bias, or the feed-forward)."""
+    layer, after_ffn = divmod(k, 2)
+    heads, _, _ = graph.layer_span(layer)
+    if after_ffn:
+        return run.outs[heads.stop]
+    bias = stack.layers[layer].attn.out_proj.bias
+    return run.outs[heads].sum(0) + (0.0 if bias is None else bias.to(run.outs.dtype))
 
 
 def _bias(block, like: torch.Tensor) -> torch.Tensor | float:
@@ -117,18 +138,10 @@ def stream_without(stack, graph, run, level: int, writer: int, where: torch.Tens
     the positions ``where`` ``(n,)`` bool, each norm above it recomputed as the model computes it (every other
     sender's output as ``run`` has it)."""
     start = int(sender_levels(graph)[writer])
-    x = None
+    x = _entering(graph, run, start)
     for k in range(start, level):
-        layer, after_ffn = divmod(k, 2)
-        block = stack.layers[layer]
-        heads, attn_r, _ = graph.layer_span(layer)
-        if after_ffn:
-            u = x + run.outs[heads.stop] if x is not None else \
-                block.ln_attn(run.reads[attn_r.start] + run.outs[heads].sum(0) + _bias(block, run.outs)) \
-                + run.outs[heads.stop]
-        else:
-            u = (run.reads[attn_r.start] if x is None else x) + run.outs[heads].sum(0) + _bias(block, run.outs)
+        u = x + _written(stack, graph, run, k)
         if k == start:
             u = u - run.outs[writer] * where.to(u.dtype).view(-1, 1)
-        x = (block.ln_ffn if after_ffn else block.ln_attn)(u)
+        x = _norm(stack, k)(u)
     return x

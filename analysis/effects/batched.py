@@ -21,6 +21,8 @@ from models import HeadLensError
 from models.run import ROWS_PER_CHUNK, Edits, Trace, device_of, patching_stack
 
 Progress = Callable[[int, int], None]
+NOT_LINEAR = ("A masked token's logits pass the masked-LM head's dense layer, activation and norm, which are not "
+              "linear: they do not split into each writer's direct part. Patching and attribution patching read them.")
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,7 @@ class Measure:
         if self.kind in ("direction", "embedding"):
             return self.weights[min(p, len(self.weights) - 1)]
         if self.kind == "masked":
-            raise HeadLensError("A masked token's logits pass the masked-LM head's dense layer, activation and norm, "
-                                "which are not linear: they do not split into each writer's direct part. Patching "
-                                "and attribution patching read them.")
+            raise HeadLensError(NOT_LINEAR)
         w = self.weights[p].double()
         if self.kind == "prob":
             pos, neg = w.clamp_min(0), (-w).clamp_min(0)

@@ -130,7 +130,8 @@ def _embedding_attribution(traced_prompt: Traced, answer, distractor) -> pd.Data
         raise HeadLensError("On an encoder the attribution compares the sentence's embedding with two texts: give a "
                             "distractor text beside the answer.")
     measure, a, d = pair_measure(model, stack, answer, distractor, t.ids.tolist())
-    measure.direction(stack, 0)  # a masked token's logits say why they do not split
+    if measure.kind == "masked":
+        raise HeadLensError(B.NOT_LINEAR)
     parts = P.embedding_parts(stack, as_batch(t), measure.weights)
     value = lambda key: parts[key][0].double().cpu().numpy()  # noqa: E731
     frame = _frame(value("heads"), ("layer", "head"), column="attribution")

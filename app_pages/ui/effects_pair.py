@@ -12,6 +12,7 @@ from analysis import make_view
 from analysis.detector import DETECTORS
 from analysis.defaults import Pair
 from analysis.effects import grid
+from analysis.effects.batched import NOT_LINEAR
 from analysis.routes import THRESHOLD, flow_graph, flow_heads, strongest_route
 from analysis.views import token_label
 from models import AttentionModel, head_label
@@ -70,7 +71,7 @@ def metrics(v: EffectsView) -> None:
                               if v.encoder else f"The logit difference {v.compared} after the clean prompt."))
     cols[1].metric("Corrupted", f"{heads.attrs['ld_corrupted']:+.2f}", help="The same after the corrupted prompt.")
     if att is None:
-        cols[2].metric("By the heads", "—", help=NO_PARTS)
+        cols[2].metric("By the heads", "—", help=NOT_LINEAR)
     else:
         cols[2].metric("By the heads", f"{att['attribution'].sum():+.2f}",
                        help="The heads' direct share of the clean difference; the MLPs, the embeddings and the biases "
@@ -82,8 +83,6 @@ def metrics(v: EffectsView) -> None:
                    help=f"Patching this head alone brings back {best['recovered']:.2f} of the difference.")
 
 
-NO_PARTS = ("A masked token's logits pass the masked-LM head's dense layer, activation and norm, which are not "
-            "linear: the difference does not split into each head's direct part. Patching reads it.")
 PICK_HELP = "Heads in order of the share patching recovers, largest in size first; a click on either grid picks one too."
 
 
@@ -103,7 +102,7 @@ def grids(v: EffectsView, selected: tuple[int, int]) -> None:
                     f"{label} · share of the difference recovered"))
     if v.attribution is None:
         grids_drawn = grids_drawn[1:]
-        st.caption(NO_PARTS)
+        st.caption(NOT_LINEAR)
     for col, (key, name, values, value_name, title) in zip(st.columns(2), grids_drawn):
         with col:
             fig = effect_grid(values, value_name=value_name, selected=selected, title=title)

@@ -22,7 +22,7 @@ from ..mha import MultiHeadAttention
 from ..run import BY_HEAD, Given
 from .base import Packing, Stack, StackConfig, TransformersSizes, initialised
 from .blocks import NO_EDITS
-from .norms import ACTIVATIONS
+from .norms import ACTIVATIONS, frozen
 from .weights import Weights, separate_qkv
 
 
@@ -264,8 +264,9 @@ class BertEncoder(Stack):
             mlp.append(block.ffn_out(block.act(block.ffn_in(mid))))
             after = mid + mlp[-1]
             for norm, u in ((block.ln_attn, x + a), (block.ln_ffn, after)):
-                scales.append(norm.weight / torch.sqrt(u.var(-1, unbiased=False, keepdim=True) + norm.eps))
-                biases.append(norm.bias)
+                gain, bias, scale = frozen(norm, u)
+                scales.append(gain * scale)
+                biases.append(bias)
         return FrozenNorms(scales, biases, mlp)
 
     @classmethod
