@@ -13,19 +13,36 @@ from analysis.explanations.replace import Replacer
 from analysis.rules import RULES, rule_named
 from models import HeadLensError, load_model
 from models.corpus import CORPUS
-from tests.test_explanations import by_hand, transformers_weights
+from tests.test_explanations import by_hand, check_interval, transformers_weights
 from tests.test_families import build
 
 FIT, HELD_OUT = list(CORPUS[0:16:2]), list(CORPUS[1:16:2])
 
 
-def _hand_scores(folder, model, texts, rule, causal) -> np.ndarray:
-    """The rule's score for every head over ``texts``, query by query from transformers' attention."""
+def _hand_parts(folder, model, texts, rule, causal) -> list[dict]:
+    """Each text's sums for every head, query by query from transformers' attention."""
     parts = []
     for t in texts:
         special = None if causal else list(model.attend(t).special)
         parts.append(by_hand(transformers_weights(folder, model, t), rule.keys(model, t), special, causal))
+    return parts
+
+
+def _hand_scores(folder, model, texts, rule, causal) -> np.ndarray:
+    """The rule's score for every head over ``texts``."""
+    parts = _hand_parts(folder, model, texts, rule, causal)
     return sum(p["score"] for p in parts) / sum(p["queries"] for p in parts)
+
+
+def _drawn(parts: list[dict], layer: int, head: int, draws: int = 40_000) -> tuple[np.ndarray, np.ndarray]:
+    """The Poisson bootstrap of one head's held-out score over the texts ``parts``, drawn here ``draws`` times with a
+    generator of this test's own: ``(values (draws, 1), probabilities)``."""
+    counts = np.random.default_rng(12345).poisson(1.0, (draws, len(parts))).astype(float)
+    scores = np.array([p["score"][layer, head] for p in parts])
+    base = counts @ np.array([p["queries"] for p in parts], dtype=float)
+    kept = base > 0
+    values = (counts[kept] @ scores) / base[kept]
+    return values[:, None], np.full(kept.sum(), 1.0 / kept.sum())
 
 
 def _check(frame, folder, model, fit, held_out, causal):
@@ -44,17 +61,18 @@ def _check(frame, folder, model, fit, held_out, causal):
             assert r.fit_score >= best_single[r.layer, r.head] + 0.05 - 1e-5
     # held out: the chosen rule and the best positional one
     for r in frame.sample(min(12, len(frame)), random_state=0).itertuples():
-        held = _hand_scores(folder, model, held_out, rule_named(r.rule), causal)[r.layer, r.head]
+        parts = _hand_parts(folder, model, held_out, rule_named(r.rule), causal)
+        held = (sum(p["score"] for p in parts) / sum(p["queries"] for p in parts))[r.layer, r.head]
         assert r.score == pytest.approx(held, abs=1e-5)
+        check_interval([r.lo], [r.hi], *_drawn(parts, r.layer, r.head))
         positional = _hand_scores(folder, model, held_out, RULES[r.positional], causal)[r.layer, r.head]
         assert r.lift_positional == pytest.approx(held / positional, rel=1e-4)
         fit_positional = {n: singles[n][r.layer, r.head] for n, rule in RULES.items() if rule.family == "positional"}
         assert fit_positional[r.positional] == pytest.approx(max(fit_positional.values()), abs=1e-5)  # on the fit
-        assert r.lo <= r.score + 1e-9 <= r.hi + 2e-9
 
 
 def test_an_encoders_heads_are_explained_on_text_they_were_not_fitted_on(scratch_model, minilm_dir):
-    frame = explain_heads(scratch_model, FIT, HELD_OUT, replicates=200)
+    frame = explain_heads(scratch_model, FIT, HELD_OUT, replicates=1000)
     assert len(frame) == 72 and frame.attrs == {"causal": False, "fit": len(FIT), "held_out": len(HELD_OUT)}
     _check(frame, minilm_dir, scratch_model, FIT, HELD_OUT, causal=False)
     assert explained_share(frame) == pytest.approx((frame["score"] >= EXPLAINED).mean())
@@ -67,7 +85,7 @@ def test_a_decoders_heads_set_the_first_token_aside(tmp_path):
     model = load_model(folder)
     texts = ["The cat sat on the mat. The cat sat on the rug.", "A dog and a dog and a cat.", *CORPUS[:6]]
     fit, held = texts[0::2], texts[1::2]
-    frame = explain_heads(model, fit, held, replicates=200)
+    frame = explain_heads(model, fit, held, replicates=1000)
     assert frame.attrs["causal"] is True
     _check(frame, folder, model, fit, held, causal=True)
 
