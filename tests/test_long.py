@@ -179,7 +179,8 @@ def test_a_climb_beside_a_view_runs_each_layer_once_and_gives_transformers_weigh
         assert runs == [0] and long.layers_done == 2  # layer 1's input is layer 0's output
     finally:
         go_on.set()
-    climber.join(30)
+    climber.join(300)
+    assert not climber.is_alive(), "the climb did not end"
     assert long.layers_done == model.n_layers and sorted(runs) == list(range(model.n_layers - 1))
     for layer in range(model.n_layers):
         np.testing.assert_allclose(long.weights(layer), reference[layer], atol=1e-4)
@@ -200,11 +201,12 @@ def test_the_climb_gives_way_to_a_session_asking_for_a_layer(decoder, monkeypatc
         if done == 2 and not tried:
             climber = threading.Thread(target=long.run_to, args=(model.n_layers - 1,), kwargs={"behind": True})
             climber.start()
-            climber.join(30)
-            tried.append(list(runs))
+            climber.join(120)  # it returns at once, giving way; a climb still running fails below
+            tried.append((list(runs), climber.is_alive()))
 
     long.run_to(1, progress=progress)
-    assert tried == [[0]] and runs == [0] and long.layers_done == 2  # the climb ran nothing while the session asked
+    assert tried == [([0], False)]  # the climb ended, having run nothing while the session asked
+    assert runs == [0] and long.layers_done == 2
     long.run_to(model.n_layers - 1, behind=True)  # nobody asks now: it climbs on from there
     assert long.layers_done == model.n_layers and runs == [0, 1]
 

@@ -205,10 +205,11 @@ def test_sessions_computing_side_by_side_split_the_cores(monkeypatch):
             time.sleep(0.01)
         b = threading.Thread(target=second)
         b.start()
-        a.join(30)
-        b.join(30)
+        a.join(120)
+        b.join(120)
     finally:
         torch.set_num_threads(threads)  # the count threads started from now on read, as the run set it
+    assert not a.is_alive() and not b.is_alive(), "a session's computation did not end"
     assert seen == {"alone": 2, "second": 1, "beside": 1, "second alone": 2}, seen
     assert preparing.SESSIONS.computing == 0
 
