@@ -9,7 +9,6 @@ import torch
 import transformers as tf
 
 from analysis.circuits import graph as C
-from analysis.circuits import post_norm
 from analysis.circuits.scores import edge_scores, exact_edges, faithfulness, path_patching
 from analysis.effects.batched import embedding_measure
 from analysis.qk_attribution import qk_attribution
@@ -104,6 +103,15 @@ class HFGraph:
         streams["out"] = last
         return out, torch.stack([outs[s] for s in range(len(g.senders))]), norms, streams
 
+    def levels(self) -> tuple[list[int], list[int]]:
+        """Where each sender writes and each receiver reads, counted in norms (attention's, then the MLP's, in each
+        layer): a sender's output first passes norm ``2l`` (a head of layer l), ``2l + 1`` (its MLP) or 0 (the
+        embeddings); a receiver reads the stream after norms ``0 … 2l - 1`` (a head's q/k/v), ``… 2l`` (layer l's
+        MLP), or all ``2L`` (the last hidden state)."""
+        senders = [0 if kind == "input" else 2 * layer + (kind == "mlp") for kind, layer, _ in self.graph.senders]
+        receivers = [2 * layer + (kind == "mlp") for kind, layer, _ in self.graph.receivers]
+        return senders, receivers
+
     def through(self, part, norms, first, stop):
         """``part`` passed through norms ``first`` to ``stop`` (exclusive), transformers' own, their scales frozen
         at the inputs ``norms`` a run gave them; no bias."""
@@ -132,7 +140,7 @@ def test_eap_edges_are_each_senders_change_through_frozen_norms_times_the_receiv
     _, out_bad, _, _ = hf.run(bad)
     delta = (out_clean - out_bad).detach()
     norms = [(m, u.detach()) for m, u in norms]
-    s_level, r_level = post_norm.sender_levels(graph), post_norm.receiver_levels(graph)
+    s_level, r_level = hf.levels()
     want = np.zeros(scores.shape)
     for r in range(len(graph.receivers)):
         m = int(graph.reach[r])
@@ -227,7 +235,7 @@ def test_minilms_qk_split_sums_to_transformers_scores_and_removing_a_writer_froz
     # each of the query side's largest writers taken out of the query's stream, passed through the norms frozen
     norms = [(m, u.detach()) for m, u in norms]
     side = split.query_writers().set_index("writer")
-    s_level = post_norm.sender_levels(graph)
+    s_level, _ = hf.levels()
     for writer in side.index[:4]:
         if writer == "biases":
             continue

@@ -142,22 +142,79 @@ def test_what_a_masked_lm_metric_cannot_read_gets_a_sentence(family):
             patch_heads(ours, clean, corrupted, "tea", "hot chocolate")
 
 
-def test_a_masked_lm_circuit_of_every_edge_or_none_is_the_clean_or_the_corrupted_run(family):
+def _ids_and_tokens(tok, name):
+    """The clean and corrupted ids, the mask's position, and the answer's and distractor's ids, by the tokenizer."""
+    ids = [tok(t, return_tensors="pt")["input_ids"] for t in prompts(tok, name)]
+    a, d = (tok(w, add_special_tokens=False)["input_ids"][0] for w in WORDS[name])
+    return ids, ids[0][0].tolist().index(tok.mask_token_id), a, d
+
+
+def test_a_masked_lm_circuit_of_every_edge_or_none_is_transformers_clean_or_corrupted_run(family):
     name, ours, theirs, tok = family
     from analysis.effects.frames import pair_measure
 
+    _, layers_of, out_proj = FAMILIES[name]
+    (clean, corrupted), mask, a, d = _ids_and_tokens(tok, name)
+    with torch.no_grad():
+        m_clean, _ = _theirs_metric(theirs, clean, mask, a, d, layers_of(theirs), out_proj, 4)
+        m_bad, _ = _theirs_metric(theirs, corrupted, mask, a, d, layers_of(theirs), out_proj, 4)
     stack = ours.stack
-    clean, corrupted = (tok(t, return_tensors="pt")["input_ids"] for t in prompts(tok, name))
     measure, _, _ = pair_measure(ours, stack, *WORDS[name], clean[0].tolist())
     graph, rows = C.graph_of(stack), torch.zeros(1, dtype=torch.long)
-    scores, good, bad = C.edge_attribution(stack, graph, clean, corrupted, measure, rows)
-    every = C.all_edges(graph).double()
     with torch.inference_mode():
+        bad = C.run_ids(stack, graph, corrupted, measure, rows)
+        every = C.all_edges(graph).double()
         assert float(C.circuit_values(stack, graph, clean, bad, every, measure, rows)) == \
-            pytest.approx(float(good.value), abs=1e-10)
+            pytest.approx(float(m_clean), abs=1e-10)
         assert float(C.circuit_values(stack, graph, clean, bad, every * 0, measure, rows)) == \
-            pytest.approx(float(bad.value), abs=1e-10)
-    assert graph.receiver_name(len(graph.receivers) - 1) == "embedding" and np.abs(scores.numpy()).max() > 1e-3
+            pytest.approx(float(m_bad), abs=1e-10)
+    assert abs(float(m_clean - m_bad)) > 1e-3  # the two runs differ
+    assert graph.receiver_name(len(graph.receivers) - 1) == "embedding"
+
+
+@pytest.fixture(scope="module", params=["bert", "roberta"])
+def hooked_mlm(request, tmp_path_factory, minilm_dir):
+    """A masked-LM BERT or RoBERTa (their layers name their parts alike): ours, transformers' model, its base model
+    and its masked-LM head, the tokenizer."""
+    name = request.param
+    ours, theirs, tok = saved_tiny(name, tmp_path_factory.mktemp(f"eap-{name}"), minilm_dir, FAMILIES[name][0])
+    base, head = (theirs.bert, theirs.cls) if name == "bert" else (theirs.roberta, theirs.lm_head)
+    return name, ours, base, head, tok
+
+
+def test_a_masked_lms_eap_edges_are_transformers_gradients_through_its_frozen_norms(hooked_mlm):
+    """Each edge's EAP score: the sender's change passed through transformers' own LayerNorms (scales frozen at the
+    clean run), moved along at the receiver's input, times the gradient of the logit difference at the mask read
+    off transformers' masked-LM head."""
+    from analysis.effects.frames import pair_measure
+    from tests.test_encoder_circuits import HFGraph
+
+    name, ours, base, head, tok = hooked_mlm
+    (clean, corrupted), mask, a, d = _ids_and_tokens(tok, name)
+    stack = ours.stack
+    measure, _, _ = pair_measure(ours, stack, *WORDS[name], clean[0].tolist())
+    graph, rows = C.graph_of(stack), torch.zeros(1, dtype=torch.long)
+    scores, _, _ = C.edge_attribution(stack, graph, clean, corrupted, measure, rows)
+    hf = HFGraph(base, graph)
+
+    def metric(last):
+        logits = head(last)[:, mask]
+        return logits[:, a] - logits[:, d]
+
+    _, out_clean, norms, _ = hf.run(clean)
+    _, out_bad, _, _ = hf.run(corrupted)
+    delta = (out_clean - out_bad).detach()
+    norms = [(m, u.detach()) for m, u in norms]
+    s_level, r_level = hf.levels()
+    want = np.zeros(scores.shape)
+    for r in range(len(graph.receivers)):
+        m = int(graph.reach[r])
+        parts = torch.stack([hf.through(delta[s], norms, int(s_level[s]), int(r_level[r])) for s in range(m)])
+        eps = torch.zeros(m, dtype=torch.float64, requires_grad=True)
+        last, *_ = hf.run(clean, extra={r: torch.einsum("s,sbne->bne", eps, parts)}, grad=True)
+        want[:m, r] = torch.autograd.grad(metric(last).sum(), eps)[0].numpy()
+    np.testing.assert_allclose(scores.numpy(), want, atol=1e-8)
+    assert np.abs(want).max() > 1e-2 and (np.abs(want) > 1e-5).sum() > 50  # edges that carry something
 
 
 def test_a_csv_of_masked_pairs_is_a_task_whose_table_is_its_pairs_patched_one_at_a_time(family):
