@@ -189,23 +189,89 @@ def test_an_encoders_edges_patched_are_the_receivers_input_rebuilt_with_that_sen
     assert max(moved) > 1e-3  # edges that move the metric (a span of about 0.01 on this tiny model)
 
 
-def test_an_encoders_circuits_run_over_a_focus_task(scratch_model):
-    """MiniLM's objects task: EAP-IG scores, the top edges' faithfulness running from none to every edge, exact
-    patching of the top edge near its score, and path patching of a head to the output."""
+def test_an_encoders_circuits_run_over_a_focus_task_as_transformers_hooks(scratch_model, minilm_hf):
+    """MiniLM's objects task, each pair against transformers' BertModel run with hooks: the clean and corrupted
+    metrics (and so the span path patching divides by), the top edge patched exactly, the circuit of every edge but
+    that one, the circuit of every edge but the last-ranked one (through ``circuit_values``, whose faithfulness is
+    read from them), and a head's paths into every query, key and value of the last layer."""
+    from analysis.circuits.scores import circuit_values
+    from analysis.task_effects import measure_for
+    from tests.test_encoder_effects import Hooked
+
     task = make_task(scratch_model, "objects", 8, seed=2)
     scores = edge_scores(scratch_model, task, "eap_ig", steps=3)
+    graph = scores.graph
     assert scores.metric == "embedding" and np.isfinite(scores.scores).all()
-    assert (scores.clean - scores.corrupted).mean() > 0.05
+    hf, hooked, tok = HFGraph(minilm_hf, graph), Hooked("bert", minilm_hf), scratch_model.tokenizer
     (s, r), = zip(*(a[:1] for a in scores.ranked()))
-    exact = exact_edges(scratch_model, task, [(s, r)])[:, 0].mean()
-    assert np.sign(exact) == np.sign(scores.scores[s, r])
-    assert abs(exact - scores.scores[s, r]) < 0.5 * abs(exact)
-    curve = faithfulness(scratch_model, scores, sizes=[0, 50, scores.graph.n_edges])
-    np.testing.assert_allclose(curve.faithfulness[[0, 2]], [0.0, 1.0], atol=1e-6)
-    assert 0.2 < curve.faithfulness[1] < 1.5
+    last = np.argwhere(C.all_edges(graph).numpy() * (1 - scores.top(graph.n_edges - 1)) > 0)
+    (s_last, r_last), = last
+    sender = graph.senders.index(("head", 3, 11))
+    paths = [graph.receivers.index((kind, 5, h)) for h in range(12) for kind in "qkv"]
+
+    def rebuilt(ids, out_clean, out_bad, corrupted_senders, receivers):
+        """The metric with ``receivers`` reading the stream rebuilt from every sender's clean output but the
+        ``corrupted_senders``', the corrupted run's."""
+        fix = {i: out_clean[i].detach() for i in range(len(graph.senders))}
+        fix.update({i: out_bad[i].detach() for i in corrupted_senders})
+        _, _, _, streams = hf.run(ids, fix=fix)
+        replace = {}
+        for rec in receivers:
+            kind, layer, _ = graph.receivers[rec]
+            replace[rec] = (streams["out"] if kind == "logits" else streams["mlp"][layer] if kind == "mlp" else
+                            streams["layer"][layer]).detach()
+        return replace
+
+    into_out = graph.receivers.index(("logits", 6, -1))
+    last_layer = [graph.senders.index(("head", 5, h)) for h in range(12)]  # every last-layer head into the output
+    want = {k: [] for k in ("clean", "bad", "top", "last", "path", "group")}
+    for pair in task.pairs:
+        w = hooked.along(tok, pair.probes)
+        ids = [torch.tensor([p]) for p in (pair.clean_ids, pair.corrupted_ids)]
+        out, out_clean, _, _ = hf.run(ids[0])
+        bad_last, out_bad, _, _ = hf.run(ids[1])
+        m = lambda replace: float(metric(hf.run(ids[0], replace=replace)[0], w))  # noqa: E731
+        want["clean"].append(float(metric(out, w)))
+        want["bad"].append(float(metric(bad_last, w)))
+        want["top"].append(m(rebuilt(ids[0], out_clean, out_bad, [s], [r])))
+        want["last"].append(m(rebuilt(ids[0], out_clean, out_bad, [s_last], [r_last])))
+        want["path"].append(m(rebuilt(ids[0], out_clean, out_bad, [sender], paths)))
+        want["group"].append(m(rebuilt(ids[0], out_clean, out_bad, last_layer, [into_out])))
+    want = {k: np.array(v) for k, v in want.items()}
+    span = want["clean"] - want["bad"]
+    np.testing.assert_allclose(scores.clean, want["clean"], atol=1e-5)
+    np.testing.assert_allclose(scores.corrupted, want["bad"], atol=1e-5)
+    assert span.mean() > 0.05
+    exact = exact_edges(scratch_model, task, [(s, r)])[:, 0]
+    np.testing.assert_allclose(exact, want["clean"] - want["top"], atol=1e-5)
+    assert np.abs(exact).max() > 1e-3
+    # circuits run by the model, not copied: every edge; every edge but the top one, which alone carries the
+    # corrupted output; every edge but the last layer's heads' into the output
+    measure = measure_for(task, "embedding", "cpu", scratch_model)
+    every = C.all_edges(graph).double()
+    but_top, but_group = every.clone(), every.clone()
+    but_top[s, r] = 0
+    but_group[last_layer, into_out] = 0
+    for k, pair in enumerate(task.pairs):  # a pair at a time: their lengths differ
+        rows = torch.tensor([k])
+        with torch.inference_mode():
+            bad = C.run_ids(scratch_model.stack, graph, torch.tensor([pair.corrupted_ids]), measure, rows)
+            for keep, name in ((every, "clean"), (but_top, "top"), (but_group, "group")):
+                got = C.circuit_values(scratch_model.stack, graph, torch.tensor([pair.clean_ids]), bad, keep,
+                                       measure, rows)
+                assert float(got) == pytest.approx(want[name][k], abs=1e-5), name
+    assert np.abs(want["group"] - want["clean"]).max() > 1e-2
+    values, clean, corrupted = circuit_values(scratch_model, scores, [0, graph.n_edges - 1])
+    np.testing.assert_allclose(values[:, 0], want["bad"], atol=1e-5)
+    np.testing.assert_allclose(values[:, 1], want["last"], atol=1e-5)
+    curve = faithfulness(scratch_model, scores, sizes=[0, graph.n_edges - 1])
+    np.testing.assert_allclose(curve.faithfulness, [0.0, (want["last"] - want["bad"]).mean() / span.mean()],
+                               atol=1e-4)
     path = path_patching(scratch_model, task, (3, 11), [(5, h) for h in range(12)], kinds="qkv")
     assert len(path.receivers) == 36 and path.low <= path.share <= path.high
-    np.testing.assert_allclose(path.span, scores.clean - scores.corrupted, atol=1e-5)
+    np.testing.assert_allclose(path.span, span, atol=1e-5)
+    np.testing.assert_allclose(path.effects, want["clean"] - want["path"], atol=1e-5)
+    assert path.share == pytest.approx((want["clean"] - want["path"]).mean() / span.mean(), abs=1e-4)
 
 
 @pytest.fixture(scope="module")
