@@ -300,14 +300,41 @@ def test_minilms_qk_split_sums_to_transformers_scores_and_removing_a_writer_froz
     np.testing.assert_allclose(split.weights, attentions.double().numpy(), atol=1e-5)
     # each of the query side's largest writers taken out of the query's stream, passed through the norms frozen
     norms = [(m, u.detach()) for m, u in norms]
-    side = split.query_writers().set_index("writer")
     s_level, _ = hf.levels()
-    for writer in side.index[:4]:
-        if writer == "biases":
-            continue
-        s = split.writers.index(writer)
-        part = hf.through(outs[s].detach(), norms, int(s_level[s]), 2 * layer)[0, query]
-        q_less = att.query(x[query] - part)[sl].detach()
-        less = (k @ q_less / Dh ** 0.5).double()
-        weight = torch.softmax(less, 0)[split.key].item()
-        assert side.loc[writer, "weight_without"] == pytest.approx(weight, abs=1e-5)
+    fixed = {i: outs[i].detach() for i in range(len(graph.senders))}
+
+    def part_of(writer):  # a writer's output as the head reads it: through the norms above it, frozen
+        i = split.writers.index(writer)
+        return hf.through(outs[i].detach(), norms, int(s_level[i]), 2 * layer)[0]
+
+    def weight_of(q_in, k_in):  # the key's weight from the query's and the keys' streams
+        less = (att.key(k_in)[:, sl] @ att.query(q_in)[sl] / Dh ** 0.5).double()
+        return torch.softmax(less.detach(), 0)[split.key].item()
+
+    def without(writer):  # transformers' layer input with the writer's output zeroed, every norm recomputed
+        i = split.writers.index(writer)
+        _, _, _, streams = hf.run(ids, fix={**fixed, i: torch.zeros_like(fixed[i])})
+        return streams["layer"][layer][0].detach()
+
+    checked = 0
+    for side, frame in (("q", split.query_writers()), ("k", split.key_writers())):
+        for row in frame.head(4).itertuples():
+            if row.writer == "biases":
+                continue
+            part = part_of(row.writer)
+            if side == "q":
+                frozen_out, run_out = weight_of(x[query] - part[query], x), weight_of(without(row.writer)[query], x)
+            else:
+                frozen_out, run_out = weight_of(x[query], x - part), weight_of(x[query], without(row.writer))
+            assert row.weight_without == pytest.approx(frozen_out, abs=1e-5), (side, row.writer)
+            if not np.isnan(row.weight_without_run):
+                assert row.weight_without_run == pytest.approx(run_out, abs=1e-5), (side, row.writer)
+                checked += 1
+    assert checked >= 2  # the runs with a writer taken out, on both sides
+    # each of the largest writer pairs: the query writer's part projected by the query, the key writer's by the key
+    pairs = [row for row in split.pairs(n=8).itertuples() if "biases" not in (row.query_writer, row.key_writer)]
+    for row in pairs:
+        q_part = part_of(row.query_writer)[query] @ att.query.weight[sl].detach().T
+        k_part = part_of(row.key_writer)[split.key] @ att.key.weight[sl].detach().T
+        assert row.part == pytest.approx(float((q_part @ k_part).detach()) / Dh ** 0.5, abs=1e-4 * np.abs(scores).max())
+    assert len(pairs) >= 3
