@@ -2,7 +2,8 @@
 switching layers, the others typing sentences and opening pages, all on a bundled decoder.
 
 ``run_llm_load(url, pid, ...)`` waits for the server to load the model and finish its warm-up (its CPU
-quiet), notes its memory, runs the sessions side by side for ``seconds``, closes them, then follows
+quiet), notes its memory, runs the sessions side by side for ``seconds`` (and on until each has tried
+``at_least`` actions, however slow the machine), closes them, then follows
 the server's memory while it drops what they held. Every action counts as done when the page shows
 what it asked for with nothing left running; one slower than ``ACTION_TIMEOUT`` is an error. Used by
 tests/test_load_llm.py and bench/bench_load.py --llm.
@@ -102,8 +103,9 @@ async def _visitor(n: int, page, url: str, model: str, clock: dict, report: LlmL
     rng = random.Random(n)
     await page.goto(f"{url}/?model={model}")
     await _wait(page, "Explore", "", timeout=300_000)
-    current, k = "Explore", 0
-    while time.monotonic() < clock["end"]:
+    current, k, tried = "Explore", 0, 0
+    while time.monotonic() < clock["end"] or tried < clock["at_least"]:
+        tried += 1
         if current in SHOWS_TEXT and rng.random() < 0.4:
             k += 1
             text = f"{n}.{k}: {rng.choice(CORPUS)}"
@@ -136,7 +138,9 @@ async def _open_long(page, n: int, url: str, model: str, text: str, report: LlmL
 
 async def _long_prompt(n: int, page, n_layers: int, clock: dict, report: LlmLoadReport) -> None:
     rng = random.Random(100 + n)
-    while time.monotonic() < clock["end"]:
+    tried = 0
+    while time.monotonic() < clock["end"] or tried < clock["at_least"]:
+        tried += 1
         await _switch_layer(page, n, rng.randrange(1, n_layers), "layer switch", report)
 
 
@@ -201,13 +205,13 @@ async def _quiet(pid: int, below: float = 0.1, for_s: float = 6.0, timeout: floa
 
 async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, visitors: int, long_prompts: int,
                trainers: int, seconds: float, settle: float, training: str, idle_s: float,
-               idle_switches: int) -> LlmLoadReport:
+               idle_switches: int, at_least: int) -> LlmLoadReport:
     from playwright.async_api import async_playwright
 
     sessions = visitors + long_prompts + trainers
     report = LlmLoadReport(sessions, seconds)
     start, stop = time.monotonic(), asyncio.Event()
-    clock = {"end": float("inf")}
+    clock = {"end": float("inf"), "at_least": at_least}
     sampler = asyncio.create_task(_sample_memory(pid, report, start, stop))
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -264,10 +268,12 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
 
 def run_llm_load(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, *, visitors: int = 3,
                  long_prompts: int = 2, trainers: int = 1, seconds: float = 240, settle: float = 60,
-                 training: str = TRAINING, idle_s: float = 20, idle_switches: int = 3) -> LlmLoadReport:
+                 training: str = TRAINING, idle_s: float = 20, idle_switches: int = 3,
+                 at_least: int = 0) -> LlmLoadReport:
     """``training``: the Train page's URL query for the sessions that train; ``idle_s``: how long a training
     runs alone first, for its speed before the class; ``idle_switches``: how many layer switches a long prompt
-    makes alone first, for what a switch costs before the class."""
+    makes alone first, for what a switch costs before the class; ``at_least``: the actions each visitor and long
+    prompt tries whatever the time (each bounded by ``ACTION_TIMEOUT``)."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, _run(url, pid, model, long_texts, n_layers, visitors, long_prompts, trainers,
-                                             seconds, settle, training, idle_s, idle_switches)).result()
+                                             seconds, settle, training, idle_s, idle_switches, at_least)).result()
