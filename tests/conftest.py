@@ -28,6 +28,15 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1":
 from models import load_model
 from models.files import default_model_dir
 
+try:  # property tests (tests/test_properties.py): on CI the same examples every run, found again if one fails
+    from hypothesis import settings as _hypothesis
+
+    _hypothesis.register_profile("ci", derandomize=True, print_blob=True)
+    if os.environ.get("CI"):
+        _hypothesis.load_profile("ci")
+except ImportError:  # the app's own requirements, without the test ones
+    pass
+
 CORPUS = [
     "Which do you like better, coffee or tea?",
     "The cat sat on the mat because it was warm.",
@@ -131,6 +140,25 @@ def build_tiny(family: str, folder, minilm_dir):
     else:
         raise ValueError(family)
     model.eval().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def build_words_gpt2(folder, texts: list[str]):
+    """Save a tiny random GPT-2 in ``folder`` whose byte-level BPE, trained on ``texts``, holds each of their words
+    whole (a causal tokenizer whose tokens a test can work out by hand)."""
+    import transformers as tf
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(list(texts) * 4, vocab_size=400, min_frequency=1,
+                            special_tokens=["<s>", "</s>", "<unk>"], show_progress=False)
+    spec = json.loads(bpe._tokenizer.to_str())["model"]
+    tok = tf.GPT2Tokenizer(vocab=spec["vocab"], merges=[tuple(m) for m in spec["merges"]], unk_token="<unk>",
+                           bos_token="<s>", eos_token="</s>")
+    torch.manual_seed(0)
+    tf.GPT2Model(tf.GPT2Config(vocab_size=len(spec["vocab"]), n_embd=16, n_layer=2, n_head=2, n_positions=64,
+                               bos_token_id=0, eos_token_id=1)).eval().save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
 

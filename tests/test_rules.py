@@ -5,6 +5,7 @@ import pytest
 from analysis.roles import load_spacy
 from analysis.rules import RULES, Reading, rule_named
 from models import HeadLensError, load_model
+from tests.conftest import build_words_gpt2
 
 CAT = "The cat sat on the mat."
 # [CLS] the cat sat on the mat . [SEP]
@@ -98,25 +99,8 @@ CAUSAL_CAT = "The cat sat on the mat."
 
 @pytest.fixture(scope="module")
 def words_gpt2(tmp_path_factory):
-    """A tiny random GPT-2 whose byte-level BPE, trained on the two sentences above, holds each of their words whole."""
-    import json
-
-    import torch
-    import transformers as tf
-    from tokenizers import ByteLevelBPETokenizer
-
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator([REPEAT, CAUSAL_CAT] * 4, vocab_size=400, min_frequency=1,
-                            special_tokens=["<s>", "</s>", "<unk>"], show_progress=False)
-    spec = json.loads(bpe._tokenizer.to_str())["model"]
-    tok = tf.GPT2Tokenizer(vocab=spec["vocab"], merges=[tuple(m) for m in spec["merges"]], unk_token="<unk>",
-                           bos_token="<s>", eos_token="</s>")
-    folder = tmp_path_factory.mktemp("words-gpt2")
-    torch.manual_seed(0)
-    tf.GPT2Model(tf.GPT2Config(vocab_size=len(spec["vocab"]), n_embd=16, n_layer=1, n_head=2, n_positions=32,
-                               bos_token_id=0, eos_token_id=1)).eval().save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return load_model(folder)
+    """A tiny random GPT-2 whose tokenizer holds each word of the two sentences above whole."""
+    return load_model(build_words_gpt2(tmp_path_factory.mktemp("words-gpt2"), [REPEAT, CAUSAL_CAT]))
 
 
 def test_the_causal_tokens_are_whole_words(words_gpt2):
