@@ -16,6 +16,7 @@ os.environ.setdefault("HEADLENS_WARM_UP", "0")
 
 import inspect
 
+import hypothesis
 import pytest
 import torch
 
@@ -28,14 +29,10 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1":
 from models import load_model
 from models.files import default_model_dir
 
-try:  # property tests (tests/test_properties.py): on CI the same examples every run, found again if one fails
-    from hypothesis import settings as _hypothesis
-
-    _hypothesis.register_profile("ci", derandomize=True, print_blob=True)
-    if os.environ.get("CI"):
-        _hypothesis.load_profile("ci")
-except ImportError:  # the app's own requirements, without the test ones
-    pass
+# property tests (tests/test_properties.py): on CI the same examples every run, a failing one printed to replay
+hypothesis.settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis.settings.load_profile("ci")
 
 CORPUS = [
     "Which do you like better, coffee or tea?",
