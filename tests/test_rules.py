@@ -54,6 +54,21 @@ def test_each_rule_on_a_hand_worked_sentence(hf_model, name, expected):
     assert rule_named(name).keys(hf_model, CAT) == expected
 
 
+TWO = 'Embeddings help. She said "no."'
+# [CLS] em ##bed ##ding ##s help .  she said "  no  .  "  [SEP]     spaCy: two sentences, words 0-2 and 3-8
+#   0    1    2     3    4    5   6   7    8   9  10  11 12   13
+
+
+@pytest.mark.parametrize("text, name, expected", [
+    (TWO, "final mark", [[]] + [[6]] * 6 + [[11]] * 6 + [[]]),       # the full stop before the closing quote
+    (TWO, "sentence start", [[]] + [[1]] * 6 + [[7]] * 6 + [[]]),    # each sentence's first piece, "em" alone
+    ("The cat sat", "final mark", [[]] * 5),                          # no final mark
+    ("The cat sat", "sentence start", [[], [1], [1], [1], []]),
+])
+def test_sentence_rules_on_two_sentences_a_closing_quote_and_a_word_in_pieces(hf_model, text, name, expected):
+    assert rule_named(name).keys(hf_model, text) == expected
+
+
 def test_a_words_pieces_share_its_keys_and_a_rule_names_every_piece(hf_model):
     """A word in several pieces: every piece of the verb names every piece of its object, as the tokenizer groups
     them; spaCy's parse says which word is the object."""
