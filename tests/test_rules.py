@@ -1,5 +1,7 @@
 """Rules that say where a head should attend (``analysis.rules``): each rule's keys on hand-worked sentences, in
 all-MiniLM-L6-v2's tokens and a tiny GPT-2's, against the tokenizer's own word ids and spaCy's own parse."""
+import re
+
 import pytest
 
 from analysis.roles import load_spacy
@@ -63,6 +65,8 @@ TWO = 'Embeddings help. She said "no."'
     (TWO, "final mark", [[]] + [[6]] * 6 + [[11]] * 6 + [[]]),       # the full stop before the closing quote
     (TWO, "sentence start", [[]] + [[1]] * 6 + [[7]] * 6 + [[]]),    # each sentence's first piece, "em" alone
     ("The cat sat", "final mark", [[]] * 5),                          # no final mark
+    ('?"', "final mark", [[], [1], [1], []]),                         # the mark is the sentence's first word
+    ('"', "final mark", [[]] * 3),                                    # a sentence of a closing quote alone
     ("The cat sat", "sentence start", [[], [1], [1], [1], []]),
 ])
 def test_sentence_rules_on_two_sentences_a_closing_quote_and_a_word_in_pieces(hf_model, text, name, expected):
@@ -166,6 +170,27 @@ def test_an_attentions_reading_is_the_models(scratch_model):
     att = scratch_model.attend(CAT)
     for name in ("previous token", "dependency head", "focus: object", "induction"):
         assert rule_named(name).keys_of(Reading.of(att)) == rule_named(name).keys(scratch_model, CAT), name
+
+
+FAMILIES = {"positional": ["previous token", "next token", "itself", "2 back", "3 back", "first token", "last token"],
+            "lexical": ["duplicate", "induction", "punctuation", "final mark", "sentence start"],
+            "syntactic": ["dependency head", "root verb", *(f"dependents: {rel}" for rel in (
+                "nsubj", "dobj", "det", "amod", "prep", "pobj", "aux", "advmod", "compound", "conj", "poss"))],
+            "focus": ["focus: sentence_type", "focus: object", "focus: relation", "focus: sentiment"]}
+
+
+def test_each_rule_has_its_family_and_a_sentence_that_follows_a_heads_name():
+    """The families by hand; each sentence is lower-case prose that reads after "L5 H11 " ([CLS] and [SEP] as the
+    tokenizer writes them), names a relation's tag, and differs from every other rule's."""
+    assert {name: rule.family for name, rule in RULES.items()} == {
+        name: family for family, names in FAMILIES.items() for name in names}
+    for name, rule in RULES.items():
+        assert rule.name == name and rule_named(name) is rule
+        prose = rule.sentence.replace("[CLS]", "").replace("[SEP]", "")
+        assert re.fullmatch(r"attends (to|from) [a-z0-9 ,'()-]+", prose), rule.sentence
+        if name.startswith("dependents: "):
+            assert rule.sentence.endswith(f"({name.split(': ')[1]})")
+    assert len({rule.sentence for rule in RULES.values()}) == len(RULES)
 
 
 def test_a_union_says_both_and_an_unknown_name_gets_a_sentence():
