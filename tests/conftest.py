@@ -29,10 +29,13 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1":
 from models import load_model
 from models.files import default_model_dir
 
-# property tests (tests/test_properties.py): on CI the same examples every run, a failing one printed to replay
+# property tests (tests/test_properties.py): on CI the same examples every run, a failing one printed to replay;
+# under scripts/mutants (HYPOTHESIS_PROFILE=fail-fast) the same, and a failing example ends the test unshrunk
 hypothesis.settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
-    hypothesis.settings.load_profile("ci")
+hypothesis.settings.register_profile("fail-fast", derandomize=True, phases=[
+    hypothesis.Phase.explicit, hypothesis.Phase.reuse, hypothesis.Phase.generate], database=None)
+if os.environ.get("HYPOTHESIS_PROFILE") or os.environ.get("CI"):
+    hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
 
 CORPUS = [
     "Which do you like better, coffee or tea?",
