@@ -112,6 +112,24 @@ class HFGraph:
         receivers = [2 * layer + (kind == "mlp") for kind, layer, _ in self.graph.receivers]
         return senders, receivers
 
+    def eap(self, clean, bad, metric) -> np.ndarray:
+        """``(senders, receivers)``: each edge's EAP score by transformers, ``metric(last hidden state)`` ``(B,)``'s
+        derivative along the sender's clean - corrupted change, passed through the norms between (their scales
+        frozen at the clean run) and added to the receiver's input."""
+        _, out_clean, norms, _ = self.run(clean)
+        _, out_bad, _, _ = self.run(bad)
+        delta = (out_clean - out_bad).detach()
+        norms = [(m, u.detach()) for m, u in norms]
+        s_level, r_level = self.levels()
+        want = np.zeros((len(self.graph.senders), len(self.graph.receivers)))
+        for r in range(len(self.graph.receivers)):
+            m = int(self.graph.reach[r])
+            parts = torch.stack([self.through(delta[s], norms, s_level[s], r_level[r]) for s in range(m)])
+            eps = torch.zeros(m, dtype=torch.float64, requires_grad=True)
+            last, *_ = self.run(clean, extra={r: torch.einsum("s,sbne->bne", eps, parts)}, grad=True)
+            want[:m, r] = torch.autograd.grad(metric(last).sum(), eps)[0].numpy()
+        return want
+
     def through(self, part, norms, first, stop):
         """``part`` passed through norms ``first`` to ``stop`` (exclusive), transformers' own, their scales frozen
         at the inputs ``norms`` a run gave them; no bias."""
@@ -136,18 +154,7 @@ def test_eap_edges_are_each_senders_change_through_frozen_norms_times_the_receiv
     ours, stack, graph, hf, (clean, bad), w, measure = bert
     rows = torch.zeros(1, dtype=torch.long)
     scores, run, bad_run = C.edge_attribution(stack, graph, clean, bad, measure, rows)
-    _, out_clean, norms, _ = hf.run(clean)
-    _, out_bad, _, _ = hf.run(bad)
-    delta = (out_clean - out_bad).detach()
-    norms = [(m, u.detach()) for m, u in norms]
-    s_level, r_level = hf.levels()
-    want = np.zeros(scores.shape)
-    for r in range(len(graph.receivers)):
-        m = int(graph.reach[r])
-        parts = torch.stack([hf.through(delta[s], norms, int(s_level[s]), int(r_level[r])) for s in range(m)])
-        eps = torch.zeros(m, dtype=torch.float64, requires_grad=True)
-        last, *_ = hf.run(clean, extra={r: torch.einsum("s,sbne->bne", eps, parts)}, grad=True)
-        want[:m, r] = torch.autograd.grad(metric(last, w).sum(), eps)[0].numpy()
+    want = hf.eap(clean, bad, lambda last: metric(last, w))
     np.testing.assert_allclose(scores.numpy(), want, atol=1e-9)
     assert np.abs(want).max() > 2e-3 and (np.abs(want) > 1e-5).sum() > 50  # edges that carry something
 

@@ -201,18 +201,7 @@ def test_a_masked_lms_eap_edges_are_transformers_gradients_through_its_frozen_no
         logits = head(last)[:, mask]
         return logits[:, a] - logits[:, d]
 
-    _, out_clean, norms, _ = hf.run(clean)
-    _, out_bad, _, _ = hf.run(corrupted)
-    delta = (out_clean - out_bad).detach()
-    norms = [(m, u.detach()) for m, u in norms]
-    s_level, r_level = hf.levels()
-    want = np.zeros(scores.shape)
-    for r in range(len(graph.receivers)):
-        m = int(graph.reach[r])
-        parts = torch.stack([hf.through(delta[s], norms, int(s_level[s]), int(r_level[r])) for s in range(m)])
-        eps = torch.zeros(m, dtype=torch.float64, requires_grad=True)
-        last, *_ = hf.run(clean, extra={r: torch.einsum("s,sbne->bne", eps, parts)}, grad=True)
-        want[:m, r] = torch.autograd.grad(metric(last).sum(), eps)[0].numpy()
+    want = hf.eap(clean, corrupted, metric)
     np.testing.assert_allclose(scores.numpy(), want, atol=1e-8)
     assert np.abs(want).max() > 1e-2 and (np.abs(want) > 1e-5).sum() > 50  # edges that carry something
 
