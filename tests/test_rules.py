@@ -5,7 +5,7 @@ import re
 import pytest
 
 from analysis.roles import load_spacy
-from analysis.rules import RULES, Reading, rule_named
+from analysis.rules import RULES, Reading, Rule, rule_named
 from models import HeadLensError, load_model
 from tests.conftest import build_words_gpt2
 
@@ -24,6 +24,30 @@ def test_the_tokens_are_the_tokenizers(hf_model):
     reading = Reading.read(hf_model, CAT)
     assert reading.tokens == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
     assert reading.special.tolist() == [True] + [False] * 7 + [True] and not reading.causal
+    assert reading.special.dtype == bool  # read as a mask: ~special, special[keys]
+
+
+def test_a_text_past_the_models_length_is_read_as_attend_cuts_it(hf_model):
+    text = " ".join(["cat", "sat"] * 400)  # 800 words, one token each
+    assert len(Reading.read(hf_model, text)) == hf_model.max_tokens == len(hf_model.attend(text).tokens) == 512
+    keys = rule_named("previous token").keys(hf_model, text)
+    assert len(keys) == 512 and keys[-1] == [510]
+
+
+def test_a_word_that_holds_no_token_is_named_by_none(hf_model):
+    """spaCy splits "gonna" into "gon" and "na"; WordPiece keeps one token, whose first character is in "gon":
+    "go"'s auxiliary "na" holds no token, so go's auxiliaries name none; gon's are "'m" ("'", "m")."""
+    # [CLS] i ' m gonna go . [SEP]
+    assert rule_named("dependents: aux").keys(hf_model, "I'm gonna go.") == [[], [], [], [], [2, 3], [], [], []]
+
+
+def test_a_rule_of_ones_own_is_kept_to_the_text_and_before_a_causal_query(hf_model, tiny):
+    mine = Rule("mine", "positional", "attends to anywhere", lambda r: [[-1, q, q + 1, len(r), len(r) + 3]
+                                                                        for q in range(len(r))])
+    n = len(Reading.read(hf_model, CAT))
+    assert mine.keys(hf_model, CAT) == [[q, q + 1] if q + 1 < n else [q] for q in range(n)]
+    gpt2 = load_model(tiny("gpt2"))
+    assert mine.keys(gpt2, "The cat sat.") == [[q] for q in range(len(Reading.read(gpt2, "The cat sat.")))]
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -202,3 +226,5 @@ def test_a_union_says_both_and_an_unknown_name_gets_a_sentence():
         rule_named("previos token")
     with pytest.raises(HeadLensError, match="no rule named"):
         rule_named("previous token or itself or first token")
+    with pytest.raises(HeadLensError, match="no rule named 'bogus'. Rules: previous token, next token, itself, "):
+        rule_named("previous token or bogus")
