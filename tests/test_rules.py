@@ -34,6 +34,13 @@ def test_a_text_past_the_models_length_is_read_as_attend_cuts_it(hf_model):
     assert len(keys) == 512 and keys[-1] == [510]
 
 
+def test_a_decoders_text_is_cut_at_its_positions_not_its_tokenizers_length(tiny):
+    gpt2 = load_model(tiny("gpt2"))  # 64 positions; its tokenizer's own limit is far larger
+    text = " ".join(["The cat sat on the mat."] * 30)
+    assert gpt2.tokenizer.model_max_length > 10_000 and len(gpt2.tokenizer(text)["input_ids"]) > 64
+    assert len(Reading.read(gpt2, text)) == gpt2.max_tokens == len(gpt2.attend(text).tokens) == 64
+
+
 def test_a_word_that_holds_no_token_is_named_by_none(hf_model):
     """spaCy splits "gonna" into "gon" and "na"; WordPiece keeps one token, whose first character is in "gon":
     "go"'s auxiliary "na" holds no token, so go's auxiliaries name none; gon's are "'m" ("'", "m")."""
@@ -219,6 +226,7 @@ def test_each_rule_has_its_family_and_a_sentence_that_follows_a_heads_name():
 
 def test_a_union_says_both_and_an_unknown_name_gets_a_sentence():
     rule = rule_named("previous token or first token")
+    assert rule.name == "previous token or first token"
     assert rule.sentence.startswith("attends to the previous token, or to the first token")
     assert rule.family == "positional"
     assert rule_named("induction or first token").family == "lexical or positional"
