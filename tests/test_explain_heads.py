@@ -62,8 +62,13 @@ def _check(frame, folder, model, fit, held_out, causal):
     # held out: the chosen rule and the best positional one
     for r in frame.sample(min(12, len(frame)), random_state=0).itertuples():
         parts = _hand_parts(folder, model, held_out, rule_named(r.rule), causal)
-        held = (sum(p["score"] for p in parts) / sum(p["queries"] for p in parts))[r.layer, r.head]
+        queries = sum(p["queries"] for p in parts)
+        held = (sum(p["score"] for p in parts) / queries)[r.layer, r.head]
         assert r.score == pytest.approx(held, abs=1e-5)
+        assert r.coverage == pytest.approx(sum(p["covered"] for p in parts) / queries, abs=1e-12)
+        assert r.lift == pytest.approx(held / (sum(p["uniform"] for p in parts) / queries), rel=1e-4)
+        assert r.sink_share == pytest.approx((sum(p["sink"] for p in parts) / queries)[r.layer, r.head], abs=1e-5)
+        assert r.family == rule_named(r.rule).family
         check_interval([r.lo], [r.hi], *_drawn(parts, r.layer, r.head))
         positional = _hand_scores(folder, model, held_out, RULES[r.positional], causal)[r.layer, r.head]
         assert r.lift_positional == pytest.approx(held / positional, rel=1e-4)
@@ -88,6 +93,17 @@ def test_a_decoders_heads_set_the_first_token_aside(tmp_path):
     frame = explain_heads(model, fit, held, replicates=1000)
     assert frame.attrs["causal"] is True
     _check(frame, folder, model, fit, held, causal=True)
+
+
+def test_the_corpus_halves_alternate_and_a_head_at_the_bar_is_explained(scratch_model):
+    fit, held = corpus_halves()
+    assert fit == list(CORPUS[0::2]) and held == list(CORPUS[1::2])  # every other sentence: both span the corpus
+    frame = pd.DataFrame({"score": [EXPLAINED, EXPLAINED - 1e-9, 0.99, 0.1]})
+    assert explained_share(frame) == 0.5 and explained_share(frame, at_least=0.05) == 1.0
+    held_out = scratch_model.attend(HELD_OUT)
+    for fit_texts, held_texts in (([], held_out), (held_out, [])):
+        with pytest.raises(HeadLensError, match="at least one of each"):
+            explain_attentions(fit_texts, held_texts)
 
 
 def test_the_fit_and_held_out_texts_are_kept_apart(scratch_model):
