@@ -270,15 +270,14 @@ def test_an_encoders_tasks_have_forty_pairs_of_each_focus_read_by_its_tokenizer(
 def test_an_encoder_task_table_matches_its_pairs_patched_one_at_a_time(scratch_model):
     task = make_task(scratch_model, "objects", 6, seed=1)
     effects = run_task(scratch_model, task, residual=False)
+    frames = [patch_heads(scratch_model, p.clean, p.corrupted, *p.probes) for p in task.pairs]
     for k in (0, 5):
-        p = task.pairs[k]
-        one = patch_heads(scratch_model, p.clean, p.corrupted, *p.probes)["recovered"].to_numpy().reshape(6, 12)
-        np.testing.assert_allclose(effects.recovered("heads")[k], one, atol=1e-5)
+        np.testing.assert_allclose(effects.recovered("heads")[k], frames[k]["recovered"].to_numpy().reshape(6, 12),
+                                   atol=1e-5)
     frame = table(effects)
     assert frame.attrs["metric"] == "embedding"
     # the table by hand from the pairs patched one at a time: the mean normalised over the set, the exact sign-flip
     # p-value over all 2^6 flips, Benjamini-Hochberg, and an interval within the pairs' own ratios
-    frames = [patch_heads(scratch_model, p.clean, p.corrupted, *p.probes) for p in task.pairs]
     spans = np.array([f.attrs["ld_clean"] - f.attrs["ld_corrupted"] for f in frames])
     effect = np.stack([f["recovered"].to_numpy() * s for f, s in zip(frames, spans)])     # (pairs, heads)
     np.testing.assert_allclose(frame["mean"], effect.sum(0) / spans.sum(), atol=1e-5)

@@ -4,7 +4,6 @@ a tiny GPT-2 (a decoder: the first token set aside, each query's weights on keys
 rule names are worked out here from the tokenizer's ids and spaCy's parse, and each interval is checked against the
 Poisson bootstrap's own distribution, enumerated."""
 import functools
-
 import itertools
 
 import numpy as np
@@ -26,8 +25,10 @@ def _transformers(folder: str):
     return AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
 
 
+@functools.lru_cache(maxsize=256)
 def transformers_weights(folder, model, text: str) -> np.ndarray:
-    """(layers, heads, n, n) from transformers' eager attention, the text tokenized by the model's tokenizer."""
+    """(layers, heads, n, n) from transformers' eager attention, the text tokenized by the model's tokenizer; a text
+    run once however many rules are scored on it (read only)."""
     hf = _transformers(str(folder))
     ids = model.tokenize(text, truncation=True, max_length=model.max_tokens, return_tensors="pt")
     with torch.no_grad():
@@ -72,7 +73,7 @@ def hand_keys(name: str, tokenizer, text: str) -> tuple[list[list[int]], list[bo
     return [sorted({k for part in name.split(" or ") for k in one(part, q)}) for q in range(n)], special
 
 
-def exact_interval(parts: list[dict], heads: np.ndarray | None = None, most: int = 16) -> tuple:
+def exact_interval(parts: list[dict], most: int = 16) -> tuple:
     """The Poisson bootstrap of ``sum(score) / sum(queries)`` over the texts ``parts``, enumerated: every draw of each
     text's count (0 … ``most``) with its probability, resamples with no query dropped; ``(values (draws, heads),
     probabilities (draws,))`` for the quantiles below."""

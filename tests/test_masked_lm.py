@@ -23,17 +23,35 @@ WORDS = {"bert": ("tea", "juice"), "roberta": (" the", " you"), "distilbert": ("
 SWAP = {"bert": "juice", "roberta": "water", "distilbert": "juice"}  # as many tokens as "coffee" to each tokenizer
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, minilm_dir):
+    """``built(name)``: (ours in float64, transformers' masked-LM model in float64, tokenizer), once per family."""
+    done = {}
+
+    def build(name: str):
+        if name not in done:
+            done[name] = saved_tiny(name, tmp_path_factory.mktemp(f"masked-{name}"), minilm_dir, FAMILIES[name][0])
+        return done[name]
+
+    return build
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
-def family(request, tmp_path_factory, minilm_dir):
+def family(request, built):
     """(name, ours in float64, transformers' masked-LM model in float64, tokenizer)."""
-    name = request.param
-    folder = tmp_path_factory.mktemp(f"masked-{name}")
-    return (name, *saved_tiny(name, folder, minilm_dir, FAMILIES[name][0]))
+    return (request.param, *built(request.param))
 
 
 def prompts(tok, name: str) -> tuple[str, str]:
     m = tok.mask_token
     return f"Which do you like better, coffee or {m}?", f"Which do you like better, {SWAP[name]} or {m}?"
+
+
+def _ids_and_tokens(tok, name):
+    """The clean and corrupted ids, the mask's position, and the answer's and distractor's ids, by the tokenizer."""
+    ids = [tok(t, return_tensors="pt")["input_ids"] for t in prompts(tok, name)]
+    a, d = (tok(w, add_special_tokens=False)["input_ids"][0] for w in WORDS[name])
+    return ids, ids[0][0].tolist().index(tok.mask_token_id), a, d
 
 
 def test_the_masked_lm_head_is_read_with_the_encoder(family):
@@ -79,9 +97,7 @@ def test_heads_patched_and_attributed_at_the_mask_equal_transformers_hooks(famil
     layers, H = layers_of(theirs), 4
     clean, corrupted = prompts(tok, name)
     words = WORDS[name]
-    a, d = (tok(w, add_special_tokens=False)["input_ids"][0] for w in words)
-    ids = [tok(t, return_tensors="pt")["input_ids"] for t in (clean, corrupted)]
-    mask = ids[0][0].tolist().index(tok.mask_token_id)
+    ids, mask, a, d = _ids_and_tokens(tok, name)
     m_clean, clean_z = _theirs_metric(theirs, ids[0], mask, a, d, layers, out_proj, H)
     m_bad, _ = _theirs_metric(theirs, ids[1], mask, a, d, layers, out_proj, H)
     rows = [(layer * H + h, layer, h, clean_z[layer][0]) for layer in range(2) for h in range(H)]
@@ -142,13 +158,6 @@ def test_what_a_masked_lm_metric_cannot_read_gets_a_sentence(family):
             patch_heads(ours, clean, corrupted, "tea", "hot chocolate")
 
 
-def _ids_and_tokens(tok, name):
-    """The clean and corrupted ids, the mask's position, and the answer's and distractor's ids, by the tokenizer."""
-    ids = [tok(t, return_tensors="pt")["input_ids"] for t in prompts(tok, name)]
-    a, d = (tok(w, add_special_tokens=False)["input_ids"][0] for w in WORDS[name])
-    return ids, ids[0][0].tolist().index(tok.mask_token_id), a, d
-
-
 def test_a_masked_lm_circuit_of_every_edge_or_none_is_transformers_clean_or_corrupted_run(family):
     name, ours, theirs, tok = family
     from analysis.effects.frames import pair_measure
@@ -173,11 +182,11 @@ def test_a_masked_lm_circuit_of_every_edge_or_none_is_transformers_clean_or_corr
 
 
 @pytest.fixture(scope="module", params=["bert", "roberta"])
-def hooked_mlm(request, tmp_path_factory, minilm_dir):
+def hooked_mlm(request, built):
     """A masked-LM BERT or RoBERTa (their layers name their parts alike): ours, transformers' model, its base model
     and its masked-LM head, the tokenizer."""
     name = request.param
-    ours, theirs, tok = saved_tiny(name, tmp_path_factory.mktemp(f"eap-{name}"), minilm_dir, FAMILIES[name][0])
+    ours, theirs, tok = built(name)
     base, head = (theirs.bert, theirs.cls) if name == "bert" else (theirs.roberta, theirs.lm_head)
     return name, ours, base, head, tok
 

@@ -26,12 +26,10 @@ sentences = st.lists(st.sampled_from(WORDS), min_size=1, max_size=16).map(" ".jo
 
 
 @pytest.fixture(scope="module")
-def words():
+def words(tmp_path_factory):
     """The tiny GPT-2 (every word of ``WORDS`` one token, first in a text or after a space), in float64."""
-    import tempfile
-
-    folder = build_words_gpt2(tempfile.mkdtemp(prefix="words-gpt2-"), [" ".join(WORDS), *WORDS,
-                                                                          " ".join(reversed(WORDS))])
+    folder = build_words_gpt2(tmp_path_factory.mktemp("words-gpt2"), [" ".join(WORDS), *WORDS,
+                                                                       " ".join(reversed(WORDS))])
     model = load_model(folder, backend="scratch")
     model.stack.double()
     return model
