@@ -53,7 +53,7 @@ def metric_with_heads(model: AttentionModel, task: Task, metric: str, keep: np.n
     every other one giving its mean output."""
     stack = patching_stack(model, WHAT)
     device = device_of(stack)
-    measure = measure_for(task, metric, device, model)
+    measure = measure_for(model, task, metric)
     mask = torch.as_tensor(keep, dtype=torch.float32, device=device)
     fill = means.to(device, stack.embed(torch.zeros(1, 1, dtype=torch.long, device=device)).dtype)
     out = np.zeros(len(task))

@@ -18,20 +18,17 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models.run import device_of, patching_stack
+from models.run import patching_stack
 
 from .effects import METHODS
 from .effects import batched as B
 from .effects import parts as P
+from .effects.metrics import Metric
+from .effects.readouts import TASK_METRICS, readout_reading
 from .significance import summarise
 from .tasks import Task
 
-METRICS = {"logit_diff": "logit difference: logit(answer) − logit(distractor)",
-           "prob_diff": "probability difference: p(answer) − p(distractor)",
-           "greater_than": "greater-than: p(years after YY) − p(years up to YY)",
-           "embedding": "embedding difference: cos(e, answer) − cos(e, distractor)",
-           "masked_logit_diff": "masked logit difference: logit(answer) − logit(distractor) at the [MASK]"}
-ENCODER_METRICS = ("embedding", "masked_logit_diff")
+METRICS = TASK_METRICS
 NORMALISE = {"set": "over the set: mean effect / mean (clean − corrupted)",
              "pair": "per pair: mean of each pair's effect / its (clean − corrupted)"}
 BATCH_PAIRS = 16   # pairs traced together
@@ -39,47 +36,10 @@ BATCH_PAIRS = 16   # pairs traced together
 Progress = Callable[[int, int], None]
 
 
-def measure_for(task: Task, metric: str, device, model=None) -> B.Measure:
-    """The task's metric as ``effects.batched.Measure`` over its pairs (``model``: the one the embedding metric
-    embeds the probes with)."""
-    if metric not in METRICS:
-        raise HeadLensError(f"Unknown metric '{metric}': choose one of {', '.join(METRICS)}.")
-    encoder = model is not None and not model.causal
-    if encoder and metric not in ENCODER_METRICS:
-        raise HeadLensError(f"The {METRICS[metric].split(':')[0]} is read from a language model's next-token "
-                            "logits; on an encoder a task's metric is the embedding difference: choose a task of "
-                            "an encoder (objects, relation, sentence type, sentiment) or pairs with probe texts.")
-    if metric == "masked_logit_diff":
-        if not encoder or not all("MASK" in dict(p.roles) for p in task.pairs):
-            raise HeadLensError("The masked logit difference reads a masked-LM encoder's logits at each pair's "
-                                "[MASK]: upload pairs whose clean prompt has one, on a model opened with its "
-                                "masked-LM head.")
-        return B.Measure("masked", torch.tensor([[p.answer, p.distractor] for p in task.pairs], device=device),
-                         torch.tensor([[1.0, -1.0]] * len(task.pairs), device=device),
-                         torch.tensor([p.role("MASK") for p in task.pairs], device=device))
-    if metric == "embedding":
-        if not encoder:
-            raise HeadLensError("The embedding difference is an encoder's metric; on a language model choose the "
-                                "logit or probability difference.")
-        if not all(p.probes for p in task.pairs):
-            raise HeadLensError("The embedding difference compares each sentence with its pair's probe texts; "
-                                "this task's pairs have none: choose an encoder's task or upload pairs with them"
-                                + (" (pairs with a [MASK] take the masked logit difference)." if
-                                   all("MASK" in dict(p.roles) for p in task.pairs) else "."))
-        return B.embedding_measure(model, [p.probes for p in task.pairs])
-    if metric == "greater_than":
-        if not all(p.above and p.below for p in task.pairs):
-            raise HeadLensError("The greater-than metric reads the years after and up to a pair's YY: choose the "
-                                "greater_than task, or the logit or probability difference.")
-        width = max(len(p.above) + len(p.below) for p in task.pairs)
-        tokens = [list(p.above + p.below) + [0] * (width - len(p.above) - len(p.below)) for p in task.pairs]
-        weights = [[1.0] * len(p.above) + [-1.0] * len(p.below) + [0.0] * (width - len(p.above) - len(p.below))
-                   for p in task.pairs]
-    else:
-        tokens = [[p.answer, p.distractor] for p in task.pairs]
-        weights = [[1.0, -1.0]] * len(task.pairs)
-    return B.Measure("logit" if metric == "logit_diff" else "prob", torch.tensor(tokens, device=device),
-                     torch.tensor(weights, device=device))
+def measure_for(model: AttentionModel, task: Task, metric: str) -> Metric:
+    """The task's ``metric`` over its pairs, as the model's readout of it reads them (``effects.readouts``); a
+    sentence naming the model's metrics for one it does not read."""
+    return readout_reading(model, metric).task_metric(task, metric)
 
 
 def batches(task: Task, size: int = BATCH_PAIRS) -> list[np.ndarray]:
@@ -154,7 +114,7 @@ def run_task(model: AttentionModel, task: Task, metric: str | None = None, metho
     stack, metric = patching_stack(model), metric or task.metric
     if not len(task):
         raise HeadLensError("The task has no pairs.")
-    measure = measure_for(task, metric, device_of(stack), model)
+    measure = measure_for(model, task, metric)
     roles = tuple(task.roles)
     N, L, H, R = len(task), stack.n_layers, stack.n_heads, len(roles)
     out = {"clean": np.zeros(N), "corrupted": np.zeros(N), "attribution": np.zeros((N, L, H)),
@@ -174,14 +134,15 @@ def run_task(model: AttentionModel, task: Task, metric: str | None = None, metho
     return TaskEffects(task, metric, method, roles, **out)
 
 
-def _run_batch(model, stack, task: Task, measure: B.Measure, idx: np.ndarray, roles, method: str, residual: bool,
+def _run_batch(model, stack, task: Task, measure: Metric, idx: np.ndarray, roles, method: str, residual: bool,
                out: dict, progress) -> None:
     L, H = stack.n_layers, stack.n_heads
     pairs = [task.pairs[i] for i in idx]
     b, rows = len(pairs), torch.as_tensor(idx)
     clean = P.trace_batch(model, torch.tensor([p.clean_ids for p in pairs]))
     out["clean"][idx] = B.final_measures(stack, clean, measure, rows)
-    out["attribution"][idx] = _attribution(stack, clean, measure, idx)
+    with torch.inference_mode():
+        out["attribution"][idx] = measure.heads(stack, clean, idx)
     positions = np.array([[p.role(r) for r in roles] for p in pairs])                  # (b, R)
     out["role_attention"][idx] = _role_attention(stack, clean, positions)
     bad_ids = torch.tensor([p.corrupted_ids for p in pairs])
@@ -208,23 +169,6 @@ def _run_batch(model, stack, task: Task, measure: B.Measure, idx: np.ndarray, ro
     out["heads"][idx] = effect
     if residual:
         out["residual"][idx] = values[b * len(kept):].reshape(b, L, R) - base[:, None, None]
-
-
-@torch.inference_mode()
-def _attribution(stack, clean, measure: B.Measure, idx: np.ndarray) -> np.ndarray:
-    """``(b, layers, heads)``: each head's output at each prompt's last token, through the final norm (its scale
-    frozen at the prompt's own) and along the pair's direction; on an encoder, its output at every token through
-    the norms above it, pooled (``parts.embedding_parts``); none (NaN) for a masked token's logits."""
-    if measure.kind == "masked":  # the masked-LM head is not linear: no head has a direct part of its logits
-        return np.full((len(idx), stack.n_layers, stack.n_heads), np.nan)
-    if measure.kind == "embedding":  # an encoder's: every token's part, through the post-norms frozen
-        return P.embedding_parts(stack, clean, measure.weights[torch.as_tensor(idx)])["heads"].double().cpu().numpy()
-    results = P.head_results(stack, clean)                                        # (b, L, H, E)
-    out = np.zeros(results.shape[:3])
-    for k, p in enumerate(idx):
-        frozen, _ = stack.frozen_finish(clean.resid[-1][k, -1])
-        out[k] = (frozen(results[k]) @ measure.direction(stack, int(p)).to(results.dtype)).double().cpu().numpy()
-    return out
 
 
 @torch.inference_mode()

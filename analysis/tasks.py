@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from models import AttentionModel, HeadLensError
 from models.run import stack_of
 
+from .effects.readouts import readouts
 from .focus_tasks import ENCODER_GENERATORS
 from .task_pairs import MAX_PAIRS, Reader, Task, TaskPair, draw, fill, pair_of
 from .task_words import CENTURIES, FACT_TEMPLATES, IOI_TEMPLATES, NAMES, OBJECTS, PLACES, WAR_NOUNS
@@ -191,83 +192,55 @@ def from_rows(model: AttentionModel, rows: Iterable[dict], name: str = "yours", 
               first_row: int = 2) -> Task:
     """A task from rows with ``clean``, ``corrupted``, ``answer`` and ``distractor``; a row that cannot be a pair
     is left out with a sentence in ``problems`` naming it (rows counted from ``first_row``, a CSV's first data
-    row being its line 2)."""
-    reader, pairs, problems = Reader(model), [], []
-    masked = not model.causal and getattr(stack_of(model, "A task is read"), "masked_lm", False)
+    row being its line 2). Each row's answer and distractor are what its readout compares (``effects.readouts``:
+    tokens, probe texts, a masked token's, class labels)."""
+    reader, pairs, problems, metrics = Reader(model), [], [], []
+    offered = readouts(model, stack_of(model, "A task is read"))
     over = []
     for number, row in enumerate(rows, start=first_row):
         if len(pairs) >= limit:
             over.append(number)
             continue
-        why = _row_problem(reader, row, masked)
+        why = _row_problem(reader, row, offered)
         if isinstance(why, str):
             problems.append(f"Row {number}: {why}.")
         else:
-            pairs.append(why)
+            pairs.append(why[0])
+            metrics.append(why[1])
     if over:
         problems.append(f"Rows {over[0]:,} to {over[-1]:,} are past the limit of {limit:,} pairs; split the file "
                         "or run it from the command line (python -m analysis.task_run).")
     if not pairs:
         raise HeadLensError("No row could be made a pair. " + " ".join(problems[:5]))
-    at_mask = masked and all("MASK" in dict(p.roles) for p in pairs)
-    return Task(name, "Your pairs", tuple(pairs),
-                "logit_diff" if model.causal else "masked_logit_diff" if at_mask else "embedding",
-                problems=tuple(problems))
+    metric = metrics[0] if len(set(metrics)) == 1 else offered[-1].metric
+    return Task(name, "Your pairs", tuple(pairs), metric, problems=tuple(problems))
 
 
-def _row_problem(reader: Reader, row: dict, masked: bool = False) -> TaskPair | str:
-    """A row as a pair, or what is wrong with it; ``masked``: the model is a masked-LM encoder, whose rows with the
-    mask token in their clean prompt compare two tokens there."""
+def _row_problem(reader: Reader, row: dict, offered) -> tuple[TaskPair, str] | str:
+    """A row as a pair and the metric its readout (the first of ``offered`` that reads its clean prompt) gives it,
+    or what is wrong with it."""
     texts = {}
     for what in ("clean", "corrupted"):
         value = row.get(what)
         if not isinstance(value, str) or not value.strip():
             return f"the {what} prompt is empty or not text; write the prompt in the '{what}' column"
         texts[what] = value
-    mask = getattr(reader.tok, "mask_token", None)
-    masked = masked and bool(mask) and mask in texts["clean"]  # tokens at the clean prompt's [MASK]
-    if not reader.model.causal and not masked:  # an encoder's answer and distractor: probe texts
-        probes = tuple(row.get(what).strip() if isinstance(row.get(what), str) else "" for what in
-                       ("answer", "distractor"))
-        if not all(probes):
-            return ("its answer or distractor is empty; on an encoder each is a text (a word or a sentence) the "
-                    "sentence's embedding is compared with")
-        if probes[0] == probes[1]:
-            return "its answer and distractor are the same text; give two different ones"
-        answer = distractor = -1
-    else:
-        probes = ()
-        answer, why = _one_token(reader, row.get("answer"), "answer")
-        if why:
-            return why
-        distractor, why = _one_token(reader, row.get("distractor"), "distractor")
-        if why:
-            return why
-        if answer == distractor:
-            return "its answer and distractor are the same token; give two different ones"
+    readout = next((r for r in offered if r.reads(texts["clean"])), offered[-1])
     ids, _ = reader.ids(texts["clean"])
     bad, _ = reader.ids(texts["corrupted"])
-    at = None
-    if masked:
-        mask_id = reader.tok.mask_token_id
-        if ids.count(mask_id) != 1:
-            return (f"its clean prompt has {ids.count(mask_id)} {mask} tokens; the masked-LM metric reads the logits "
-                    "at one")
-        at = ids.index(mask_id)
-        if len(ids) != len(bad) or bad[at] != mask_id:
-            return (f"the corrupted prompt needs as many tokens as the clean one ({len(ids)}) and its {mask} at the "
-                    "same position")
+    read = readout.row(row, lambda value, what: _one_token(reader, value, what), ids, bad)
+    if isinstance(read, str):
+        return read
+    answer, distractor, probes, marked = read
     if len(ids) != len(bad):
         return (f"the clean prompt is {len(ids)} tokens and the corrupted one {len(bad)}; change the corrupted "
                 "prompt so that both have the same number of tokens")
     if len(ids) > 256:
         return f"the prompts are {len(ids)} tokens; a pair has at most 256"
     differ = [i for i, (a, b) in enumerate(zip(ids, bad)) if a != b]
-    roles = (("DIFF", differ[0] if differ else len(ids) - 1), ("END", len(ids) - 1))
-    if at is not None:
-        roles = (roles[0], ("MASK", at), roles[1])
+    roles = (("DIFF", differ[0] if differ else len(ids) - 1), *marked, ("END", len(ids) - 1))
     return TaskPair(texts["clean"], texts["corrupted"], tuple(ids), tuple(bad), answer, distractor, roles, "row",
-                    probes=probes)
+                    probes=probes), readout.metric
 
 
 def from_csv(model: AttentionModel, text: str | bytes, limit: int = PAGE_ROWS) -> Task:

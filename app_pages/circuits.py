@@ -22,7 +22,7 @@ ABOUT = ("Patching says which heads matter; a circuit says how they connect. Eve
 
 s, ref = start("circuits")
 st.caption(ABOUT)
-choice = pick_circuit(encoder=not cached_model(ref).causal)
+choice = pick_circuit(cached_model(ref))
 # on a cold server, the first form (EAP over a few pairs) while the preparation computes this choice's
 _, spec, metric, method, steps, kinds, *sizes = circuit_curve.now(ref, *choice.args, choice.kinds)
 shown = replace(choice, spec=spec, metric=metric, method=method, steps=steps)

@@ -12,7 +12,7 @@ from analysis import circuits as AC
 from analysis.tasks import Task, TaskPair
 from models import HeadLensError, load_model
 from analysis.circuits import graph as C
-from analysis.effects.batched import Measure
+from analysis.effects.metrics import TokenLogits
 from models.stacks.decoder import Decoder, DecoderConfig
 from tests import test_gemma3
 from tests.test_llama import build as build_llama
@@ -41,8 +41,8 @@ def prompts(vocab: int, seed: int = 0, batch: int = 3) -> tuple[torch.Tensor, to
     return clean, bad
 
 
-def logit_measure(batch: int) -> Measure:
-    return Measure("logit", torch.tensor([[ANSWER, DISTRACTOR]] * batch), torch.tensor([[1.0, -1.0]] * batch))
+def logit_measure(batch: int) -> TokenLogits:
+    return TokenLogits(torch.tensor([[ANSWER, DISTRACTOR]] * batch), torch.tensor([[1.0, -1.0]] * batch))
 
 
 # --- the reference: hooks on transformers' modules ----------------------------------------------------------

@@ -10,7 +10,7 @@ import transformers as tf
 
 from analysis.circuits import graph as C
 from analysis.circuits.scores import edge_scores, exact_edges, faithfulness, path_patching
-from analysis.effects.batched import embedding_measure
+from analysis.effects.readouts import SentenceEmbedding
 from analysis.qk_attribution import qk_attribution
 from analysis.tasks import make_task
 from tests.test_encoder_effects import CLEAN, CORRUPTED, PROBES, metric, tiny_encoder
@@ -146,7 +146,7 @@ def bert(tmp_path_factory, minilm_dir):
     graph = C.graph_of(stack)
     ids = [tok(t, return_tensors="pt")["input_ids"] for t in (CLEAN, CORRUPTED)]
     w = hooked.along(tok, PROBES)
-    measure = embedding_measure(ours, [PROBES])
+    measure = SentenceEmbedding(ours).probes([PROBES])
     return ours, stack, graph, HFGraph(hooked.hf, graph), ids, w, measure
 
 
@@ -254,7 +254,7 @@ def test_an_encoders_circuits_run_over_a_focus_task_as_transformers_hooks(scratc
     assert np.abs(exact).max() > 1e-3
     # circuits run by the model, not copied: every edge; every edge but the top one, which alone carries the
     # corrupted output; every edge but the last layer's heads' into the output
-    measure = measure_for(task, "embedding", "cpu", scratch_model)
+    measure = measure_for(scratch_model, task, "embedding")
     every = C.all_edges(graph).double()
     but_top, but_group = every.clone(), every.clone()
     but_top[s, r] = 0

@@ -19,7 +19,7 @@ from analysis.tasks import Task, TaskPair
 from analysis.circuits import graph as C
 from models import HeadLensError, load_model
 from analysis.qk_attribution import split as Q
-from analysis.effects.batched import Measure
+from analysis.effects.metrics import TokenLogits
 from models.stacks import for_model_type
 from tests.conftest import _bpe_vocab
 
@@ -318,7 +318,7 @@ def circuit_setup(name: str, folder, vocab: int, seed: int):
     clean = torch.randint(5, vocab, (2, 12), generator=gen)
     bad = clean.clone()
     bad[:, 3] = torch.randint(5, vocab, (2,), generator=gen)
-    measure = Measure("logit", torch.tensor([[7, 9]] * 2), torch.tensor([[1.0, -1.0]] * 2))
+    measure = TokenLogits(torch.tensor([[7, 9]] * 2), torch.tensor([[1.0, -1.0]] * 2))
     return stack, C.graph_of(stack), clean, bad, measure, torch.arange(2)
 
 

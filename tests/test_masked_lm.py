@@ -160,7 +160,7 @@ def test_what_a_masked_lm_metric_cannot_read_gets_a_sentence(family):
 
 def test_a_masked_lm_circuit_of_every_edge_or_none_is_transformers_clean_or_corrupted_run(family):
     name, ours, theirs, tok = family
-    from analysis.effects.frames import pair_measure
+    from analysis.effects.readouts import readout_for
 
     _, layers_of, out_proj = FAMILIES[name]
     (clean, corrupted), mask, a, d = _ids_and_tokens(tok, name)
@@ -168,7 +168,7 @@ def test_a_masked_lm_circuit_of_every_edge_or_none_is_transformers_clean_or_corr
         m_clean, _ = _theirs_metric(theirs, clean, mask, a, d, layers_of(theirs), out_proj, 4)
         m_bad, _ = _theirs_metric(theirs, corrupted, mask, a, d, layers_of(theirs), out_proj, 4)
     stack = ours.stack
-    measure, _, _ = pair_measure(ours, stack, *WORDS[name], clean[0].tolist())
+    measure, _, _ = readout_for(ours, tok.mask_token).pair(clean[0].tolist(), *WORDS[name])
     graph, rows = C.graph_of(stack), torch.zeros(1, dtype=torch.long)
     with torch.inference_mode():
         bad = C.run_ids(stack, graph, corrupted, measure, rows)
@@ -195,13 +195,13 @@ def test_a_masked_lms_eap_edges_are_transformers_gradients_through_its_frozen_no
     """Each edge's EAP score: the sender's change passed through transformers' own LayerNorms (scales frozen at the
     clean run), moved along at the receiver's input, times the gradient of the logit difference at the mask read
     off transformers' masked-LM head."""
-    from analysis.effects.frames import pair_measure
+    from analysis.effects.readouts import readout_for
     from tests.test_encoder_circuits import HFGraph
 
     name, ours, base, head, tok = hooked_mlm
     (clean, corrupted), mask, a, d = _ids_and_tokens(tok, name)
     stack = ours.stack
-    measure, _, _ = pair_measure(ours, stack, *WORDS[name], clean[0].tolist())
+    measure, _, _ = readout_for(ours, tok.mask_token).pair(clean[0].tolist(), *WORDS[name])
     graph, rows = C.graph_of(stack), torch.zeros(1, dtype=torch.long)
     scores, _, _ = C.edge_attribution(stack, graph, clean, corrupted, measure, rows)
     hf = HFGraph(base, graph)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from analysis.circuits import graph as C
 from analysis.effects import patch_residual
-from analysis.effects.frames import pair_measure
+from analysis.effects.readouts import readout_for
 from analysis.explanations.replace import rule_pattern
 from analysis.rules import RULES, Reading, rule_named
 from models import load_model
@@ -106,7 +106,7 @@ def test_every_edge_is_the_clean_run_none_the_corrupted_and_the_changed_token_pa
     stack, tok = words.stack, words.tokenizer
     ids = [torch.tensor([tok(t)["input_ids"]]) for t in (clean, corrupted)]
     assert ids[0].shape == ids[1].shape
-    measure, _, _ = pair_measure(words, stack, answer, distractor)
+    measure, _, _ = readout_for(words, clean).pair(ids[0][0].tolist(), answer, distractor)
     graph, rows = C.graph_of(stack), torch.zeros(1, dtype=torch.long)
     with torch.inference_mode():
         good, bad = (C.run_ids(stack, graph, i, measure, rows) for i in ids)

@@ -26,7 +26,7 @@ import torch
 from models import head_label
 from models.run import Edits, Given, device_of
 
-from ..effects.batched import Measure
+from ..effects.readouts import READOUTS
 from . import post_norm
 
 
@@ -116,7 +116,7 @@ def graph_of(stack) -> Graph:
     receivers.append(("logits", stack.n_layers, -1))
     reach.append(len(senders))
     return Graph(tuple(senders), tuple(receivers), np.array(reach), stack.n_layers, tuple(reads),
-                 "logits" if stack.language_model else "embedding")
+                 READOUTS[stack.readouts[-1]].output)
 
 
 def block_mlp(block) -> bool:
@@ -137,7 +137,7 @@ class Run:
     ids: torch.Tensor | None = None
 
 
-def run_graph(stack, graph: Graph, emb: torch.Tensor, measure: Measure, rows: torch.Tensor, *,
+def run_graph(stack, graph: Graph, emb: torch.Tensor, measure, rows: torch.Tensor, *,
               base: Run | None = None, keep: torch.Tensor | None = None, taps: bool = False, start: int = 0,
               ids: torch.Tensor | None = None, corrupt: dict[int, list[int]] | None = None) -> Run:
     """Run a batch whose input node writes ``emb`` ``(B, n, E)``, every receiver reading its own stream: the stack's
@@ -263,7 +263,7 @@ def embeddings(stack, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def run_ids(stack, graph: Graph, ids: torch.Tensor, measure: Measure, rows: torch.Tensor) -> Run:
+def run_ids(stack, graph: Graph, ids: torch.Tensor, measure, rows: torch.Tensor) -> Run:
     """The model's own run of the prompts ``ids`` ``(B, n)`` through the graph (the base of a circuit's run)."""
     return run_graph(stack, graph, embeddings(stack, ids), measure, rows, ids=ids)
 
@@ -271,7 +271,7 @@ def run_ids(stack, graph: Graph, ids: torch.Tensor, measure: Measure, rows: torc
 Progress = Callable[[int, int], None]
 
 
-def edge_attribution(stack, graph: Graph, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, measure: Measure,
+def edge_attribution(stack, graph: Graph, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, measure,
                      rows: torch.Tensor, steps: int = 1,
                      each_step: Callable[[int], None] | None = None) -> tuple[torch.Tensor, Run, Run]:
     """``(senders, receivers)``: each edge's score summed over the batch, the estimated fall of the metric when the
@@ -323,7 +323,7 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 @torch.inference_mode()
-def circuit_values(stack, graph: Graph, clean_ids: torch.Tensor, bad: Run, keep: torch.Tensor, measure: Measure,
+def circuit_values(stack, graph: Graph, clean_ids: torch.Tensor, bad: Run, keep: torch.Tensor, measure,
                    rows: torch.Tensor) -> torch.Tensor:
     """``(B,)``: the metric of the clean prompts run with only the edges ``keep`` ``(senders, receivers)`` (1 in,
     0 out) carrying this run's outputs; every other edge carries the corrupted run ``bad``'s."""
@@ -332,7 +332,7 @@ def circuit_values(stack, graph: Graph, clean_ids: torch.Tensor, bad: Run, keep:
 
 
 @torch.inference_mode()
-def patched_values(stack, graph: Graph, clean: Run, bad: Run, edges: list[tuple[int, int]], measure: Measure,
+def patched_values(stack, graph: Graph, clean: Run, bad: Run, edges: list[tuple[int, int]], measure,
                    rows: torch.Tensor) -> torch.Tensor:
     """``(B,)``: the metric of the clean prompts (``clean``'s run) with only ``edges`` (``(sender, receiver)``
     pairs) carrying the corrupted run ``bad``'s output, every other edge this run's (the same as a circuit of every

@@ -112,7 +112,7 @@ def edge_scores(model: AttentionModel, task: Task, method: str = "eap_ig", steps
     _check(task)
     stack, device, graph = _stack_graph(model)
     metric = metric or task.metric
-    measure = measure_for(task, metric, device, model)
+    measure = measure_for(model, task, metric)
     k = int(steps) if method == "eap_ig" else 1
     total = torch.zeros(len(graph.senders), len(graph.receivers), dtype=torch.float64)
     clean, corrupted, done = np.zeros(len(task)), np.zeros(len(task)), 0
@@ -185,7 +185,7 @@ def circuit_values(model: AttentionModel, scores: EdgeScores, sizes, kinds=None,
     sizes = np.asarray(sizes)
     if not len(sizes) or sizes.min() < 0:
         raise HeadLensError("Give circuit sizes of 0 edges or more.")
-    measure = measure_for(task, scores.metric, device, model)
+    measure = measure_for(model, task, scores.metric)
     keeps = [torch.as_tensor(scores.top(int(n), kinds), device=device) for n in sizes]
     whole = [int(keep.sum()) == graph.n_edges for keep in keeps]  # every edge in: the clean run itself
     values, clean, corrupted = np.zeros((len(task), len(sizes))), np.zeros(len(task)), np.zeros(len(task))
@@ -226,7 +226,7 @@ def exact_edges(model: AttentionModel, task: Task, edges, metric: str | None = N
     mask = graph.mask()
     if any(not (0 <= s < mask.shape[0] and 0 <= r < mask.shape[1] and mask[s, r]) for s, r in edges):
         raise HeadLensError("Each edge runs from a sender to a later receiver of this model's graph.")
-    measure = measure_for(task, metric or task.metric, device, model)
+    measure = measure_for(model, task, metric or task.metric)
     out, done = np.zeros((len(task), len(edges))), 0
     for idx in batches(task, batch_pairs):
         good, bad_ids, rows = _batch(task, idx, device)
@@ -290,7 +290,7 @@ def path_patching(model: AttentionModel, task: Task, sender: tuple[int, int], re
         raise HeadLensError("Choose at least one receiving head and input.")
     if any(graph.reach[r] <= s for _, r in edges):
         raise HeadLensError(f"{graph.sender_name(s)} writes only to heads in later layers; choose receivers above it.")
-    measure = measure_for(task, metric or task.metric, device, model)
+    measure = measure_for(model, task, metric or task.metric)
     effects, span = np.zeros(len(task)), np.zeros(len(task))
     for idx in batches(task, batch_pairs):
         good, bad_ids, rows = _batch(task, idx, device)

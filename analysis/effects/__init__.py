@@ -1,8 +1,10 @@
 """Which heads make a prediction: direct logit attribution and activation patching, one prompt pair at a time
 (``frames``), or many pairs batched (``batched``, which tasks and circuits read), from what each head writes into
-a prompt's run (``parts``)."""
-from .frames import (METHODS, answer_token, grid, logit_attribution, masked_pair, parts_total, patch_heads,
-                     patch_residual, repeated_pair, token_text, top_predictions)
+a prompt's run (``parts``); what a prediction is on each kind of model, its ``readouts``."""
+from .frames import (METHODS, grid, logit_attribution, pair_readout, parts_total, patch_heads, patch_residual,
+                     repeated_pair, top_predictions)
+from .readouts import Readout, answer_token, readout_named, readout_reading, readouts, token_text
 
-__all__ = ["METHODS", "answer_token", "grid", "logit_attribution", "masked_pair", "parts_total", "patch_heads",
-           "patch_residual", "repeated_pair", "token_text", "top_predictions"]
+__all__ = ["METHODS", "Readout", "answer_token", "grid", "logit_attribution", "pair_readout", "parts_total",
+           "patch_heads", "patch_residual", "readout_named", "readout_reading", "readouts", "repeated_pair",
+           "token_text", "top_predictions"]

@@ -1,9 +1,9 @@
 """Many prompt pairs at once: each batch a set of pairs of one token length (no padding), traced by
 ``models.run.trace_batch``; every run here is one run with edits (``models.run``).
 
-``Measure`` reads a task's metric from each run's final residual stream: at a language model's last position, a
-weighted sum of some tokens' logits (the logit difference) or of their probabilities (a probability difference,
-greater-than's mass); an encoder's sentence embedding, pooled over every token, against two probe texts'.
+A ``metrics.Metric`` (a readout's, ``readouts``) reads each run's final residual stream: a language model's
+logits at its last token, an encoder's sentence embedding against two probe texts', a masked token's logits, a
+classifier's classes.
 ``patched_measures`` runs copies of the corrupted prompts, each with one clean activation in place of its own,
 the copies of every pair of the batch together from the layer of their edit up (a layer runs once for all the
 copies that have reached it); ``attribution_batch`` estimates every patch of every pair of the batch from one
@@ -12,82 +12,21 @@ forward and one backward pass.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from models import HeadLensError
 from models.run import ROWS_PER_CHUNK, Edits, Trace, device_of, patching_stack
 
+if TYPE_CHECKING:  # a metric reads a run's residuals, which it gets from here
+    from .metrics import Metric
+
 Progress = Callable[[int, int], None]
-NOT_LINEAR = ("A masked token's logits pass the masked-LM head's dense layer, activation and norm, which are not "
-              "linear: they do not split into each writer's direct part. Patching and attribution patching read them.")
-
-
-@dataclass(frozen=True)
-class Measure:
-    """A metric on each pair of a batch, read from a run's final residual stream:
-
-    - ``logit``: ``sum_k weights[p, k] * logit(tokens[p, k])`` at the last position, the logits read through the
-      unembedding's rows alone (the logit difference); ``prob``: the same of the probabilities (a probability
-      difference, greater-than's mass); ``direction``: the final hidden state's dot product with ``weights[p]``
-      ``(E,)`` (a decoder's);
-    - ``embedding`` (an encoder's): the sentence embedding ``e``, the mean of the final hidden states over every token
-      (sentence-transformers' pooling), its cosine with ``weights[p]`` ``(E,)``, the answer's unit embedding less the
-      distractor's: ``cos(e, answer) - cos(e, distractor)``; ``masked`` (a masked-LM encoder's): the masked-LM
-      head's ``sum_k weights[p, k] * logit(tokens[p, k])`` at pair ``p``'s ``[MASK]``, ``positions[p]``."""
-
-    kind: str
-    tokens: torch.Tensor    # (pairs, K) long
-    weights: torch.Tensor   # (pairs, K), or (pairs, E)
-    positions: torch.Tensor | None = None  # (pairs,) long: each pair's [MASK] (``masked``)
-
-    @classmethod
-    def toward(cls, vector: torch.Tensor) -> "Measure":
-        """One pair's ``direction`` measure along ``vector`` ``(E,)``."""
-        return cls("direction", torch.zeros(1, 0, dtype=torch.long), vector.view(1, -1))
-
-    def __call__(self, stack, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``(N,)``: the metric of each run's final residuals ``x`` ``(N, n, E)`` (a language model's may hold only
-        the tokens after a prefix every run shares: it reads the last), run ``i`` belonging to pair ``rows[i]``."""
-        if self.kind == "embedding":
-            e = stack.finish(x).mean(1)                                                  # (N, E)
-            return (e * self.weights[rows].to(e.dtype)).sum(-1) / e.norm(dim=-1)
-        if self.kind == "masked":
-            rows = rows.to(self.positions.device)
-            h = x[torch.arange(len(x), device=x.device), self.positions[rows].to(x.device)]   # (N, E)
-            logits = stack.masked_logits(h, self.tokens[rows])                          # (N, K)
-            return (logits * self.weights[rows].to(logits.dtype)).sum(-1)
-        h = stack.finish(x[:, -1])
-        if self.kind == "direction":
-            return h @ self.weights[0] if len(self.weights) == 1 else (h * self.weights[rows].to(h.dtype)).sum(-1)
-        tokens, weights = self.tokens[rows], self.weights[rows].to(h.dtype)         # (N, K)
-        if self.kind == "logit":
-            u = stack.unembedding_rows(tokens.reshape(-1)).view(*tokens.shape, -1).to(h.dtype)   # (N, K, E)
-            return torch.einsum("ne,nke,nk->n", h, u, weights)
-        logits = stack.logits(h)
-        probs = torch.softmax(logits if logits.dtype == torch.float64 else logits.float(), -1).to(h.dtype)  # (N, V)
-        return (probs.gather(1, tokens.to(probs.device)) * weights).sum(-1)
-
-    def direction(self, stack, p: int) -> torch.Tensor:
-        """``(E,)``: pair ``p``'s weighted unembedding rows, what a final hidden state is read along for its
-        direct attribution (a probability metric's weights scaled so that each sign's sum to 1 in size); an
-        embedding metric's probe difference."""
-        if self.kind in ("direction", "embedding"):
-            return self.weights[min(p, len(self.weights) - 1)]
-        if self.kind == "masked":
-            raise HeadLensError(NOT_LINEAR)
-        w = self.weights[p].double()
-        if self.kind == "prob":
-            pos, neg = w.clamp_min(0), (-w).clamp_min(0)
-            w = pos / max(float(pos.sum()), 1e-12) - neg / max(float(neg.sum()), 1e-12)
-        u = stack.unembedding_rows(self.tokens[p])
-        return (w.to(u.dtype).unsqueeze(-1) * u).sum(0)
 
 
 @torch.inference_mode()
-def final_measures(stack, t: Trace, measure: Measure, rows: torch.Tensor) -> np.ndarray:
+def final_measures(stack, t: Trace, measure: Metric, rows: torch.Tensor) -> np.ndarray:
     """``(B,)`` float64: the metric of each prompt of a batched trace, row ``b`` belonging to pair ``rows[b]``."""
     return measure(stack, t.resid[-1], rows).double().cpu().numpy()
 
@@ -103,7 +42,7 @@ def shared_prefix(stack, clean: Trace, corrupted: Trace) -> int:
 
 
 @torch.inference_mode()
-def patched_measures(model, clean: Trace, corrupted: Trace, measure: Measure, rows: torch.Tensor, pair: np.ndarray,
+def patched_measures(model, clean: Trace, corrupted: Trace, measure: Metric, rows: torch.Tensor, pair: np.ndarray,
                      layers: np.ndarray, heads: np.ndarray, positions: np.ndarray, *,
                      progress: Progress | None = None) -> np.ndarray:
     """``(edits,)`` float64: the metric of corrupted prompt ``pair[i]`` (a row of the batched traces) run with edit
@@ -223,7 +162,7 @@ def _z_patch(kept: list[int], clean_z: torch.Tensor, rows, pairs, heads, positio
     return hook
 
 
-def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure: Measure, rows: torch.Tensor):
+def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure: Metric, rows: torch.Tensor):
     """Attribution patching (Nanda 2023) of every pair of a batch: the gradient of each corrupted prompt's metric
     with respect to every head's ``z`` and every ``resid_pre``, from one forward and one backward pass of the
     corrupted prompts ``(B, n)``, times the clean minus the corrupted activation. Returns ``(heads, resid,
@@ -261,30 +200,3 @@ def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure:
                 dz = clean.z[layer] - corrupted.z[layer]                               # (B, kept, n, Dh)
                 heads[:, layer, kept] = (dz * grads[L + layer]).sum(-1).double().cpu().numpy()
     return heads, resid, corrupted, values.detach().double().cpu().numpy()
-
-
-@torch.inference_mode()
-def unit_embeddings(model, texts) -> torch.Tensor:
-    """``(k, E)``: each text's sentence embedding as the ``embedding`` measure pools it (the mean of the final
-    hidden states over its tokens, special ones included), at unit length, in the stack's own dtype."""
-    stack = patching_stack(model, "A sentence embedding is read")
-    ids = [model.tokenize(text, verbose=False)["input_ids"] for text in texts]
-    out = [None] * len(texts)
-    for n in sorted({len(i) for i in ids}):  # the texts of one length in one run, no padding
-        same = [k for k, i in enumerate(ids) if len(i) == n]
-        x, _ = stack.run_layers(stack.embed(torch.tensor([ids[k] for k in same], device=device_of(stack))),
-                                need_weights=False)
-        e = stack.finish(x).mean(1)
-        for k, row in zip(same, e / e.norm(dim=-1, keepdim=True)):
-            out[k] = row
-    return torch.stack(out)
-
-
-def embedding_measure(model, probes) -> Measure:
-    """The ``embedding`` measure of pairs whose ``probes`` are ``(answer, distractor)`` texts, each text embedded
-    once, unpatched."""
-    texts = sorted({t for pair in probes for t in pair})
-    at = {t: i for i, t in enumerate(texts)}
-    units = unit_embeddings(model, texts)
-    weights = torch.stack([units[at[a]] - units[at[d]] for a, d in probes])
-    return Measure("embedding", torch.zeros(len(probes), 0, dtype=torch.long, device=weights.device), weights)

@@ -23,12 +23,13 @@ import pandas as pd
 import torch
 
 from models import AttentionModel, HeadLensError
-from models.run import as_batch, patching_stack
+from models.run import patching_stack
 
 from ..defaults import Pair
 from ..traced import Traced, as_traced
-from . import batched as B
 from . import parts as P
+from .metrics import Metric, Toward
+from .readouts import Readout, answer_token, readout_for, token_text
 METHODS = {"exact": "exact patching: the corrupted prompt rerun with each activation patched",
            "attribution": "attribution patching: a first-order estimate from one forward and one backward pass"}
 
@@ -60,85 +61,34 @@ def top_predictions(model: AttentionModel, text: str, k: int = 8) -> list[tuple[
     return [(int(i), float(p)) for i, p in zip(top.indices, top.values)]
 
 
-def answer_token(model: AttentionModel, answer, role: str = "answer") -> int:
-    """The token id of ``answer``: an id, or a string the tokenizer reads as exactly one token (with its
-    leading space, as " Mary"); a sentence naming the pieces of one it reads as several."""
-    tok = model.tokenizer
-    vocab = len(tok)
-    if isinstance(answer, (int, np.integer)) and not isinstance(answer, bool):
-        if not 0 <= int(answer) < vocab:
-            raise HeadLensError(f"The {role} token id {int(answer)} is not in the vocabulary (0 to {vocab - 1}).")
-        return int(answer)
-    if not isinstance(answer, str) or not answer:
-        raise HeadLensError(f"Give the {role} as a token: a string such as \" Mary\" (with its leading space), "
-                            "or a token id.")
-    ids = tok(answer, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        pieces = " ".join(repr(p) for p in tok.convert_ids_to_tokens(ids)) or "nothing"
-        raise HeadLensError(f"The {role} {answer!r} is {len(ids)} tokens to this tokenizer ({pieces}); give a "
-                            "string it reads as one token, or a token id.")
-    return int(ids[0])
-
-
-def token_text(model: AttentionModel, token: int) -> str:
-    """How a token reads, decoded (" Mary")."""
-    return model.tokenizer.decode([int(token)])
-
-
-def _difference(stack, t: P.Trace, toward: torch.Tensor) -> float:
-    with torch.inference_mode():
-        return float(stack.finish(t.resid[-1][-1]) @ toward)
-
-
 def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distractor=None) -> pd.DataFrame:
-    """Direct logit attribution at the last position of ``prompt``: one row per ``(layer, head)`` with
-    ``attribution``, the head's output there through the final norm (its scale frozen at the model's own
-    value) and the unembedding, on ``logit(answer) - logit(distractor)`` (``logit(answer)`` without one).
+    """Direct logit attribution of ``prompt``'s prediction, read as the model's readout reads it
+    (``readouts``): one row per ``(layer, head)`` with ``attribution``, the head's direct part of the metric. On a
+    language model, the head's output at the last position through the final norm (its scale frozen at the
+    model's own value) and the unembedding, on ``logit(answer) - logit(distractor)`` (``logit(answer)`` without
+    one); on an encoder, the embedding difference split into what wrote it, each part through the post-LayerNorms
+    above it, their scales frozen at the run's values (``parts.embedding_parts``).
 
     ``frame.attrs`` holds the other parts, which with the heads add up to ``logit_diff``, the model's
     own: ``embeddings``, ``attention_bias`` and ``mlp`` (one value per layer), ``final_norm`` (its
-    bias), and ``answer``, ``distractor``, ``tokens``.
+    bias), and ``answer``, ``distractor``, ``tokens``, ``metric``.
     """
     traced_prompt = as_traced(model, prompt)
     stack, t = traced_prompt.stack, traced_prompt.trace
-    if not stack.language_model:
-        return _embedding_attribution(traced_prompt, answer, distractor)
-    a = answer_token(model, answer)
-    d = None if distractor is None else answer_token(model, distractor, "distractor")
-    toward = P.direction(stack, a, d)
+    readout = readout_for(model, traced_prompt.text, stack)
+    if distractor is None and readout.name == "next_token":
+        a = answer_token(model, answer)
+        metric, a_text, d_text = Toward(P.direction(stack, a, None).view(1, -1)), token_text(model, a), None
+    elif distractor is None:
+        raise HeadLensError(f"The attribution compares two: give a distractor {readout.gives} beside the answer.")
+    else:
+        metric, a_text, d_text = readout.pair(t.ids.tolist(), answer, distractor)
     with torch.inference_mode():
-        frozen, constant = stack.frozen_finish(t.resid[-1][-1])
-        heads = P.head_results(stack, t)                                   # (L, H, E)
-        biases = P.attention_biases(stack, t.resid[0][-1])                 # (L, E)
-        attn = heads.sum(1) + biases
-        mlp = torch.stack([t.resid[i + 1][-1] - t.resid[i][-1] - attn[i] for i in range(stack.n_layers)])
-        share = lambda parts: (frozen(parts) @ toward).double().cpu().numpy()  # noqa: E731
-        frame = _frame(share(heads), ("layer", "head"), column="attribution")
-        frame.attrs.update(
-            embeddings=float(share(t.resid[0][-1])), attention_bias=share(biases).tolist(), mlp=share(mlp).tolist(),
-            final_norm=float(constant @ toward), logit_diff=_difference(stack, t, toward),
-            answer=token_text(model, a), distractor=None if d is None else token_text(model, d),
-            tokens=traced_prompt.tokens)
-    return frame
-
-
-def _embedding_attribution(traced_prompt: Traced, answer, distractor) -> pd.DataFrame:
-    """``logit_attribution`` on an encoder: the embedding difference split into what wrote it, each part through
-    the post-LayerNorms above it, their scales frozen at the run's values (``parts.embedding_parts``)."""
-    model, stack, t = traced_prompt.model, traced_prompt.stack, traced_prompt.trace
-    if distractor is None:
-        raise HeadLensError("On an encoder the attribution compares the sentence's embedding with two texts: give a "
-                            "distractor text beside the answer.")
-    measure, a, d = pair_measure(model, stack, answer, distractor, t.ids.tolist())
-    if measure.kind == "masked":
-        raise HeadLensError(B.NOT_LINEAR)
-    parts = P.embedding_parts(stack, as_batch(t), measure.weights)
-    value = lambda key: parts[key][0].double().cpu().numpy()  # noqa: E731
-    frame = _frame(value("heads"), ("layer", "head"), column="attribution")
-    frame.attrs.update(embeddings=float(value("embeddings")), attention_bias=value("attention_bias").tolist(),
-                       mlp=value("mlp").tolist(), final_norm=float(value("norms")),
-                       logit_diff=_measured(stack, t, measure), answer=a, distractor=d, tokens=traced_prompt.tokens,
-                       metric="embedding")
+        parts = metric.parts(stack, t)
+    frame = _frame(parts["heads"], ("layer", "head"), column="attribution")
+    frame.attrs.update(embeddings=parts["embeddings"], attention_bias=parts["attention_bias"], mlp=parts["mlp"],
+                       final_norm=parts["final_norm"], logit_diff=parts["value"], answer=a_text, distractor=d_text,
+                       tokens=traced_prompt.tokens, metric=readout.metric)
     return frame
 
 
@@ -155,7 +105,8 @@ class _Setup:
     stack: object
     clean: P.Trace
     corrupted: P.Trace
-    measure: B.Measure
+    readout: Readout
+    measure: Metric
     ld_clean: float
     ld_corrupted: float
     tokens: list[str]
@@ -168,70 +119,21 @@ class _Setup:
 
     def attrs(self, method: str) -> dict:
         return {"ld_clean": self.ld_clean, "ld_corrupted": self.ld_corrupted, "method": method,
-                "tokens": self.tokens,
-                "metric": "masked_logit_diff" if self.measure.kind == "masked" else metric_of(self.stack),
-                "answer": self.answer,
+                "tokens": self.tokens, "metric": self.readout.metric, "answer": self.answer,
                 "distractor": self.distractor}
 
 
-def metric_of(stack) -> str:
-    """What a pair's figures measure on ``stack``: a language model's logit difference at the last token, an
-    encoder's sentence embedding moved toward the answer's and away from the distractor's."""
-    return "logit_diff" if stack.language_model else "embedding"
-
-
-def probe_text(value, role: str) -> str:
-    """An encoder's answer or distractor: a text to embed; a sentence for anything else."""
-    if not isinstance(value, str) or not value.strip():
-        raise HeadLensError(f"On an encoder the {role} is a text (a word or a sentence) whose embedding the "
-                            "prompt's is compared with; give it as text.")
-    return value.strip()
-
-
-def pair_measure(model, stack, answer, distractor, ids=None) -> tuple[B.Measure, str, str]:
-    """One pair's measure on ``stack`` and how its answer and distractor read: a language model's logit difference
-    of two tokens; a masked-LM encoder's of two tokens at the ``[MASK]`` of the clean prompt's ``ids``, when it has
-    one; an encoder's embedding difference of two texts (``batched.Measure``)."""
-    mask = getattr(model.tokenizer, "mask_token_id", None)
-    if not stack.language_model and getattr(stack, "masked_lm", False) and ids is not None and mask in list(ids):
-        return _masked_measure(model, list(ids), mask, answer, distractor)
-    if stack.language_model:
-        a = answer_token(model, answer)
-        d = answer_token(model, distractor, "distractor")
-        if a == d:
-            raise HeadLensError("The answer and the distractor are the same token; patching compares two.")
-        return B.Measure.toward(P.direction(stack, a, d)), token_text(model, a), token_text(model, d)
-    a, d = probe_text(answer, "answer"), probe_text(distractor, "distractor")
-    if a == d:
-        raise HeadLensError("The answer and the distractor are the same text; patching compares two.")
-    return B.embedding_measure(model, [(a, d)]), a, d
-
-
-def masked_pair(model, clean: str) -> bool:
-    """Whether a pair with this ``clean`` prompt is measured at a ``[MASK]``: a masked-LM encoder's prompt that has
-    the mask token (``pair_measure``)."""
-    mask = getattr(model.tokenizer, "mask_token", None)
-    if model.causal or not mask or mask not in clean:
-        return False
-    return bool(getattr(patching_stack(model), "masked_lm", False))
-
-
-def _masked_measure(model, ids: list[int], mask: int, answer, distractor) -> tuple[B.Measure, str, str]:
-    """The logit difference of two tokens at the one ``[MASK]`` of ``ids``."""
-    if ids.count(mask) != 1:
-        raise HeadLensError(f"The clean prompt has {ids.count(mask)} {model.tokenizer.mask_token} tokens; the "
-                            "masked-LM metric reads the logits at one.")
-    a, d = answer_token(model, answer), answer_token(model, distractor, "distractor")
-    if a == d:
-        raise HeadLensError("The answer and the distractor are the same token; patching compares two.")
-    measure = B.Measure("masked", torch.tensor([[a, d]]), torch.tensor([[1.0, -1.0]]), torch.tensor([ids.index(mask)]))
-    return measure, token_text(model, a), token_text(model, d)
+def pair_readout(model, clean: str) -> Readout:
+    """The readout of a pair whose clean prompt is ``clean`` (a masked-LM encoder's prompt with its mask token is
+    read at the mask; ``readouts.readout_for``)."""
+    return readout_for(model, clean)
 
 
 def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distractor) -> _Setup:
     stack = patching_stack(model)
     clean, corrupted = as_traced(model, clean, "clean prompt"), as_traced(model, corrupted, "corrupted prompt")
-    measure, a, d = pair_measure(model, stack, answer, distractor, clean.ids.tolist())
+    readout = readout_for(model, clean.text, stack)
+    measure, a, d = readout.pair(clean.ids.tolist(), answer, distractor)
     ids_clean, ids_corrupted = clean.ids, corrupted.ids
     if len(ids_clean) != len(ids_corrupted):
         raise HeadLensError(f"Patching puts each clean activation at the same position of the corrupted prompt, so "
@@ -240,13 +142,13 @@ def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distract
     t_clean, t_corrupted = clean.trace, corrupted.trace
     ld_clean, ld_corrupted = _measured(stack, t_clean, measure), _measured(stack, t_corrupted, measure)
     if abs(ld_clean - ld_corrupted) < 1e-6:
-        what = "logit difference" if stack.language_model else "embedding difference"
-        raise HeadLensError(f"The clean and corrupted prompts give the same {what} ({ld_clean:.3f}), so "
+        raise HeadLensError(f"The clean and corrupted prompts give the same {readout.title} ({ld_clean:.3f}), so "
                             "there is nothing for a patch to recover; corrupt the prompt where it decides the answer.")
-    return _Setup(model, stack, t_clean, t_corrupted, measure, ld_clean, ld_corrupted, corrupted.tokens, a, d)
+    return _Setup(model, stack, t_clean, t_corrupted, readout, measure, ld_clean, ld_corrupted, corrupted.tokens,
+                  a, d)
 
 
-def _measured(stack, t: P.Trace, measure: B.Measure) -> float:
+def _measured(stack, t: P.Trace, measure: Metric) -> float:
     with torch.inference_mode():
         return float(measure(stack, t.resid[-1].unsqueeze(0), torch.zeros(1, dtype=torch.long)))
 

@@ -19,7 +19,7 @@ import torch
 
 from models.run import Trace, as_batch, language_stack, trace, trace_batch, trace_weights
 
-from .batched import Measure, attribution_batch, patched_measures
+from .batched import attribution_batch, patched_measures
 
 __all__ = ["Trace", "trace", "trace_batch", "language_stack", "trace_weights", "head_results", "result_norms",
            "attention_biases", "embedding_parts", "direction", "patched_differences", "attribution_estimates",
@@ -73,7 +73,7 @@ def result_norms(stack, t: Trace) -> torch.Tensor:
 
 @torch.inference_mode()
 def embedding_parts(stack, t: Trace, weights: torch.Tensor) -> dict[str, torch.Tensor]:
-    """An encoder's embedding metric (``batched.Measure`` "embedding": the mean of the final hidden states, its cosine
+    """An encoder's embedding metric (``metrics.EmbeddingCosine``: the mean of the final hidden states, its cosine
     with ``weights`` ``(B, E)``) of a batch's trace, split into what wrote it, each part passed through the
     post-LayerNorms above it with their scales frozen at the run's values (``frozen_norms``) and the embedding's
     length frozen too: ``heads`` ``(B, layers, heads)`` (zero for a pruned head), ``attention_bias`` and ``mlp``
@@ -115,9 +115,9 @@ def direction(stack, answer: int, distractor: int | None) -> torch.Tensor:
 
 
 def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarray, heads: np.ndarray,
-                        positions: np.ndarray, measure: Measure, *, progress: Progress | None = None) -> np.ndarray:
+                        positions: np.ndarray, measure, *, progress: Progress | None = None) -> np.ndarray:
     """The corrupted prompt run once per edit, each copy with one clean activation in place of its own;
-    ``(edits,)`` float64: ``measure`` (one pair's: ``Measure.toward`` a ``direction``, or an encoder's) of each
+    ``(edits,)`` float64: ``measure`` (one pair's ``metrics.Metric``) of each
     copy.
 
     Edit ``i`` puts at layer ``layers[i]`` the clean run's ``z`` of head ``heads[i]`` (or, where that is
@@ -130,7 +130,7 @@ def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarra
                             np.asarray(positions), progress=progress)
 
 
-def attribution_estimates(model, clean: Trace, corrupted: Trace, measure: Measure):
+def attribution_estimates(model, clean: Trace, corrupted: Trace, measure):
     """Attribution patching (Nanda 2023): the corrupted prompt's gradient of ``measure`` (one pair's) with respect to
     every head's ``z`` and every ``resid_pre``, in one forward and one backward pass, times the clean minus the
     corrupted activation: a first-order estimate of each patch (``batched.attribution_batch``, for one pair).

@@ -7,7 +7,7 @@ import pandas as pd
 
 from analysis.defaults import ENCODER_PAIRS, PAIRS, Pair
 
-from analysis.effects import logit_attribution, masked_pair, patch_heads, patch_residual, top_predictions
+from analysis.effects import logit_attribution, pair_readout, patch_heads, patch_residual, top_predictions
 from analysis.routes import Flow, prediction_flow
 from analysis.traced import Traced, traced
 from analysis.vocabulary import copying_scores, copying_work, head_vocabulary
@@ -83,8 +83,8 @@ def effects(ref: ModelRef, pair: Pair, method: str) -> Effects:
     prompt traced once for all three."""
     model = cached_model(ref)
     clean, corrupted = prompt_trace(ref, pair.clean), prompt_trace(ref, pair.corrupted)
-    attribution = None  # a masked token's logits pass the masked-LM head, which is not linear: no direct parts
-    if not masked_pair(model, pair.clean):
+    attribution = None  # a readout that is not linear (a masked token's logits, a pooled classifier's): no direct parts
+    if pair_readout(model, pair.clean).not_linear is None:
         with spinner("Attributing the difference to every head…"):
             attribution = logit_attribution(model, clean, pair.answer, pair.distractor)
     n = model.n_layers * model.n_heads

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis import circuits as AC
+from analysis.effects import readouts
 from analysis.circuits import EdgeScores
 from models import HeadLensError
 
@@ -37,10 +38,10 @@ class CircuitChoice:
         return self.spec, self.metric, self.method, self.steps
 
 
-def pick_circuit(encoder: bool = False) -> CircuitChoice:
-    """The task and metric (Effects' widgets; ``encoder``: an encoder's), the method, its steps and the kinds of edge
-    from the page's widgets."""
-    choice = pick_task(patching=False, encoder=encoder)
+def pick_circuit(model) -> CircuitChoice:
+    """The task and metric (Effects' widgets, ``model``'s), the method, its steps and the kinds of edge from the
+    page's widgets."""
+    choice = pick_task(model, patching=False)
     cols = st.columns(3)
     method = bound(cols[0].segmented_control, "circuit_method", "eap_ig", init="default", options=list(METHODS),
                    cast=str, label="Edge scores", format_func=METHODS.get, required=True,
@@ -53,7 +54,8 @@ def pick_circuit(encoder: bool = False) -> CircuitChoice:
     if method == "eap_ig":
         steps = bound(cols[1].number_input, "circuit_steps", AC.STEPS, cast=int, label="Steps", min_value=1,
                       max_value=50, step=1, help="Points along the way from the corrupted input to the clean one.")
-    named = {**KINDS, "logits": "the embedding"} if encoder else KINDS  # an encoder's output is its embedding
+    output = readouts(model)[-1].output  # what the model's last node is: its logits, an encoder's embedding, classes
+    named = {**KINDS, "logits": f"the {output}"} if output != "logits" else KINDS
     kinds = bound(st.pills, "circuit_kinds", list(KINDS), multi=True, init="default", options=list(KINDS),
                   cast=str, label="Edges into", format_func=named.get, selection_mode="multi",
                   help="The circuit's edges are the top ones among those entering these inputs.")

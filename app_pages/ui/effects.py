@@ -7,7 +7,7 @@ import streamlit as st
 
 from analysis.defaults import ENCODER_PAIRS, PAIRS, Pair
 
-from analysis.effects import answer_token, masked_pair, repeated_pair, token_text
+from analysis.effects import pair_readout, repeated_pair, token_text
 from models import AttentionModel, HeadLensError
 
 from ..results.effects import candidates
@@ -64,8 +64,13 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     if not clean.strip() or not corrupted.strip():
         st.info("Type a clean prompt and a corrupted one of the same number of tokens.")
         st.stop()
-    if not model.causal:
-        return _probes(model, clean, corrupted, first)
+    readout = pair_readout(model, clean)
+    return OWN_PAIR[readout.gives if readout.name != "next_token" else "candidates"](ref, model, clean, corrupted, first)
+
+
+def _candidates(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
+    """A language model's own pair: the answer and the distractor picked among each prompt's likely next tokens
+    and the prompts' own tokens."""
     try:
         options = candidates(ref, clean, corrupted)
     except HeadLensError as err:
@@ -87,11 +92,8 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     return pair
 
 
-def _probes(model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
-    """An encoder's own pair: the two texts its embedding is compared with, typed (a masked-LM encoder's prompt with
-    its mask token: the two tokens compared there)."""
-    if masked_pair(model, clean):
-        return _masked(model, clean, corrupted)
+def _probes(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
+    """An encoder's own pair: the two texts its embedding is compared with, typed."""
     left, right = st.columns(2)
     answer = bound(left.text_input, "effects_probe_answer", first.answer, label="Answer text", max_chars=500,
                    help="A word or a sentence the clean prompt's embedding should be near: the page explains "
@@ -107,7 +109,7 @@ def _probes(model: AttentionModel, clean: str, corrupted: str, first: Pair) -> P
     return pair
 
 
-def _masked(model: AttentionModel, clean: str, corrupted: str) -> Pair:
+def _masked(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
     """A masked-LM encoder's own pair: the answer and the distractor, one token each, at the clean prompt's mask."""
     mask = model.tokenizer.mask_token
     left, right = st.columns(2)
@@ -124,22 +126,19 @@ def _masked(model: AttentionModel, clean: str, corrupted: str) -> Pair:
     return pair
 
 
+OWN_PAIR = {"candidates": _candidates, "text": _probes, "token": _masked}  # by what a readout takes
+
+
 def compared(model: AttentionModel, pair: Pair) -> str:
-    """What a pair's figures measure, in words: logit(“ Mary”) − logit(“ John”), or an encoder's cosines."""
-    if masked_pair(model, pair.clean):
-        try:
-            answer, distractor = answer_token(model, pair.answer), answer_token(model, pair.distractor, "distractor")
-        except HeadLensError as err:
-            stop_with(err)
-        return (f"logit(“{token_text(model, answer)}”) − logit(“{token_text(model, distractor)}”) at "
-                f"{model.tokenizer.mask_token}")
-    if not model.causal:
-        return f"cos(e, “{pair.answer}”) − cos(e, “{pair.distractor}”)"
+    """What a pair's figures measure, in words (its readout's): logit(“ Mary”) − logit(“ John”), an encoder's
+    cosines."""
+    readout = pair_readout(model, pair.clean)
     try:
-        answer, distractor = answer_token(model, pair.answer), answer_token(model, pair.distractor, "distractor")
+        answer, distractor = readout.words(model.tokenize(pair.clean, verbose=False)["input_ids"], pair.answer,
+                                           pair.distractor)
     except HeadLensError as err:
         stop_with(err)
-    return f"logit(“{token_text(model, answer)}”) − logit(“{token_text(model, distractor)}”)"
+    return readout.compared(answer, distractor) + readout.compared_note
 
 
 def show_pair(model: AttentionModel, pair: Pair) -> None:
@@ -150,9 +149,7 @@ def show_pair(model: AttentionModel, pair: Pair) -> None:
     differ = [i for i, (a, b) in enumerate(zip(clean, corrupted)) if a != b]
     where = (f"they differ at token{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))}" if differ else
              "they read the same") if len(clean) == len(corrupted) else "their lengths differ"
-    embedding = not model.causal and not masked_pair(model, pair.clean)
-    st.caption(plain(f"Clean: {len(clean)} tokens, corrupted: {len(corrupted)}; {where}. Compared: {said}"
-                     + (", e the sentence's embedding (the mean over its tokens)." if embedding else ".")))
+    st.caption(plain(f"Clean: {len(clean)} tokens, corrupted: {len(corrupted)}; {where}. Compared: {said}."))
 
 
 def frame_csv(frame: pd.DataFrame) -> str:

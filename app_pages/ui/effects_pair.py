@@ -11,8 +11,7 @@ from scipy.stats import spearmanr
 from analysis import make_view
 from analysis.detector import DETECTORS
 from analysis.defaults import Pair
-from analysis.effects import grid
-from analysis.effects.batched import NOT_LINEAR
+from analysis.effects import grid, pair_readout
 from analysis.routes import THRESHOLD, flow_graph, flow_heads, strongest_route
 from analysis.views import token_label
 from models import AttentionModel, head_label
@@ -50,11 +49,8 @@ class EffectsView:
     def __post_init__(self):
         L, H = self.model.n_layers, self.model.n_heads
         a = self.found.heads.attrs
-        self.encoder = a.get("metric") == "embedding"
-        self.masked = a.get("metric") == "masked_logit_diff"  # at a [MASK]: no direct parts (attribution None)
-        self.compared = (f"cos(e, “{a['answer']}”) − cos(e, “{a['distractor']}”)" if self.encoder else
-                         f"logit(“{a['answer']}”) − logit(“{a['distractor']}”)"
-                         + (f" at {self.model.tokenizer.mask_token}" if self.masked else ""))
+        self.readout = pair_readout(self.model, self.pair.clean)  # what the figures measure, and their words
+        self.compared = self.readout.compared(a["answer"], a["distractor"])
         self.attribution = None if self.found.attribution is None else \
             self.found.attribution["attribution"].to_numpy().reshape(L, H)
         self.recovered = grid(self.found.heads, "recovered", L, H)
@@ -66,18 +62,14 @@ def metrics(v: EffectsView) -> None:
     """The clean and corrupted differences, the heads' direct share, and the head that recovers most."""
     att, heads = v.found.attribution, v.found.heads
     cols = st.columns(4)
-    cols[0].metric("Clean", f"{heads.attrs['ld_clean']:+.2f}",
-                   help=plain(f"{v.compared}, e the clean prompt's sentence embedding (the mean over its tokens)."
-                              if v.encoder else f"The logit difference {v.compared} after the clean prompt."))
+    cols[0].metric("Clean", f"{heads.attrs['ld_clean']:+.2f}", help=plain(v.readout.clean_help(v.compared)))
     cols[1].metric("Corrupted", f"{heads.attrs['ld_corrupted']:+.2f}", help="The same after the corrupted prompt.")
     if att is None:
-        cols[2].metric("By the heads", "—", help=NOT_LINEAR)
+        cols[2].metric("By the heads", "—", help=v.readout.not_linear)
     else:
         cols[2].metric("By the heads", f"{att['attribution'].sum():+.2f}",
                        help="The heads' direct share of the clean difference; the MLPs, the embeddings and the biases "
-                            "write the rest (the bars below)." + (" Each part passes the LayerNorms above it, their "
-                                                                   "scales frozen at the prompt's own values, so that "
-                                                                   "the parts add up." if v.encoder else ""))
+                            "write the rest (the bars below)." + v.readout.parts_note)
     best = heads.loc[heads["recovered"].idxmax()]
     cols[3].metric("Best head", head_label(best["layer"], best["head"]),
                    help=f"Patching this head alone brings back {best['recovered']:.2f} of the difference.")
@@ -95,14 +87,14 @@ def head_note(v: EffectsView, h: tuple[int, int]) -> str:
 def grids(v: EffectsView, selected: tuple[int, int]) -> None:
     """Attribution and patching as two grids centred on zero, and the ten heads that recover most."""
     label = "Patching, estimated" if v.method == "attribution" else "Patching"
-    units = "attribution" if v.encoder else "logits"
+    units, logit = v.readout.units, "logit " if v.readout.units == "logits" else ""
     grids_drawn = (("effects-attribution", "Attribution grid", v.attribution, units,
-                    f"Direct {'' if v.encoder else 'logit '}attribution · {v.compared}"),
+                    f"Direct {logit}attribution · {v.compared}"),
                    ("effects-patching", "Patching grid", v.recovered, "recovered",
                     f"{label} · share of the difference recovered"))
     if v.attribution is None:
         grids_drawn = grids_drawn[1:]
-        st.caption(NOT_LINEAR)
+        st.caption(v.readout.not_linear)
     for col, (key, name, values, value_name, title) in zip(st.columns(2), grids_drawn):
         with col:
             fig = effect_grid(values, value_name=value_name, selected=selected, title=title)
@@ -114,7 +106,7 @@ def grids(v: EffectsView, selected: tuple[int, int]) -> None:
     table = {"head": [head_label(r.layer, r.head) for r in strongest.itertuples()],
              "recovered": strongest["recovered"].to_numpy()}
     if v.attribution is not None:
-        table[f"attribution{' (logits)' if not v.encoder else ''}"] = \
+        table[f"attribution{' (logits)' if logit else ''}"] = \
             v.attribution[strongest["layer"], strongest["head"]]
     st.dataframe(pd.DataFrame(table).style.format(precision=3), hide_index=True, key="effects-strongest")
 
@@ -134,11 +126,11 @@ def parts_and_residual(v: EffectsView) -> list[str]:
     if any(a["attention_bias"]):
         parts["attention biases"] = float(sum(a["attention_bias"]))
     if a["final_norm"]:
-        parts["the norms' biases" if v.encoder else "final norm's bias"] = float(a["final_norm"])
+        parts[v.readout.norm_bias] = float(a["final_norm"])
     left, right = st.columns(2)
     with left:
         chart(parts_bars(parts, title=f"Where the clean difference of {a['logit_diff']:+.2f} comes from",
-                         value_name="embedding difference" if v.encoder else "logit difference"), "effects-parts")
+                         value_name=v.readout.title), "effects-parts")
     tokens = [token_label(c) if c == k else f"{token_label(c)}/{token_label(k)}"
               for c, k in zip(a["tokens"], residual.attrs["tokens"])]
     with right:

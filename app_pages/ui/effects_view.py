@@ -88,7 +88,7 @@ def _pair(s: Settings, ref: ModelRef, model: AttentionModel) -> Mode:
 
 
 def _task(ref: ModelRef, model: AttentionModel) -> Mode:
-    choice = pick_task(encoder=not model.causal)
+    choice = pick_task(model)
     task_mode.problems(task_or_stop(ref, choice.spec))
     everyone = task_effects(ref, choice.spec, choice.metric, choice.method)
     v = task_mode.TaskView(ref, model, choice, everyone, chosen(everyone, choice.correct_only))

@@ -8,6 +8,7 @@ import numpy as np
 import streamlit as st
 
 from analysis.significance import interval
+from analysis.effects import readouts
 from analysis.task_effects import METRICS, NORMALISE, TaskEffects
 from analysis.focus_tasks import ENCODER_TASKS
 from analysis.tasks import CORRUPTIONS, PAGE_ROWS, TASKS, Task
@@ -20,9 +21,7 @@ from .state import bound, flag
 
 SOURCES = {**TASKS, "csv": "Your pairs (a CSV file)"}
 ENCODER_SOURCES = {**ENCODER_TASKS, "csv": "Your pairs (a CSV file)"}
-SHORT_METRICS = {"logit_diff": "Logit difference", "prob_diff": "Probability difference",
-                 "greater_than": "Greater-than mass", "embedding": "Embedding difference",
-                 "masked_logit_diff": "Masked logit difference"}
+SHORT_METRICS = {m: what.split(":")[0].capitalize() for m, what in METRICS.items()}  # "Logit difference"
 PAIR_COUNTS = [10, 20, 50, 100, 200, 500, 1000]
 TEMPLATE_CSV = ("clean,corrupted,answer,distractor\n"
                 "\"When Mary and John went to the store, John gave a drink to\","
@@ -42,9 +41,12 @@ class TaskChoice:
     correct_only: bool
 
 
-def pick_task(patching: bool = True, *, encoder: bool = False) -> TaskChoice:
+def pick_task(model, patching: bool = True) -> TaskChoice:
     """The task, metric, method and averaging from the page's widgets (``patching`` False: the task and metric
-    alone, the method and averaging left at their defaults); ``encoder``: an encoder's tasks and metric."""
+    alone, the method and averaging left at their defaults): ``model``'s tasks (an encoder's or a language
+    model's) and the metrics its readouts read."""
+    offered = readouts(model)
+    encoder = not model.causal
     cols = st.columns([2, 1, 1])
     sources = ENCODER_SOURCES if encoder else SOURCES
     source = bound(cols[0].selectbox, "task", next(iter(sources)), init="index", options=list(sources), cast=str,
@@ -81,9 +83,9 @@ def pick_task(patching: bool = True, *, encoder: bool = False) -> TaskChoice:
             corruption = bound(st.segmented_control, "task_corruption", "s2", init="default",
                                options=list(CORRUPTIONS), cast=str, label="Corrupted by",
                                format_func=lambda c: CORRUPTIONS[c][0].upper() + CORRUPTIONS[c][1:], required=True)
-    metrics = (["embedding", "masked_logit_diff"] if source == "csv" else ["embedding"]) if encoder else \
-        [m for m in METRICS if m not in ("greater_than", "embedding", "masked_logit_diff")
-         or source == "greater_than" and m == "greater_than"]
+    # a CSV's pairs may take any readout the model offers (a masked-LM encoder's: at a [MASK]); a built-in task its own
+    metrics = [m for r in (offered[::-1] if source == "csv" else offered[-1:]) for m in r.metrics
+               if m != "greater_than" or source == "greater_than"]
     cols = st.columns(3)
     metric = bound(cols[0].selectbox, "task_metric", metrics[-1] if source == "greater_than" else metrics[0],
                    init="index", options=metrics, cast=str, label="Metric", format_func=SHORT_METRICS.get,

@@ -142,6 +142,21 @@ class Stack(Saved, nn.Module):
         return self.layers[0].attn.embed_dim
 
     @property
+    def prediction_head(self):
+        """A head on the final hidden states read from the stack's files beside it, which names the readouts it
+        offers in place of the stack's own (a sequence classifier's: ``classify``); None for most models."""
+        return self._modules.get("prediction_head")
+
+    @property
+    def readouts(self) -> tuple[str, ...]:
+        """The kinds of prediction a run of it is read as, in the order a pair tries them
+        (``analysis.effects.readouts``): its prediction head's; a language model's next token; an encoder's sentence
+        embedding."""
+        if self.prediction_head is not None:
+            return self.prediction_head.readouts
+        return ("next_token",) if self.language_model else ("embedding",)
+
+    @property
     def pruned(self) -> bool:
         return bool(self.config.pruned_heads)
 
@@ -231,7 +246,8 @@ class Stack(Saved, nn.Module):
         if need_weights and head_mask is not None:
             attentions = tuple(w * head_mask[i].to(w.dtype).view(1, -1, 1, 1) for i, w in enumerate(attentions))
         h = self.finish(x if packing is None else packing.unpack(x))
-        return StackOutput(h, attentions if need_weights else None, self.logits(h) if need_logits else None)
+        return StackOutput(h, attentions if need_weights else None,
+                           self.logits(h) if need_logits and self.language_model else None)
 
     def embed_tokens(self, input_ids, attention_mask=None, token_type_ids=None):
         """The input to the first block: ``(x, padding, packing)``, ``x`` packed to real tokens when there is padding."""
@@ -330,6 +346,11 @@ class Stack(Saved, nn.Module):
         config = replace(self.config, pruned_heads=with_pruned(self.config.pruned_heads, heads))
         with torch.device("meta"):  # built empty and given the weights below: initialising SmolLM2 took a second
             copy = type(self)(config)
+            for name in set(copy._modules) - set(self._modules):  # a part its files did not hold (a classifier's
+                delattr(copy, name)                                 # decoder has no language-model head)
+        copy.language_model = self.language_model
+        for name in set(self._modules) - set(copy._modules):  # a part read beside the stack (its prediction head),
+            setattr(copy, name, self._modules[name])            # shared as the embeddings are
         state = self.state_dict()  # detached views of these weights, not copies
         for i, block in enumerate(self.layers):
             old, new = self.kept[i], copy.kept[i]

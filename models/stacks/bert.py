@@ -234,6 +234,11 @@ class BertEncoder(Stack):
         """Whether it has its masked-LM head: logits at a ``[MASK]`` (``masked_logits``)."""
         return hasattr(self, "mlm")
 
+    @property
+    def readouts(self) -> tuple[str, ...]:
+        """A masked-LM encoder's prompt with its mask token is read there, any other as a sentence embedding."""
+        return (("masked_token",) if self.masked_lm else ()) + super().readouts
+
     def masked_logits(self, h: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         """The masked-LM head's logits of final hidden states ``h`` ``(..., E)``: of every token ``(..., V)``, or of
         ``ids`` ``(..., K)`` alone (each row of ``h`` its own tokens)."""

@@ -1,0 +1,342 @@
+"""What a prediction is, one readout per kind of model: everything that differs by kind lives here, and effects,
+tasks, circuits, the QK split over a task and the card take a readout without asking what model they hold.
+
+A stack names the readouts it offers (``Stack.readouts``): a language model's next token; an encoder's sentence
+embedding against two probe texts; a masked-LM encoder's two tokens at its ``[MASK]`` (before its embedding, for
+a prompt that has one). A readout says what the user gives (tokens,
+texts), checks a pair's inputs (a sentence for a bad one), reads a run's final residual stream as a
+``Metric`` of each pair, gives the metric's linear direction for direct attribution or the sentence saying why it
+has none, and the words the pages use.
+
+What a run is read as, for a batch of pairs, is a ``metrics.Metric``.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from models import HeadLensError
+from models.run import device_of, stack_of
+
+from . import parts as P
+from .metrics import MASKED_NOT_LINEAR, EmbeddingCosine, MaskedLogits, Metric, TokenLogits, TokenProbs, Toward
+
+# --- the inputs a pair takes -----------------------------------------------------------------------------------
+
+def answer_token(model, answer, role: str = "answer") -> int:
+    """The token id of ``answer``: an id, or a string the tokenizer reads as exactly one token (with its
+    leading space, as " Mary"); a sentence naming the pieces of one it reads as several."""
+    tok = model.tokenizer
+    vocab = len(tok)
+    if isinstance(answer, (int, np.integer)) and not isinstance(answer, bool):
+        if not 0 <= int(answer) < vocab:
+            raise HeadLensError(f"The {role} token id {int(answer)} is not in the vocabulary (0 to {vocab - 1}).")
+        return int(answer)
+    if not isinstance(answer, str) or not answer:
+        raise HeadLensError(f"Give the {role} as a token: a string such as \" Mary\" (with its leading space), "
+                            "or a token id.")
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        pieces = " ".join(repr(p) for p in tok.convert_ids_to_tokens(ids)) or "nothing"
+        raise HeadLensError(f"The {role} {answer!r} is {len(ids)} tokens to this tokenizer ({pieces}); give a "
+                            "string it reads as one token, or a token id.")
+    return int(ids[0])
+
+
+def token_text(model, token: int) -> str:
+    """How a token reads, decoded (" Mary")."""
+    return model.tokenizer.decode([int(token)])
+
+
+def probe_text(value, role: str) -> str:
+    """An encoder's answer or distractor: a text to embed; a sentence for anything else."""
+    if not isinstance(value, str) or not value.strip():
+        raise HeadLensError(f"On an encoder the {role} is a text (a word or a sentence) whose embedding the "
+                            "prompt's is compared with; give it as text.")
+    return value.strip()
+
+
+def _two(a, d, what: str) -> None:
+    if a == d:
+        raise HeadLensError(f"The answer and the distractor are the same {what}; patching compares two.")
+
+
+@torch.inference_mode()
+def unit_embeddings(model, texts) -> torch.Tensor:
+    """``(k, E)``: each text's sentence embedding as ``EmbeddingCosine`` pools it (the mean of the final hidden
+    states over its tokens, special ones included), at unit length, in the stack's own dtype."""
+    stack = stack_of(model, "A sentence embedding is read")
+    ids = [model.tokenize(text, verbose=False)["input_ids"] for text in texts]
+    out = [None] * len(texts)
+    for n in sorted({len(i) for i in ids}):  # the texts of one length in one run, no padding
+        same = [k for k, i in enumerate(ids) if len(i) == n]
+        x, _ = stack.run_layers(stack.embed(torch.tensor([ids[k] for k in same], device=device_of(stack))),
+                                need_weights=False)
+        e = stack.finish(x).mean(1)
+        for k, row in zip(same, e / e.norm(dim=-1, keepdim=True)):
+            out[k] = row
+    return torch.stack(out)
+
+
+# --- the readouts ----------------------------------------------------------------------------------------------
+
+class Readout:
+    """What a prediction is on one kind of model (a subclass per kind, named as ``Stack.readouts`` names it)."""
+
+    name: ClassVar[str]
+    metric: ClassVar[str]           # what a pair's figures measure, as frames and tasks name it
+    title: ClassVar[str]            # in words: "logit difference"
+    gives: ClassVar[str]            # what the answer and the distractor are: "token", "text" or "label"
+    metrics: ClassVar[dict[str, str]]  # the metrics a task may read with it, and what each is
+    needs: ClassVar[str]            # what its metrics read, for the sentence a model without it gets
+    units: ClassVar[str] = "logits"   # a direct attribution's units
+    output: ClassVar[str] = "logits"  # what a circuit's last node is called
+    on_text: ClassVar[str] = "cosine"  # what a run over plain text is measured by: its embedding's cosine, or "loss"
+    reads_at: ClassVar[str] = "the last token"  # where a head's attention to a task's roles is read from
+
+    def __init__(self, model, stack=None):
+        self.model = model
+        self.stack = stack if stack is not None else stack_of(model, "Patching replaces a head's output")
+
+    @property
+    def not_linear(self) -> str | None:
+        """Why its metric has no direct parts (a sentence), or None: it has."""
+        return None
+
+    def reads(self, clean: str) -> bool:
+        """Whether a pair whose clean prompt is ``clean`` is read by this readout (the first that does, of those the
+        stack offers, reads it)."""
+        return True
+
+    compared_note: ClassVar[str] = ""  # what ``compared``'s symbols are, where they need saying
+    norm_bias: ClassVar[str] = "final norm's bias"   # the constant part of a direct attribution
+    parts_note: ClassVar[str] = ""    # how a direct attribution's parts add up, where it needs saying
+
+    def clean_help(self, compared: str) -> str:
+        """What the clean prompt's figure is, in words."""
+        return f"The {self.title} {compared} after the clean prompt."
+
+    def read(self, ids: list[int], answer, distractor) -> tuple:
+        """A pair's answer and distractor checked, a sentence for a bad one, as this readout holds them (token ids,
+        texts, class indices); ``ids``: the clean prompt's tokens."""
+        a, d = answer_token(self.model, answer), answer_token(self.model, distractor, "distractor")
+        _two(a, d, "token")
+        return a, d
+
+    def words(self, ids: list[int], answer, distractor) -> tuple[str, str]:
+        """How the answer and the distractor read, checked (``read``)."""
+        return tuple(token_text(self.model, t) for t in self.read(ids, answer, distractor))
+
+    def pair(self, ids: list[int], answer, distractor) -> tuple[Metric, str, str]:
+        """One pair's metric, its answer and distractor checked (a sentence for a bad one), and how they read."""
+        raise NotImplementedError
+
+    def compared(self, answer: str, distractor: str) -> str:
+        """What a pair's figures measure, in words."""
+        return f"logit(“{answer}”) − logit(“{distractor}”)"
+
+    def row(self, row: dict, one_token, ids: list[int], bad: list[int]) -> tuple[int, int, tuple, tuple] | str:
+        """A CSV row's answer and distractor, its prompts read as ``ids`` and ``bad``: ``(answer, distractor, probes,
+        roles)`` (the roles this readout names, beside ``DIFF`` and ``END``), or what is wrong with them;
+        ``one_token(value, what)`` reads a token as ``(id, None)`` or ``(None, why not)``."""
+        answer, why = one_token(row.get("answer"), "answer")
+        if why:
+            return why
+        distractor, why = one_token(row.get("distractor"), "distractor")
+        if why:
+            return why
+        if answer == distractor:
+            return "its answer and distractor are the same token; give two different ones"
+        return answer, distractor, (), ()
+
+    def task_metric(self, task, metric: str) -> Metric:
+        """``metric`` over every pair of ``task``."""
+        raise NotImplementedError
+
+
+class NextToken(Readout):
+    """A language model's next token: the logit difference of two tokens at the last position (a task's also the
+    probability difference, or greater-than's mass)."""
+
+    name, metric, title, gives = "next_token", "logit_diff", "logit difference", "token"
+    needs = "is read from a language model's next-token logits"
+    on_text = "loss"
+    metrics = {"logit_diff": "logit difference: logit(answer) − logit(distractor)",
+               "prob_diff": "probability difference: p(answer) − p(distractor)",
+               "greater_than": "greater-than mass: p(years after YY) − p(years up to YY)"}
+
+    def pair(self, ids, answer, distractor):
+        a, d = self.read(ids, answer, distractor)
+        return (Toward(P.direction(self.stack, a, d).view(1, -1)), token_text(self.model, a),
+                token_text(self.model, d))
+
+    def task_metric(self, task, metric):
+        device = device_of(self.stack)
+        if metric == "greater_than":
+            if not all(p.above and p.below for p in task.pairs):
+                raise HeadLensError("The greater-than metric reads the years after and up to a pair's YY: choose "
+                                    "the greater_than task, or the logit or probability difference.")
+            width = max(len(p.above) + len(p.below) for p in task.pairs)
+            tokens = [list(p.above + p.below) + [0] * (width - len(p.above) - len(p.below)) for p in task.pairs]
+            weights = [[1.0] * len(p.above) + [-1.0] * len(p.below)
+                       + [0.0] * (width - len(p.above) - len(p.below)) for p in task.pairs]
+        else:
+            tokens = [[p.answer, p.distractor] for p in task.pairs]
+            weights = [[1.0, -1.0]] * len(task.pairs)
+        kind = TokenLogits if metric == "logit_diff" else TokenProbs
+        return kind(torch.tensor(tokens, device=device), torch.tensor(weights, device=device))
+
+
+class SentenceEmbedding(Readout):
+    """An encoder's sentence embedding (the mean over its tokens) against two probe texts:
+    ``cos(e, answer) − cos(e, distractor)``, each part through the norms above where it was written, frozen."""
+
+    name, metric, title, gives = "embedding", "embedding", "embedding difference", "text"
+    needs = "is an encoder's metric: its sentence embedding against two probe texts"
+    metrics = {"embedding": "embedding difference: cos(e, answer) − cos(e, distractor)"}
+    units, reads_at, output = "attribution", "every token (the mean)", "embedding"
+
+    compared_note = ", e the sentence's embedding (the mean over its tokens)"
+    norm_bias = "the norms' biases"
+    parts_note = (" Each part passes the LayerNorms above it, their scales frozen at the prompt's own values, so "
+                  "that the parts add up.")
+
+    def clean_help(self, compared):
+        return f"{compared}, e the clean prompt's sentence embedding (the mean over its tokens)."
+
+    def read(self, ids, answer, distractor):
+        a, d = probe_text(answer, "answer"), probe_text(distractor, "distractor")
+        _two(a, d, "text")
+        return a, d
+
+    def words(self, ids, answer, distractor):
+        return self.read(ids, answer, distractor)
+
+    def pair(self, ids, answer, distractor):
+        a, d = self.read(ids, answer, distractor)
+        return self.probes([(a, d)]), a, d
+
+    def probes(self, pairs) -> EmbeddingCosine:
+        """The metric of pairs whose ``(answer, distractor)`` texts are ``pairs``, each text embedded once."""
+        texts = sorted({t for pair in pairs for t in pair})
+        at = {t: i for i, t in enumerate(texts)}
+        units = unit_embeddings(self.model, texts)
+        return EmbeddingCosine(torch.stack([units[at[a]] - units[at[d]] for a, d in pairs]))
+
+    def compared(self, answer, distractor):
+        return f"cos(e, “{answer}”) − cos(e, “{distractor}”)"
+
+    def row(self, row, one_token, ids, bad):
+        probes = tuple(row.get(what).strip() if isinstance(row.get(what), str) else "" for what in
+                       ("answer", "distractor"))
+        if not all(probes):
+            return ("its answer or distractor is empty; on an encoder each is a text (a word or a sentence) the "
+                    "sentence's embedding is compared with")
+        if probes[0] == probes[1]:
+            return "its answer and distractor are the same text; give two different ones"
+        return -1, -1, probes, ()
+
+    def task_metric(self, task, metric):
+        if not all(p.probes for p in task.pairs):
+            raise HeadLensError("The embedding difference compares each sentence with its pair's probe texts; "
+                                "this task's pairs have none: choose an encoder's task or upload pairs with them"
+                                + (" (pairs with a [MASK] take the masked logit difference)." if
+                                   all("MASK" in dict(p.roles) for p in task.pairs) else "."))
+        return self.probes([p.probes for p in task.pairs])
+
+
+class MaskedToken(Readout):
+    """A masked-LM encoder's two tokens at the clean prompt's one ``[MASK]``: their logit difference there."""
+
+    name, metric, title, gives = "masked_token", "masked_logit_diff", "masked logit difference", "token"
+    needs = "reads a masked-LM encoder's logits at each pair's [MASK], on a model opened with its masked-LM head"
+    metrics = {"masked_logit_diff": "masked logit difference: logit(answer) − logit(distractor) at the [MASK]"}
+    units = "logits"
+    reads_at = "every token (the mean)"
+
+    not_linear = MASKED_NOT_LINEAR
+
+    @property
+    def mask(self) -> str:
+        return self.model.tokenizer.mask_token
+
+    def reads(self, clean):
+        return bool(self.mask) and self.mask in clean
+
+    def read(self, ids, answer, distractor):
+        mask = self.model.tokenizer.mask_token_id
+        if list(ids).count(mask) != 1:
+            raise HeadLensError(f"The clean prompt has {list(ids).count(mask)} {self.mask} tokens; the masked-LM "
+                                "metric reads the logits at one.")
+        return super().read(ids, answer, distractor)
+
+    def pair(self, ids, answer, distractor):
+        mask = self.model.tokenizer.mask_token_id
+        a, d = self.read(ids, answer, distractor)
+        metric = MaskedLogits(torch.tensor([[a, d]]), torch.tensor([[1.0, -1.0]]), torch.tensor([list(ids).index(mask)]))
+        return metric, token_text(self.model, a), token_text(self.model, d)
+
+    def compared(self, answer, distractor):
+        return super().compared(answer, distractor) + f" at {self.mask}"
+
+    def row(self, row, one_token, ids, bad):
+        mask = self.model.tokenizer.mask_token_id
+        if ids.count(mask) != 1:
+            return (f"its clean prompt has {ids.count(mask)} {self.mask} tokens; the masked-LM metric reads the "
+                    "logits at one")
+        at = ids.index(mask)
+        if len(ids) != len(bad) or bad[at] != mask:
+            return (f"the corrupted prompt needs as many tokens as the clean one ({len(ids)}) and its {self.mask} "
+                    "at the same position")
+        read = super().row(row, one_token, ids, bad)
+        return read if isinstance(read, str) else (*read[:3], (("MASK", at),))
+
+    def task_metric(self, task, metric):
+        if not all("MASK" in dict(p.roles) for p in task.pairs):
+            raise HeadLensError("The masked logit difference reads a masked-LM encoder's logits at each pair's "
+                                "[MASK]: upload pairs whose clean prompt has one, on a model opened with its "
+                                "masked-LM head.")
+        device = device_of(self.stack)
+        return MaskedLogits(torch.tensor([[p.answer, p.distractor] for p in task.pairs], device=device),
+                            torch.tensor([[1.0, -1.0]] * len(task.pairs), device=device),
+                            torch.tensor([p.role("MASK") for p in task.pairs], device=device))
+
+
+READOUTS = {cls.name: cls for cls in (NextToken, SentenceEmbedding, MaskedToken)}
+TASK_METRICS = {m: what for cls in READOUTS.values() for m, what in cls.metrics.items()}
+
+
+def readouts(model, stack=None) -> list[Readout]:
+    """The readouts ``model``'s stack offers, in the order a pair tries them."""
+    stack = stack if stack is not None else stack_of(model, "Patching replaces a head's output")
+    return [READOUTS[name](model, stack) for name in stack.readouts]
+
+
+def readout_for(model, clean: str | None = None, stack=None) -> Readout:
+    """The readout of a pair whose clean prompt is ``clean``: the first the stack offers that reads it (None: the
+    stack's first)."""
+    offered = readouts(model, stack)
+    return next((r for r in offered if clean is None or r.reads(clean)), offered[-1])
+
+
+def readout_reading(model, metric: str, stack=None) -> Readout:
+    """The readout a task's ``metric`` is read with on ``model``, or a sentence naming the model's."""
+    if metric not in TASK_METRICS:
+        raise HeadLensError(f"Unknown metric '{metric}': choose one of {', '.join(TASK_METRICS)}.")
+    offered = readouts(model, stack)
+    found = next((r for r in offered if metric in r.metrics), None)
+    if found is None:
+        asked = readout_named(metric)
+        raise HeadLensError(f"The {asked.title} {asked.needs}; {model.name}'s prediction is read as the "
+                            f"{' or the '.join(r.title for r in offered)}: choose "
+                            f"{' or '.join(repr(m) for r in offered for m in r.metrics)}"
+                            + (" (an encoder's tasks: objects, relation, sentence type, sentiment, or pairs with "
+                               "probe texts)." if offered[0].gives == "text" else "."))
+    return found
+
+
+def readout_named(metric: str):
+    """The readout class whose metric is ``metric`` (a frame's ``attrs["metric"]``): the pages' words for it."""
+    return next(cls for cls in READOUTS.values() if metric in cls.metrics)
