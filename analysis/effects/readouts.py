@@ -3,8 +3,8 @@ tasks, circuits, the QK split over a task and the card take a readout without as
 
 A stack names the readouts it offers (``Stack.readouts``): a language model's next token; an encoder's sentence
 embedding against two probe texts; a masked-LM encoder's two tokens at its ``[MASK]`` (before its embedding, for
-a prompt that has one). A readout says what the user gives (tokens,
-texts), checks a pair's inputs (a sentence for a bad one), reads a run's final residual stream as a
+a prompt that has one); a sequence classifier's two class labels. A readout says what the user gives (tokens,
+texts, labels), checks a pair's inputs (a sentence for a bad one), reads a run's final residual stream as a
 ``Metric`` of each pair, gives the metric's linear direction for direct attribution or the sentence saying why it
 has none, and the words the pages use.
 
@@ -12,6 +12,7 @@ What a run is read as, for a batch of pairs, is a ``metrics.Metric``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -304,7 +305,97 @@ class MaskedToken(Readout):
                             torch.tensor([p.role("MASK") for p in task.pairs], device=device))
 
 
-READOUTS = {cls.name: cls for cls in (NextToken, SentenceEmbedding, MaskedToken)}
+@dataclass(frozen=True)
+class ClassLogits(Metric):
+    """A sequence classifier's ``logit(answer) - logit(distractor)`` of two classes, ``weights[p]`` ``(pairs,
+    classes)`` +1 and -1 at them, from its head on the final hidden states (``stack.prediction_head``); linear where the
+    head is (``rows``: a decoder's score on its last token), else ``why`` says why not."""
+
+    weights: torch.Tensor
+    why: str | None = None
+    rows: torch.Tensor | None = None   # (classes, E): the head's linear rows, when it has them
+
+    @property
+    def not_linear(self) -> str | None:
+        return None if self.rows is not None else self.why
+
+    def __call__(self, stack, x, rows):
+        logits = stack.prediction_head.logits(stack.finish(x))                             # (N, C)
+        return (logits * self.weights[rows].to(logits.dtype)).sum(-1)
+
+    def direction(self, stack, p):
+        if self.rows is None:
+            raise HeadLensError(self.why)
+        w = self.weights[min(p, len(self.weights) - 1)]
+        return w.to(self.rows.dtype) @ self.rows
+
+
+class ClassLabel(Readout):
+    """A sequence classifier's two classes, named by its ``id2label``: ``logit(answer) − logit(distractor)``."""
+
+    name, metric, title, gives = "class_label", "class_logit_diff", "class logit difference", "label"
+    needs = "reads a sequence classifier's class logits"
+    output = "classes"
+    metrics = {"class_logit_diff": "class logit difference: logit(answer class) − logit(distractor class)"}
+
+    @property
+    def not_linear(self):
+        head = self.stack.prediction_head
+        return None if head.linear_rows() is not None else head.why_not_linear
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.stack.prediction_head.labels
+
+    def label(self, value, role: str) -> int:
+        """A class's index from its label (or its index); a sentence naming the labels for anything else."""
+        labels = self.labels
+        if isinstance(value, str) and value.strip() in labels:
+            return labels.index(value.strip())
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= int(value) < len(labels):
+            return int(value)
+        raise HeadLensError(f"The {role} {value!r} is not one of this classifier's labels: "
+                            f"{', '.join(repr(label) for label in labels)}.")
+
+    def read(self, ids, answer, distractor):
+        a, d = self.label(answer, "answer"), self.label(distractor, "distractor")
+        _two(a, d, "label")
+        return a, d
+
+    def words(self, ids, answer, distractor):
+        return tuple(self.labels[k] for k in self.read(ids, answer, distractor))
+
+    def compared(self, answer, distractor):
+        return f"logit(“{answer}”) − logit(“{distractor}”) of the classes"
+
+    def pair(self, ids, answer, distractor):
+        a, d = self.read(ids, answer, distractor)
+        weights = torch.zeros(1, len(self.labels))
+        weights[0, a], weights[0, d] = 1.0, -1.0
+        return self._metric(weights), self.labels[a], self.labels[d]
+
+    def _metric(self, weights: torch.Tensor) -> ClassLogits:
+        head = self.stack.prediction_head
+        return ClassLogits(weights.to(device_of(self.stack)), head.why_not_linear, head.linear_rows())
+
+    def row(self, row, one_token, ids, bad):
+        try:
+            a = self.label(row.get("answer"), "answer")
+            d = self.label(row.get("distractor"), "distractor")
+        except HeadLensError as err:
+            return "its" + str(err).rstrip(".")[len("The"):]  # "its answer 'glad' is not one of ..."
+        if a == d:
+            return "its answer and distractor are the same label; give two different ones"
+        return a, d, (), ()
+
+    def task_metric(self, task, metric):
+        weights = torch.zeros(len(task.pairs), len(self.labels))
+        for k, p in enumerate(task.pairs):
+            weights[k, p.answer], weights[k, p.distractor] = 1.0, -1.0
+        return self._metric(weights)
+
+
+READOUTS = {cls.name: cls for cls in (NextToken, SentenceEmbedding, MaskedToken, ClassLabel)}
 TASK_METRICS = {m: what for cls in READOUTS.values() for m, what in cls.metrics.items()}
 
 

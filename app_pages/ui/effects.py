@@ -92,6 +92,21 @@ def _candidates(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str
     return pair
 
 
+def _labels(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
+    """A sequence classifier's own pair: two of its classes, by their labels."""
+    labels = list(pair_readout(model, clean).labels)
+    left, right = st.columns(2)
+    answer = bound(left.selectbox, "effects_label_answer", labels[-1], init="index", options=labels, cast=str,
+                   label="Answer class", help="The class the clean prompt should get: the page explains "
+                                              "logit(answer class) − logit(distractor class).")
+    rest = [label for label in labels if label != answer]
+    distractor = bound(right.selectbox, "effects_label_distractor", rest[0], init="index", options=rest, cast=str,
+                       label="Distractor class", help="The class the corrupted prompt favours.")
+    pair = Pair("Your prompts", "yours", clean, corrupted, answer, distractor)
+    show_pair(model, pair)
+    return pair
+
+
 def _probes(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
     """An encoder's own pair: the two texts its embedding is compared with, typed."""
     left, right = st.columns(2)
@@ -126,12 +141,12 @@ def _masked(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, fi
     return pair
 
 
-OWN_PAIR = {"candidates": _candidates, "text": _probes, "token": _masked}  # by what a readout takes
+OWN_PAIR = {"candidates": _candidates, "text": _probes, "token": _masked, "label": _labels}  # by what a readout takes
 
 
 def compared(model: AttentionModel, pair: Pair) -> str:
     """What a pair's figures measure, in words (its readout's): logit(“ Mary”) − logit(“ John”), an encoder's
-    cosines."""
+    cosines, a classifier's classes."""
     readout = pair_readout(model, pair.clean)
     try:
         answer, distractor = readout.words(model.tokenize(pair.clean, verbose=False)["input_ids"], pair.answer,

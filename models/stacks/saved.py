@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..errors import HeadLensError
+from .classify import classifier_head
 
 
 class Saved:
@@ -19,12 +20,12 @@ class Saved:
         return state if self.weights is None else self.weights.write(state, self)
 
     @classmethod
-    def from_file(cls, weights: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-        """A file's weights under this stack's names."""
+    def from_file(cls, weights: dict[str, torch.Tensor], config, built=None) -> dict[str, torch.Tensor]:
+        """A file's weights under this stack's names (``built``'s: the stack they are for, on the meta device)."""
         if cls.weights is None:
             return weights
         with torch.device("meta"):  # the names and sizes only: nothing is allocated
-            return cls.weights.read(weights, cls(config))
+            return cls.weights.read(weights, built if built is not None else cls(config))
 
     @classmethod
     def file_shapes(cls, config: dict) -> dict[str, tuple[int, ...]]:
@@ -56,7 +57,8 @@ class Saved:
 
         folder = Path(folder)
         try:
-            config = cls.config_class.from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+            given = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            config = cls.config_class.from_dict(given)
         except (OSError, ValueError, TypeError) as err:
             if isinstance(err, HeadLensError):
                 raise
@@ -67,10 +69,13 @@ class Saved:
             raise HeadLensError(f"The weights in {folder / 'model.safetensors'} could not be read: {err}") from err
         with torch.device("meta"):
             model = cls(config)
+            head = classifier_head(model, given, folder)  # a sequence classifier's, read after the stack's weights
         try:
-            model.load_state_dict(cls.from_file(weights, config), assign=True)
+            model.load_state_dict(cls.from_file(weights, config, model), assign=True)
         except RuntimeError as err:
             pruned = " or the heads its config.json says were pruned" if config.pruned_heads else ""
             raise HeadLensError(f"The weights in {folder} do not fit the sizes in its config.json{pruned}: "
                                 f"{str(err).splitlines()[-1].strip()}") from err
+        if head is not None:
+            model.prediction_head = head.read(weights, folder)
         return model.eval()

@@ -1,0 +1,271 @@
+"""Sequence classifiers, the proof that a kind of model is one readout: tiny random ``BertForSequenceClassification``,
+``RobertaForSequenceClassification``, ``DistilBertForSequenceClassification`` and ``GPT2ForSequenceClassification`` (a
+decoder's, which computes in float64 throughout) saved in float64, opened on the from-scratch engine, read as the difference of two classes' logits named by their
+``id2label``, and held against transformers' own model run with hooks on each layer's attention output projection."""
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+from analysis.circuits import graph as C
+from analysis.effects import logit_attribution, parts_total, patch_heads
+from analysis.effects.readouts import readout_for
+from analysis.task_effects import run_task
+from analysis.tasks import from_rows
+from models import HeadLensError, load_model
+from tests.conftest import _bpe_vocab, decode, figures, title_text
+
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, initializer_range=0.2)
+FAMILIES = {  # model_type: (config, model, sizes, its layers, layer i's attention output projection)
+    "bert": (tf.BertConfig, tf.BertForSequenceClassification, dict(max_position_embeddings=64, **SIZES),
+             lambda hf: hf.bert.encoder.layer, lambda layer: layer.attention.output.dense),
+    "roberta": (tf.RobertaConfig, tf.RobertaForSequenceClassification,
+                dict(max_position_embeddings=66, pad_token_id=1, bos_token_id=0, eos_token_id=2, **SIZES),
+                lambda hf: hf.roberta.encoder.layer, lambda layer: layer.attention.output.dense),
+    "distilbert": (tf.DistilBertConfig, tf.DistilBertForSequenceClassification,
+                   dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=64, pad_token_id=0,
+                        initializer_range=0.2),
+                   lambda hf: hf.distilbert.transformer.layer, lambda layer: layer.attention.out_lin),
+    "gpt2": (tf.GPT2Config, tf.GPT2ForSequenceClassification,
+             dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, n_inner=37, initializer_range=0.3, bos_token_id=0,
+                  eos_token_id=2, pad_token_id=1),
+             lambda hf: hf.transformer.h, lambda layer: layer.attn.c_proj),
+}
+CLEAN = "Which do you like better, coffee or tea?"
+SWAPS = ("juice", "water", "milk", "the", "a")  # the first as many tokens as "coffee" to a tokenizer is its corruption
+H = 4
+
+
+def build(name: str, folder, minilm_dir):
+    """(ours in float64, transformers' classifier in float64, tokenizer) of a tiny random ``name`` classifier with
+    three labels, saved in ``folder``."""
+    config_class, model_class, sizes, *_ = FAMILIES[name]
+    if name == "bert" or name == "distilbert":
+        tok = tf.AutoTokenizer.from_pretrained(minilm_dir)
+        size = tok.vocab_size
+    else:
+        vocab, merges = _bpe_vocab()
+        tok = (tf.RobertaTokenizerFast(vocab=vocab, merges=merges) if name == "roberta" else
+               tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                    pad_token="<pad>"))
+        size = len(vocab)
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    hf = model_class(config_class(vocab_size=size, num_labels=3, id2label=LABELS,
+                                  label2id={v: k for k, v in LABELS.items()}, **sizes)).eval()
+    with torch.no_grad():  # biases and norms away from their start, so that each takes part
+        for p in hf.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.3)
+    hf.save_pretrained(folder)
+    theirs = model_class.from_pretrained(folder, attn_implementation="eager").eval().double()
+    ours = load_model(folder, backend="scratch")
+    ours.stack.double()
+    return ours, theirs, tf.AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, minilm_dir):
+    done = {}
+
+    def make(name: str):
+        if name not in done:
+            done[name] = build(name, tmp_path_factory.mktemp(f"classifier-{name}"), minilm_dir)
+        return done[name]
+
+    return make
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, built):
+    """(name, ours in float64, transformers' classifier in float64, tokenizer)."""
+    return (request.param, *built(request.param))
+
+
+def theirs_metric(name, theirs, ids, a: int, d: int, patches=(), taps=None):
+    """transformers' ``logit(a) - logit(d)`` of each row of ``ids``, with ``patches`` (row, layer, head, z) put into
+    the output projection's input; ``taps``: a list given a zero added to each layer's z, for its gradient. Returns
+    the metric and each layer's z."""
+    _, _, _, layers_of, out_proj = FAMILIES[name]
+    zs, handles = [], []
+    for i, layer in enumerate(layers_of(theirs)):
+        def pre(m, args, i=i):
+            z = args[0].clone()
+            Dh = z.shape[-1] // H
+            for row, at, h, clean in patches:
+                if at == i:
+                    z[row, :, h * Dh:(h + 1) * Dh] = clean[:, h * Dh:(h + 1) * Dh]
+            if taps is not None:
+                taps.append(torch.zeros_like(z, requires_grad=True))
+                z = z + taps[-1]
+            zs.append(z.detach())
+            return (z,)
+        handles.append(out_proj(layer).register_forward_pre_hook(pre))
+    try:
+        with torch.set_grad_enabled(taps is not None):
+            logits = theirs(input_ids=ids).logits
+    finally:
+        for h in handles:
+            h.remove()
+    return logits[:, a] - logits[:, d], zs
+
+
+def corrupted(tok) -> str:
+    """``CLEAN`` with "coffee" swapped for a word of as many tokens."""
+    n = len(tok(CLEAN)["input_ids"])
+    return next(t for t in (CLEAN.replace("coffee", w) for w in SWAPS) if len(tok(t)["input_ids"]) == n)
+
+
+def _ids(tok):
+    return [tok(t, return_tensors="pt")["input_ids"] for t in (CLEAN, corrupted(tok))]
+
+
+def test_a_classifiers_logits_and_labels_are_transformers(family):
+    name, ours, theirs, tok = family
+    stack = ours.stack
+    assert stack.readouts == ("class_label",) and stack.prediction_head.labels == ("negative", "neutral", "positive")
+    ids = _ids(tok)[0]
+    with torch.inference_mode():
+        want = theirs(input_ids=ids).logits
+        x, _ = stack.run_layers(stack.embed(ids), need_weights=False)
+        got = stack.prediction_head.logits(stack.finish(x))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-10)
+    assert float(want.std()) > 1e-3  # three classes the model tells apart
+
+
+def test_every_head_patched_and_attribution_patched_equals_transformers_hooks(family):
+    name, ours, theirs, tok = family
+    (clean, bad), (a, d) = _ids(tok), (2, 0)
+    m_clean, clean_z = theirs_metric(name, theirs, clean, a, d)
+    m_bad, _ = theirs_metric(name, theirs, bad, a, d)
+    rows = [(layer * H + h, layer, h, clean_z[layer][0]) for layer in range(2) for h in range(H)]
+    patched, _ = theirs_metric(name, theirs, bad.repeat(2 * H, 1), a, d, rows)
+    span = float(m_clean - m_bad)
+    want = ((patched.detach().numpy() - float(m_bad)) / span).reshape(2, H)
+    frame = patch_heads(ours, CLEAN, corrupted(tok), "positive", "negative")
+    assert frame.attrs["metric"] == "class_logit_diff"
+    assert (frame.attrs["answer"], frame.attrs["distractor"]) == ("positive", "negative")
+    assert frame.attrs["ld_clean"] == pytest.approx(float(m_clean), abs=1e-10)
+    assert frame.attrs["ld_corrupted"] == pytest.approx(float(m_bad), abs=1e-10)
+    np.testing.assert_allclose(frame["recovered"].to_numpy().reshape(2, H), want, atol=1e-8)
+    assert np.abs(want).max() > 0.02
+    taps = []
+    m, bad_z = theirs_metric(name, theirs, bad, a, d, taps=taps)
+    grads = torch.autograd.grad(m.sum(), taps)
+    Dh = clean_z[0].shape[-1] // H
+    want = np.array([[float(((clean_z[layer] - bad_z[layer]) * grads[layer])[..., h * Dh:(h + 1) * Dh].sum())
+                      for h in range(H)] for layer in range(2)]) / span
+    got = patch_heads(ours, CLEAN, corrupted(tok), 2, 0, method="attribution")["recovered"].to_numpy().reshape(2, H)
+    np.testing.assert_allclose(got, want, atol=1e-8)
+
+
+def test_a_label_not_in_id2label_gets_a_sentence_naming_the_labels(built):
+    ours, _, tok = built("bert")
+    with pytest.raises(HeadLensError, match="'happy' is not one of this classifier's labels: 'negative', 'neutral', "
+                                            "'positive'"):
+        patch_heads(ours, CLEAN, corrupted(tok), "happy", "negative")
+    with pytest.raises(HeadLensError, match="the same label"):
+        patch_heads(ours, CLEAN, corrupted(tok), "positive", 2)
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta", "distilbert"])
+def test_a_pooled_head_has_no_direct_parts_and_says_why(built, name):
+    ours = built(name)[0]  # noqa: F841
+    with pytest.raises(HeadLensError, match="not linear"):
+        logit_attribution(ours, CLEAN, "positive", "negative")
+    assert "not linear" in readout_for(ours, CLEAN).not_linear
+
+
+def test_a_decoders_score_splits_into_each_heads_direct_part_through_its_final_norm(built):
+    """GPT-2's score is linear in its last token's final hidden state: each head's part is its write at the last
+    token (transformers' c_proj of that head's z alone) through the final LayerNorm, its scale frozen at the run's,
+    along ``score[positive] - score[negative]``; the parts add up to the class logit difference."""
+    ours, theirs, tok = built("gpt2")
+    ids = _ids(tok)[0]
+    caught = []
+    hook = theirs.transformer.ln_f.register_forward_pre_hook(lambda m, args: caught.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            value, zs = theirs_metric("gpt2", theirs, ids, 2, 0)
+    finally:
+        hook.remove()
+    norm, last = theirs.transformer.ln_f, caught[0][0, -1]
+    scale = norm.weight / torch.sqrt(last.var(unbiased=False) + norm.eps)
+    toward = theirs.score.weight[2] - theirs.score.weight[0]
+    Dh = zs[0].shape[-1] // H
+    want = np.zeros((2, H))
+    with torch.no_grad():
+        for layer, z in enumerate(zs):
+            w = theirs.transformer.h[layer].attn.c_proj.weight                   # Conv1D: (in, out)
+            for h in range(H):
+                write = z[0, -1, h * Dh:(h + 1) * Dh] @ w[h * Dh:(h + 1) * Dh]
+                want[layer, h] = float(((write - write.mean()) * scale) @ toward)
+    frame = logit_attribution(ours, CLEAN, "positive", "negative")
+    np.testing.assert_allclose(frame["attribution"].to_numpy().reshape(2, H), want, atol=1e-10)
+    assert frame.attrs["logit_diff"] == pytest.approx(float(value), abs=1e-10)
+    assert parts_total(frame) == pytest.approx(float(value), abs=1e-10)
+    assert np.abs(want).max() > 1e-2
+
+
+def test_a_csv_of_labelled_pairs_is_a_task_whose_table_is_its_pairs_patched_one_at_a_time(built):
+    ours, _, tok = built("gpt2")
+    bad = corrupted(tok)
+    rows = [{"clean": CLEAN, "corrupted": bad, "answer": "positive", "distractor": "negative"},
+            {"clean": CLEAN.replace("better", "more"), "corrupted": bad.replace("better", "more"),
+             "answer": "neutral", "distractor": "positive"},
+            {"clean": CLEAN, "corrupted": bad, "answer": "glad", "distractor": "negative"}]
+    task = from_rows(ours, rows)
+    assert task.metric == "class_logit_diff" and len(task) == 2
+    assert task.problems == ("Row 4: its answer 'glad' is not one of this classifier's labels: 'negative', "
+                             "'neutral', 'positive'.",)
+    effects = run_task(ours, task, residual=False)
+    for k, (answer, distractor) in enumerate([("positive", "negative"), ("neutral", "positive")]):
+        pair = task.pairs[k]
+        one = patch_heads(ours, pair.clean, pair.corrupted, answer, distractor)
+        np.testing.assert_allclose(effects.recovered("heads")[k], one["recovered"].to_numpy().reshape(2, H),
+                                   atol=1e-8)
+        direct = logit_attribution(ours, pair.clean, answer, distractor)["attribution"].to_numpy().reshape(2, H)
+        np.testing.assert_allclose(effects.attribution[k], direct, atol=1e-8)
+
+
+def test_a_classifier_circuit_of_every_edge_or_none_is_transformers_clean_or_corrupted_run(family):
+    name, ours, theirs, tok = family
+    clean, bad = _ids(tok)
+    with torch.no_grad():
+        m_clean, _ = theirs_metric(name, theirs, clean, 2, 0)
+        m_bad, _ = theirs_metric(name, theirs, bad, 2, 0)
+    stack = ours.stack
+    measure, _, _ = readout_for(ours, CLEAN).pair(clean[0].tolist(), "positive", "negative")
+    graph, rows = C.graph_of(stack), torch.zeros(1, dtype=torch.long)
+    with torch.inference_mode():
+        bad_run = C.run_ids(stack, graph, bad, measure, rows)
+        every = C.all_edges(graph).double()
+        assert float(C.circuit_values(stack, graph, clean, bad_run, every, measure, rows)) == \
+            pytest.approx(float(m_clean), abs=1e-10)
+        assert float(C.circuit_values(stack, graph, clean, bad_run, every * 0, measure, rows)) == \
+            pytest.approx(float(m_bad), abs=1e-10)
+    assert abs(float(m_clean - m_bad)) > 1e-3
+    assert graph.receiver_name(len(graph.receivers) - 1) == "classes"
+
+
+def test_effects_patches_a_typed_pair_of_two_labels(new_app, built, tmp_path_factory, minilm_dir):
+    """The Effects page on a BERT classifier opened as a custom model: the answer and distractor are picked among
+    its labels, the patching grid is ``patch_heads``'s, and the attribution grid gives way to the head's sentence."""
+    folder = tmp_path_factory.mktemp("classifier-page")
+    tok = build("bert", folder, minilm_dir)[2]
+    ours, bad = load_model(folder, backend="scratch"), corrupted(tok)  # in float32, as the page opens it
+    at = new_app({"model": "custom", "custom_model": str(folder), "effects_source": "own", "effects_clean": CLEAN,
+                  "effects_corrupted": bad, "effects_label_answer": "positive",
+                  "effects_label_distractor": "negative"}, page="app_pages/effects.py")
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("logit(“positive”) − logit(“negative”) of the classes" in c.value.replace("\\", "")
+               for c in at.caption)
+    assert any("pooler" in c.value and "not linear" in c.value for c in at.caption)
+    want = patch_heads(ours, CLEAN, bad, "positive", "negative")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Clean"] == f"{want.attrs['ld_clean']:+.2f}" and metrics["By the heads"] == "—"
+    charts = figures(at)
+    assert not any(title_text(c).startswith("Direct") for c in charts)
+    grid = next(c for c in charts if "recovered" in title_text(c))["data"][0]["z"]
+    np.testing.assert_allclose(decode(grid), want["recovered"].to_numpy().reshape(2, H), atol=1e-6)
