@@ -19,7 +19,7 @@ import time
 
 from bench.common import machine
 from models import load_model
-from tests.browser import PLOT, chromium, streamlit_server
+from harness.browser import PLOT, chromium, streamlit_server
 
 WORDS = ("river stone quietly carried seven small boats past the old mill while children watched from a "
          "bridge and their parents talked about harvest weather markets songs lanterns festivals and winter").split()

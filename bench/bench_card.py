@@ -20,7 +20,7 @@ import tempfile
 
 from bench.common import machine
 from bench.views import both, first_view, floor, prepared
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server
+from harness.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server
 
 def main() -> None:
     from playwright.sync_api import sync_playwright

@@ -20,7 +20,7 @@ import time
 
 from bench.common import machine
 from bench.views import both, first_view, floor, prepared
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server
+from harness.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server
 
 PAGES = ["home", "foci", "compare", "overview", "tokens", "text", "generate", "roles", "effects", "circuits",
          "queries_keys", "head", "atlas", "layers", "pruning", "train"]

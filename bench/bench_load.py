@@ -10,7 +10,7 @@ Prints the errors (target 0), the rerun latency percentiles per action, the serv
 the run (target: bounded) and how busy the machine was: the browsers share its cores with the
 server, so latencies here include rendering eight pages on the same two cores.
 
-``--llm``: a class on a bundled decoder (tests/load_llm.py): the model opened once and the server's
+``--llm``: a class on a bundled decoder (harness/load_llm.py): the model opened once and the server's
 warm-up finished, then one session trains a decoder on Train, two read a ``--tokens`` prompt and
 switch layers, three type sentences and open every page, for ``--seconds``; then the sessions close
 and the server's memory is followed for ``--settle`` seconds (targets: no action past 60 s, peak
@@ -22,15 +22,15 @@ import argparse
 import tempfile
 
 from bench.common import machine
-from tests.browser import streamlit_server
-from tests.load import run_load
+from harness.browser import streamlit_server
+from harness.load import run_load
 
 
 def llm(args) -> None:
     from models import load_model
     from models.catalog import bundled
-    from tests.load_llm import run_llm_load
-    from tests.test_app_long import prompt
+    from harness.load_llm import run_llm_load
+    from harness.texts import prompt
 
     model = load_model(bundled(args.model).name, backend="transformers")
     texts = [prompt(model.tokenizer, args.tokens, seed=3 + i) for i in range(args.long)]

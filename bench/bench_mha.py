@@ -14,7 +14,7 @@ from torch import nn
 
 from bench.common import machine, ratio
 from models import MultiHeadAttention
-from tests.test_mha import per_head_loop
+from harness.reference import per_head_loop
 
 SHAPES = [(8, 128, 384, 12), (1, 512, 768, 12)]
 

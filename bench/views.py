@@ -8,7 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.browser import PLOT, streamlit_server
+from harness.browser import PLOT, streamlit_server
 
 RUNNING = "[data-testid='stStatusWidgetRunningIcon']"
 

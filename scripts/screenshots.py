@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.browser import PLOT, chromium, streamlit_server  # noqa: E402
+from harness.browser import PLOT, chromium, streamlit_server  # noqa: E402
 
 SHOTS = {  # file -> (address, charts to wait for, window height)
     "screenshot-foci.png": ("/foci", 4, 1500),

@@ -393,7 +393,7 @@ def app(new_app):
 
 @pytest.fixture(scope="session")
 def server():
-    from tests.browser import streamlit_server
+    from harness.browser import streamlit_server
 
     with streamlit_server() as (url, proc):
         yield url
@@ -412,14 +412,14 @@ def prepared(tmp_path_factory):
 @pytest.fixture
 def load_server():
     """``load_server(env=None)``: a server of its own for a load run, as a context manager of ``(url, process)``."""
-    from tests.browser import streamlit_server
+    from harness.browser import streamlit_server
 
     return streamlit_server
 
 
 @pytest.fixture(scope="session")
 def browser():
-    from tests.browser import chromium
+    from harness.browser import chromium
 
     with chromium() as b:
         yield b
@@ -428,7 +428,7 @@ def browser():
 @pytest.fixture
 def page(browser, server):
     """A new browser session on Explore; a dialog opening (an alert from injected markup) fails the test."""
-    from tests.browser import PLOT
+    from harness.browser import PLOT
 
     context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
     page = context.new_page()

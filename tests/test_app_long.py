@@ -2,7 +2,6 @@
 its zoom (from the URL) and "last queries" mode, the Overview with every head's reach, the cut at 4,096
 tokens, and two sessions with 4,096-token prompts within the memory bound. The reference is transformers'
 own Llama: its hidden state entering a layer, its projections and rotary positions, one head at a time."""
-import random
 import threading
 
 import numpy as np
@@ -13,26 +12,10 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from app_pages.results import long as long_results
 from models import load_model
 from models.long import LongAttention
-from models.corpus import CORPUS
+from harness.texts import prompt
 from tests.conftest import block_max, decode, figures, heatmaps, title_text
 
 NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def prompt(tokenizer, n_tokens: int, seed: int) -> str:
-    """The built-in corpus shuffled by ``seed``, cut to the words that make about ``n_tokens`` tokens."""
-    rng = random.Random(seed)
-    sentences = []
-    while len(tokenizer(" ".join(sentences))["input_ids"]) < n_tokens:
-        batch = list(CORPUS)
-        rng.shuffle(batch)
-        sentences += batch
-    words = " ".join(sentences).split()
-    low, high = 1, len(words)
-    while low < high:
-        mid = (low + high) // 2
-        low, high = (mid + 1, high) if len(tokenizer(" ".join(words[:mid]))["input_ids"]) < n_tokens else (low, mid)
-    return " ".join(words[:low])
 
 
 @pytest.fixture(scope="module")

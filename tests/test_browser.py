@@ -3,7 +3,7 @@ import io
 
 import numpy as np
 
-from tests.browser import PLOT, commit_text, every_kth, plot_title, settled, shot, wait_title, x_ticks
+from harness.browser import PLOT, commit_text, every_kth, plot_title, settled, shot, wait_title, x_ticks
 
 PAGES = [("Explore", "", "Layer 0 · Which do you like better"), ("Foci", "foci", "Sentence type · L3 H11"),
          ("Compare", "compare", "1: all-MiniLM-L6-v2 · L0 H0"),

@@ -5,7 +5,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.browser import assert_readable, shot
+from harness.browser import assert_readable, shot
 
 # the pixel centre of the atlas point of (layer, head) in the ``plot``-th chart
 POINT = """([plot, layer, head]) => {

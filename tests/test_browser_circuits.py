@@ -4,7 +4,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.browser import assert_readable, shot
+from harness.browser import assert_readable, shot
 from tests.test_browser_card import card_opens, settled
 
 # the pixel centre and name of the first head node of the circuit (the trace "head") in the ``plot``-th chart

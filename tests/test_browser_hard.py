@@ -12,7 +12,7 @@ import pytest
 
 from analysis.views import token_label
 from app_pages.results.messages import short
-from tests.browser import ROOT, commit_text, every_kth, plot_title, settled, shot, wait_title, x_ticks
+from harness.browser import ROOT, commit_text, every_kth, plot_title, settled, shot, wait_title, x_ticks
 from tests.test_hard_inputs import HARD
 from viz.figures import visible
 

@@ -5,7 +5,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.browser import PLOT, assert_readable, settled, shot
+from harness.browser import PLOT, assert_readable, settled, shot
 
 LONG_WORD = "Pneumonoultramicroscopicsilico"  # 30 characters: one label once pieces are merged into words
 LONG = (f"The {LONG_WORD} samples were sealed in glass before the long winter, and every technician in the "

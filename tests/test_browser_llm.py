@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 import numpy as np
 import pytest
 
-from tests.browser import PLOT, assert_readable, click_until, shot
+from harness.browser import PLOT, assert_readable, click_until, shot
 from viz.figures import HIDDEN_COLOR
 
 TEXT = "Which do you like better, coffee or tea?"

@@ -5,8 +5,9 @@ from urllib.parse import quote
 import pytest
 
 from models import load_model
-from tests.browser import assert_readable, shot
-from tests.test_app_long import NAME, prompt
+from harness.browser import assert_readable, shot
+from harness.texts import prompt
+from tests.test_app_long import NAME
 
 # The pixel centre of the ``index``-th click target over head ``head``'s heatmap, and its customdata.
 TARGET = """([head, index]) => {

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from models import load_model
-from tests.browser import GEOMETRY, settled, shot
+from harness.browser import GEOMETRY, settled, shot
 from tests.test_app_pruning import SENTENCES
 
 LINK = {"prune_on": "sidebar", "text": "\n".join(SENTENCES)}

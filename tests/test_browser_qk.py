@@ -2,7 +2,7 @@
 a click on a point draws its sentence with its row framed."""
 import pytest
 
-from tests.browser import PLOT, assert_readable, shot
+from harness.browser import PLOT, assert_readable, shot
 
 # The most isolated query point of the scatter (the second chart), other than ``skip``, in page pixels.
 ISOLATED = """skip => {

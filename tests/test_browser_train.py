@@ -1,7 +1,7 @@
 """The Train page in Chromium: it updates live while it trains, stops, and every label is readable."""
 import re
 
-from tests.browser import GEOMETRY, settled, shot
+from harness.browser import GEOMETRY, settled, shot
 
 
 def progress_step(page) -> int:

@@ -4,7 +4,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
-from tests.browser import assert_readable, click_until, shot
+from harness.browser import assert_readable, click_until, shot
 from tests.test_browser_card import settled
 from tests.test_llama import build
 

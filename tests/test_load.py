@@ -4,8 +4,8 @@ The run takes about a minute and a half (a warm-up tour of every page, then 40 s
 typing sentences and switching pages) and stops by itself; bench/bench_load.py prints the same
 run's latencies. The report is written to artifacts/load.txt.
 """
-from tests.browser import LOGS, ROOT
-from tests.load import run_load
+from harness.browser import LOGS, ROOT
+from harness.load import run_load
 
 SESSIONS, SECONDS = 8, 40
 # Everything the server keeps is bounded (4 models, 64 results within 1 GiB, 4 profiles) and

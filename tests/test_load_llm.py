@@ -7,9 +7,10 @@ before they came. bench/bench_load.py --llm runs the full mix and prints its lat
 is written to artifacts/load-llm.txt.
 """
 from models import load_model
-from tests.browser import LOGS, ROOT
-from tests.load_llm import TRAINING, run_llm_load
-from tests.test_app_long import NAME, prompt
+from harness.browser import LOGS, ROOT
+from harness.load_llm import TRAINING, run_llm_load
+from harness.texts import prompt
+from tests.test_app_long import NAME
 
 PEAK_MIB, RETURN_MIB = 3 * 1024, 300
 # a one-layer decoder of width 16: its first logged step (every 20 steps) comes within seconds however busy the

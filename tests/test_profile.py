@@ -13,7 +13,7 @@ import pytest
 
 from analysis import profile as cli
 from analysis.roles import PROFILE_COLUMNS, HeadProfiler, load_spacy, measure_heads, profile_heads
-from tests.browser import free_port
+from harness.browser import free_port
 from tests.conftest import ROOT
 
 CORPUS = [s for s in (ROOT / "assets" / "corpus.txt").read_text(encoding="utf-8").splitlines() if s.strip()][:40]

@@ -19,8 +19,8 @@ from urllib.parse import quote
 
 from models.catalog import bundled
 from models.corpus import CORPUS
-from tests.browser import CHROMIUM, CHROMIUM_ARGS
-from tests.load import LoadReport, _sample_memory, cpu_seconds, finished, machine_ticks, server_mib
+from harness.browser import CHROMIUM, CHROMIUM_ARGS
+from harness.load import LoadReport, _sample_memory, cpu_seconds, finished, machine_ticks, server_mib
 
 ACTION_TIMEOUT = 120_000  # ms: an action slower than this is an error (the target is 60 s)
 # the pages a visitor opens, by their link's name and heading

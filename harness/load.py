@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from models.corpus import CORPUS
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, PLOT
+from harness.browser import CHROMIUM, CHROMIUM_ARGS, PLOT
 
 # page name, its path, and whether its chart title shows the sentence
 PAGES = [("Explore", "", True), ("Compare", "compare", False), ("Overview", "overview", True),
