@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -39,16 +38,6 @@ def prune_counts(n_heads: int, step: float = 0.1) -> list[int]:
         raise HeadLensError("The pruning step must be a fraction between 0 and 1.")
     fractions = np.append(np.arange(0.0, 1.0, step), 1.0)
     return sorted({int(round(f * n_heads)) for f in fractions})
-
-
-@dataclass
-class CurvePoint:
-    n_pruned: int
-    fraction: float
-    fidelity: float
-    agreement: float
-    forward_s: float
-    heads: list[tuple[int, int]]
 
 
 def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str = "importance",

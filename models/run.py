@@ -6,7 +6,7 @@ flows on (what it was given, to read it; something else, to replace it). The poi
 reaches them (TransformerLens's names in brackets):
 
 - ``resid_pre``: the residual stream entering the layer, ``(B, n, E)`` (``(N, E)`` packed). An edit may return
-  more rows than it was given: copies of a prompt joining the run at this layer (``analysis.patching``).
+  more rows than it was given: copies of a prompt joining the run at this layer (``analysis.effects.batched``).
 - ``kv``: the keys and values ``(B, H, P, Dh)`` of ``P`` tokens before these, for a causal language model's
   attention; called with None, it returns the pair.
 - ``attn_in``: what the attention reads, the normed stream ``(B, n, E)``.
@@ -27,7 +27,7 @@ reaches them (TransformerLens's names in brackets):
 ``Stack.run_layers(x, edits=...)`` is the run; ``Stack.forward`` and ``Stack.attention_weights`` pass edits on to
 it, and switch heads off by edits (``switched_off``). Edits belong to one call: a model shared by every session
 holds none. A prompt's trace (``trace_batch``: every ``resid_pre`` and ``z``), patching and circuits
-(``analysis.patching``, ``analysis.circuits``), the QK split, long prompts (``models.long``), head means and value
+(``analysis.effects``, ``analysis.circuits``), the QK split, long prompts (``models.long``), head means and value
 norms (``models.scratch``) are all runs with edits.
 """
 from __future__ import annotations

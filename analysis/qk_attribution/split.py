@@ -42,10 +42,6 @@ class HeadSides:
     def _keys(self, query: int) -> slice:
         return slice(0, query + 1) if self.causal else slice(0, self.k.shape[2])
 
-    @property
-    def n_writers(self) -> int:
-        return self.q.shape[0]
-
     def split(self, query: int, keys: slice | None = None) -> torch.Tensor:
         """``(writers + 1, writers + 1, B, keys)``: each (query-side, key-side) writer pair's part of the score from
         ``query`` to each of ``keys`` (default every key it sees: up to it, or all of an encoder's)."""
