@@ -18,12 +18,10 @@ from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS, corpus_sample
 from models.run import language_stack, patching_stack
 
-from .defaults import (DECODER_SAMPLE, ENCODER_PAIRS, FIRST_ENCODER_TASK, FIRST_ENCODER_TASK_NAME, FIRST_TASK,
-                       FIRST_TASK_NAME, FIRST_TASK_PAIRS, Pair)
+from .defaults import DECODER_SAMPLE, FIRST_TASK, FIRST_TASK_PAIRS, Pair
 from .atlas import atlas_frame, heads_like
 from .detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector
-from .defaults import PAIRS
-from .effects import logit_attribution, patch_heads
+from .effects import logit_attribution, own_readout, pair_readout, patch_heads
 from .head_card import CardParts, HeadCard, Peaks, Writes, card_from, corpus_peaks, corpus_writes
 from .explanations import explain_corpus
 from .importance import head_importance
@@ -147,23 +145,24 @@ class Computed:
     def pairs(self):
         if self.pairs_given is not None:
             return self.pairs_given
-        return PAIRS if self.model.causal else ENCODER_PAIRS
+        return own_readout(self.model).builtin_pairs()
 
     def pair(self, pair):
         e = self.model
-        return (logit_attribution(e, pair.clean, pair.answer, pair.distractor),
+        linear = pair_readout(e, pair.clean).not_linear is None  # else no direct parts: patching alone
+        return (logit_attribution(e, pair.clean, pair.answer, pair.distractor) if linear else None,
                 patch_heads(e, pair.clean, pair.corrupted, pair.answer, pair.distractor))
 
     def task(self):
-        if self.task_given is None:
+        first = own_readout(self.model).first_task
+        if self.task_given is None or first is None:
             return None
         name, n = self.task_given
         e = self.model
-        if self.task_given == TASK and not e.causal:  # an encoder's first task: the seed's objects changed
-            name = FIRST_ENCODER_TASK
+        if self.task_given == TASK:  # the model's own first task (an encoder's: the seed's objects changed)
+            name = first[0]
         found = table(run_task(e, make_task(e, name, n), None, "attribution", residual=False))
-        first = FIRST_TASK_NAME if e.causal else FIRST_ENCODER_TASK_NAME
-        return found, first if self.task_given == TASK else f"{name}, {n} pairs"
+        return found, first[1] if self.task_given == TASK else f"{name}, {n} pairs"
 
 
 def card_parts(model: AttentionModel, *, sentences: Sequence[str] | None = None, pairs: dict | None = None,

@@ -257,9 +257,10 @@ def card_from(parts: CardParts, model: str, layer: int, head: int, k: int = TOP)
     if parts.pairs:
         rows = []
         for name, (attribution, patched) in parts.pairs.items():
-            a, p = _row(attribution, layer, head), _row(patched, layer, head)
-            rows.append({"pair": name, "attribution": float(a["attribution"]),
-                         "attribution_rank": rank_of(attribution, "attribution", layer, head, by_size=True),
+            a, p = _row(attribution, layer, head), _row(patched, layer, head)  # no attribution: not linear
+            rows.append({"pair": name, "attribution": np.nan if a is None else float(a["attribution"]),
+                         "attribution_rank": None if a is None else rank_of(attribution, "attribution", layer, head,
+                                                                            by_size=True),
                          "recovered": float(p["recovered"]),
                          "recovered_rank": rank_of(patched, "recovered", layer, head, by_size=True)})
         pairs = pd.DataFrame(rows)

@@ -4,7 +4,7 @@ import streamlit as st
 from analysis.atlas import atlas_frame, heads_like
 from analysis.head_card import card_from
 from app_pages.results.card import card_parts, decoder, telling
-from app_pages.results.tasks import FIRST, FIRST_ENCODER
+from app_pages.results.tasks import first_spec
 from app_pages.ui import card_view as view
 from app_pages.ui.card import same_kind, stored_atlas
 from app_pages.ui.exports import file_name
@@ -50,7 +50,7 @@ view.explained(card)
 view.examples(card)
 view.what_it_writes(s, ref, card, text)
 view.predictions(ref, card, text)
-why_section(ref, text, layer, head, "why", spec=FIRST if model.causal else FIRST_ENCODER)
+why_section(ref, text, layer, head, "why", spec=first_spec(model))
 view.queries_keys(ref, card)
 view.like_it(card, choices)
 if missing:

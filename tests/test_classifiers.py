@@ -2,6 +2,8 @@
 ``RobertaForSequenceClassification``, ``DistilBertForSequenceClassification`` and ``GPT2ForSequenceClassification`` (a
 decoder's, which computes in float64 throughout) saved in float64, opened on the from-scratch engine, read as the difference of two classes' logits named by their
 ``id2label``, and held against transformers' own model run with hooks on each layer's attention output projection."""
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,9 @@ from analysis.effects.readouts import readout_for
 from analysis.task_effects import run_task
 from analysis.tasks import from_rows
 from models import HeadLensError, load_model
+from models.corpus import CORPUS
 from tests.conftest import _bpe_vocab, decode, figures, title_text
+from tests.hooked import saved_perturbed, z_hooked
 
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, initializer_range=0.2)
@@ -35,6 +39,7 @@ FAMILIES = {  # model_type: (config, model, sizes, its layers, layer i's attenti
 CLEAN = "Which do you like better, coffee or tea?"
 SWAPS = ("juice", "water", "milk", "the", "a")  # the first as many tokens as "coffee" to a tokenizer is its corruption
 H = 4
+CORPUS_PART = list(dict.fromkeys(CORPUS))[:40]  # enough sentences for Head roles and the explanations' halves
 
 
 def build(name: str, folder, minilm_dir):
@@ -54,12 +59,7 @@ def build(name: str, folder, minilm_dir):
     torch.manual_seed(0)
     hf = model_class(config_class(vocab_size=size, num_labels=3, id2label=LABELS,
                                   label2id={v: k for k, v in LABELS.items()}, **sizes)).eval()
-    with torch.no_grad():  # biases and norms away from their start, so that each takes part
-        for p in hf.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.3)
-    hf.save_pretrained(folder)
-    theirs = model_class.from_pretrained(folder, attn_implementation="eager").eval().double()
+    theirs = saved_perturbed(hf, folder, model_class)
     ours = load_model(folder, backend="scratch")
     ours.stack.double()
     return ours, theirs, tf.AutoTokenizer.from_pretrained(folder)
@@ -67,14 +67,8 @@ def build(name: str, folder, minilm_dir):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, minilm_dir):
-    done = {}
-
-    def make(name: str):
-        if name not in done:
-            done[name] = build(name, tmp_path_factory.mktemp(f"classifier-{name}"), minilm_dir)
-        return done[name]
-
-    return make
+    """``built(name)``: each family's classifier, built once."""
+    return functools.cache(lambda name: build(name, tmp_path_factory.mktemp(f"classifier-{name}"), minilm_dir))
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -88,26 +82,7 @@ def theirs_metric(name, theirs, ids, a: int, d: int, patches=(), taps=None):
     the output projection's input; ``taps``: a list given a zero added to each layer's z, for its gradient. Returns
     the metric and each layer's z."""
     _, _, _, layers_of, out_proj = FAMILIES[name]
-    zs, handles = [], []
-    for i, layer in enumerate(layers_of(theirs)):
-        def pre(m, args, i=i):
-            z = args[0].clone()
-            Dh = z.shape[-1] // H
-            for row, at, h, clean in patches:
-                if at == i:
-                    z[row, :, h * Dh:(h + 1) * Dh] = clean[:, h * Dh:(h + 1) * Dh]
-            if taps is not None:
-                taps.append(torch.zeros_like(z, requires_grad=True))
-                z = z + taps[-1]
-            zs.append(z.detach())
-            return (z,)
-        handles.append(out_proj(layer).register_forward_pre_hook(pre))
-    try:
-        with torch.set_grad_enabled(taps is not None):
-            logits = theirs(input_ids=ids).logits
-    finally:
-        for h in handles:
-            h.remove()
+    logits, zs = z_hooked(lambda: theirs(input_ids=ids).logits, layers_of(theirs), out_proj, H, patches, taps)
     return logits[:, a] - logits[:, d], zs
 
 
@@ -268,4 +243,41 @@ def test_effects_patches_a_typed_pair_of_two_labels(new_app, built, tmp_path_fac
     charts = figures(at)
     assert not any(title_text(c).startswith("Direct") for c in charts)
     grid = next(c for c in charts if "recovered" in title_text(c))["data"][0]["z"]
+    np.testing.assert_allclose(decode(grid), want["recovered"].to_numpy().reshape(2, H), atol=1e-6)
+
+
+def test_a_classifiers_card_patches_the_built_in_pairs_by_its_labels_and_the_atlas_reads_the_first(built):
+    """A head's card on a pooled classifier: the founding sentence's pairs compare its last class with its first,
+    each patched as ``patch_heads`` patches it, with no direct parts and no built-in task; the Atlas's effect size is
+    the first pair's recovered share."""
+    from analysis.cards import atlas, card_parts, head_card
+    from analysis.defaults import ENCODER_PAIRS
+
+    ours = built("bert")[0]
+    parts = card_parts(ours, sentences=CORPUS_PART, importance=False)
+    assert parts.task is None and list(parts.pairs) == list(ENCODER_PAIRS)
+    for name, pair in ENCODER_PAIRS.items():
+        attribution, patched = parts.pairs[name]
+        want = patch_heads(ours, pair.clean, pair.corrupted, "positive", "negative")
+        assert attribution is None
+        np.testing.assert_allclose(patched["recovered"].to_numpy(), want["recovered"].to_numpy(), atol=1e-10)
+    first = parts.pairs[next(iter(ENCODER_PAIRS))][1]
+    np.testing.assert_allclose(atlas(parts)["effect"].to_numpy(), first["recovered"].to_numpy(), atol=1e-12)
+    card = head_card(ours, 1, 2, parts=parts)
+    assert card.pairs["attribution"].isna().all()
+    assert card.pairs["recovered"].tolist() == [float(parts.pairs[n][1].query("layer == 1 and head == 2")["recovered"]
+                                                      .iloc[0]) for n in ENCODER_PAIRS]
+
+
+def test_effects_opens_a_classifier_on_its_built_in_pairs(new_app, built, tmp_path_factory, minilm_dir):
+    """Effects' first view on a classifier: the first built-in pair read as its last class against its first."""
+    from analysis.defaults import ENCODER_PAIRS
+
+    folder = tmp_path_factory.mktemp("classifier-first")
+    build("distilbert", folder, minilm_dir)
+    at = new_app({"model": "custom", "custom_model": str(folder)}, page="app_pages/effects.py")
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    pair = next(iter(ENCODER_PAIRS.values()))
+    want = patch_heads(load_model(folder, backend="scratch"), pair.clean, pair.corrupted, "positive", "negative")
+    grid = next(c for c in figures(at) if "recovered" in title_text(c))["data"][0]["z"]
     np.testing.assert_allclose(decode(grid), want["recovered"].to_numpy().reshape(2, H), atol=1e-6)

@@ -14,6 +14,7 @@ from analysis.focus_tasks import ENCODER_TASKS
 from analysis.tasks import from_rows, make_task
 from models import HeadLensError, load_model
 from tests.conftest import _bpe_vocab
+from tests.hooked import saved_perturbed
 
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 ENCODERS = {  # model_type: (config, model, sizes, its layers, layer i's attention output projection, its two norms)
@@ -176,12 +177,7 @@ def saved_tiny(name: str, folder, minilm_dir, model_class=None):
         wordpiece.save_pretrained(folder)
         size = wordpiece.vocab_size
     hf = model_class(config_class(vocab_size=size, initializer_range=0.2, **sizes)).eval()  # heads that matter
-    with torch.no_grad():  # biases and norms away from their start, so that each takes part
-        for p in hf.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.3)
-    hf.save_pretrained(folder)
-    theirs = model_class.from_pretrained(folder, attn_implementation="eager").eval().double()
+    theirs = saved_perturbed(hf, folder, model_class)
     ours = load_model(folder, backend="scratch")
     ours.stack.double()
     return ours, theirs, tf.AutoTokenizer.from_pretrained(folder)

@@ -10,6 +10,7 @@ from analysis.circuits import graph as C
 from analysis.effects import logit_attribution, patch_heads, patch_residual
 from models import HeadLensError, load_model
 from tests.conftest import decode, figures, title_text
+from tests.hooked import z_hooked
 from tests.test_encoder_effects import saved_tiny
 
 FAMILIES = {  # model_type: (transformers' masked-LM model, its layers, layer i's attention output projection)
@@ -68,26 +69,7 @@ def test_the_masked_lm_head_is_read_with_the_encoder(family):
 def _theirs_metric(theirs, ids, mask, a, d, layers, out_proj, H, patches=(), taps=None):
     """transformers' logit difference at the mask, each row of ``ids`` with ``patches`` (row, layer, head, z) on
     the output projection's input; ``taps``: a list given a zero added to each layer's z, for its gradient."""
-    zs, handles = [], []
-    for i, layer in enumerate(layers):
-        def pre(m, args, i=i):
-            z = args[0].clone()
-            Dh = z.shape[-1] // H
-            for row, at, h, clean in patches:
-                if at == i:
-                    z[row, :, h * Dh:(h + 1) * Dh] = clean[:, h * Dh:(h + 1) * Dh]
-            if taps is not None:
-                taps.append(torch.zeros_like(z, requires_grad=True))
-                z = z + taps[-1]
-            zs.append(z.detach())
-            return (z,)
-        handles.append(out_proj(layer).register_forward_pre_hook(pre))
-    try:
-        with torch.set_grad_enabled(taps is not None):
-            logits = theirs(input_ids=ids).logits[:, mask]
-    finally:
-        for h in handles:
-            h.remove()
+    logits, zs = z_hooked(lambda: theirs(input_ids=ids).logits[:, mask], layers, out_proj, H, patches, taps)
     return logits[:, a] - logits[:, d], zs
 
 

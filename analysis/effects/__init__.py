@@ -3,8 +3,9 @@
 a prompt's run (``parts``); what a prediction is on each kind of model, its ``readouts``."""
 from .frames import (METHODS, grid, logit_attribution, pair_readout, parts_total, patch_heads, patch_residual,
                      repeated_pair, top_predictions)
-from .readouts import Readout, answer_token, readout_named, readout_reading, readouts, token_text
+from .inputs import answer_token, token_text
+from .readouts import Readout, own_readout, readout_named, readout_reading, readouts
 
-__all__ = ["METHODS", "Readout", "answer_token", "grid", "logit_attribution", "pair_readout", "parts_total",
+__all__ = ["METHODS", "Readout", "answer_token", "grid", "logit_attribution", "own_readout", "pair_readout", "parts_total",
            "patch_heads", "patch_residual", "readout_named", "readout_reading", "readouts", "repeated_pair",
            "token_text", "top_predictions"]

@@ -12,21 +12,16 @@ forward and one backward pass.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
 from models.run import ROWS_PER_CHUNK, Edits, Trace, device_of, patching_stack
 
-if TYPE_CHECKING:  # a metric reads a run's residuals, which it gets from here
-    from .metrics import Metric
-
 Progress = Callable[[int, int], None]
 
 
 @torch.inference_mode()
-def final_measures(stack, t: Trace, measure: Metric, rows: torch.Tensor) -> np.ndarray:
+def final_measures(stack, t: Trace, measure, rows: torch.Tensor) -> np.ndarray:
     """``(B,)`` float64: the metric of each prompt of a batched trace, row ``b`` belonging to pair ``rows[b]``."""
     return measure(stack, t.resid[-1], rows).double().cpu().numpy()
 
@@ -42,7 +37,7 @@ def shared_prefix(stack, clean: Trace, corrupted: Trace) -> int:
 
 
 @torch.inference_mode()
-def patched_measures(model, clean: Trace, corrupted: Trace, measure: Metric, rows: torch.Tensor, pair: np.ndarray,
+def patched_measures(model, clean: Trace, corrupted: Trace, measure, rows: torch.Tensor, pair: np.ndarray,
                      layers: np.ndarray, heads: np.ndarray, positions: np.ndarray, *,
                      progress: Progress | None = None) -> np.ndarray:
     """``(edits,)`` float64: the metric of corrupted prompt ``pair[i]`` (a row of the batched traces) run with edit
@@ -162,7 +157,7 @@ def _z_patch(kept: list[int], clean_z: torch.Tensor, rows, pairs, heads, positio
     return hook
 
 
-def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure: Metric, rows: torch.Tensor):
+def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure, rows: torch.Tensor):
     """Attribution patching (Nanda 2023) of every pair of a batch: the gradient of each corrupted prompt's metric
     with respect to every head's ``z`` and every ``resid_pre``, from one forward and one backward pass of the
     corrupted prompts ``(B, n)``, times the clean minus the corrupted activation. Returns ``(heads, resid,

@@ -29,7 +29,8 @@ from ..defaults import Pair
 from ..traced import Traced, as_traced
 from . import parts as P
 from .metrics import Metric, Toward
-from .readouts import Readout, answer_token, readout_for, token_text
+from .inputs import answer_token, token_text
+from .readouts import Readout, readout_for
 METHODS = {"exact": "exact patching: the corrupted prompt rerun with each activation patched",
            "attribution": "attribution patching: a first-order estimate from one forward and one backward pass"}
 

@@ -163,3 +163,28 @@ class MaskedLogits(Metric):
         h = x[torch.arange(len(x), device=x.device), self.positions[rows].to(x.device)]   # (N, E)
         logits = stack.masked_logits(h, self.tokens[rows])                          # (N, K)
         return (logits * self.weights[rows].to(logits.dtype)).sum(-1)
+
+
+@dataclass(frozen=True)
+class ClassLogits(Metric):
+    """A sequence classifier's ``logit(answer) - logit(distractor)`` of two classes, ``weights[p]`` ``(pairs,
+    classes)`` +1 and -1 at them, from its head on the final hidden states (``stack.prediction_head``); linear where the
+    head is (``rows``: a decoder's score on its last token), else ``why`` says why not."""
+
+    weights: torch.Tensor
+    why: str | None = None
+    rows: torch.Tensor | None = None   # (classes, E): the head's linear rows, when it has them
+
+    @property
+    def not_linear(self) -> str | None:
+        return None if self.rows is not None else self.why
+
+    def __call__(self, stack, x, rows):
+        logits = stack.prediction_head.logits(stack.finish(x))                             # (N, C)
+        return (logits * self.weights[rows].to(logits.dtype)).sum(-1)
+
+    def direction(self, stack, p):
+        if self.rows is None:
+            raise HeadLensError(self.why)
+        w = self.weights[min(p, len(self.weights) - 1)]
+        return w.to(self.rows.dtype) @ self.rows

@@ -12,7 +12,7 @@ What a run is read as, for a batch of pairs, is a ``metrics.Metric``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import ClassVar
 
 import numpy as np
@@ -21,65 +21,12 @@ import torch
 from models import HeadLensError
 from models.run import device_of, stack_of
 
+from ..defaults import (ENCODER_PAIRS, FIRST_ENCODER_TASK, FIRST_ENCODER_TASK_NAME, FIRST_TASK, FIRST_TASK_NAME,
+                        PAIRS, Pair)
 from . import parts as P
-from .metrics import MASKED_NOT_LINEAR, EmbeddingCosine, MaskedLogits, Metric, TokenLogits, TokenProbs, Toward
-
-# --- the inputs a pair takes -----------------------------------------------------------------------------------
-
-def answer_token(model, answer, role: str = "answer") -> int:
-    """The token id of ``answer``: an id, or a string the tokenizer reads as exactly one token (with its
-    leading space, as " Mary"); a sentence naming the pieces of one it reads as several."""
-    tok = model.tokenizer
-    vocab = len(tok)
-    if isinstance(answer, (int, np.integer)) and not isinstance(answer, bool):
-        if not 0 <= int(answer) < vocab:
-            raise HeadLensError(f"The {role} token id {int(answer)} is not in the vocabulary (0 to {vocab - 1}).")
-        return int(answer)
-    if not isinstance(answer, str) or not answer:
-        raise HeadLensError(f"Give the {role} as a token: a string such as \" Mary\" (with its leading space), "
-                            "or a token id.")
-    ids = tok(answer, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        pieces = " ".join(repr(p) for p in tok.convert_ids_to_tokens(ids)) or "nothing"
-        raise HeadLensError(f"The {role} {answer!r} is {len(ids)} tokens to this tokenizer ({pieces}); give a "
-                            "string it reads as one token, or a token id.")
-    return int(ids[0])
-
-
-def token_text(model, token: int) -> str:
-    """How a token reads, decoded (" Mary")."""
-    return model.tokenizer.decode([int(token)])
-
-
-def probe_text(value, role: str) -> str:
-    """An encoder's answer or distractor: a text to embed; a sentence for anything else."""
-    if not isinstance(value, str) or not value.strip():
-        raise HeadLensError(f"On an encoder the {role} is a text (a word or a sentence) whose embedding the "
-                            "prompt's is compared with; give it as text.")
-    return value.strip()
-
-
-def _two(a, d, what: str) -> None:
-    if a == d:
-        raise HeadLensError(f"The answer and the distractor are the same {what}; patching compares two.")
-
-
-@torch.inference_mode()
-def unit_embeddings(model, texts) -> torch.Tensor:
-    """``(k, E)``: each text's sentence embedding as ``EmbeddingCosine`` pools it (the mean of the final hidden
-    states over its tokens, special ones included), at unit length, in the stack's own dtype."""
-    stack = stack_of(model, "A sentence embedding is read")
-    ids = [model.tokenize(text, verbose=False)["input_ids"] for text in texts]
-    out = [None] * len(texts)
-    for n in sorted({len(i) for i in ids}):  # the texts of one length in one run, no padding
-        same = [k for k, i in enumerate(ids) if len(i) == n]
-        x, _ = stack.run_layers(stack.embed(torch.tensor([ids[k] for k in same], device=device_of(stack))),
-                                need_weights=False)
-        e = stack.finish(x).mean(1)
-        for k, row in zip(same, e / e.norm(dim=-1, keepdim=True)):
-            out[k] = row
-    return torch.stack(out)
-
+from .inputs import answer_token, probe_text, token_text, two, unit_embeddings
+from .metrics import (MASKED_NOT_LINEAR, ClassLogits, EmbeddingCosine, MaskedLogits, Metric, TokenLogits, TokenProbs,
+                      Toward)
 
 # --- the readouts ----------------------------------------------------------------------------------------------
 
@@ -112,6 +59,12 @@ class Readout:
         return True
 
     compared_note: ClassVar[str] = ""  # what ``compared``'s symbols are, where they need saying
+    first_task: ClassVar[tuple[str, str] | None] = (FIRST_ENCODER_TASK, FIRST_ENCODER_TASK_NAME)  # the task Effects
+    # and a head's card open with (its generator, its title), None where no built-in task fits
+
+    def builtin_pairs(self) -> dict[str, Pair]:
+        """The pairs Effects and a head's card show first: the founding sentence with each of its foci changed."""
+        return dict(ENCODER_PAIRS)
     norm_bias: ClassVar[str] = "final norm's bias"   # the constant part of a direct attribution
     parts_note: ClassVar[str] = ""    # how a direct attribution's parts add up, where it needs saying
 
@@ -123,7 +76,7 @@ class Readout:
         """A pair's answer and distractor checked, a sentence for a bad one, as this readout holds them (token ids,
         texts, class indices); ``ids``: the clean prompt's tokens."""
         a, d = answer_token(self.model, answer), answer_token(self.model, distractor, "distractor")
-        _two(a, d, "token")
+        two(a, d, "token")
         return a, d
 
     def words(self, ids: list[int], answer, distractor) -> tuple[str, str]:
@@ -164,6 +117,11 @@ class NextToken(Readout):
     name, metric, title, gives = "next_token", "logit_diff", "logit difference", "token"
     needs = "is read from a language model's next-token logits"
     on_text = "loss"
+    first_task = (FIRST_TASK, FIRST_TASK_NAME)
+
+    def builtin_pairs(self):
+        """Indirect objects, a fact and a repeated sequence, each a next token against another."""
+        return dict(PAIRS)
     metrics = {"logit_diff": "logit difference: logit(answer) − logit(distractor)",
                "prob_diff": "probability difference: p(answer) − p(distractor)",
                "greater_than": "greater-than mass: p(years after YY) − p(years up to YY)"}
@@ -209,7 +167,7 @@ class SentenceEmbedding(Readout):
 
     def read(self, ids, answer, distractor):
         a, d = probe_text(answer, "answer"), probe_text(distractor, "distractor")
-        _two(a, d, "text")
+        two(a, d, "text")
         return a, d
 
     def words(self, ids, answer, distractor):
@@ -305,37 +263,18 @@ class MaskedToken(Readout):
                             torch.tensor([p.role("MASK") for p in task.pairs], device=device))
 
 
-@dataclass(frozen=True)
-class ClassLogits(Metric):
-    """A sequence classifier's ``logit(answer) - logit(distractor)`` of two classes, ``weights[p]`` ``(pairs,
-    classes)`` +1 and -1 at them, from its head on the final hidden states (``stack.prediction_head``); linear where the
-    head is (``rows``: a decoder's score on its last token), else ``why`` says why not."""
-
-    weights: torch.Tensor
-    why: str | None = None
-    rows: torch.Tensor | None = None   # (classes, E): the head's linear rows, when it has them
-
-    @property
-    def not_linear(self) -> str | None:
-        return None if self.rows is not None else self.why
-
-    def __call__(self, stack, x, rows):
-        logits = stack.prediction_head.logits(stack.finish(x))                             # (N, C)
-        return (logits * self.weights[rows].to(logits.dtype)).sum(-1)
-
-    def direction(self, stack, p):
-        if self.rows is None:
-            raise HeadLensError(self.why)
-        w = self.weights[min(p, len(self.weights) - 1)]
-        return w.to(self.rows.dtype) @ self.rows
-
-
 class ClassLabel(Readout):
     """A sequence classifier's two classes, named by its ``id2label``: ``logit(answer) − logit(distractor)``."""
 
     name, metric, title, gives = "class_label", "class_logit_diff", "class logit difference", "label"
     needs = "reads a sequence classifier's class logits"
     output = "classes"
+    first_task = None  # a built-in task's answers are texts or tokens, not this classifier's classes
+
+    def builtin_pairs(self):
+        """The founding sentence with each focus changed, its last class against its first."""
+        return {name: replace(p, answer=self.labels[-1], distractor=self.labels[0]) for name, p in
+                ENCODER_PAIRS.items()}
     metrics = {"class_logit_diff": "class logit difference: logit(answer class) − logit(distractor class)"}
 
     @property
@@ -359,7 +298,7 @@ class ClassLabel(Readout):
 
     def read(self, ids, answer, distractor):
         a, d = self.label(answer, "answer"), self.label(distractor, "distractor")
-        _two(a, d, "label")
+        two(a, d, "label")
         return a, d
 
     def words(self, ids, answer, distractor):
@@ -389,6 +328,10 @@ class ClassLabel(Readout):
         return a, d, (), ()
 
     def task_metric(self, task, metric):
+        if any(p.answer < 0 or p.distractor < 0 for p in task.pairs):
+            raise HeadLensError("A classifier's task compares two of its classes in each pair: upload a CSV whose "
+                                "answer and distractor are its labels ("
+                                + ", ".join(repr(label) for label in self.labels) + ").")
         weights = torch.zeros(len(task.pairs), len(self.labels))
         for k, p in enumerate(task.pairs):
             weights[k, p.answer], weights[k, p.distractor] = 1.0, -1.0
@@ -403,6 +346,12 @@ def readouts(model, stack=None) -> list[Readout]:
     """The readouts ``model``'s stack offers, in the order a pair tries them."""
     stack = stack if stack is not None else stack_of(model, "Patching replaces a head's output")
     return [READOUTS[name](model, stack) for name in stack.readouts]
+
+
+def own_readout(model, stack=None) -> Readout:
+    """The readout of the stack's own prediction (a masked-LM encoder's: its sentence embedding), whose built-in
+    pairs and first task the pages show first."""
+    return readouts(model, stack)[-1]
 
 
 def readout_for(model, clean: str | None = None, stack=None) -> Readout:

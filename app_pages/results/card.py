@@ -14,7 +14,7 @@ import pandas as pd
 
 from analysis.atlas import atlas_frame
 from analysis.cards import assemble, is_encoder
-from analysis.defaults import ENCODER_PAIRS, FIRST_ENCODER_TASK_NAME, FIRST_TASK_NAME, PAIRS
+from analysis.effects import own_readout
 from analysis.head_card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
 from analysis.labels import telling_head
 from analysis.task_effects import table
@@ -157,15 +157,18 @@ class FromPages:
         return self._ready(copying, scratch) if cheap_copying(self.ref) else copying.peek(scratch)  # else on request
 
     def pairs(self):
-        return ENCODER_PAIRS if encoder(self.ref) else PAIRS
+        return own_readout(cached_model(self.ref.analysed)).builtin_pairs()
 
     def pair(self, pair):
         found = self._ready(effects, self.ref.analysed, pair, "exact")
         return None if found is None else (found.attribution, found.heads)
 
     def task(self):
+        first = own_readout(cached_model(self.ref.analysed)).first_task
+        if first is None:  # no built-in task fits the model's prediction (a classifier's)
+            return None
         found = self._ready(task_heads, self.ref)
-        return None if found is None else (found, FIRST_ENCODER_TASK_NAME if encoder(self.ref) else TASK_NAME)
+        return None if found is None else (found, first[1])
 
 
 def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, importance_too: bool = True,
@@ -174,5 +177,3 @@ def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, im
     Python is) from the shared results its pages read; ``first``: without those the server is still preparing."""
     return assemble(FromPages(ref, causal, heads_off, importance_too, qk_too, first))
 
-
-TASK_NAME = FIRST_TASK_NAME  # Effects' first task (``tasks.first_task``)

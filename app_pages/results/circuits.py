@@ -5,20 +5,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from analysis import circuits as AC
+from analysis.effects import own_readout
 from analysis.circuits import role_attention
 from analysis.circuits import EdgeScores
 
 from .models import ModelRef, cached_model
 from .shared import Bar, First, Warm, shared
-from .tasks import FIRST, FIRST_ENCODER, TaskSpec, built_task
+from .tasks import TaskSpec, built_task, first_spec
 
 
 def first_circuit(ref: ModelRef) -> list[tuple]:
     """What the Circuits page shows first: the indirect-object task's 50 pairs, EAP-IG in 5 steps, on the from-scratch
     engine (an encoder's: the seed's objects changed, its embedding difference)."""
-    if not cached_model(ref.analysed).causal:
-        return [(ref.analysed, FIRST_ENCODER, "embedding", "eap_ig", AC.STEPS)]
-    return [(ref.analysed, FIRST, "logit_diff", "eap_ig", AC.STEPS)]
+    model = cached_model(ref.analysed)
+    spec = first_spec(model)
+    return [] if spec is None else [(ref.analysed, spec, own_readout(model).metric, "eap_ig", AC.STEPS)]
 
 
 @shared("circuit scores", entries=8, waiting="Scoring every edge over the task", warm=Warm(10, first_circuit))

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.defaults import ENCODER_PAIRS, PAIRS, Pair
+from analysis.defaults import Pair
 
-from analysis.effects import logit_attribution, pair_readout, patch_heads, patch_residual, top_predictions
+from analysis.effects import logit_attribution, own_readout, pair_readout, patch_heads, patch_residual, top_predictions
 from analysis.routes import Flow, prediction_flow
 from analysis.traced import Traced, traced
 from analysis.vocabulary import copying_scores, copying_work, head_vocabulary
@@ -73,7 +73,7 @@ def prompt_trace(ref: ModelRef, text: str) -> Traced:
 def _pairs(ref: ModelRef) -> list[tuple]:
     """What Effects shows first, the first built-in pair on the model on the from-scratch engine patched exactly, then the other pairs
     (a head's card reads each)."""
-    pairs = PAIRS if cached_model(ref.analysed).causal else ENCODER_PAIRS
+    pairs = own_readout(cached_model(ref.analysed)).builtin_pairs()
     return [(ref.analysed, pair, "exact") for pair in pairs.values()]
 
 

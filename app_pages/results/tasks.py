@@ -6,7 +6,8 @@ import hashlib
 from dataclasses import dataclass
 
 
-from analysis.defaults import FIRST_ENCODER_TASK, FIRST_TASK, FIRST_TASK_PAIRS
+from analysis.defaults import FIRST_TASK_PAIRS
+from analysis.effects import own_readout
 from analysis.task_effects import TaskEffects, run_task
 from analysis.tasks import Task, from_csv, make_task
 from models import HeadLensError
@@ -31,8 +32,11 @@ class TaskSpec:
         return ("task", self.source, self.pairs, self.seed, self.corruption, hashlib.sha256(self.csv).hexdigest())
 
 
-FIRST = TaskSpec(FIRST_TASK, FIRST_TASK_PAIRS)  # the defaults table's (``analysis.defaults``)
-FIRST_ENCODER = TaskSpec(FIRST_ENCODER_TASK, FIRST_TASK_PAIRS)
+def first_spec(model) -> TaskSpec | None:
+    """The task a page opens with on ``model`` (its readout's: ``analysis.defaults``' first task, or an encoder's),
+    50 pairs; None where no built-in task fits (a classifier's)."""
+    first = own_readout(model).first_task
+    return None if first is None else TaskSpec(first[0], FIRST_TASK_PAIRS)
 
 
 @shared("task", entries=16, waiting="Building the task's pairs")
@@ -47,10 +51,11 @@ def built_task(ref: ModelRef, spec: TaskSpec) -> Task:
 
 def first_task(ref: ModelRef) -> list[tuple]:
     """What Effects over a task shows first: indirect object, 50 pairs, by attribution patching, on the from-scratch
-    engine (an encoder's: the seed's objects changed, its embedding difference)."""
-    if not cached_model(ref.analysed).causal:
-        return [(ref.analysed, FIRST_ENCODER, "embedding", "attribution")]
-    return [(ref.analysed, FIRST, "logit_diff", "attribution")]
+    engine (an encoder's: the seed's objects changed, its embedding difference); none where the model's readout has
+    no built-in task (a classifier's)."""
+    model = cached_model(ref.analysed)
+    spec = first_spec(model)
+    return [] if spec is None else [(ref.analysed, spec, own_readout(model).metric, "attribution")]
 
 
 @shared("task effects", entries=8, waiting="Running the task's pairs", warm=Warm(9, first_task))

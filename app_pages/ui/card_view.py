@@ -6,6 +6,7 @@ import streamlit as st
 
 from analysis import DETECTORS, EXPLAINED, FOCI, FOCUS_NAMES, make_view
 from analysis.atlas import METRICS
+from analysis.effects import own_readout
 from analysis.head_card import HeadCard
 from analysis.routes import flow_heads
 from analysis.views import token_label
@@ -17,7 +18,7 @@ from viz.qk import qk_tile
 from ..results.card import importance_args
 from ..results.effects import cheap_copying, copying, flow, vocabulary
 from ..results.messages import markdown_table, plain
-from ..results.models import ModelRef
+from ..results.models import ModelRef, cached_model
 from ..results.pruning import importance
 from ..results.qk import first_pictures, pictures
 from .attention import attention
@@ -171,18 +172,22 @@ def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
     """What the head does to predictions: each built-in pair, the task, its flow share, its importance."""
     st.subheader("What it does to predictions")
     encoder = not card.decoder and (card.pairs is not None or card.task is not None)
+    readout = own_readout(cached_model(ref.analysed))  # what the pairs measure, in its words
     if encoder:
         st.caption("Each built-in pair is the founding sentence with one focus changed; the head's clean output put "
-                   "into the corrupted run, and its direct part, measured on the embedding difference "
-                   "cos(e, answer) − cos(e, distractor) (Effects).")
+                   "into the corrupted run, and its direct part, measured on the "
+                   f"{readout.metrics[readout.metric].replace(': ', ' ')} (Effects).")
     if card.decoder or encoder:
         if card.pairs is None:
             st.caption("The built-in pairs, each head patched, are being prepared.")
         else:
+            direct = "attribution" + (" (logits)" if readout.units == "logits" else "")
             st.markdown(markdown_table([{"built-in pair": r.pair,
-                                         "attribution" + ("" if encoder else " (logits)"): f"{r.attribution:+.3f}",
+                                         direct: "—" if r.attribution != r.attribution else f"{r.attribution:+.3f}",
                                          "rank": r.attribution_rank, "patching recovers": f"{r.recovered:+.3f}",
                                          "rank ": r.recovered_rank} for r in card.pairs.itertuples()]))
+            if readout.not_linear:
+                st.caption(readout.not_linear)
         t = card.task
         cols = st.columns(3)
         if t is None:

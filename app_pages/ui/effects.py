@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from analysis.defaults import ENCODER_PAIRS, PAIRS, Pair
+from analysis.defaults import Pair
 
-from analysis.effects import pair_readout, repeated_pair, token_text
+from analysis.effects import own_readout, pair_readout, repeated_pair, token_text
 from models import AttentionModel, HeadLensError
 
 from ..results.effects import candidates
@@ -22,14 +22,12 @@ SOURCES = {"builtin": "A built-in pair", "own": "Your own prompts"}
 def builtin_pairs(ref: ModelRef, model: AttentionModel) -> dict[str, Pair]:
     """The pairs offered for ``model``: a trained decoder's held-out sequence made an induction pair, written in
     its own tokens; an encoder's, the founding sentence's four foci; for other models, the built-in English pairs."""
-    if not model.causal:
-        return dict(ENCODER_PAIRS)
     if ref.choice in TRAINED:
         job = trained_job()
         if job is not None and job.run.held_out:
             pair = repeated_pair(model, job.run.held_out[0].split(" "))
             return {pair.name: pair}
-    return dict(PAIRS)
+    return own_readout(model).builtin_pairs()
 
 
 def _token_label(model: AttentionModel, token: int, note: object = "") -> str:
