@@ -27,8 +27,8 @@ from .explanations import explain_corpus
 from .importance import head_importance
 from .qk import qk_embedding, qk_vectors
 from .roles import measure_heads
-from .task_effects import run_task, table
-from .tasks import make_task
+from .tasks.effects import run_task, table
+from .tasks.build import make_task
 from .vocabulary import copying_scores
 
 TASK = (FIRST_TASK, FIRST_TASK_PAIRS)  # the defaults table's (``analysis.defaults``), as the page's

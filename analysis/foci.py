@@ -22,16 +22,15 @@ tokens over the content tokens. Over sentences (those with an f token only): ``f
 are their means and ``f_lift = f / f_base``.
 
 The 95% interval of the lift is a Poisson bootstrap over sentences (Hanley and MacGibbon 2006;
-Chamandy et al. 2012): each sentence appears in each of ``REPLICATES`` resamples a Poisson(1)
+Chamandy et al. 2012): each sentence appears in each of ``stats.REPLICATES`` resamples a Poisson(1)
 number of times, and a resample's lift is its weighted share over its weighted base. The counts of
 a sentence are drawn from a generator seeded by its text, so the sums can be kept while sentences
 stream past, in any order and on any number of workers, and merge exactly by addition. Identical
-sentences draw identical counts, which treats repeats as one sentence seen several times.
+sentences draw identical counts, which treats repeats as one sentence seen several times (``stats.LiftBootstrap``).
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +43,6 @@ RELATION_POS = ("VERB",)
 QUESTION_TAGS = ("WDT", "WP", "WP$", "WRB")
 FINAL_MARKS = ("?", "!", ".")
 CLOSING = ('"', "'", "”", "’", ")", "]", "»")
-REPLICATES = 1000
-LEVEL = 0.95
 
 
 @functools.lru_cache(maxsize=1)
@@ -151,65 +148,3 @@ def received(weights: np.ndarray, special: np.ndarray) -> np.ndarray:
     if keep.size:
         out[keep] = content.mean(axis=-2)
     return out
-
-
-def text_key(text: str) -> int:
-    """A 64-bit number from a sentence's text that seeds its bootstrap counts."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
-
-
-def poisson_counts(key: int, replicates: int = REPLICATES) -> np.ndarray:
-    """How many times one sentence appears in each bootstrap resample."""
-    return np.random.default_rng([key, replicates]).poisson(1.0, replicates).astype(np.float64)
-
-
-class LiftBootstrap:
-    """Running sums of a Poisson bootstrap of ``sum(share) / sum(base)``, one per head.
-
-    ``add`` one sentence at a time; ``merge`` another's sums (another shard of the corpus);
-    ``interval`` gives the percentile interval. Memory is ``replicates x heads`` floats whatever
-    the number of sentences.
-    """
-
-    FLUSH = 256  # sentences buffered before one matrix product
-
-    def __init__(self, shape: tuple[int, ...], replicates: int = REPLICATES):
-        self.shape, self.replicates = tuple(shape), replicates
-        self.shares = np.zeros((replicates, int(np.prod(shape))))
-        self.bases = np.zeros(replicates)
-        self._pending: list[tuple[np.ndarray, np.ndarray, float]] = []
-
-    def add(self, key: int, share: np.ndarray, base: float) -> None:
-        self._pending.append((poisson_counts(key, self.replicates), np.asarray(share, np.float64).ravel(), base))
-        if len(self._pending) >= self.FLUSH:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        counts = np.stack([c for c, _, _ in self._pending])  # (sentences, replicates)
-        self.shares += counts.T @ np.stack([s for _, s, _ in self._pending])
-        self.bases += counts.T @ np.array([b for _, _, b in self._pending])
-        self._pending.clear()
-
-    def __getstate__(self) -> dict:
-        self._flush()  # sent as sums, whatever was buffered
-        return self.__dict__
-
-    def merge(self, other: "LiftBootstrap") -> None:
-        self._flush()
-        other._flush()
-        self.shares += other.shares
-        self.bases += other.bases
-
-    def interval(self, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
-        """``(low, high)``, each shaped like the heads; NaN when no sentence was added."""
-        self._flush()
-        used = self.bases > 0  # a resample that drew no sentence has no lift
-        if not used.any():
-            nan = np.full(self.shape, np.nan)
-            return nan, nan.copy()
-        lifts = self.shares[used] / self.bases[used, None]
-        tail = (1 - level) / 2 * 100
-        low, high = np.percentile(lifts, [tail, 100 - tail], axis=0)
-        return low.reshape(self.shape), high.reshape(self.shape)

@@ -29,7 +29,8 @@ import torch
 from models.long import LongAttention
 from models.memory import release_memory
 
-from .foci import FINAL_MARKS, FOCI, text_key, token_classes, word_classes
+from .foci import FINAL_MARKS, FOCI, token_classes, word_classes
+from .stats import text_key
 from .roles import (
     _SPACY_LOCK,
     POS_GROUPS,

@@ -36,7 +36,8 @@ import pandas as pd
 
 from models.result import Attention
 
-from .foci import FINAL_MARKS, FOCI, LiftBootstrap, focus_shares, text_key, token_classes, word_classes
+from .foci import FINAL_MARKS, FOCI, focus_shares, token_classes, word_classes
+from .stats import LiftBootstrap, text_key
 from .labels import label_heads, secondary_foci
 from .views import row_entropy, set_aside, token_label
 

@@ -33,7 +33,7 @@ def peak_memory(pairs: int, device: str, task: str) -> tuple[float, float]:
     code = f"""
 import json, threading, time, psutil
 from models import load_model
-from analysis.tasks import make_task
+from analysis.tasks.build import make_task
 from analysis.circuits import edge_scores
 model = load_model({NAME!r}, backend="scratch", device={device!r})
 task = make_task(model, {task!r}, n={pairs})
@@ -57,7 +57,7 @@ def main() -> None:
     from scipy.stats import spearmanr
 
     from analysis import circuits as AC
-    from analysis.tasks import make_task
+    from analysis.tasks.build import make_task
     from models import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -17,8 +17,8 @@ from analysis import circuits
 from analysis.defaults import PAIRS
 from analysis.qk_attribution import qk_attribution, qk_attribution_task
 from analysis.effects import patch_heads
-from analysis.task_effects import run_task
-from analysis.tasks import make_task
+from analysis.tasks.effects import run_task
+from analysis.tasks.build import make_task
 from models import load_model
 from models.corpus import CORPUS
 

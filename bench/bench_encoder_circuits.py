@@ -16,7 +16,7 @@ import torch
 
 from analysis import circuits as AC
 from analysis.qk_attribution import qk_attribution
-from analysis.tasks import make_task
+from analysis.tasks.build import make_task
 from bench.common import minilm_bench, ratio, timed
 
 SENTENCE = "Which do you like better, coffee or tea? "

@@ -20,9 +20,9 @@ import torch
 
 from analysis.defaults import ENCODER_PAIRS
 from analysis.effects import patch_heads
-from analysis.task_effects import run_task
-from analysis.focus_tasks import ENCODER_TASKS
-from analysis.tasks import make_task
+from analysis.tasks.effects import run_task
+from analysis.tasks.focus import ENCODER_TASKS
+from analysis.tasks.build import make_task
 from bench.common import minilm_bench, ratio, timed
 
 

@@ -21,7 +21,7 @@ import torch
 from analysis.detector import head_detector
 from analysis.qk_attribution import qk_attribution, qk_attribution_task
 from analysis.qk_attribution.induction import induction_key_writers
-from analysis.tasks import make_task
+from analysis.tasks.build import make_task
 from bench.common import machine, ratio, timed
 from models import load_model
 

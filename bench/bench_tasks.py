@@ -3,7 +3,7 @@
     python -m bench.bench_tasks [--pairs 100] [--theirs 3] [--device cpu|cuda] [--memory 1000]
 
 On ``--pairs`` indirect-object pairs (seed 0): attribution patching of every head (aim: <= 20 s on two cores),
-then exact patching of every head at every position (``analysis.task_effects.run_task``, pairs in batches of one
+then exact patching of every head at every position (``analysis.tasks.effects.run_task``, pairs in batches of one
 length, each copy running only the tokens after those its prompts share), timed in the same process as
 TransformerLens's ``patching.get_act_patch_attn_head_out_all_pos`` on a ``TransformerBridge`` of the same
 weights, one pair at a time (its clean cache, then its sweep), over the first ``--theirs`` pairs: its time per
@@ -71,8 +71,8 @@ def peak_mib(pairs: int, device: str) -> tuple[float, float]:
     code = f"""
 import json, threading, time, psutil
 from models import load_model
-from analysis.tasks import ioi
-from analysis.task_effects import run_task
+from analysis.tasks.build import ioi
+from analysis.tasks.effects import run_task
 m = load_model({NAME!r}, backend='scratch', device={device!r})
 task = ioi(m, n={pairs})
 run_task(m, task.subset(range(2)), method='attribution', residual=False)  # every weight read once
@@ -100,8 +100,8 @@ def main() -> None:
     parser.add_argument("--model", default=NAME, help="a Llama folder shaped as SmolLM2 (default: SmolLM2 itself)")
     parser.add_argument("--memory", type=int, default=0, help="also the peak memory over this many pairs")
     args = parser.parse_args()
-    from analysis.task_effects import run_task, table
-    from analysis.tasks import ioi
+    from analysis.tasks.effects import run_task, table
+    from analysis.tasks.build import ioi
     from models import head_label, load_model
     from models.files import resolve_model_dir
 

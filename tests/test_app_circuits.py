@@ -10,7 +10,7 @@ import pytest
 
 from analysis import circuits as AC
 from analysis.circuits import circuit_heads, role_attention
-from analysis.tasks import ioi
+from analysis.tasks.build import ioi
 from tests.conftest import COLD_RUN_S, decode, downloads, figures, title_text
 
 PAGE = "app_pages/circuits.py"
@@ -89,7 +89,7 @@ def test_a_smaller_circuit_and_path_patching_from_the_page(new_app, smollm2, exp
 def test_the_default_encoder_gets_its_circuit_over_a_focus_task(new_app, scratch_model):
     """MiniLM, the objects task: the page's scores and faithfulness are those of ``analysis.circuits`` on the same
     pairs, with the embedding difference as the metric; no sentence about decoders."""
-    from analysis.tasks import make_task
+    from analysis.tasks.build import make_task
 
     at = new_app({"task_pairs": "10", "circuit_edges": "50"}, page=PAGE, timeout=COLD_RUN_S)
     assert not at.exception and not at.error

@@ -109,8 +109,8 @@ def test_the_default_encoder_gets_the_pair_and_the_task_modes(new_app, scratch_m
     """MiniLM, the model the app opens with: the founding sentence's objects changed, its grids against patching and
     attribution computed directly, no sentence asking for a decoder; then a task of the relation focus."""
     from analysis.defaults import ENCODER_PAIRS
-    from analysis.task_effects import run_task, table
-    from analysis.tasks import make_task
+    from analysis.tasks.effects import run_task, table
+    from analysis.tasks.build import make_task
 
     pair = next(iter(ENCODER_PAIRS.values()))
     at = new_app(page=PAGE)

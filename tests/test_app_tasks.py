@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.task_ablation import kept_curve, order_by_effect
-from analysis.task_effects import run_task, table
-from analysis.tasks import ioi
+from analysis.tasks.ablation import kept_curve, order_by_effect
+from analysis.tasks.effects import run_task, table
+from analysis.tasks.build import ioi
 from tests.conftest import decode, downloads, figures, heatmaps, title_text
 
 PAGE = "app_pages/effects.py"

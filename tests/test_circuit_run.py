@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from analysis import circuits as AC
-from analysis.tasks import from_rows
+from analysis.tasks.build import from_rows
 from models import load_model
 from tests import test_llama
 from tests.test_tasks import ROWS
@@ -23,7 +23,7 @@ def folder(tmp_path_factory):
 
 
 def _cli(folder, out, *extra):
-    from analysis import circuit_run
+    from analysis.circuits import run as circuit_run
 
     assert circuit_run.main([str(folder / "pairs.csv"), "--out", str(out), "--model", str(folder), "--device", "cpu",
                              "--steps", "3", "--sizes", SIZES, *extra]) == 0
@@ -47,7 +47,7 @@ def test_the_command_line_writes_the_circuits_tables(folder, tmp_path, capsys):
 
 
 def test_the_ray_engine_gives_the_local_result_for_the_same_pairs(folder, tmp_path, local_ray, monkeypatch):
-    from analysis import circuit_run
+    from analysis.circuits import run as circuit_run
 
     monkeypatch.setattr(circuit_run, "CHUNK", 4)  # several batches, each of several lengths
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis import circuits as AC
-from analysis.tasks import Task, TaskPair
+from analysis.tasks.build import Task, TaskPair
 from models import HeadLensError, load_model
 from analysis.circuits import graph as C
 from analysis.effects.metrics import TokenLogits

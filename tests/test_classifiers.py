@@ -12,8 +12,8 @@ import transformers as tf
 from analysis.circuits import graph as C
 from analysis.effects import logit_attribution, parts_total, patch_heads
 from analysis.effects.readouts import readout_for
-from analysis.task_effects import run_task
-from analysis.tasks import from_rows
+from analysis.tasks.effects import run_task
+from analysis.tasks.build import from_rows
 from models import HeadLensError, load_model
 from models.corpus import CORPUS
 from tests.conftest import _bpe_vocab, decode, figures, title_text
@@ -281,3 +281,40 @@ def test_effects_opens_a_classifier_on_its_built_in_pairs(new_app, built, tmp_pa
     want = patch_heads(load_model(folder, backend="scratch"), pair.clean, pair.corrupted, "positive", "negative")
     grid = next(c for c in figures(at) if "recovered" in title_text(c))["data"][0]["z"]
     np.testing.assert_allclose(decode(grid), want["recovered"].to_numpy().reshape(2, H), atol=1e-6)
+
+
+def test_a_llama_classifier_opens_with_its_score_and_patches_as_transformers(tmp_path):
+    """A ``LlamaForSequenceClassification`` folder, which holds no language-model head: its logits and every head
+    patched agree with transformers' (whose RMSNorm runs in float32 inside a float64 model: ``test_families``'
+    tolerance), and its readout has direct parts."""
+    vocab, merges = _bpe_vocab()
+    tok = tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                               pad_token="<pad>")
+    tok.save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=len(vocab), num_labels=3, id2label=LABELS, num_key_value_heads=2, head_dim=8,
+                            max_position_embeddings=64, bos_token_id=0, eos_token_id=2, pad_token_id=1, **SIZES)
+    theirs = saved_perturbed(tf.LlamaForSequenceClassification(config).eval(), tmp_path,
+                             tf.LlamaForSequenceClassification)
+    ours = load_model(tmp_path, backend="scratch")
+    ours.stack.double()
+    assert ours.stack.readouts == ("class_label",) and not ours.stack.language_model
+    ids = tok(CLEAN, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        x, _ = ours.stack.run_layers(ours.stack.embed(ids), need_weights=False)
+        np.testing.assert_allclose(ours.stack.prediction_head.logits(ours.stack.finish(x)).numpy(),
+                                   theirs(input_ids=ids).logits.numpy(), atol=1e-5)
+    bad = corrupted(tok)
+    layers, out_proj = theirs.model.layers, (lambda layer: layer.self_attn.o_proj)
+    run = lambda rows, patches=(): z_hooked(lambda: theirs(input_ids=rows).logits, layers, out_proj, H, patches)  # noqa: E731
+    clean_logits, clean_z = run(ids)
+    bad_ids = tok(bad, return_tensors="pt")["input_ids"]
+    bad_logits, _ = run(bad_ids)
+    patches = [(layer * H + h, layer, h, clean_z[layer][0]) for layer in range(2) for h in range(H)]
+    patched, _ = run(bad_ids.repeat(2 * H, 1), patches)
+    m = lambda logits: (logits[:, 2] - logits[:, 0]).detach().numpy()  # noqa: E731
+    want = ((m(patched) - m(bad_logits)) / (m(clean_logits) - m(bad_logits))).reshape(2, H)
+    got = patch_heads(ours, CLEAN, bad, "positive", "negative")["recovered"].to_numpy().reshape(2, H)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    assert np.abs(want).max() > 0.02
+    assert readout_for(ours, CLEAN).not_linear is None

@@ -12,7 +12,7 @@ from analysis.circuits import graph as C
 from analysis.circuits.scores import edge_scores, exact_edges, faithfulness, path_patching
 from analysis.effects.readouts import SentenceEmbedding
 from analysis.qk_attribution import qk_attribution
-from analysis.tasks import make_task
+from analysis.tasks.build import make_task
 from tests.test_encoder_effects import CLEAN, CORRUPTED, PROBES, metric, tiny_encoder
 
 
@@ -202,7 +202,7 @@ def test_an_encoders_circuits_run_over_a_focus_task_as_transformers_hooks(scratc
     that one, the circuit of every edge but the last-ranked one (through ``circuit_values``, whose faithfulness is
     read from them), and a head's paths into every query, key and value of the last layer."""
     from analysis.circuits.scores import circuit_values
-    from analysis.task_effects import measure_for
+    from analysis.tasks.effects import measure_for
     from tests.test_encoder_effects import Hooked
 
     task = make_task(scratch_model, "objects", 8, seed=2)

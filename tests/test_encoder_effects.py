@@ -9,9 +9,9 @@ import torch
 import transformers as tf
 
 from analysis.effects import logit_attribution, parts_total, patch_heads, patch_residual
-from analysis.task_effects import run_task, table
-from analysis.focus_tasks import ENCODER_TASKS
-from analysis.tasks import from_rows, make_task
+from analysis.tasks.effects import run_task, table
+from analysis.tasks.focus import ENCODER_TASKS
+from analysis.tasks.build import from_rows, make_task
 from models import HeadLensError, load_model
 from tests.conftest import _bpe_vocab
 from tests.hooked import saved_perturbed

@@ -14,8 +14,8 @@ import transformers as tf
 
 from analysis.effects import logit_attribution, parts_total, patch_heads, patch_residual
 from analysis.importance import head_importance
-from analysis.task_effects import run_task
-from analysis.tasks import Task, TaskPair
+from analysis.tasks.effects import run_task
+from analysis.tasks.build import Task, TaskPair
 from analysis.circuits import graph as C
 from models import HeadLensError, load_model
 from analysis.qk_attribution import split as Q

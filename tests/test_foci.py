@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from analysis import FOCI, focus_shares, profile_heads, received, sentiment_lexicon, strongest_head, word_classes
-from analysis.foci import LiftBootstrap
+from analysis.stats import LiftBootstrap
 from analysis.roles import load_spacy
 from models.result import Attention
 

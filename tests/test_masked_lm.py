@@ -200,8 +200,8 @@ def test_a_masked_lms_eap_edges_are_transformers_gradients_through_its_frozen_no
 def test_a_csv_of_masked_pairs_is_a_task_whose_table_is_its_pairs_patched_one_at_a_time(family):
     """Rows whose clean prompt has the mask token take the masked logit difference; a row without one at the same
     place in the corrupted prompt, or with two, gets a sentence."""
-    from analysis.task_effects import run_task
-    from analysis.tasks import from_rows
+    from analysis.tasks.effects import run_task
+    from analysis.tasks.build import from_rows
 
     name, ours, theirs, tok = family
     clean, corrupted = prompts(tok, name)

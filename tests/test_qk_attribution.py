@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis import qk_attribution as QA
-from analysis.tasks import Task, TaskPair
+from analysis.tasks.build import Task, TaskPair
 from models import HeadLensError, load_model
 from analysis.circuits import graph as C
 from analysis.qk_attribution import split as Q

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from analysis.effects import logit_attribution, patch_heads, patch_residual
-from analysis.significance import corrected, interval, sign_flip_p
-from analysis.task_effects import run_task, table
-from analysis.tasks import Task, from_csv, from_rows
+from analysis.stats import corrected, interval, sign_flip_p
+from analysis.tasks.effects import run_task, table
+from analysis.tasks.build import Task, from_csv, from_rows
 from models import HeadLensError, load_model
 from tests import test_gemma3, test_llama
 
@@ -182,7 +182,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def _cli_values(folder, out, *extra):
-    from analysis import task_run
+    from analysis.tasks import run as task_run
 
     assert task_run.main([str(folder / "pairs.csv"), "--out", str(out), "--model", str(folder), "--device", "cpu",
                           *extra]) == 0
@@ -206,7 +206,7 @@ def test_the_command_line_writes_the_tasks_values_and_tables(tiny_folder, tmp_pa
 
 
 def test_the_ray_engine_gives_the_local_result_for_the_same_pairs(tiny_folder, tmp_path, local_ray, monkeypatch):
-    from analysis import task_run
+    from analysis.tasks import run as task_run
 
     folder, _ = tiny_folder
     monkeypatch.setattr(task_run, "CHUNK", 4)  # several batches, each of several lengths

@@ -3,8 +3,8 @@ the token it names, the same pairs from the same seed; and SmolLM2's indirect-ob
 import numpy as np
 import pytest
 
-from analysis.task_effects import run_task, table
-from analysis.tasks import FACT_TEMPLATES, IOI_TEMPLATES, OBJECTS, PLACES, facts, greater_than, induction, ioi
+from analysis.tasks.effects import run_task, table
+from analysis.tasks.build import FACT_TEMPLATES, IOI_TEMPLATES, OBJECTS, PLACES, facts, greater_than, induction, ioi
 from models import load_model
 
 pytestmark = pytest.mark.bundled

@@ -16,8 +16,8 @@ import torch
 from models import AttentionModel, HeadLensError, head_label
 from models.run import language_stack, trace_batch, trace_weights
 
-from ..task_effects import batches
-from ..tasks import Task
+from ..tasks.effects import batches
+from ..tasks.pairs import Task
 from .scores import EdgeScores
 
 PATTERNS = {  # class: (from role, to role)

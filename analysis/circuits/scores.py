@@ -5,7 +5,7 @@ edge patching of chosen edges, and path patching of one head to chosen receivers
 
 Faithfulness is the circuit's metric over the model's, each counted from the corrupted prompts':
 ``mean(circuit - corrupted) / mean(clean - corrupted)`` over the pairs, 1 for the whole model, 0 for no edge, with
-a bootstrap interval over the pairs (``analysis.significance.interval``).
+a bootstrap interval over the pairs (``analysis.stats.interval``).
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import torch
 from models import AttentionModel, HeadLensError, head_label
 from models.run import device_of, patching_stack
 
-from ..significance import interval
-from ..task_effects import batches, measure_for
-from ..tasks import Task
+from ..stats import interval
+from ..tasks.effects import batches, measure_for
+from ..tasks.pairs import Task
 from . import graph as C
 
 METHODS = {"eap": "EAP: the gradient at the clean input (Syed et al. 2023)",

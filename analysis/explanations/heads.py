@@ -21,7 +21,7 @@ import pandas as pd
 from models import HeadLensError
 from models.corpus import CORPUS
 
-from ..foci import LiftBootstrap
+from ..stats import LiftBootstrap
 from ..rules import RULES, Rule, in_words, union
 from .scores import COLUMNS as SCORE_COLUMNS
 from .scores import Content, contents, no_query

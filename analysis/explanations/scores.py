@@ -21,7 +21,7 @@ import pandas as pd
 
 from models import HeadLensError
 
-from ..foci import LiftBootstrap, text_key
+from ..stats import LiftBootstrap, text_key
 from ..rules import Reading, Rule
 from ..views import token_label
 

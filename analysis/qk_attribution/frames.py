@@ -23,10 +23,10 @@ from models import AttentionModel, HeadLensError, head_label
 from models.run import device_of, patching_stack
 
 from ..circuits import graph as C
-from ..significance import interval
-from ..task_effects import batches
-from ..focus_tasks import ENCODER_TASKS
-from ..tasks import Task
+from ..stats import interval
+from ..tasks.effects import batches
+from ..tasks.focus import ENCODER_TASKS
+from ..tasks.pairs import Task
 from . import split as Q
 
 MAX_TOKENS = 512   # a prompt's writers are held at every position: 301 x 512 x 576 floats for SmolLM2 (355 MB)

@@ -21,7 +21,7 @@ from models import AttentionModel, HeadLensError, head_label
 from models.run import device_of
 
 from ..detector import detector_labels, repeated_sequences
-from ..significance import LEVEL
+from ..stats import LEVEL
 from . import split as Q
 from .frames import head_graph
 

@@ -17,7 +17,7 @@ from analysis.cards import assemble, is_encoder
 from analysis.effects import own_readout
 from analysis.head_card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
 from analysis.labels import telling_head
-from analysis.task_effects import table
+from analysis.tasks.effects import table
 from models.corpus import CORPUS, corpus_sample
 
 from .detector import detected
@@ -77,7 +77,7 @@ def importance_args(ref: ModelRef) -> tuple:
 @shared("task table", entries=8, copy=True, waiting="Averaging the task's pairs",
         warm=Warm(9.5, lambda ref: [(ref,)]))
 def task_heads(ref: ModelRef) -> pd.DataFrame:
-    """Each head's mean over Effects' first task, with its interval, p and q (``analysis.task_effects.table``):
+    """Each head's mean over Effects' first task, with its interval, p and q (``analysis.tasks.effects.table``):
     its bootstrap and sign flips take half a second, once."""
     return table(task_effects(*first_task(ref)[0]))
 

@@ -10,7 +10,7 @@ from analysis.ablation import Ablation, ablate
 from analysis.defaults import DECODER_SAMPLE, ENCODER_SAMPLE
 from analysis.importance import attention_proxies, head_importance
 from analysis.pruning import curve_work, full_run, prune_counts, pruning_curve
-from analysis.task_ablation import kept_curve, order_by_effect
+from analysis.tasks.ablation import kept_curve, order_by_effect
 from models.corpus import corpus_sample
 
 from .models import LLM, ModelRef, cached_model

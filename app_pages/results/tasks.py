@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from analysis.defaults import FIRST_TASK_PAIRS
 from analysis.effects import own_readout
-from analysis.task_effects import TaskEffects, run_task
-from analysis.tasks import Task, from_csv, make_task
+from analysis.tasks.effects import TaskEffects, run_task
+from analysis.tasks.build import Task, from_csv, make_task
 from models import HeadLensError
 
 from .messages import stop_with

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import streamlit as st
 
-from analysis.task_effects import METRICS, TaskEffects, per_pair, table
+from analysis.tasks.effects import METRICS, TaskEffects, per_pair, table
 from models import AttentionModel, head_label
 from viz.effects import position_grid
 from viz.tasks import kept_curve, role_bars, strip_figure, task_grid

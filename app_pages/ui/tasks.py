@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from analysis.significance import interval
+from analysis.stats import interval
 from analysis.effects import readouts
-from analysis.task_effects import METRICS, NORMALISE, TaskEffects
-from analysis.focus_tasks import ENCODER_TASKS
-from analysis.tasks import CORRUPTIONS, PAGE_ROWS, TASKS, Task
+from analysis.tasks.effects import METRICS, NORMALISE, TaskEffects
+from analysis.tasks.focus import ENCODER_TASKS
+from analysis.tasks.build import CORRUPTIONS, PAGE_ROWS, TASKS, Task
 from models import HeadLensError
 
 from ..results.messages import stop_with

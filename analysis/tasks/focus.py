@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from models import AttentionModel, HeadLensError
 
-from .task_pairs import Reader, Task, draw, fill, pair_of
-from .task_words import (FOODS, OBJECT_TEMPLATES, RELATION_PROBES, RELATION_TEMPLATES, RELATIONS, SENTIMENTS,
+from .pairs import Reader, Task, draw, fill, pair_of
+from .words import (FOODS, OBJECT_TEMPLATES, RELATION_PROBES, RELATION_TEMPLATES, RELATIONS, SENTIMENTS,
                          TYPE_PROBES, TYPE_TEMPLATES)
 
 ENCODER_TASKS = {"objects": "Objects: coffee or tea → coffee or juice", "relation": "Relation: like → hate",

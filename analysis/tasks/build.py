@@ -12,12 +12,12 @@ positions named by role so that pairs from different templates line up.
   "after YY" exactly a tens digit above YY's (and "up to YY" one at or below it); roles ``YY``, ``END``.
 - ``induction``: random words, then the same words again (clean) against the first copy with its last
   word changed (corrupted); roles ``FIRST`` (that word in the first copy), ``END``.
-- ``objects``, ``relation``, ``sentence_type``, ``sentiment``: an encoder's tasks (``analysis.focus_tasks``).
+- ``objects``, ``relation``, ``sentence_type``, ``sentiment``: an encoder's tasks (``analysis.tasks.focus``).
 - ``from_rows`` / ``from_csv``: a user's pairs; each bad row gets a sentence naming it, and the good rows go
   on; roles ``DIFF`` (the first position where the prompts differ) and ``END``. On an encoder the answer and
   distractor are probe texts.
 
-What a pair and a task are, and the pieces every generator uses, are in ``analysis.task_pairs``. Every pair is
+What a pair and a task are, and the pieces every generator uses, are in ``analysis.tasks.pairs``. Every pair is
 checked under the model's tokenizer (both prompts of the same length, the answer one token,
 each role on its token), and a task is the same from the same seed.
 """
@@ -31,10 +31,10 @@ from collections.abc import Iterable
 from models import AttentionModel, HeadLensError
 from models.run import stack_of
 
-from .effects.readouts import readouts
-from .focus_tasks import ENCODER_GENERATORS
-from .task_pairs import MAX_PAIRS, Reader, Task, TaskPair, draw, fill, pair_of
-from .task_words import CENTURIES, FACT_TEMPLATES, IOI_TEMPLATES, NAMES, OBJECTS, PLACES, WAR_NOUNS
+from ..effects.readouts import readouts
+from .focus import ENCODER_GENERATORS
+from .pairs import MAX_PAIRS, Reader, Task, TaskPair, draw, fill, pair_of
+from .words import CENTURIES, FACT_TEMPLATES, IOI_TEMPLATES, NAMES, OBJECTS, PLACES, WAR_NOUNS
 
 PAGE_ROWS = 1_000    # rows of a CSV read on the page
 INDUCTION_WORDS = 8     # words in each copy of an induction sequence
@@ -209,7 +209,7 @@ def from_rows(model: AttentionModel, rows: Iterable[dict], name: str = "yours", 
             metrics.append(why[1])
     if over:
         problems.append(f"Rows {over[0]:,} to {over[-1]:,} are past the limit of {limit:,} pairs; split the file "
-                        "or run it from the command line (python -m analysis.task_run).")
+                        "or run it from the command line (python -m analysis.tasks.run).")
     if not pairs:
         raise HeadLensError("No row could be made a pair. " + " ".join(problems[:5]))
     metric = metrics[0] if len(set(metrics)) == 1 else offered[-1].metric

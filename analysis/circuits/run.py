@@ -1,10 +1,10 @@
 """A circuit over a task from the command line, here or on Ray Data, into a folder.
 
-    python -m analysis.circuit_run TASK --out FOLDER [--model NAME] [--pairs N] [--seed S] [--corruption s2|abc]
+    python -m analysis.circuits.run TASK --out FOLDER [--model NAME] [--pairs N] [--seed S] [--corruption s2|abc]
                                    [--metric ...] [--method eap|eap_ig] [--steps K] [--sizes 10,100,1000]
                                    [--device auto|cpu|cuda] [--engine local|ray] [--address RAY_ADDRESS] [--actors N]
 
-TASK is a generator's name (``analysis.tasks.TASKS``) or a CSV file of pairs. Every edge is scored over the pairs
+TASK is a generator's name (``analysis.tasks.build.TASKS``) or a CSV file of pairs. Every edge is scored over the pairs
 (``analysis.circuits.edge_scores``), then the circuit of the top edges is run at each size, every other edge
 corrupted. The folder receives ``edges.csv`` (every edge, largest |score| first), ``curve.csv`` (faithfulness and its
 95% interval at each size), ``pairs.csv`` (each pair's metrics) and ``scores.npz`` (the score matrix, the senders'
@@ -29,10 +29,10 @@ import pandas as pd
 from models import HeadLensError
 from models.run import patching_stack
 
-from . import circuits as AC
-from .ray_run import check_model, no_restarts, start_ray, worker_errors
-from .task_run import build_task, parsed, task_parser
-from .tasks import Task
+from .. import circuits as AC
+from ..ray_run import check_model, no_restarts, start_ray, worker_errors
+from ..tasks.run import build_task, parsed, task_parser
+from ..tasks.pairs import Task
 
 CHUNK = 64   # pairs in one Ray batch
 
@@ -133,7 +133,7 @@ def write(scores: AC.EdgeScores, curve: AC.Curve, folder: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = task_parser("python -m analysis.circuit_run", __doc__.split("\n\n")[0])
+    parser = task_parser("python -m analysis.circuits.run", __doc__.split("\n\n")[0])
     parser.add_argument("--method", choices=list(AC.METHODS), default="eap_ig")
     parser.add_argument("--steps", type=int, default=AC.STEPS, help="EAP-IG's steps")
     parser.add_argument("--sizes", default=None, help="circuit sizes, comma-separated (default: 10 to 10,000)")

@@ -1,14 +1,14 @@
 """Effects over a task from the command line, here or on Ray Data, into a folder of tables.
 
-    python -m analysis.task_run TASK --out FOLDER [--model NAME] [--pairs N] [--seed S] [--corruption s2|abc]
+    python -m analysis.tasks.run TASK --out FOLDER [--model NAME] [--pairs N] [--seed S] [--corruption s2|abc]
                                 [--metric logit_diff|prob_diff|greater_than] [--method exact|attribution]
                                 [--normalise set|pair] [--no-residual] [--correct-only] [--device auto|cpu|cuda]
                                 [--engine local|ray] [--address RAY_ADDRESS] [--actors N]
 
-TASK is a generator's name (``analysis.tasks.TASKS``) or a CSV file of pairs (clean, corrupted, answer,
+TASK is a generator's name (``analysis.tasks.build.TASKS``) or a CSV file of pairs (clean, corrupted, answer,
 distractor). The model defaults to the bundled SmolLM2. The folder receives ``heads.csv`` (every head's
 patching: mean, 95% interval, p, q), ``attribution.csv``, ``residual.csv`` (by layer and role), ``pairs.csv`` (each
-pair and its metrics) and ``values.npz`` (every per-pair array of ``analysis.task_effects.TaskEffects``).
+pair and its metrics) and ``values.npz`` (every per-pair array of ``analysis.tasks.effects.TaskEffects``).
 
 Engines:
 - ``local``: this process, the pairs in batches (``run_task``), a progress bar over the pairs.
@@ -28,9 +28,9 @@ import numpy as np
 
 from models import HeadLensError, head_label
 
-from .ray_run import check_model, no_restarts, start_ray, worker_errors
-from .task_effects import METRICS, NORMALISE, TaskEffects, run_task, table
-from .tasks import MAX_PAIRS, TASKS, Task, from_csv, make_task
+from ..ray_run import check_model, no_restarts, start_ray, worker_errors
+from .effects import METRICS, NORMALISE, TaskEffects, run_task, table
+from .build import MAX_PAIRS, TASKS, Task, from_csv, make_task
 
 CHUNK = 64            # pairs in one Ray batch
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -143,7 +143,7 @@ def parsed(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = task_parser("python -m analysis.task_run", __doc__.split("\n\n")[0])
+    parser = task_parser("python -m analysis.tasks.run", __doc__.split("\n\n")[0])
     parser.add_argument("--method", choices=["exact", "attribution"], default="exact")
     parser.add_argument("--normalise", choices=list(NORMALISE), default="set")
     parser.add_argument("--no-residual", action="store_true", help="skip the residual stream by role")

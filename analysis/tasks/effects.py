@@ -6,7 +6,7 @@ recovered share is that over the clean prompt's metric less the corrupted one's.
 pairs, either normalised per pair (the mean of the pairs' recovered shares, which ``analysis.effects``
 gives one at a time) or over the set (the mean effect over the mean span, robust where one pair's span is
 near zero), with a bootstrap interval, a sign-flip p-value and its Benjamini-Hochberg correction across
-heads (``analysis.significance``). The per-pair values are kept.
+heads (``analysis.stats``). The per-pair values are kept.
 """
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ import torch
 from models import AttentionModel, HeadLensError
 from models.run import patching_stack
 
-from .effects import METHODS
-from .effects import batched as B
-from .effects import parts as P
-from .effects.metrics import Metric
-from .effects.readouts import TASK_METRICS, readout_reading
-from .significance import summarise
-from .tasks import Task
+from ..effects import METHODS
+from ..effects import batched as B
+from ..effects import parts as P
+from ..effects.metrics import Metric
+from ..effects.readouts import TASK_METRICS, readout_reading
+from ..stats import summarise
+from .pairs import Task
 
 METRICS = TASK_METRICS
 NORMALISE = {"set": "over the set: mean effect / mean (clean − corrupted)",

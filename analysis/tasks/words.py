@@ -1,4 +1,4 @@
-"""What the task generators draw from (``analysis.tasks``): names, places and objects, the indirect-object
+"""What the task generators draw from (``analysis.tasks.build``): names, places and objects, the indirect-object
 templates, facts, and greater-than's nouns and centuries; each filtered there to what a tokenizer reads as one
 token."""
 

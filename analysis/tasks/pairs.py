@@ -1,7 +1,7 @@
 """What every task is made of: a pair of prompts built for one model's tokenizer (``TaskPair``), a named set of them
 (``Task``), and the pieces each generator builds its pairs with: a reader of the tokenizer (``Reader``), a template
 filled in (``fill``), a pair checked (``pair_of``) and pairs drawn from a seed (``draw``). The generators are in
-``analysis.tasks`` (a language model's, and a user's CSV) and ``analysis.focus_tasks`` (an encoder's)."""
+``analysis.tasks.build`` (a language model's, and a user's CSV) and ``analysis.tasks.focus`` (an encoder's)."""
 from __future__ import annotations
 
 import random

@@ -1,6 +1,7 @@
-"""How sure a mean over a task's pairs is: a bootstrap interval, a sign-flip permutation p-value, and the
+"""How sure a figure is: over a task's pairs, a bootstrap interval, a sign-flip permutation p-value, and the
 Benjamini-Hochberg correction across heads (scipy.stats: ``bootstrap``, ``permutation_test``,
-``false_discovery_control``).
+``false_discovery_control``); over a corpus's sentences, a Poisson bootstrap of a ratio of sums kept as running
+sums, one per head, seeded by each sentence's text (``LiftBootstrap``), which Head roles and the explanations read.
 
 Each function takes per-pair values ``(pairs, cells)``, a column per head (or per layer and position), and
 returns one figure per column. A mean normalised over the set, ``mean(effect) / mean(span)``, is bootstrapped
@@ -9,6 +10,7 @@ with the pairs resampled together (``paired``); its p-value flips the signs of t
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +21,7 @@ from models import HeadLensError
 LEVEL = 0.95
 RESAMPLES = 1000       # bootstrap resamples
 PERMUTATIONS = 2000    # sign flips
+REPLICATES = 1000      # a corpus's Poisson bootstrap replicates
 ALPHA = 0.05           # the false discovery rate marked
 
 
@@ -106,3 +109,65 @@ def summarise(values: np.ndarray, span: np.ndarray | None = None, *, seed: int =
     low, high = interval(values, span, seed=seed)
     p = sign_flip_p(values, seed=seed)
     return Summary(mean, low, high, p, corrected(p))
+
+
+def text_key(text: str) -> int:
+    """A 64-bit number from a sentence's text that seeds its bootstrap counts."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def poisson_counts(key: int, replicates: int = REPLICATES) -> np.ndarray:
+    """How many times one sentence appears in each bootstrap resample."""
+    return np.random.default_rng([key, replicates]).poisson(1.0, replicates).astype(np.float64)
+
+
+class LiftBootstrap:
+    """Running sums of a Poisson bootstrap of ``sum(share) / sum(base)``, one per head.
+
+    ``add`` one sentence at a time; ``merge`` another's sums (another shard of the corpus);
+    ``interval`` gives the percentile interval. Memory is ``replicates x heads`` floats whatever
+    the number of sentences.
+    """
+
+    FLUSH = 256  # sentences buffered before one matrix product
+
+    def __init__(self, shape: tuple[int, ...], replicates: int = REPLICATES):
+        self.shape, self.replicates = tuple(shape), replicates
+        self.shares = np.zeros((replicates, int(np.prod(shape))))
+        self.bases = np.zeros(replicates)
+        self._pending: list[tuple[np.ndarray, np.ndarray, float]] = []
+
+    def add(self, key: int, share: np.ndarray, base: float) -> None:
+        self._pending.append((poisson_counts(key, self.replicates), np.asarray(share, np.float64).ravel(), base))
+        if len(self._pending) >= self.FLUSH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        counts = np.stack([c for c, _, _ in self._pending])  # (sentences, replicates)
+        self.shares += counts.T @ np.stack([s for _, s, _ in self._pending])
+        self.bases += counts.T @ np.array([b for _, _, b in self._pending])
+        self._pending.clear()
+
+    def __getstate__(self) -> dict:
+        self._flush()  # sent as sums, whatever was buffered
+        return self.__dict__
+
+    def merge(self, other: "LiftBootstrap") -> None:
+        self._flush()
+        other._flush()
+        self.shares += other.shares
+        self.bases += other.bases
+
+    def interval(self, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+        """``(low, high)``, each shaped like the heads; NaN when no sentence was added."""
+        self._flush()
+        used = self.bases > 0  # a resample that drew no sentence has no lift
+        if not used.any():
+            nan = np.full(self.shape, np.nan)
+            return nan, nan.copy()
+        lifts = self.shares[used] / self.bases[used, None]
+        tail = (1 - level) / 2 * 100
+        low, high = np.percentile(lifts, [tail, 100 - tail], axis=0)
+        return low.reshape(self.shape), high.reshape(self.shape)

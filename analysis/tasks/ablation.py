@@ -13,8 +13,8 @@ import torch
 from models import AttentionModel, HeadLensError
 from models.run import device_of, patching_stack, trace_batch
 
-from .task_effects import TaskEffects, batches, measure_for, table
-from .tasks import Task
+from .effects import TaskEffects, batches, measure_for, table
+from .pairs import Task
 
 Progress = Callable[[int, int], None]
 CURVE_PAIRS = 50  # pairs a curve is measured on (the task's first)
