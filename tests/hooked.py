@@ -42,3 +42,22 @@ def saved_perturbed(hf, folder, model_class):
                 p.add_(torch.randn_like(p) * 0.3)
     hf.save_pretrained(folder)
     return model_class.from_pretrained(folder, attn_implementation="eager").eval().double()
+
+
+def every_edge_or_none(stack, clean, bad, measure, m_clean: float, m_bad: float, output: str) -> None:
+    """A circuit of every edge of ``stack``'s graph is the clean run's metric ``m_clean`` (transformers'), one of no
+    edge the corrupted run's ``m_bad``, to 1e-10; the two runs differ; the graph's last node is ``output``."""
+    import pytest
+
+    from analysis.circuits import graph as C
+
+    graph, rows = C.graph_of(stack), torch.zeros(1, dtype=torch.long)
+    with torch.inference_mode():
+        bad_run = C.run_ids(stack, graph, bad, measure, rows)
+        every = C.all_edges(graph).double()
+        assert float(C.circuit_values(stack, graph, clean, bad_run, every, measure, rows)) == \
+            pytest.approx(float(m_clean), abs=1e-10)
+        assert float(C.circuit_values(stack, graph, clean, bad_run, every * 0, measure, rows)) == \
+            pytest.approx(float(m_bad), abs=1e-10)
+    assert abs(float(m_clean - m_bad)) > 1e-3
+    assert graph.receiver_name(len(graph.receivers) - 1) == output

@@ -9,7 +9,6 @@ import pytest
 import torch
 import transformers as tf
 
-from analysis.circuits import graph as C
 from analysis.effects import logit_attribution, parts_total, patch_heads
 from analysis.effects.readouts import readout_for
 from analysis.tasks.effects import run_task
@@ -17,7 +16,7 @@ from analysis.tasks.build import from_rows
 from models import HeadLensError, load_model
 from models.corpus import CORPUS
 from tests.conftest import _bpe_vocab, decode, figures, title_text
-from tests.hooked import saved_perturbed, z_hooked
+from tests.hooked import every_edge_or_none, saved_perturbed, z_hooked
 
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, initializer_range=0.2)
@@ -210,18 +209,8 @@ def test_a_classifier_circuit_of_every_edge_or_none_is_transformers_clean_or_cor
     with torch.no_grad():
         m_clean, _ = theirs_metric(name, theirs, clean, 2, 0)
         m_bad, _ = theirs_metric(name, theirs, bad, 2, 0)
-    stack = ours.stack
     measure, _, _ = readout_for(ours, CLEAN).pair(clean[0].tolist(), "positive", "negative")
-    graph, rows = C.graph_of(stack), torch.zeros(1, dtype=torch.long)
-    with torch.inference_mode():
-        bad_run = C.run_ids(stack, graph, bad, measure, rows)
-        every = C.all_edges(graph).double()
-        assert float(C.circuit_values(stack, graph, clean, bad_run, every, measure, rows)) == \
-            pytest.approx(float(m_clean), abs=1e-10)
-        assert float(C.circuit_values(stack, graph, clean, bad_run, every * 0, measure, rows)) == \
-            pytest.approx(float(m_bad), abs=1e-10)
-    assert abs(float(m_clean - m_bad)) > 1e-3
-    assert graph.receiver_name(len(graph.receivers) - 1) == "classes"
+    every_edge_or_none(ours.stack, clean, bad, measure, m_clean, m_bad, "classes")
 
 
 def test_effects_patches_a_typed_pair_of_two_labels(new_app, built, tmp_path_factory, minilm_dir):

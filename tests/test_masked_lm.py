@@ -10,7 +10,7 @@ from analysis.circuits import graph as C
 from analysis.effects import logit_attribution, patch_heads, patch_residual
 from models import HeadLensError, load_model
 from tests.conftest import decode, figures, title_text
-from tests.hooked import z_hooked
+from tests.hooked import every_edge_or_none, z_hooked
 from tests.test_encoder_effects import saved_tiny
 
 FAMILIES = {  # model_type: (transformers' masked-LM model, its layers, layer i's attention output projection)
@@ -149,18 +149,8 @@ def test_a_masked_lm_circuit_of_every_edge_or_none_is_transformers_clean_or_corr
     with torch.no_grad():
         m_clean, _ = _theirs_metric(theirs, clean, mask, a, d, layers_of(theirs), out_proj, 4)
         m_bad, _ = _theirs_metric(theirs, corrupted, mask, a, d, layers_of(theirs), out_proj, 4)
-    stack = ours.stack
     measure, _, _ = readout_for(ours, tok.mask_token).pair(clean[0].tolist(), *WORDS[name])
-    graph, rows = C.graph_of(stack), torch.zeros(1, dtype=torch.long)
-    with torch.inference_mode():
-        bad = C.run_ids(stack, graph, corrupted, measure, rows)
-        every = C.all_edges(graph).double()
-        assert float(C.circuit_values(stack, graph, clean, bad, every, measure, rows)) == \
-            pytest.approx(float(m_clean), abs=1e-10)
-        assert float(C.circuit_values(stack, graph, clean, bad, every * 0, measure, rows)) == \
-            pytest.approx(float(m_bad), abs=1e-10)
-    assert abs(float(m_clean - m_bad)) > 1e-3  # the two runs differ
-    assert graph.receiver_name(len(graph.receivers) - 1) == "embedding"
+    every_edge_or_none(ours.stack, clean, corrupted, measure, m_clean, m_bad, "embedding")
 
 
 @pytest.fixture(scope="module", params=["bert", "roberta"])

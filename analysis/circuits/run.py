@@ -30,8 +30,8 @@ from models import HeadLensError
 from models.run import patching_stack
 
 from .. import circuits as AC
-from ..ray_run import check_model, no_restarts, start_ray, worker_errors
-from ..tasks.run import build_task, parsed, task_parser
+from ..ray_run import no_restarts, start_ray, worker_errors
+from ..tasks.run import opened, parsed, task_parser
 from ..tasks.pairs import Task
 
 CHUNK = 64   # pairs in one Ray batch
@@ -145,14 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from models import load_model
-
     try:
-        if args.engine == "ray":
-            check_model(args.model)
-        model = load_model(args.model, backend="scratch", device="cpu" if args.engine == "ray" else args.device)
-        task = build_task(model, args.task, args.pairs, args.seed, args.corruption)
-        metric = args.metric or task.metric
+        model, task, metric = opened(args)
         steps = args.steps if args.method == "eap_ig" else 1
         with tqdm(total=2 * len(task), unit=" pairs", desc=f"{task.name} ({args.method})", file=sys.stderr) as bar:
             if args.engine == "ray":

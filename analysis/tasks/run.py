@@ -142,6 +142,18 @@ def parsed(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     return args
 
 
+def opened(args: argparse.Namespace) -> tuple[object, Task, str]:
+    """The model a command line names (on the CPU when Ray's workers run it, checked first), its task and the metric
+    asked (the task's own by default)."""
+    from models import load_model
+
+    if args.engine == "ray":
+        check_model(args.model)
+    model = load_model(args.model, backend="scratch", device="cpu" if args.engine == "ray" else args.device)
+    task = build_task(model, args.task, args.pairs, args.seed, args.corruption)
+    return model, task, args.metric or task.metric
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = task_parser("python -m analysis.tasks.run", __doc__.split("\n\n")[0])
     parser.add_argument("--method", choices=["exact", "attribution"], default="exact")
@@ -152,14 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from models import load_model
-
     try:
-        if args.engine == "ray":
-            check_model(args.model)
-        model = load_model(args.model, backend="scratch", device="cpu" if args.engine == "ray" else args.device)
-        task = build_task(model, args.task, args.pairs, args.seed, args.corruption)
-        metric = args.metric or task.metric
+        model, task, metric = opened(args)
         with tqdm(total=len(task), unit=" pairs", desc=f"{task.name} ({args.method})", file=sys.stderr) as bar:
             if args.engine == "ray":
                 effects = run_ray(args.model, task, metric, args.method, residual=not args.no_residual,
