@@ -1,6 +1,6 @@
 """The defaults HeadLens opens with, one table: the first task and its size, the samples importance and the
 detector are measured on, the built-in pairs. The app's results (``app_pages.results``) and a head's card from
-Python (``analysis.cards``) both read them here, so that a card from either is the same card.
+Python (``analysis.cards.build``) both read them here, so that a card from either is the same card.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 import streamlit as st
 
 from analysis import EXPLAINED
-from analysis.atlas import METRICS, atlas_frame, head_map, metrics_of
+from analysis.cards.atlas import METRICS, atlas_frame, head_map, metrics_of
 from app_pages.results.card import atlas, card_parts, decoder
 from app_pages.results.models import ModelRef
 from app_pages.ui.card import same_kind

@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis import FOCI, FOCUS_NAMES, focus_tokens, long_view, make_view, received
-from analysis.views import set_aside
+from analysis.attention.views import set_aside
 from app_pages.ui.attention import attention
 from app_pages.ui.exports import chart
 from app_pages.ui.long import passage, run_layers

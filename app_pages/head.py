@@ -1,8 +1,8 @@
 """Head: everything HeadLens measures of one head, on one card (/head?model=smollm2&head=23.3)."""
 import streamlit as st
 
-from analysis.atlas import atlas_frame, heads_like
-from analysis.head_card import card_from
+from analysis.cards.atlas import atlas_frame, heads_like
+from analysis.cards.card import card_from
 from app_pages.results.card import card_parts, decoder, telling
 from app_pages.results.tasks import first_spec
 from app_pages.ui import card_view as view

@@ -6,9 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from analysis import heads_marked
-from analysis.ablation import ABLATIONS, NEIGHBOURS
-from analysis.importance import importance_by_role, most_important_with_a_later_layer
-from analysis.pruning import curve_summary, prune_counts
+from analysis.pruning.ablation import ABLATIONS, NEIGHBOURS
+from analysis.pruning.importance import importance_by_role, most_important_with_a_later_layer
+from analysis.pruning.curves import curve_summary, prune_counts
 from app_pages.results.messages import stop_with
 from app_pages.results.models import TRANSFORMERS
 from app_pages.results.pruning import (

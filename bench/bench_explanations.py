@@ -18,7 +18,7 @@ import math
 import time
 
 from analysis.explanations import EXPLAINED, corpus_halves, explain_heads, explained_share, replacement_curve
-from analysis.roles import load_spacy
+from analysis.roles.measure import load_spacy
 from bench.common import machine
 from models import load_model
 from models.corpus import CORPUS

@@ -19,7 +19,7 @@ another head (its zoom). Ratios are medians over prompts, each measured in the s
 
     python -m bench.bench_long --roles [--tokens 4096 2048] [--prompts 3]
 
-Head roles over a long text (``analysis.long_roles.profile_document``) instead: each prompt from nothing
+Head roles over a long text (``analysis.roles.long.profile_document``) instead: each prompt from nothing
 (the forward pass runs as the profile climbs) against transformers' SDPA forward over it, and the
 resident set above what the prompt holds once run to the top, while every layer is measured.
 
@@ -226,8 +226,8 @@ def roles(a) -> None:
     """Head roles over long texts: seconds from nothing and per layer, and memory above the prompt run."""
     import transformers
 
-    from analysis.long_roles import profile_document
-    from analysis.roles import load_spacy
+    from analysis.roles.long import profile_document
+    from analysis.roles.measure import load_spacy
     from models import load_model
     from models.gguf import bundled_file, gguf_folder
     from models.memory import release_memory

@@ -3,7 +3,7 @@
     python -m bench.bench_profile [--sentences 10000] [--engines local,ray] [--device cpu] [--runs 1]
 
 Writes a corpus of N sentences (the built-in corpus, repeated, each copy numbered so that no two
-lines are the same), then runs ``python -m analysis.profile`` on it once per engine and run, each
+lines are the same), then runs ``python -m analysis.profiles.run`` on it once per engine and run, each
 in a fresh process, alternately. Reported per run: wall time from start to the written file
 (model loading and, for Ray, starting a local instance included), sentences per second, and the
 peak resident memory of the whole process tree (the command, and with Ray its raylet, object
@@ -45,7 +45,7 @@ def tree_rss(root: psutil.Process) -> int:
 
 def run(engine: str, corpus: Path, out: Path, device: str) -> tuple[float, int, str]:
     """Wall seconds, peak bytes of the process tree, and the command's last line."""
-    cmd = [sys.executable, "-m", "analysis.profile", str(corpus), "--out", str(out), "--engine", engine,
+    cmd = [sys.executable, "-m", "analysis.profiles.run", str(corpus), "--out", str(out), "--engine", engine,
            "--device", device]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -18,7 +18,7 @@ import time
 import pandas as pd
 import torch
 
-from analysis.pruning import curve_summary, pruning_curve
+from analysis.pruning.curves import curve_summary, pruning_curve
 from models.corpus import CORPUS
 from bench.bench_encoder import long_text, sentences
 from bench.common import machine, ratio

@@ -1,4 +1,4 @@
-"""Queries & keys (analysis.qk): how long a head's picture takes over the built-in corpus, and how faithful each
+"""Queries & keys (analysis.qk_attribution.pictures): how long a head's picture takes over the built-in corpus, and how faithful each
 projection is.
 
     python -m bench.bench_qk [--tsne HEADS] [--page]
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.qk import (QK, _fitted_planes, fit_weights, lifted, most_attended, nearest_keys, normalised, qk_embedding,
+from analysis.qk_attribution.pictures import (QK, _fitted_planes, fit_weights, lifted, most_attended, nearest_keys, normalised, qk_embedding,
                          qk_embeddings, qk_heads, qk_vectors, word_queries)
 from bench.common import machine
 from models import head_label, load_model

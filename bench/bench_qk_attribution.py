@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from analysis.detector import head_detector
+from analysis.roles.detector import head_detector
 from analysis.qk_attribution import qk_attribution, qk_attribution_task
 from analysis.qk_attribution.induction import induction_key_writers
 from analysis.tasks.build import make_task

@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from analysis import roles
-from analysis.roles import load_spacy, measure_heads
+from analysis.roles import measure as roles
+from analysis.roles.measure import load_spacy, measure_heads
 from bench.common import machine
 from models import load_model
 from models.corpus import CORPUS

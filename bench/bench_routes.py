@@ -5,7 +5,7 @@
 For each built-in pair, timed back to back in one process: the routes (``analysis.prediction_flow``,
 one forward pass that splits every residual update into its parts' shares) against exact patching of
 every head (``analysis.patch_heads``); then how far the heads the routes pass through
-(``analysis.routes.flow_heads``, every route, its shares multiplied) agree with the share patching
+(``analysis.effects.routes.flow_heads``, every route, its shares multiplied) agree with the share patching
 recovers (Spearman over all 270 heads, by size, and the heads the two top-10 lists share). Then every
 head's OV copying and suppression scores (``analysis.copying_scores``): their time and the heads that
 copy or suppress most, and what the three heads that recover most on each pair write at its last token.
@@ -22,8 +22,8 @@ from scipy.stats import spearmanr
 from analysis.defaults import PAIRS
 
 from analysis.effects import grid, patch_heads
-from analysis.routes import flow_graph, flow_heads, prediction_flow, strongest_route
-from analysis.vocabulary import copying_scores, head_vocabulary
+from analysis.effects.routes import flow_graph, flow_heads, prediction_flow, strongest_route
+from analysis.effects.vocabulary import copying_scores, head_vocabulary
 from bench.common import best_time, machine
 from models import head_label, load_model
 

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from analysis.importance import head_importance
-from analysis.pruning import curve_summary, pruning_curve
+from analysis.pruning.importance import head_importance
+from analysis.pruning.curves import curve_summary, pruning_curve
 from bench.common import machine
 from models import load_model
 from models.corpus import CORPUS

@@ -1,6 +1,6 @@
 """The texts HeadLens ships, and the one rule for what counts as a sentence.
 
-The app's text box, uploads, the command line (``python -m analysis.profile``), the benchmarks and
+The app's text box, uploads, the command line (``python -m analysis.profiles.run``), the benchmarks and
 training all read sentences through ``clean_lines``: a line is a sentence when it holds a
 character to read, and it is used stripped.
 """

@@ -150,8 +150,8 @@ def test_your_own_encoder_pair_takes_probe_texts(new_app):
 
 
 def test_a_heads_vocabulary_the_copying_grid_and_the_routes_are_what_they_say(new_app, smollm2):
-    from analysis.routes import flow_graph, flow_heads, prediction_flow
-    from analysis.vocabulary import copying_scores, head_vocabulary
+    from analysis.effects.routes import flow_graph, flow_heads, prediction_flow
+    from analysis.effects.vocabulary import copying_scores, head_vocabulary
 
     at = new_app({"model": "smollm2", "effects_head": "23.3", "effects_copying": "true"}, page=PAGE)
     assert not at.error, [e.value for e in at.error]

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 import transformers as tf
 
-from analysis.views import GENERATED_MARK
+from analysis.attention.views import GENERATED_MARK
 from models.files import resolve_model_dir
 from tests.conftest import COLD_RUN_S, ROOT, decode, figures
 

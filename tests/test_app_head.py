@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.atlas import atlas_frame, head_map, metrics_of
-from analysis.cards import card_parts, head_card
+from analysis.cards.atlas import atlas_frame, head_map, metrics_of
+from analysis.cards.build import card_parts, head_card
 from app_pages.results.messages import plain
 from tests.conftest import decode, figures
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from analysis import flow, head_importance, rollout
-from analysis.foci import received
+from analysis.roles.foci import received
 from tests.conftest import COLD_RUN_S, ROOT, decode, figures, heatmaps
 from viz.figures import HIDDEN_COLOR
 
@@ -124,7 +124,7 @@ def test_pruning_measures_heads_by_the_gradient_of_the_next_token_loss(new_app, 
 
 
 def test_head_roles_detect_the_induction_heads_and_show_one_on_a_repeated_sequence(new_app, smollm2):
-    from analysis.detector import repeated_sequences
+    from analysis.roles.detector import repeated_sequences
 
     at = llm(new_app, page="app_pages/roles.py")
     table = next(d.value for d in at.dataframe if "induction_lo" in d.value.columns)

@@ -1,9 +1,9 @@
 """The Queries & keys page: every head's picture, a head's scatter and a sentence's heatmap, against
-analysis.qk and attend() on the same model."""
+analysis.qk_attribution.pictures and attend() on the same model."""
 import pytest
 import numpy as np
 
-from analysis.qk import qk_embedding, qk_vectors
+from analysis.qk_attribution.pictures import qk_embedding, qk_vectors
 from tests.conftest import decode, figures, heatmaps
 
 PAGE = "app_pages/queries_keys.py"

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import FOCI, FOCUS_NAMES, strongest_head
-from analysis import profile as cli
+from analysis.profiles import run as cli
 from models.corpus import CORPUS
 from tests.conftest import downloads, figures, shown
 

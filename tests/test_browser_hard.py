@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.views import token_label
+from analysis.attention.views import token_label
 from app_pages.results.messages import short
 from harness.browser import ROOT, commit_text, every_kth, plot_title, settled, shot, wait_title, x_ticks
 from tests.test_hard_inputs import HARD

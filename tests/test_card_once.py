@@ -1,4 +1,4 @@
-"""A card is put together once (``analysis.cards.assemble``): on the Head page each part is the shared result its
+"""A card is put together once (``analysis.cards.build.assemble``): on the Head page each part is the shared result its
 page reads, from Python each is computed. Each card's parts of every one of SmolLM2's built-in pairs are checked
 here against transformers' own run of the same weights with hooks on its modules: every head's direct logit
 attribution (its slice of o_proj's input times its columns, through the final norm frozen at the run's scale, along
@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers as tf
 
-from analysis import cards
+from analysis.cards import build as cards
 from analysis.defaults import PAIRS
 from analysis.effects import answer_token
 from app_pages.results import card as page

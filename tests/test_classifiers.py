@@ -239,7 +239,7 @@ def test_a_classifiers_card_patches_the_built_in_pairs_by_its_labels_and_the_atl
     """A head's card on a pooled classifier: the founding sentence's pairs compare its last class with its first,
     each patched as ``patch_heads`` patches it, with no direct parts and no built-in task; the Atlas's effect size is
     the first pair's recovered share."""
-    from analysis.cards import atlas, card_parts, head_card
+    from analysis.cards.build import atlas, card_parts, head_card
     from analysis.defaults import ENCODER_PAIRS
 
     ours = built("bert")[0]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from analysis import head_importance, pruning_curve
-from analysis.views import SINK_SHARE, first_token_sink, make_view, set_aside
+from analysis.attention.views import SINK_SHARE, first_token_sink, make_view, set_aside
 from models import HeadLensError, load_model
 from models.result import Attention
 from tests.test_llama import build

@@ -3,7 +3,7 @@ truth 95% of the time, and the heads SmolLM2 is known to have."""
 import numpy as np
 import pytest
 
-from analysis.detector import DETECTORS, head_detector, interval, repeated_sequences, whole_words
+from analysis.roles.detector import DETECTORS, head_detector, interval, repeated_sequences, whole_words
 from models import HeadLensError
 from models.corpus import CORPUS
 from models.result import Attention

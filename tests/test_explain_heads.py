@@ -10,7 +10,7 @@ from transformers import BertModel
 
 from analysis.explanations import EXPLAINED, corpus_halves, explain_attentions, explain_heads, explained_share
 from analysis.explanations.replace import Replacer
-from analysis.rules import RULES, rule_named
+from analysis.roles.rules import RULES, rule_named
 from models import HeadLensError, load_model
 from models.corpus import CORPUS
 from tests.test_explanations import by_hand, check_interval, transformers_weights

@@ -13,8 +13,8 @@ from scipy.stats import poisson
 from transformers import AutoModel
 
 from analysis.explanations import rule_scores
-from analysis.roles import load_spacy
-from analysis.rules import rule_named
+from analysis.roles.measure import load_spacy
+from analysis.roles.rules import rule_named
 from models import HeadLensError, load_model
 
 TEXTS = ["Which do you like better, coffee or tea?", "The cat sat on the mat.", "The dog chased the cat."]

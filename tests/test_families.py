@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import transformers as tf
 
 from analysis.effects import logit_attribution, parts_total, patch_heads, patch_residual
-from analysis.importance import head_importance
+from analysis.pruning.importance import head_importance
 from analysis.tasks.effects import run_task
 from analysis.tasks.build import Task, TaskPair
 from analysis.circuits import graph as C
@@ -548,7 +548,7 @@ def test_a_heads_card_on_each_family_reads_transformers_numbers(family):
     decoder family: its pair's recovered share is transformers' with that head's z patched by a hook, its strongest
     example's weight is transformers' attention there, where it writes most is where its output's norm in
     transformers' run is largest, and its importance is the gradient of transformers' loss by its gate."""
-    from analysis.cards import card_parts, head_card
+    from analysis.cards.build import card_parts, head_card
     from analysis.defaults import DECODER_SAMPLE, Pair
     from models.corpus import corpus_sample
 
@@ -715,7 +715,7 @@ def test_the_loss_importance_and_pruning_curves_equal_transformers_loss(family, 
     predictions, each head's importance by ablation (the loss with it alone switched off, less the full loss) and a
     pruning curve's losses, against transformers' loss with those heads' slices of the output projection's input at
     zero; OLMo-2, whose query norm spans every head, says why it cannot be pruned."""
-    from analysis.pruning import pruning_curve
+    from analysis.pruning.curves import pruning_curve
     from models import language
 
     name, folder, hf, tok = family

@@ -5,7 +5,7 @@ import pytest
 
 from analysis import FOCI, focus_shares, profile_heads, received, sentiment_lexicon, strongest_head, word_classes
 from analysis.stats import LiftBootstrap
-from analysis.roles import load_spacy
+from analysis.roles.measure import load_spacy
 from models.result import Attention
 
 
@@ -170,7 +170,7 @@ def test_a_model_without_special_tokens_keeps_every_token(tiny, nlp):
     atts = model.attend(texts)
     assert not any(a.special.any() for a in atts)
     df = profile_heads(model, texts, attentions=atts, nlp=nlp)
-    from analysis.roles import focus_tokens
+    from analysis.roles.measure import focus_tokens
 
     for f in FOCI:
         rows = [(a.weights[..., focus_tokens(a, nlp)[f]].sum(-1).mean(-1), focus_tokens(a, nlp)[f].mean())

@@ -137,7 +137,7 @@ def frozen(norm, x):
 @torch.no_grad()
 def test_attribution_vocabulary_and_copying_read_through_the_norm_after_the_attention(gemma):
     from analysis.effects import logit_attribution, parts_total
-    from analysis.vocabulary import copy_sample, copying_scores, head_vocabulary, ov_logits
+    from analysis.effects.vocabulary import copy_sample, copying_scores, head_vocabulary, ov_logits
 
     folder, hf, tok = gemma
     ours = load_model(folder, backend="scratch")
@@ -181,7 +181,7 @@ def test_attribution_vocabulary_and_copying_read_through_the_norm_after_the_atte
 @torch.no_grad()
 def test_patching_and_the_routes_on_gemma3(gemma):
     from analysis.effects import patch_heads
-    from analysis.routes import prediction_flow
+    from analysis.effects.routes import prediction_flow
     from tests.test_effects import run_hf
 
     folder, hf, tok = gemma
@@ -223,7 +223,7 @@ def test_patching_and_the_routes_on_gemma3(gemma):
 @pytest.mark.slow
 def test_a_sliding_layers_keys_beyond_its_window_are_not_visible_in_every_view(gemma):
     from analysis import make_view
-    from analysis.long import long_view
+    from analysis.attention.long import long_view
 
     folder, hf, tok = gemma
     for model in (load_model(folder, backend="scratch"), load_model(folder)):

@@ -170,7 +170,7 @@ def test_compare_puts_a_smollm2_head_beside_a_gemma3_head_each_on_its_own_tokens
 
 
 def test_head_roles_puts_smollm2s_role_grid_beside_gemma3s(gemma_cache, new_app):
-    from analysis.detector import detector_labels
+    from analysis.roles.detector import detector_labels
     from app_pages.ui.detector import LENGTH, SENTENCES, SEQUENCES
     from app_pages.ui.pruning import corpus_sample
     from analysis import head_detector

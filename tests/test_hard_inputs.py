@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from analysis import make_view
-from analysis.views import token_label
+from analysis.attention.views import token_label
 from models import HeadLensError, load_model
 from models import limits
 from viz.figures import head_grid, head_heatmap, safe, visible

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from analysis import head_detector, head_importance, measure_heads
-from analysis.atlas import atlas_frame, head_map, heads_like
-from analysis.cards import card_parts, head_card
-from analysis.detector import LENGTH, SENTENCES, SEQUENCES, detector_labels
-from analysis.head_card import corpus_writes
-from analysis.vocabulary import copying_scores
+from analysis.cards.atlas import atlas_frame, head_map, heads_like
+from analysis.cards.build import card_parts, head_card
+from analysis.roles.detector import LENGTH, SENTENCES, SEQUENCES, detector_labels
+from analysis.cards.card import corpus_writes
+from analysis.effects.vocabulary import copying_scores
 from models import HeadLensError, load_model
 from analysis.effects import parts as P
 from models.corpus import CORPUS, corpus_sample
@@ -160,7 +160,7 @@ def test_heads_like_it_across_models_use_the_measures_both_have(hand_set, hf_mod
 def test_a_snippet_is_the_sentence_as_written_with_its_query_and_key_marked(hf_model):
     """Each token's own characters of the text, a space only where the text has one, the special tokens named;
     a word's pieces join again, a query on itself carries both marks, and a long sentence is cut around both."""
-    from analysis.head_card import snippet
+    from analysis.cards.card import snippet
 
     att = hf_model.attend("The ambassador's unbelievably long speech.")
     pieces = att.tokens  # [CLS] the ambassador ' s un ##bel ##ie ##va ##bly long speech . [SEP]

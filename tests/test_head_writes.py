@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from analysis.defaults import PAIRS
-from analysis.routes import THRESHOLD, flow_graph, flow_heads, prediction_flow, strongest_route
-from analysis.vocabulary import copy_sample, copying_scores, head_vocabulary, ov_logits
+from analysis.effects.routes import THRESHOLD, flow_graph, flow_heads, prediction_flow, strongest_route
+from analysis.effects.vocabulary import copy_sample, copying_scores, head_vocabulary, ov_logits
 from models import HeadLensError, load_model
 from models.stacks.decoder import Decoder, DecoderConfig
 from tests.test_effects import CLEAN, decoder, one_head_model, run_hf  # noqa: F401  (decoder: the tiny models' fixture)

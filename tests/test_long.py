@@ -1,4 +1,4 @@
-"""Long prompts (``models.long.LongAttention``, ``analysis.long``) on tiny random Llama-family decoders and a
+"""Long prompts (``models.long.LongAttention``, ``analysis.attention.long``) on tiny random Llama-family decoders and a
 BERT with a long context, 1,024 tokens and more: every weight, pooled block, zoom and per-head figure against
 the full computation (transformers' eager attention and our ``attend``), ``attend(layers=...)``, layers run
 only as high as asked, the cut at the model's context, and the memory a view takes."""
@@ -12,7 +12,7 @@ import torch
 import transformers as tf
 
 from analysis import head_stats, long_view, make_view, special_share
-from analysis.views import set_aside
+from analysis.attention.views import set_aside
 from models import HeadLensError, load_model
 from models.corpus import CORPUS
 from tests.conftest import _bpe_vocab, block_max
@@ -316,7 +316,7 @@ def test_a_view_of_4096_tokens_never_holds_a_whole_layer_of_weights(tmp_path):
 
 
 def test_rollout_of_one_query_through_a_window_equals_the_full_rollout(decoder):
-    from analysis.flow import layer_matrices
+    from analysis.attention.flow import layer_matrices
 
     _, model, _ = decoder
     text = text_of(model, 700)

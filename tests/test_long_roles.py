@@ -1,4 +1,4 @@
-"""Head roles over a long document (``analysis.long_roles``): a one-sentence document read by an encoder
+"""Head roles over a long document (``analysis.roles.long``): a one-sentence document read by an encoder
 gives exactly ``measure_heads``'s profile, and a 1,000-token document read by a causal Llama gives, sentence
 by sentence, the measures computed directly from every weight of the full attention."""
 import itertools
@@ -10,10 +10,10 @@ import torch
 import transformers as tf
 
 from analysis import measure_heads
-from analysis.foci import FOCI, token_classes, word_classes
-from analysis.long_roles import _similarity_rows, profile_document
-from analysis.roles import RELATIONS, align_to_words, load_spacy, word_matrices
-from analysis.views import set_aside, token_label
+from analysis.roles.foci import FOCI, token_classes, word_classes
+from analysis.roles.long import _similarity_rows, profile_document
+from analysis.roles.measure import RELATIONS, align_to_words, load_spacy, word_matrices
+from analysis.attention.views import set_aside, token_label
 from models import load_model
 from tests.test_long import save_llama, text_of
 

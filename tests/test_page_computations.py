@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from analysis import head_mask, heads_marked, similar_heads
-from analysis.importance import importance_by_role, most_important_with_a_later_layer
-from analysis.pruning import point_comparison
-from analysis.labels import strongest
+from analysis.pruning.importance import importance_by_role, most_important_with_a_later_layer
+from analysis.pruning.curves import point_comparison
+from analysis.roles.labels import strongest
 from models import HeadLensError, head_label, load_model
 from models.stacks import architectures, for_model_type
 from models.stacks.bert import BertEncoder

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import profile as cli
-from analysis.roles import PROFILE_COLUMNS, HeadProfiler, load_spacy, measure_heads, profile_heads
+from analysis.profiles import run as cli
+from analysis.roles.measure import PROFILE_COLUMNS, HeadProfiler, load_spacy, measure_heads, profile_heads
 from harness.browser import free_port
 from tests.conftest import ROOT
 

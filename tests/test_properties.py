@@ -14,7 +14,7 @@ from analysis.circuits import graph as C
 from analysis.effects import patch_residual
 from analysis.effects.readouts import readout_for
 from analysis.explanations.replace import rule_pattern
-from analysis.rules import RULES, Reading, rule_named
+from analysis.roles.rules import RULES, Reading, rule_named
 from models import load_model
 from models.run import POINTS, Edits
 from tests.conftest import build_words_gpt2

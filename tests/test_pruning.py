@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis.ablation import ablate, attention_change, cosines, neighbour_agreement
-from analysis.importance import head_importance, proxy_correlations, role_scores
-from analysis.pruning import curve_work, full_run, proxy_order, prune_counts, pruning_curve
+from analysis.pruning.ablation import ablate, attention_change, cosines, neighbour_agreement
+from analysis.pruning.importance import head_importance, proxy_correlations, role_scores
+from analysis.pruning.curves import curve_work, full_run, proxy_order, prune_counts, pruning_curve
 from models import HeadLensError, MultiHeadAttention, load_model
 from tests.conftest import SENTENCES
 
@@ -116,7 +116,7 @@ def test_pruned_equals_masked_on_a_tiny_model(tiny_scratch, heads):
         for l, h in heads:
             assert not a.weights[l, h].any()
     assert tiny_scratch.attend(TEXTS[0]).pruned is None
-    from analysis.export import attention_json, attention_npz
+    from analysis.attention.export import attention_json, attention_npz
 
     exported = json.loads(attention_json(pruned.attend(TEXTS[0])))
     assert exported["pruned_heads"] == sorted([list(h) for h in heads])

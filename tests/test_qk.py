@@ -1,10 +1,10 @@
-"""Queries and keys in one picture (analysis.qk): the vectors against attend(), the changes that leave every
+"""Queries and keys in one picture (analysis.qk_attribution.pictures): the vectors against attend(), the changes that leave every
 softmax unchanged, and the faithfulness figure on cases whose answer is known."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.qk import (QK, chance, lifted, misleads, most_attended, nearest_keys, normalised, qk_embedding, qk_heads,
+from analysis.qk_attribution.pictures import (QK, chance, lifted, misleads, most_attended, nearest_keys, normalised, qk_embedding, qk_heads,
                          qk_vectors)
 from models import HeadLensError, load_model
 from models.corpus import CORPUS

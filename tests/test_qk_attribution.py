@@ -417,7 +417,7 @@ def induction_pair(tmp_path_factory):
 
 def test_an_induction_heads_key_is_made_by_the_previous_token_head(induction_pair):
     from analysis import head_detector
-    from analysis.detector import detector_labels
+    from analysis.roles.detector import detector_labels
     from analysis.qk_attribution.induction import induction_key_writers
 
     model = induction_pair

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from analysis.roles import align_to_words, load_spacy, profile_heads
-from analysis.similarity import head_similarity
+from analysis.roles.measure import align_to_words, load_spacy, profile_heads
+from analysis.attention.similarity import head_similarity
 from models.result import Attention
 
 SENTENCES = [
@@ -102,7 +102,7 @@ def test_dependency_accuracy_on_a_hand_checked_parse(nlp):
     w /= w.sum(-1, keepdims=True)
     att = Attention(tokens=tokens, weights=w, word_ids=[None, 0, 1, 2, 3, 4, 5, None], special=special,
                     offsets=offsets, text=text, model_name="t", backend="t", device="cpu")
-    from analysis import roles
+    from analysis.roles import measure as roles
 
     totals = roles._Totals((1, 1))
     roles._word_measures(att, doc, totals)
@@ -149,7 +149,7 @@ def test_head_similarity(nlp):
 
 def test_head_similarity_of_long_sentences_is_computed_in_small_steps(monkeypatch, hf_model):
     """A 512-token sentence once needed 11 GB here; in steps the divergences are the same numbers."""
-    from analysis import similarity
+    from analysis.attention import similarity
 
     atts = hf_model.attend(["The cat sat on the mat because it was warm.", "Did the dog bark?"])
     full = head_similarity(atts)
@@ -167,7 +167,7 @@ def test_head_similarity_of_long_sentences_is_computed_in_small_steps(monkeypatc
 
 
 def test_head_similarity_samples_the_rows_of_long_sentences(monkeypatch, hf_model):
-    from analysis import similarity
+    from analysis.attention import similarity
 
     att = hf_model.attend("The cat sat on the mat because it was warm.")  # 13 tokens
     monkeypatch.setattr(similarity, "SIMILARITY_ROW_KEYS", 13 * 4)  # so 4 evenly spaced query rows of 13
@@ -196,7 +196,7 @@ def test_a_truncated_text_is_measured_on_the_words_the_model_read(hf_model, nlp)
 def test_the_shared_pipelines_parses_are_kept_and_equal_a_fresh_parse(monkeypatch, nlp):
     """Every model's profile of the built-in corpus reads the same sentences: the shared pipeline parses each once
     (the last ``PARSED_KEEP``), and what it keeps is what a fresh parse gives; another pipeline's are not kept."""
-    import analysis.roles as roles
+    import analysis.roles.measure as roles
 
     monkeypatch.setattr(roles, "_parsed", roles.OrderedDict())
     monkeypatch.setattr(roles, "PARSED_KEEP", 3)

@@ -1,11 +1,11 @@
-"""Rules that say where a head should attend (``analysis.rules``): each rule's keys on hand-worked sentences, in
+"""Rules that say where a head should attend (``analysis.roles.rules``): each rule's keys on hand-worked sentences, in
 all-MiniLM-L6-v2's tokens and a tiny GPT-2's, against the tokenizer's own word ids and spaCy's own parse."""
 import re
 
 import pytest
 
-from analysis.roles import load_spacy
-from analysis.rules import RULES, Reading, Rule, rule_named
+from analysis.roles.measure import load_spacy
+from analysis.roles.rules import RULES, Reading, Rule, rule_named
 from models import HeadLensError, load_model
 from tests.conftest import build_words_gpt2
 

@@ -1,4 +1,4 @@
-"""analysis.views and viz.figures on small synthetic attention whose right answers are known by hand."""
+"""analysis.attention.views and viz.figures on small synthetic attention whose right answers are known by hand."""
 import html
 import json
 

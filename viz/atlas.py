@@ -34,7 +34,7 @@ def _sizes(values: np.ndarray | None, n: int) -> np.ndarray:
 def atlas_scatter(frame: pd.DataFrame, x: str, y: str, *, colour: str = "role", size: str | None = "effect",
                   labels: dict[str, str] | None = None, title: str = "", marked: tuple[int, int] | None = None,
                   height: int = 560, title_chars: int = HALF_TITLE) -> go.Figure:
-    """Each head of ``frame`` (``analysis.atlas``) at ``(x, y)``, coloured by ``colour`` (a role column), sized by
+    """Each head of ``frame`` (``analysis.cards.atlas``) at ``(x, y)``, coloured by ``colour`` (a role column), sized by
     ``|size|``; hover names the head, its role, its rule and its figures. Every point's ``customdata`` is ``[layer, head]``
     (a click opens that head); ``marked`` is ringed."""
     labels = labels or {}

@@ -185,7 +185,7 @@ def head_grid(weights: np.ndarray, query_labels: list[str], key_labels: list[str
             each head from 0 to its own largest weight.
         visible: bool ``(n_queries, n_keys)`` (``View.visible``): cells a causal query cannot see are
             drawn grey, not as zero attention.
-        starts: the weights come pooled already (a long prompt's ``analysis.long.Grid``): ``weights`` is
+        starts: the weights come pooled already (a long prompt's ``analysis.attention.long.Grid``): ``weights`` is
             ``(len(heads), query blocks, key blocks)`` in the order of ``heads``, and ``starts`` the first
             query and key of each block; ``hidden`` (bool per block) replaces ``visible``.
         links: a head's title links to this address (its card), opened in the same tab.

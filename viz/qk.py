@@ -1,4 +1,4 @@
-"""Queries and keys of a head in one 2-D picture (``analysis.qk``): every head as thumbnails, one head as a scatter."""
+"""Queries and keys of a head in one 2-D picture (``analysis.qk_attribution.pictures``): every head as thumbnails, one head as a scatter."""
 from __future__ import annotations
 
 import io
@@ -14,7 +14,7 @@ from .grids import ROLE_COLORS, tile_figure
 QUERY_COLOR = "#1f77b4"   # blue: queries
 KEY_COLOR = "#e6550d"     # orange: keys
 UNTRUSTED_COLOR = "#fde0dd"  # the background of a head whose picture does not show its attention
-FOCI = ("sentence_type", "object", "relation", "sentiment")  # analysis.foci.FOCI, which viz does not import
+FOCI = ("sentence_type", "object", "relation", "sentiment")  # analysis.roles.foci.FOCI, which viz does not import
 CLASS_NAMES = {"special": "special token", "sentence_type": "sentence type", "object": "object",
                "relation": "relation", "sentiment": "sentiment", "other": "other word"}
 # a word class in the colour of its focus on Head roles

@@ -58,9 +58,9 @@ def circuit_heads(scores: EdgeScores, n: int, attention: dict[str, np.ndarray], 
                   detector: pd.DataFrame | None = None, kinds=None) -> pd.DataFrame:
     """One row per head the top ``n`` edges touch (as a sender, or by its query; a key/value input shared by a group
     counts for the heads of the group that are in): its edges' summed |score| in and out, each pattern's attention
-    (``role_attention``), its copying and suppression (``analysis.vocabulary.copying_scores``) and detector label
-    (``analysis.detector``) when given, and its class."""
-    from ..detector import detector_labels
+    (``role_attention``), its copying and suppression (``analysis.effects.vocabulary.copying_scores``) and detector label
+    (``analysis.roles.detector``) when given, and its class."""
+    from ..roles.detector import detector_labels
 
     g = scores.graph
     frame = scores.frame(n, kinds)

@@ -30,7 +30,7 @@ from models import HeadLensError
 from models.run import patching_stack
 
 from .. import circuits as AC
-from ..ray_run import no_restarts, start_ray, worker_errors
+from ..profiles.ray import no_restarts, start_ray, worker_errors
 from ..tasks.run import opened, parsed, task_parser
 from ..tasks.pairs import Task
 

@@ -26,7 +26,7 @@ from models import AttentionModel, HeadLensError
 from models.run import patching_stack
 
 from ..defaults import Pair
-from ..traced import Traced, as_traced
+from .traced import Traced, as_traced
 from . import parts as P
 from .metrics import Metric, Toward
 from .inputs import answer_token, token_text

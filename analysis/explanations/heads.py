@@ -4,7 +4,7 @@ text, scored on held-out text it was not fitted on.
     frame = explain_heads(model)            # the built-in corpus split in two: fit on one half, scored on the other
     frame[frame.score >= EXPLAINED]         # the heads a rule explains
 
-For each head every rule of ``analysis.rules`` is scored on the fit text; the unions of two of each head's best
+For each head every rule of ``analysis.roles.rules`` is scored on the fit text; the unions of two of each head's best
 ``TOP`` rules are scored too, and a union is taken when it adds at least ``UNION_GAIN`` to the best single rule's
 score (a second rule must earn its place). The chosen rule is then scored on the held-out text: its score with a 95%
 interval, its coverage, its lift over uniform attention on the same keys, and its lift over the head's best
@@ -22,7 +22,7 @@ from models import HeadLensError
 from models.corpus import CORPUS
 
 from ..stats import LiftBootstrap
-from ..rules import RULES, Rule, in_words, union
+from ..roles.rules import RULES, Rule, in_words, union
 from .scores import COLUMNS as SCORE_COLUMNS
 from .scores import Content, contents, no_query
 

@@ -21,7 +21,7 @@ from models.base import mean_pooled
 from models.run import Edits, device_of, editable
 
 from ..effects.readouts import readouts
-from ..rules import Reading, rule_named
+from ..roles.rules import Reading, rule_named
 from .heads import corpus_halves
 
 

@@ -1,4 +1,4 @@
-"""How much of each head a rule (``analysis.rules``) explains: the head's attention on the rule's keys.
+"""How much of each head a rule (``analysis.roles.rules``) explains: the head's attention on the rule's keys.
 
 The score of a rule for a head is the mean over queries of the head's content attention on the keys the rule names
 for that query; a query whose rule names no key counts 0. In a decoder the first token is set aside, as the views
@@ -22,8 +22,8 @@ import pandas as pd
 from models import HeadLensError
 
 from ..stats import LiftBootstrap, text_key
-from ..rules import Reading, Rule
-from ..views import token_label
+from ..roles.rules import Reading, Rule
+from ..attention.views import token_label
 
 COLUMNS = ("layer", "head", "rule", "sentence", "score", "lo", "hi", "coverage", "lift", "sink_share")
 

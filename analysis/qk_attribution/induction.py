@@ -20,7 +20,7 @@ from scipy import stats
 from models import AttentionModel, HeadLensError, head_label
 from models.run import device_of
 
-from ..detector import detector_labels, repeated_sequences
+from ..roles.detector import detector_labels, repeated_sequences
 from ..stats import LEVEL
 from . import split as Q
 from .frames import head_graph

@@ -28,7 +28,7 @@ import numpy as np
 
 from models import HeadLensError, head_label
 
-from ..ray_run import check_model, no_restarts, start_ray, worker_errors
+from ..profiles.ray import check_model, no_restarts, start_ray, worker_errors
 from .effects import METRICS, NORMALISE, TaskEffects, run_task, table
 from .build import MAX_PAIRS, TASKS, Task, from_csv, make_task
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.atlas import atlas_frame
-from analysis.cards import assemble, is_encoder
+from analysis.cards.atlas import atlas_frame
+from analysis.cards.build import assemble, is_encoder
 from analysis.effects import own_readout
-from analysis.head_card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
-from analysis.labels import telling_head
+from analysis.cards.card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
+from analysis.roles.labels import telling_head
 from analysis.tasks.effects import table
 from models.corpus import CORPUS, corpus_sample
 
@@ -55,7 +55,7 @@ def writes(ref: ModelRef, causal: bool, heads_off: tuple) -> Writes:
 
 
 def telling(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, compute: bool = True):
-    """``(layer, head, role)`` of the head a card of ``ref``'s model opens on (``analysis.labels.telling_head``): a
+    """``(layer, head, role)`` of the head a card of ``ref``'s model opens on (``analysis.roles.labels.telling_head``): a
     bundled decoder's strongest induction head from its detector, another model's strongest object head from its
     Head roles profile; None when none is labelled so, or (``compute`` False) while neither result is ready."""
     if decoder(ref):
@@ -84,7 +84,7 @@ def task_heads(ref: ModelRef) -> pd.DataFrame:
 
 @shared("atlas", entries=8, copy=True, waiting="Gathering every head's measures", warm=Warm(20, lambda ref: [(ref,)]))
 def atlas(ref: ModelRef) -> pd.DataFrame:
-    """Every head's row of measures, read from the card's parts (``analysis.atlas.atlas_frame``)."""
+    """Every head's row of measures, read from the card's parts (``analysis.cards.atlas.atlas_frame``)."""
     return atlas_frame(card_parts(ref, importance_too=decoder(ref), qk_too=False))
 
 
@@ -101,7 +101,7 @@ def encoder(ref: ModelRef) -> bool:
 
 @dataclass
 class FromPages:
-    """A card's parts as the pages' shared results (``analysis.cards.CardSource``), computed here when no page or
+    """A card's parts as the pages' shared results (``analysis.cards.build.CardSource``), computed here when no page or
     preparation has; ``importance_too``, ``qk_too``: False takes those only when already computed."""
 
     ref: ModelRef
@@ -173,7 +173,7 @@ class FromPages:
 
 def card_parts(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, importance_too: bool = True,
                qk_too: bool = True, first: bool = False) -> CardParts:
-    """Every head's card parts on ``ref``'s model, put together by ``analysis.cards.assemble`` (as a card from
+    """Every head's card parts on ``ref``'s model, put together by ``analysis.cards.build.assemble`` (as a card from
     Python is) from the shared results its pages read; ``first``: without those the server is still preparing."""
     return assemble(FromPages(ref, causal, heads_off, importance_too, qk_too, first))
 

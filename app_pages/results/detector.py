@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector
+from analysis.roles.detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector
 from models.corpus import corpus_sample
 
 from .models import ModelRef, cached_model

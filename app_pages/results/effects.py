@@ -8,9 +8,9 @@ import pandas as pd
 from analysis.defaults import Pair
 
 from analysis.effects import logit_attribution, own_readout, pair_readout, patch_heads, patch_residual, top_predictions
-from analysis.routes import Flow, prediction_flow
-from analysis.traced import Traced, traced
-from analysis.vocabulary import copying_scores, copying_work, head_vocabulary
+from analysis.effects.routes import Flow, prediction_flow
+from analysis.effects.traced import Traced, traced
+from analysis.effects.vocabulary import copying_scores, copying_work, head_vocabulary
 from models.corpus import DEFAULT_TEXT
 
 from .models import ModelRef, cached_model
@@ -66,7 +66,7 @@ def candidates(ref: ModelRef, clean: str, corrupted: str) -> dict[int, Candidate
 
 @shared("trace", entries=32, waiting="Running this prompt")
 def prompt_trace(ref: ModelRef, text: str) -> Traced:
-    """``text`` run once on ``ref``'s model, for every analysis of it on the page (``analysis.traced``)."""
+    """``text`` run once on ``ref``'s model, for every analysis of it on the page (``analysis.effects.traced``)."""
     return traced(cached_model(ref), text)
 
 

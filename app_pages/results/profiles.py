@@ -6,7 +6,7 @@ import numpy as np
 
 from analysis import RANKING_MEASURES, head_mask, head_similarity, measure_heads
 from analysis.defaults import DECODER_SAMPLE
-from analysis.long_roles import profile_document
+from analysis.roles.long import profile_document
 from models import AttentionModel
 from models.corpus import CORPUS, corpus_sample
 from models.long import LongAttention

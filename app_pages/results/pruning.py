@@ -6,10 +6,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.ablation import Ablation, ablate
+from analysis.pruning.ablation import Ablation, ablate
 from analysis.defaults import DECODER_SAMPLE, ENCODER_SAMPLE
-from analysis.importance import attention_proxies, head_importance
-from analysis.pruning import curve_work, full_run, prune_counts, pruning_curve
+from analysis.pruning.importance import attention_proxies, head_importance
+from analysis.pruning.curves import curve_work, full_run, prune_counts, pruning_curve
 from analysis.tasks.ablation import kept_curve, order_by_effect
 from models.corpus import corpus_sample
 

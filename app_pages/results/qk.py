@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from itertools import groupby
 
 
-from analysis.qk import iter_qk_heads, qk_embeddings
+from analysis.qk_attribution.pictures import iter_qk_heads, qk_embeddings
 from models import AttentionModel
 from models.corpus import CORPUS
 from viz.qk import QkCanvas

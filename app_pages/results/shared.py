@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from analysis.profile import corpus_hash
+from analysis.profiles.run import corpus_hash
 from models import HeadLensError
 
 from .later import left_for_later

@@ -11,5 +11,5 @@ from .shared import Named, shared
 
 @shared("flow", entries=32, waiting="Computing attention flow")
 def view_flow(v: Named, residual: float) -> np.ndarray:
-    """``analysis.flow`` of the view ``v.value``, named by what it was made from: seconds at 64 tokens, so kept."""
+    """``analysis.attention.flow`` of the view ``v.value``, named by what it was made from: seconds at 64 tokens, so kept."""
     return flow(v.value, residual=residual)

@@ -1,15 +1,15 @@
-"""The Head page's sections, each read from the head's card (``analysis.head_card``) or from the result its own
+"""The Head page's sections, each read from the head's card (``analysis.cards.card``) or from the result its own
 page shares, each linking to that page."""
 from __future__ import annotations
 
 import streamlit as st
 
 from analysis import DETECTORS, EXPLAINED, FOCI, FOCUS_NAMES, make_view
-from analysis.atlas import METRICS
+from analysis.cards.atlas import METRICS
 from analysis.effects import own_readout
-from analysis.head_card import HeadCard
-from analysis.routes import flow_heads
-from analysis.views import token_label
+from analysis.cards.card import HeadCard
+from analysis.effects.routes import flow_heads
+from analysis.attention.views import token_label
 from models import head_label
 from viz import head_heatmap, text_shading
 from viz.effects import vocabulary_bars

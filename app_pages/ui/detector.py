@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis import DETECTORS, make_view
-from analysis.detector import DETECTOR_LABELS, LENGTH, SENTENCES, SEQUENCES, repeated_sequences
+from analysis.roles.detector import DETECTOR_LABELS, LENGTH, SENTENCES, SEQUENCES, repeated_sequences
 from models import head_label
 from models.catalog import CATALOG, bundled
 from viz import head_heatmap, role_grid

@@ -9,11 +9,11 @@ import streamlit as st
 from scipy.stats import spearmanr
 
 from analysis import make_view
-from analysis.detector import DETECTORS
+from analysis.roles.detector import DETECTORS
 from analysis.defaults import Pair
 from analysis.effects import grid, pair_readout
-from analysis.routes import THRESHOLD, flow_graph, flow_heads, strongest_route
-from analysis.views import token_label
+from analysis.effects.routes import THRESHOLD, flow_graph, flow_heads, strongest_route
+from analysis.attention.views import token_label
 from models import AttentionModel, head_label
 from viz import head_heatmap
 from viz.effects import effect_grid, flow_figure, parts_bars, position_grid, vocabulary_bars

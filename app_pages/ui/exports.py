@@ -9,7 +9,7 @@ from pathlib import Path
 import streamlit as st
 
 from analysis import View
-from analysis.export import attention_json, attention_npz, head_csv
+from analysis.attention.export import attention_json, attention_npz, head_csv
 from models import Attention, head_label
 from viz.export import figure_html, figure_image
 

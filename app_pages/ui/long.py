@@ -9,8 +9,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from analysis import FLOW_MAX_TOKENS, Grid, LongView, long_view, zoom_window
-from analysis.long import CELLS, ZOOM
-from analysis.views import first_token_sink
+from analysis.attention.long import CELLS, ZOOM
+from analysis.attention.views import first_token_sink
 from models import HeadLensError, head_label
 from models.long import LongAttention
 from viz import head_grid, head_heatmap, text_shading, token_lines

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis.long_roles import DocumentProfile
-from analysis.profile import corpus_hash, metadata, read_profile, write_profile
+from analysis.roles.long import DocumentProfile
+from analysis.profiles.run import corpus_hash, metadata, read_profile, write_profile
 from models import HeadLensError, head_label
 from models.corpus import CORPUS
 from models.long import LongAttention
@@ -82,10 +82,10 @@ def page_profile(s: Settings) -> PageProfile:
 
 
 def saved_profile(s: Settings) -> PageProfile:
-    """A profile written by ``python -m analysis.profile`` (or saved from Head roles), checked against the sidebar's model."""
-    name, data = uploaded("A profile written by `python -m analysis.profile` or saved from Head roles (.parquet)",
+    """A profile written by ``python -m analysis.profiles.run`` (or saved from Head roles), checked against the sidebar's model."""
+    name, data = uploaded("A profile written by `python -m analysis.profiles.run` or saved from Head roles (.parquet)",
                           "parquet", "Open a .parquet profile to see its heads here. Write one for any corpus with "
-                          "`python -m analysis.profile CORPUS.txt --out profile.parquet`.")
+                          "`python -m analysis.profiles.run CORPUS.txt --out profile.parquet`.")
     try:
         frame, meta = read_profile(io.BytesIO(data))
     except HeadLensError as err:
@@ -127,7 +127,7 @@ def long_text(s: Settings) -> str | None:
 
 def document_profile(s: Settings) -> PageProfile:
     """Head roles over the sidebar's long text, each sentence read in its context, computed once for every
-    session a layer at a time (``analysis.long_roles``): the weights held are a block of query rows."""
+    session a layer at a time (``analysis.roles.long``): the weights held are a block of query rows."""
     text = long_text(s)
     if text is None:
         model = model_for(s.model)

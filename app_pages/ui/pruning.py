@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis.ablation import ABLATIONS, NEIGHBOURS
-from analysis.importance import proxy_correlations
-from analysis.pruning import ORDERS, point_comparison
+from analysis.pruning.ablation import ABLATIONS, NEIGHBOURS
+from analysis.pruning.importance import proxy_correlations
+from analysis.pruning.curves import ORDERS, point_comparison
 from models import AttentionModel, Head, head_label
 from models.corpus import CORPUS, corpus_sample
 

@@ -5,9 +5,9 @@ import numpy as np
 import streamlit as st
 
 from analysis import long_view, make_view, similar_heads
-from analysis.labels import strongest
-from analysis.long import ZOOM
-from analysis.long_roles import SIMILARITY_ROWS
+from analysis.roles.labels import strongest
+from analysis.attention.long import ZOOM
+from analysis.roles.long import SIMILARITY_ROWS
 from models import head_label
 from viz import head_heatmap
 

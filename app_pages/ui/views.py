@@ -5,7 +5,7 @@ import streamlit as st
 
 
 from analysis import View, make_view
-from analysis.views import first_token_sink, token_label
+from analysis.attention.views import first_token_sink, token_label
 from models import Attention
 from viz.figures import HIDDEN_NOTE
 

@@ -95,7 +95,7 @@ def warm_up(ref: ModelRef) -> Warmup | None:
 
 @st.cache_resource
 def _pipeline_loaded() -> threading.Thread:
-    from analysis.roles import parse
+    from analysis.roles.measure import parse
 
     def load() -> None:  # spaCy's pipeline, and its parse of the built-in corpus that every model's profile reads
         lower_priority()

@@ -8,7 +8,7 @@ import numpy as np
 import streamlit as st
 
 from analysis import qk_attribution as QA
-from analysis.views import token_label
+from analysis.attention.views import token_label
 from models import HeadLensError, head_label
 from viz.qk_attribution import cell_targets, writer_bars, writer_grid
 

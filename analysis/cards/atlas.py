@@ -10,8 +10,8 @@ import pandas as pd
 
 from models import head_label
 
-from .foci import FOCI, FOCUS_NAMES
-from .head_card import CardParts
+from ..roles.foci import FOCI, FOCUS_NAMES
+from .card import CardParts
 
 # column -> what a person reads on an axis; each a higher-is-more measure
 METRICS = {

@@ -21,7 +21,7 @@ import torch
 
 from models import AttentionModel, HeadLensError
 
-from .effects import parts as P
+from . import parts as P
 from .traced import Traced, as_traced
 
 THRESHOLD = 0.04  # the LLM Transparency Tool's default: an edge with less of an update is left out

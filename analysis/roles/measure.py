@@ -16,13 +16,13 @@ token when it is a sink, ``views.set_aside``, never query):
   dependents whose most-attended other word is their head, or of heads whose most-attended other
   word is the dependent (the better direction), beside the best fixed-offset baseline
   (``dep_relation``, ``dep_acc``, ``dep_base``).
-- the seed's four foci on content attention (``analysis.foci``): for ``f`` in ``sentence_type``,
+- the seed's four foci on content attention (``analysis.roles.foci``): for ``f`` in ``sentence_type``,
   ``object``, ``relation``, ``sentiment``, the share ``f``, the uniform share ``f_base``, the lift
   ``f_lift`` with its 95% bootstrap interval ``f_lift_lo``, ``f_lift_hi``, and ``f_n`` sentences.
   The measures above are on raw attention, [CLS] and [SEP] included: a head's use of them is a
   finding too.
 
-Each head's role in words comes from these measures: ``analysis.labels``.
+Each head's role in words comes from these measures: ``analysis.roles.labels``.
 """
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ import pandas as pd
 from models.result import Attention
 
 from .foci import FINAL_MARKS, FOCI, focus_shares, token_classes, word_classes
-from .stats import LiftBootstrap, text_key
+from ..stats import LiftBootstrap, text_key
 from .labels import label_heads, secondary_foci
-from .views import row_entropy, set_aside, token_label
+from ..attention.views import row_entropy, set_aside, token_label
 
 POS_GROUPS = {"noun": ("NOUN", "PROPN"), "verb": ("VERB", "AUX"), "modifier": ("ADJ", "ADV")}
 RELATIONS = ("nsubj", "nsubjpass", "dobj", "obj", "iobj", "det", "amod", "advmod", "poss", "prep", "pobj", "aux",
@@ -117,7 +117,7 @@ def align_to_words(att: Attention, doc) -> list[int | None]:
 
 
 def focus_tokens(att: Attention, nlp=None) -> dict[str, np.ndarray]:
-    """For each focus (``analysis.foci``), which of ``att``'s tokens belong to it (bool, one per token)."""
+    """For each focus (``analysis.roles.foci``), which of ``att``'s tokens belong to it (bool, one per token)."""
     nlp = nlp or load_spacy()
     with _SPACY_LOCK:
         doc = nlp(att.text)
@@ -252,7 +252,7 @@ def _word_measures(att: Attention, doc, totals: _Totals, token_words: list[int |
 
 
 def _focus_measures(att: Attention, members: dict[str, np.ndarray], totals: _Totals) -> None:
-    """The four foci on content attention (``analysis.foci``): one value per sentence that has the class."""
+    """The four foci on content attention (``analysis.roles.foci``): one value per sentence that has the class."""
     key = text_key(att.text)
     for f, (share, base) in focus_shares(att.weights, set_aside(att), members).items():
         totals.add(f, share, 1)

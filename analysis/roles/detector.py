@@ -32,8 +32,8 @@ from scipy.stats import bootstrap
 from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS
 
-from .defaults import DETECTOR_LENGTH, DETECTOR_SENTENCES, DETECTOR_SEQUENCES
-from .views import set_aside
+from ..defaults import DETECTOR_LENGTH, DETECTOR_SENTENCES, DETECTOR_SEQUENCES
+from ..attention.views import set_aside
 
 DETECTORS = ("previous_token", "duplicate_token", "induction", "sink")
 LEAD = "The"

@@ -20,7 +20,7 @@ import numpy as np
 from models import HeadLensError
 
 from .foci import CLOSING, FINAL_MARKS, FOCI, FOCUS_NAMES, word_classes
-from .roles import align_to_words, is_punct, parse
+from .measure import align_to_words, is_punct, parse
 
 Keys = list[list[int]]
 

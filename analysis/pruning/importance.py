@@ -22,7 +22,7 @@ from models import Attention, AttentionModel, HeadLensError
 from models.run import editable
 
 from .ablation import ablation_means, cosines, head_mask, present_heads
-from .views import row_entropy, set_aside
+from ..attention.views import row_entropy, set_aside
 
 MEASURES = {"embedding": "the sentence embedding (mean of the last layer)", "loss": "the next-token loss"}
 Progress = Callable[[int, int], None]

@@ -18,18 +18,18 @@ from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS, corpus_sample
 from models.run import language_stack, patching_stack
 
-from .defaults import DECODER_SAMPLE, FIRST_TASK, FIRST_TASK_PAIRS, Pair
+from ..defaults import DECODER_SAMPLE, FIRST_TASK, FIRST_TASK_PAIRS, Pair
 from .atlas import atlas_frame, heads_like
-from .detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector
-from .effects import logit_attribution, own_readout, pair_readout, patch_heads
-from .head_card import CardParts, HeadCard, Peaks, Writes, card_from, corpus_peaks, corpus_writes
-from .explanations import explain_corpus
-from .importance import head_importance
-from .qk import qk_embedding, qk_vectors
-from .roles import measure_heads
-from .tasks.effects import run_task, table
-from .tasks.build import make_task
-from .vocabulary import copying_scores
+from ..roles.detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector
+from ..effects import logit_attribution, own_readout, pair_readout, patch_heads
+from .card import CardParts, HeadCard, Peaks, Writes, card_from, corpus_peaks, corpus_writes
+from ..explanations import explain_corpus
+from ..pruning.importance import head_importance
+from ..qk_attribution.pictures import qk_embedding, qk_vectors
+from ..roles.measure import measure_heads
+from ..tasks.effects import run_task, table
+from ..tasks.build import make_task
+from ..effects.vocabulary import copying_scores
 
 TASK = (FIRST_TASK, FIRST_TASK_PAIRS)  # the defaults table's (``analysis.defaults``), as the page's
 IMPORTANCE_SAMPLE = DECODER_SAMPLE
@@ -195,5 +195,5 @@ def head_card(model: AttentionModel, layer: int, head: int, *, parts: CardParts 
 
 
 def atlas(parts: CardParts) -> pd.DataFrame:
-    """Every head's row of measures (``analysis.atlas.atlas_frame``)."""
+    """Every head's row of measures (``analysis.cards.atlas.atlas_frame``)."""
     return atlas_frame(parts)

@@ -1,6 +1,6 @@
 """Profile every head over a corpus from the command line, into a Parquet file that pandas and the app open.
 
-    python -m analysis.profile INPUT --out OUT.parquet [--model NAME] [--backend transformers|scratch]
+    python -m analysis.profiles.run INPUT --out OUT.parquet [--model NAME] [--backend transformers|scratch]
                                [--device auto|cpu|cuda] [--batch-size N] [--engine local|ray]
                                [--address RAY_ADDRESS] [--actors N]
 
@@ -34,8 +34,8 @@ from pathlib import Path
 from models.corpus import clean_lines
 from models.errors import HeadLensError
 
-from .profile_pass import CHUNK, CHUNK_BYTES, chunks, measure_chunk
-from .ray_run import check_model, profile_ray
+from .corpus import CHUNK, CHUNK_BYTES, chunks, measure_chunk
+from .ray import check_model, profile_ray
 
 FORMAT = 1  # the profile file's layout; a file of another format is refused when opened
 META_KEY = b"headlens"
@@ -89,7 +89,7 @@ def scan(files: list[Path]) -> tuple[int, str]:
 def profile_local(model, files: list[Path], *, batch_size: int = 32, progress: Callable[[int], None] | None = None,
                   nlp=None):
     """``(profiler, skipped)``: every head's running sums over the sentences of ``files``, streamed."""
-    from .roles import HeadProfiler
+    from ..roles.measure import HeadProfiler
 
     profiler, skipped = HeadProfiler(nlp, keep_sentences=False), 0
     for chunk in chunks(sentences(files), CHUNK):
@@ -126,7 +126,7 @@ def read_profile(source) -> tuple["pd.DataFrame", dict]:  # noqa: F821 - pandas 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .roles import PROFILE_COLUMNS
+    from ..roles.measure import PROFILE_COLUMNS
 
     try:
         table = pq.read_table(source)
@@ -134,7 +134,7 @@ def read_profile(source) -> tuple["pd.DataFrame", dict]:  # noqa: F821 - pandas 
         raise HeadLensError(f"There is no file {source}.") from err
     except (pa.ArrowException, OSError) as err:
         raise HeadLensError("That file is not a Parquet file; choose a profile written by "
-                         "`python -m analysis.profile`.") from err
+                         "`python -m analysis.profiles.run`.") from err
     raw = (table.schema.metadata or {}).get(META_KEY)
     if raw is None:
         raise HeadLensError("That Parquet file is not a HeadLens profile: it has no HeadLens metadata.")
@@ -164,7 +164,7 @@ def read_profile(source) -> tuple["pd.DataFrame", dict]:  # noqa: F821 - pandas 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.profile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis.profiles.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("input", type=Path, help="a .txt file, one sentence per line, or a folder of them")
     parser.add_argument("--out", type=Path, required=True, help="the Parquet file to write")
     parser.add_argument("--model", default=None, help="a model folder or name (default: the bundled MiniLM)")

@@ -1,4 +1,4 @@
-"""A role in words for each head, from its measures over many sentences (``analysis.roles``).
+"""A role in words for each head, from its measures over many sentences (``analysis.roles.measure``).
 
 Labels, first match wins (``THRESHOLDS``). Clark et al. call a head positional above 0.5 and
 special or punctuation-focused above 0.6; those bars are kept. Their "broad" bar of 3.8 nats

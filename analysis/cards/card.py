@@ -28,10 +28,10 @@ from models.run import language_stack, trace_batch
 from models.limits import batches
 from models.result import Attention
 
-from .effects import parts as P
-from .explanations import held_out_of, misses
-from .rules import rule_named
-from .views import set_aside, token_label
+from ..effects import parts as P
+from ..explanations import held_out_of, misses
+from ..roles.rules import rule_named
+from ..attention.views import set_aside, token_label
 
 TOP = 10  # examples a card shows
 SNIPPET = 6  # tokens of context shown on each side of the query and the key
@@ -211,7 +211,7 @@ class HeadCard:
     task_name: str
     importance: pd.Series | None       # importance and rank
     qk: pd.DataFrame | None
-    like: pd.DataFrame | None = None   # heads like it (``analysis.atlas.heads_like``)
+    like: pd.DataFrame | None = None   # heads like it (``analysis.cards.atlas.heads_like``)
     explanation: pd.Series | None = None  # its rule and the rule's held-out score (``analysis.explanations``)
     misses: pd.DataFrame | None = None    # the held-out queries where that rule fails most
 

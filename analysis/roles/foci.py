@@ -115,7 +115,7 @@ def token_classes(token_words: list[int | None], classes: dict[str, np.ndarray])
 def content_attention(weights: np.ndarray, special: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(content weights (..., c, c), content token indices)``: special rows and columns dropped,
     rows renormalised. A row whose weight lay only on special tokens stays zero."""
-    from .views import renormalise_rows
+    from ..attention.views import renormalise_rows
 
     keep = np.flatnonzero(~np.asarray(special, dtype=bool))
     w = weights[..., keep, :][..., keep].astype(np.float64)

@@ -48,9 +48,9 @@ import torch
 from models import HeadLensError
 from models.base import Progress
 
-from .foci import FOCI, token_classes, word_classes
-from .roles import _SPACY_LOCK, align_to_words, load_spacy
-from .views import token_label
+from ..roles.foci import FOCI, token_classes, word_classes
+from ..roles.measure import _SPACY_LOCK, align_to_words, load_spacy
+from ..attention.views import token_label
 
 METHODS = ("fitted", "pca", "tsne")
 WORD_CLASSES = ("special", *FOCI, "other")

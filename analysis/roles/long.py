@@ -1,5 +1,5 @@
 """Head roles over one long document, each sentence read in its context: the measures of
-``analysis.roles`` for every head of every layer, computed from a ``LongAttention`` a block of query
+``analysis.roles.measure`` for every head of every layer, computed from a ``LongAttention`` a block of query
 rows at a time, so that no layer's weights are ever held whole.
 
 A sentence of the document stands where a sentence of a corpus stands in ``measure_heads``: its
@@ -30,8 +30,8 @@ from models.long import LongAttention
 from models.memory import release_memory
 
 from .foci import FINAL_MARKS, FOCI, token_classes, word_classes
-from .stats import text_key
-from .roles import (
+from ..stats import text_key
+from .measure import (
     _SPACY_LOCK,
     POS_GROUPS,
     RELATIONS,
@@ -41,7 +41,7 @@ from .roles import (
     is_punct,
     load_spacy,
 )
-from .views import set_aside, token_label
+from ..attention.views import set_aside, token_label
 
 SIMILARITY_ROWS = 32  # query rows of the document whose weights, in every head, measure how alike heads are
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from models.corpus import clean_lines
 from models.errors import HeadLensError
 
-from .profile_pass import CHUNK, measure_chunk
+from .corpus import CHUNK, measure_chunk
 
 
 ACTOR_CPUS = 0.5  # what one CPU actor asks of Ray; the rest of a core is left to the read tasks
@@ -26,7 +26,7 @@ class ProfileBatches:
     def __init__(self, model: str | None, backend: str, device: str, batch_size: int):
         from models import load_model
 
-        from .roles import load_spacy
+        from ..roles.measure import load_spacy
 
         self.model = load_model(model, backend=backend, device=device)
         self.nlp, self.batch_size = load_spacy(), batch_size
@@ -34,7 +34,7 @@ class ProfileBatches:
     def __call__(self, batch: dict) -> dict:
         import numpy as np
 
-        from .roles import HeadProfiler
+        from ..roles.measure import HeadProfiler
 
         texts = clean_lines(batch["text"])
         profiler = HeadProfiler(self.nlp, keep_sentences=False)
@@ -53,7 +53,7 @@ def profile_ray(model: str | None, backend: str, device: str, files: list[Path],
     actor's death in Ray's log.
     """
     ray, on_gpu, resources = start_ray(address, device)
-    from .roles import HeadProfiler
+    from ..roles.measure import HeadProfiler
 
     lines = ray.data.read_text([str(f.resolve()) for f in files], encoding="utf-8-sig")
     with warnings.catch_warnings():  # Ray 2.60 warns that remote-args functions go in 2.64; this version is pinned

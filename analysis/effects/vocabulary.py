@@ -23,8 +23,8 @@ from models import AttentionModel, HeadLensError, head_label
 from models.run import language_stack
 from models.corpus import CORPUS
 
-from .effects import parts as P
-from .effects import token_text
+from . import parts as P
+from . import token_text
 from .traced import Traced, as_traced
 
 COPY_TOP = 5       # a token counts as copied when it is among the head's 5 most promoted (TransformerLens's top-5)
