@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers as tf
 
-from analysis.effects import logit_attribution, parts_total, patch_heads
+from analysis.effects import logit_attribution, parts_total, patch_heads, patch_residual
 from analysis.effects.readouts import readout_for
 from analysis.tasks.effects import run_task
 from analysis.tasks.build import from_rows
@@ -141,6 +141,28 @@ def test_a_label_not_in_id2label_gets_a_sentence_naming_the_labels(built):
         patch_heads(ours, CLEAN, corrupted(tok), "happy", "negative")
     with pytest.raises(HeadLensError, match="the same label"):
         patch_heads(ours, CLEAN, corrupted(tok), "positive", 2)
+    with pytest.raises(HeadLensError, match="^The distractor 3 is not one of"):  # an index past the last class
+        patch_heads(ours, CLEAN, corrupted(tok), 2, 3)
+    assert patch_heads(ours, CLEAN, corrupted(tok), 2, 0).attrs["distractor"] == "negative"  # an index is a class
+
+
+def test_a_classifiers_task_takes_labelled_pairs_and_says_so_for_any_other(built):
+    """A built-in task's pairs compare texts, not classes: a sentence naming the labels; a CSV row giving one label
+    twice is named."""
+    from analysis.tasks import make_task
+
+    ours, _, tok = built("bert")
+    with pytest.raises(HeadLensError, match=r"answer and distractor are its labels \('negative', 'neutral', "
+                                            r"'positive'\)"):
+        run_task(ours, make_task(ours, "objects", 4), "class_logit_diff")
+    rows = [{"clean": CLEAN, "corrupted": corrupted(tok), "answer": "neutral", "distractor": "negative"},
+            {"clean": CLEAN, "corrupted": corrupted(tok), "answer": "neutral", "distractor": "neutral"},
+            {"clean": CLEAN, "corrupted": corrupted(tok), "answer": "neutral", "distractor": 7}]
+    task = from_rows(ours, rows)
+    assert [(p.answer, p.distractor) for p in task.pairs] == [(1, 0)]
+    assert task.problems == ("Row 3: its answer and distractor are the same label; give two different ones.",
+                             "Row 4: its distractor 7 is not one of this classifier's labels: 'negative', 'neutral', "
+                             "'positive'.")
 
 
 @pytest.mark.parametrize("name", ["bert", "roberta", "distilbert"])
@@ -307,3 +329,52 @@ def test_a_llama_classifier_opens_with_its_score_and_patches_as_transformers(tmp
     np.testing.assert_allclose(got, want, atol=1e-4)
     assert np.abs(want).max() > 0.02
     assert readout_for(ours, CLEAN).not_linear is None
+
+
+def test_the_residual_stream_attribution_patched_is_transformers_gradient_times_the_difference(built):
+    """Attribution patching of the residual stream entering each layer, at each position: transformers' gradient of
+    the class logit difference by that layer's input on the corrupted prompt, times the clean input less the
+    corrupted one, over the clean difference."""
+    ours, theirs, tok = built("gpt2")
+    clean, bad = _ids(tok)
+
+    def layer_inputs(ids, taps=None):
+        seen = []
+
+        def pre(m, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            if taps is not None:
+                taps.append(torch.zeros_like(x, requires_grad=True))
+                x = x + taps[-1]
+            seen.append(x.detach())
+            return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+
+        handles = [block.register_forward_pre_hook(pre, with_kwargs=True) for block in theirs.transformer.h]
+        try:
+            with torch.set_grad_enabled(taps is not None):
+                logits = theirs(input_ids=ids).logits
+        finally:
+            for h in handles:
+                h.remove()
+        return logits[:, 2] - logits[:, 0], seen
+
+    m_clean, x_clean = layer_inputs(clean)
+    taps = []
+    m_bad, x_bad = layer_inputs(bad, taps)
+    grads = torch.autograd.grad(m_bad.sum(), taps)
+    want = np.stack([((x_clean[i] - x_bad[i]) * grads[i]).sum(-1)[0].detach().numpy() for i in range(2)])
+    want /= float((m_clean - m_bad).detach())
+    frame = patch_residual(ours, CLEAN, corrupted(tok), "positive", "negative", method="attribution")
+    np.testing.assert_allclose(frame.pivot(index="layer", columns="position", values="recovered").to_numpy(), want,
+                               atol=1e-8)
+    assert np.abs(want).max() > 1e-3
+
+
+def test_a_prompt_traced_on_another_model_gets_a_sentence(built):
+    from analysis.effects.traced import traced
+
+    gpt2, _, tok = built("gpt2")
+    prompt = traced(gpt2, CLEAN)
+    with pytest.raises(HeadLensError, match="was traced on"):
+        patch_heads(built("bert")[0], prompt, CLEAN, "positive", "negative")
+    assert patch_heads(gpt2, prompt, corrupted(tok), "positive", "negative").attrs["metric"] == "class_logit_diff"

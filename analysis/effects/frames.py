@@ -79,7 +79,7 @@ def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distr
     readout = readout_for(model, traced_prompt.text, stack)
     if distractor is None and readout.name == "next_token":
         a = answer_token(model, answer)
-        metric, a_text, d_text = Toward(P.direction(stack, a, None).view(1, -1)), token_text(model, a), None
+        metric, a_text, d_text = Toward(P.direction(stack, a, None)), token_text(model, a), None
     elif distractor is None:
         raise HeadLensError(f"The attribution compares two: give a distractor {readout.gives} beside the answer.")
     else:

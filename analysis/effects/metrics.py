@@ -66,17 +66,16 @@ class Metric:
 
 @dataclass(frozen=True)
 class Toward(Metric):
-    """The final hidden state at the last token, its dot product with ``vectors[p]`` ``(pairs, E)``: one pair's
-    logit difference along ``unembedding[answer] - unembedding[distractor]``, or a linear classifier's."""
+    """One pair's final hidden state at the last token, its dot product with ``vector`` ``(E,)``: the logit
+    difference along ``unembedding[answer] - unembedding[distractor]``; every run its own copy of the pair."""
 
-    vectors: torch.Tensor
+    vector: torch.Tensor
 
     def __call__(self, stack, x, rows):
-        h = stack.finish(x[:, -1])
-        return h @ self.vectors[0] if len(self.vectors) == 1 else (h * self.vectors[rows].to(h.dtype)).sum(-1)
+        return stack.finish(x[:, -1]) @ self.vector
 
     def direction(self, stack, p):
-        return self.vectors[min(p, len(self.vectors) - 1)]
+        return self.vector
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ class NextToken(Readout):
 
     def pair(self, ids, answer, distractor):
         a, d = self.read(ids, answer, distractor)
-        return (Toward(P.direction(self.stack, a, d).view(1, -1)), token_text(self.model, a),
+        return (Toward(P.direction(self.stack, a, d)), token_text(self.model, a),
                 token_text(self.model, d))
 
     def task_metric(self, task, metric):
