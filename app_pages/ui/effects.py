@@ -63,7 +63,7 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
         st.info("Type a clean prompt and a corrupted one of the same number of tokens.")
         st.stop()
     readout = pair_readout(model, clean)
-    return OWN_PAIR[readout.gives if readout.name != "next_token" else "candidates"](ref, model, clean, corrupted, first)
+    return OWN_PAIR[readout.name](ref, model, clean, corrupted, first)
 
 
 def _candidates(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
@@ -139,7 +139,8 @@ def _masked(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, fi
     return pair
 
 
-OWN_PAIR = {"candidates": _candidates, "text": _probes, "token": _masked, "label": _labels}  # by what a readout takes
+# the page table: what a pair's own inputs are, by readout (``analysis.effects.readouts``)
+OWN_PAIR = {"next_token": _candidates, "embedding": _probes, "masked_token": _masked, "class_label": _labels}
 
 
 def compared(model: AttentionModel, pair: Pair) -> str:
