@@ -21,7 +21,7 @@ from models.run import language_stack, patching_stack
 from ..defaults import DECODER_SAMPLE, FIRST_TASK, FIRST_TASK_PAIRS, Pair
 from .atlas import atlas_frame, heads_like
 from ..roles.detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector
-from ..effects import logit_attribution, own_readout, pair_readout, patch_heads
+from ..effects import logit_attribution, own_readout, patch_heads, readout_for
 from .card import CardParts, HeadCard, Peaks, Writes, card_from, corpus_peaks, corpus_writes
 from ..explanations import explain_corpus
 from ..pruning.importance import head_importance
@@ -149,7 +149,7 @@ class Computed:
 
     def pair(self, pair):
         e = self.model
-        linear = pair_readout(e, pair.clean).not_linear is None  # else no direct parts: patching alone
+        linear = readout_for(e, pair.clean).not_linear is None  # else no direct parts: patching alone
         return (logit_attribution(e, pair.clean, pair.answer, pair.distractor) if linear else None,
                 patch_heads(e, pair.clean, pair.corrupted, pair.answer, pair.distractor))
 

@@ -28,8 +28,7 @@ from models.run import patching_stack
 from ..defaults import Pair
 from .traced import Traced, as_traced
 from . import parts as P
-from .metrics import Metric, Toward
-from .inputs import answer_token, token_text
+from .metrics import Metric
 from .readouts import Readout, readout_for
 METHODS = {"exact": "exact patching: the corrupted prompt rerun with each activation patched",
            "attribution": "attribution patching: a first-order estimate from one forward and one backward pass"}
@@ -77,11 +76,8 @@ def logit_attribution(model: AttentionModel, prompt: str | Traced, answer, distr
     traced_prompt = as_traced(model, prompt)
     stack, t = traced_prompt.stack, traced_prompt.trace
     readout = readout_for(model, traced_prompt.text, stack)
-    if distractor is None and readout.name == "next_token":
-        a = answer_token(model, answer)
-        metric, a_text, d_text = Toward(P.direction(stack, a, None)), token_text(model, a), None
-    elif distractor is None:
-        raise HeadLensError(f"The attribution compares two: give a distractor {readout.gives} beside the answer.")
+    if distractor is None:
+        (metric, a_text), d_text = readout.alone(t.ids.tolist(), answer), None
     else:
         metric, a_text, d_text = readout.pair(t.ids.tolist(), answer, distractor)
     with torch.inference_mode():
@@ -122,12 +118,6 @@ class _Setup:
         return {"ld_clean": self.ld_clean, "ld_corrupted": self.ld_corrupted, "method": method,
                 "tokens": self.tokens, "metric": self.readout.metric, "answer": self.answer,
                 "distractor": self.distractor}
-
-
-def pair_readout(model, clean: str) -> Readout:
-    """The readout of a pair whose clean prompt is ``clean`` (a masked-LM encoder's prompt with its mask token is
-    read at the mask; ``readouts.readout_for``)."""
-    return readout_for(model, clean)
 
 
 def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distractor) -> _Setup:

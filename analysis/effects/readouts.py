@@ -42,7 +42,11 @@ class Readout:
     units: ClassVar[str] = "logits"   # a direct attribution's units
     output: ClassVar[str] = "logits"  # what a circuit's last node is called
     on_text: ClassVar[str] = "cosine"  # what a run over plain text is measured by: its embedding's cosine, or "loss"
-    reads_at: ClassVar[str] = "the last token"  # where a head's attention to a task's roles is read from
+    compared_note: ClassVar[str] = ""  # what ``compared``'s symbols are, where they need saying
+    norm_bias: ClassVar[str] = "final norm's bias"   # the constant part of a direct attribution
+    parts_note: ClassVar[str] = ""    # how a direct attribution's parts add up, where it needs saying
+    # the task Effects and a head's card open with (its generator, its title), None where no built-in task fits
+    first_task: ClassVar[tuple[str, str] | None] = (FIRST_ENCODER_TASK, FIRST_ENCODER_TASK_NAME)
 
     def __init__(self, model, stack=None):
         self.model = model
@@ -58,15 +62,9 @@ class Readout:
         stack offers, reads it)."""
         return True
 
-    compared_note: ClassVar[str] = ""  # what ``compared``'s symbols are, where they need saying
-    first_task: ClassVar[tuple[str, str] | None] = (FIRST_ENCODER_TASK, FIRST_ENCODER_TASK_NAME)  # the task Effects
-    # and a head's card open with (its generator, its title), None where no built-in task fits
-
     def builtin_pairs(self) -> dict[str, Pair]:
         """The pairs Effects and a head's card show first: the founding sentence with each of its foci changed."""
         return dict(ENCODER_PAIRS)
-    norm_bias: ClassVar[str] = "final norm's bias"   # the constant part of a direct attribution
-    parts_note: ClassVar[str] = ""    # how a direct attribution's parts add up, where it needs saying
 
     def clean_help(self, compared: str) -> str:
         """What the clean prompt's figure is, in words."""
@@ -86,6 +84,10 @@ class Readout:
     def pair(self, ids: list[int], answer, distractor) -> tuple[Metric, str, str]:
         """One pair's metric, its answer and distractor checked (a sentence for a bad one), and how they read."""
         raise NotImplementedError
+
+    def alone(self, ids: list[int], answer) -> tuple[Metric, str]:
+        """The metric of an answer with no distractor, and how it reads; a sentence where one is needed."""
+        raise HeadLensError(f"The attribution compares two: give a distractor {self.gives} beside the answer.")
 
     def compared(self, answer: str, distractor: str) -> str:
         """What a pair's figures measure, in words."""
@@ -116,20 +118,25 @@ class NextToken(Readout):
 
     name, metric, title, gives = "next_token", "logit_diff", "logit difference", "token"
     needs = "is read from a language model's next-token logits"
+    metrics = {"logit_diff": "logit difference: logit(answer) − logit(distractor)",
+               "prob_diff": "probability difference: p(answer) − p(distractor)",
+               "greater_than": "greater-than mass: p(years after YY) − p(years up to YY)"}
     on_text = "loss"
     first_task = (FIRST_TASK, FIRST_TASK_NAME)
 
     def builtin_pairs(self):
         """Indirect objects, a fact and a repeated sequence, each a next token against another."""
         return dict(PAIRS)
-    metrics = {"logit_diff": "logit difference: logit(answer) − logit(distractor)",
-               "prob_diff": "probability difference: p(answer) − p(distractor)",
-               "greater_than": "greater-than mass: p(years after YY) − p(years up to YY)"}
 
     def pair(self, ids, answer, distractor):
         a, d = self.read(ids, answer, distractor)
         return (Toward(P.direction(self.stack, a, d)), token_text(self.model, a),
                 token_text(self.model, d))
+
+    def alone(self, ids, answer):
+        """``logit(answer)`` itself."""
+        a = answer_token(self.model, answer)
+        return Toward(P.direction(self.stack, a, None)), token_text(self.model, a)
 
     def task_metric(self, task, metric):
         device = device_of(self.stack)
@@ -155,8 +162,7 @@ class SentenceEmbedding(Readout):
     name, metric, title, gives = "embedding", "embedding", "embedding difference", "text"
     needs = "is an encoder's metric: its sentence embedding against two probe texts"
     metrics = {"embedding": "embedding difference: cos(e, answer) − cos(e, distractor)"}
-    units, reads_at, output = "attribution", "every token (the mean)", "embedding"
-
+    units, output = "attribution", "embedding"
     compared_note = ", e the sentence's embedding (the mean over its tokens)"
     norm_bias = "the norms' biases"
     parts_note = (" Each part passes the LayerNorms above it, their scales frozen at the prompt's own values, so "
@@ -212,9 +218,6 @@ class MaskedToken(Readout):
     name, metric, title, gives = "masked_token", "masked_logit_diff", "masked logit difference", "token"
     needs = "reads a masked-LM encoder's logits at each pair's [MASK], on a model opened with its masked-LM head"
     metrics = {"masked_logit_diff": "masked logit difference: logit(answer) − logit(distractor) at the [MASK]"}
-    units = "logits"
-    reads_at = "every token (the mean)"
-
     not_linear = MASKED_NOT_LINEAR
 
     @property
@@ -268,6 +271,7 @@ class ClassLabel(Readout):
 
     name, metric, title, gives = "class_label", "class_logit_diff", "class logit difference", "label"
     needs = "reads a sequence classifier's class logits"
+    metrics = {"class_logit_diff": "class logit difference: logit(answer class) − logit(distractor class)"}
     output = "classes"
     first_task = None  # a built-in task's answers are texts or tokens, not this classifier's classes
 
@@ -275,7 +279,6 @@ class ClassLabel(Readout):
         """The founding sentence with each focus changed, its last class against its first."""
         return {name: replace(p, answer=self.labels[-1], distractor=self.labels[0]) for name, p in
                 ENCODER_PAIRS.items()}
-    metrics = {"class_logit_diff": "class logit difference: logit(answer class) − logit(distractor class)"}
 
     @property
     def not_linear(self):
@@ -368,15 +371,10 @@ def readout_reading(model, metric: str, stack=None) -> Readout:
     offered = readouts(model, stack)
     found = next((r for r in offered if metric in r.metrics), None)
     if found is None:
-        asked = readout_named(metric)
+        asked = next(cls for cls in READOUTS.values() if metric in cls.metrics)
         raise HeadLensError(f"The {asked.title} {asked.needs}; {model.name}'s prediction is read as the "
                             f"{' or the '.join(r.title for r in offered)}: choose "
                             f"{' or '.join(repr(m) for r in offered for m in r.metrics)}"
                             + (" (an encoder's tasks: objects, relation, sentence type, sentiment, or pairs with "
                                "probe texts)." if offered[0].gives == "text" else "."))
     return found
-
-
-def readout_named(metric: str):
-    """The readout class whose metric is ``metric`` (a frame's ``attrs["metric"]``): the pages' words for it."""
-    return next(cls for cls in READOUTS.values() if metric in cls.metrics)

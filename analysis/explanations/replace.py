@@ -20,7 +20,7 @@ from models import HeadLensError
 from models.base import mean_pooled
 from models.run import Edits, device_of, editable
 
-from ..effects.readouts import readouts
+from ..effects.readouts import own_readout
 from ..roles.rules import Reading, rule_named
 from .heads import corpus_halves
 
@@ -63,7 +63,7 @@ class Replacer:
         self.stack = self.model.stack
         self.device = device_of(self.stack)
         self.causal = bool(self.model.causal)
-        self.measure = readouts(self.model, self.stack)[-1].on_text
+        self.measure = own_readout(self.model, self.stack).on_text
         self.rules = {(int(r.layer), int(r.head)): (rule_named(r.rule), float(r.sink_share) if self.causal else 0.0)
                       for r in explanations.itertuples()}
         self.texts = list(texts)

@@ -7,7 +7,7 @@ import pandas as pd
 
 from analysis.defaults import Pair
 
-from analysis.effects import logit_attribution, own_readout, pair_readout, patch_heads, patch_residual, top_predictions
+from analysis.effects import logit_attribution, own_readout, readout_for, patch_heads, patch_residual, top_predictions
 from analysis.effects.routes import Flow, prediction_flow
 from analysis.effects.traced import Traced, traced
 from analysis.effects.vocabulary import copying_scores, copying_work, head_vocabulary
@@ -84,7 +84,7 @@ def effects(ref: ModelRef, pair: Pair, method: str) -> Effects:
     model = cached_model(ref)
     clean, corrupted = prompt_trace(ref, pair.clean), prompt_trace(ref, pair.corrupted)
     attribution = None  # a readout that is not linear (a masked token's logits, a pooled classifier's): no direct parts
-    if pair_readout(model, pair.clean).not_linear is None:
+    if readout_for(model, pair.clean).not_linear is None:
         with spinner("Attributing the difference to every head…"):
             attribution = logit_attribution(model, clean, pair.answer, pair.distractor)
     n = model.n_layers * model.n_heads

@@ -7,7 +7,7 @@ import streamlit as st
 
 from analysis.defaults import Pair
 
-from analysis.effects import own_readout, pair_readout, repeated_pair, token_text
+from analysis.effects import own_readout, readout_for, repeated_pair, token_text
 from models import AttentionModel, HeadLensError
 
 from ..results.effects import candidates
@@ -62,7 +62,7 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     if not clean.strip() or not corrupted.strip():
         st.info("Type a clean prompt and a corrupted one of the same number of tokens.")
         st.stop()
-    readout = pair_readout(model, clean)
+    readout = readout_for(model, clean)
     return OWN_PAIR[readout.name](ref, model, clean, corrupted, first)
 
 
@@ -92,7 +92,7 @@ def _candidates(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str
 
 def _labels(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
     """A sequence classifier's own pair: two of its classes, by their labels."""
-    labels = list(pair_readout(model, clean).labels)
+    labels = list(readout_for(model, clean).labels)
     left, right = st.columns(2)
     answer = bound(left.selectbox, "effects_label_answer", labels[-1], init="index", options=labels, cast=str,
                    label="Answer class", help="The class the clean prompt should get: the page explains "
@@ -146,7 +146,7 @@ OWN_PAIR = {"next_token": _candidates, "embedding": _probes, "masked_token": _ma
 def compared(model: AttentionModel, pair: Pair) -> str:
     """What a pair's figures measure, in words (its readout's): logit(“ Mary”) − logit(“ John”), an encoder's
     cosines, a classifier's classes."""
-    readout = pair_readout(model, pair.clean)
+    readout = readout_for(model, pair.clean)
     try:
         answer, distractor = readout.words(model.tokenize(pair.clean, verbose=False)["input_ids"], pair.answer,
                                            pair.distractor)

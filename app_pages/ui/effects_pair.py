@@ -11,7 +11,7 @@ from scipy.stats import spearmanr
 from analysis import make_view
 from analysis.roles.detector import DETECTORS
 from analysis.defaults import Pair
-from analysis.effects import grid, pair_readout
+from analysis.effects import grid, readout_for
 from analysis.effects.routes import THRESHOLD, flow_graph, flow_heads, strongest_route
 from analysis.attention.views import token_label
 from models import AttentionModel, head_label
@@ -49,7 +49,7 @@ class EffectsView:
     def __post_init__(self):
         L, H = self.model.n_layers, self.model.n_heads
         a = self.found.heads.attrs
-        self.readout = pair_readout(self.model, self.pair.clean)  # what the figures measure, and their words
+        self.readout = readout_for(self.model, self.pair.clean)  # what the figures measure, and their words
         self.compared = self.readout.compared(a["answer"], a["distractor"])
         self.attribution = None if self.found.attribution is None else \
             self.found.attribution["attribution"].to_numpy().reshape(L, H)

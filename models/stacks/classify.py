@@ -73,13 +73,14 @@ class PoolerHead(ClassifierHead):
     file_names = {"pool.weight": "pooler.dense.weight", "pool.bias": "pooler.dense.bias",
                   "out.weight": "classifier.weight", "out.bias": "classifier.bias"}
     why_not_linear = _not_linear("the pooler's dense layer and tanh")
+    activation = staticmethod(torch.tanh)
 
     def __init__(self, hidden, labels):
         super().__init__(hidden, labels)
         self.pool, self.out = nn.Linear(hidden, hidden), nn.Linear(hidden, len(labels))
 
     def logits(self, h):
-        return self.out(torch.tanh(self.pool(h[..., self.at, :])))
+        return self.out(self.activation(self.pool(h[..., self.at, :])))
 
 
 class DenseHead(PoolerHead):
@@ -96,9 +97,7 @@ class PreClassifierHead(PoolerHead):
     file_names = {"pool.weight": "pre_classifier.weight", "pool.bias": "pre_classifier.bias",
                   "out.weight": "classifier.weight", "out.bias": "classifier.bias"}
     why_not_linear = _not_linear("the pre-classifier and ReLU")
-
-    def logits(self, h):
-        return self.out(torch.relu(self.pool(h[..., self.at, :])))
+    activation = staticmethod(torch.relu)
 
 
 class ScoreHead(ClassifierHead):
