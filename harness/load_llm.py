@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -84,13 +85,29 @@ async def _errors_shown(page, n: int, action: str, report: LlmLoadReport) -> Non
             report.errors.append(f"session {n}: {testid} after {action}: {await boxes.first.inner_text()}")
 
 
+SHOWN = """() => [document.querySelector('[data-testid="stMain"] h1')?.textContent,
+  document.querySelector('.js-plotly-plot .gtitle')?.textContent,
+  !!document.querySelector('[data-testid="stStatusWidgetRunningIcon"]'),
+  !!document.querySelector('[data-stale="true"]')]"""
+
+
+async def _shown(page) -> str:
+    """What the page shows, for an action that did not finish: its heading, its first chart's title, and whether a
+    run is under way or parts of the page are stale."""
+    try:
+        heading, title, running, stale = await page.evaluate(SHOWN)
+    except Exception as err:  # noqa: BLE001 - a page that cannot say is reported as such
+        return f"the page could not be read: {type(err).__name__}"
+    return f"the page shows {heading!r}, chart {title!r}, running {running}, stale {stale}"
+
+
 async def _timed(page, n: int, action: str, kind: str, report: LlmLoadReport, do, heading: str, title: str) -> bool:
     start = time.perf_counter()
     await do()
     try:
         await _wait(page, heading, title)
     except Exception as err:  # noqa: BLE001 - a timeout is one of the errors reported
-        report.errors.append(f"session {n}: {action} did not finish ({type(err).__name__})")
+        report.errors.append(f"session {n}: {action} did not finish ({type(err).__name__}; {await _shown(page)})")
         return False
     report.latencies.append(time.perf_counter() - start)
     report.kinds.append(kind)
@@ -121,14 +138,26 @@ async def _visitor(n: int, page, url: str, model: str, clock: dict, report: LlmL
             await _timed(page, n, f"open {current}", current, report, link.click, current, "")
 
 
-async def _switch_layer(page, n: int, layer: int, kind: str, report: LlmLoadReport) -> None:
-    picker = page.get_by_test_id("stSelectbox").filter(has_text="Layer").first
-
-    async def do():
+async def _choose(page, label: str, value: str, tries: int = 3) -> None:
+    """Choose ``value`` in the selectbox ``label`` by typing it. A click that lands while the page redraws can leave
+    its list shut, the keys going nowhere: the choice is made again until the box shows it (its state, waited on)."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+    picker = page.get_by_test_id("stSelectbox").filter(has_text=label).first
+    chosen = page.get_by_test_id("stSelectbox").filter(has_text=re.compile(rf"{label}\s*{value}\b"))
+    for _ in range(tries):
         await picker.click()
-        await page.keyboard.type(str(layer))
+        await page.keyboard.type(value)
         await page.keyboard.press("Enter")
-    await _timed(page, n, f"layer {layer}", kind, report, do, "Explore", f"Layer {layer} ·")
+        try:
+            await chosen.first.wait_for(timeout=ACTION_TIMEOUT / 4)
+            return
+        except PlaywrightTimeout:
+            await page.keyboard.press("Escape")
+
+
+async def _switch_layer(page, n: int, layer: int, kind: str, report: LlmLoadReport) -> None:
+    await _timed(page, n, f"layer {layer}", kind, report, lambda: _choose(page, "Layer", str(layer)), "Explore",
+                 f"Layer {layer} ·")
 
 
 async def _open_long(page, n: int, url: str, model: str, text: str, report: LlmLoadReport) -> None:
