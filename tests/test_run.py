@@ -175,6 +175,22 @@ def test_nothing_above_models_runs_a_stack_but_through_run_layers():
     assert not found, found
 
 
+# a layer's own parts, which the stack's path walks (``models.stacks.paths``): its norms, its QK-norms, its rotary
+# positions, its projections by head, and the norms' frozen form
+LAYER_PARTS = re.compile(r"\.(ln_\w+|attention_norm|post_attention_norm|q_norm|k_norm|rotary|head_projections)\b"
+                         r"|models\.stacks\.norms")
+
+
+def test_nothing_above_models_walks_a_layers_parts_again():
+    """How a write reaches a later read (norms frozen at a run's scales, or rebuilt as the model applies them) and
+    the query and key a head makes of the stream are the stack's (``Stack.path``, ``query_key_sides``): nothing
+    above models/ reads a layer's norms, rotary positions or projections to walk them again."""
+    found = [f"{path.relative_to(ROOT)}:{n}: {m.group(0)}" for path in sources(ABOVE)
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             for m in LAYER_PARTS.finditer(line)]
+    assert not found, found
+
+
 def test_in_models_only_the_stack_walks_its_layers():
     """A loop over a stack's blocks that runs them is ``Stack.run_layers``'s alone (weights files and pruning
     read the blocks, without running them)."""

@@ -12,7 +12,9 @@ are the first ``reach[r]`` of them (an MLP beside its layer's attention, GPT-Neo
 receiver its own gradient (EAP) and lets a circuit's run rebuild each receiver's input from its circuit senders'
 outputs in this run and the other senders' outputs in a corrupted run (Hanna et al. 2024's evaluation). A head's
 write in a block that norms its attention's output (Gemma 3) is its share of the normed sum, that norm's scale
-taken at the layer's own output in the same run.
+taken at the layer's own output in the same run. How a sender's output reaches a receiver (as it is, or through a
+post-norm encoder's norms) is the stack's path (``Stack.path``): the graph says which senders write at each level
+and which stream each receiver reads (``Mix``), the path what the receiver makes of them.
 """
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ import torch
 
 from models import head_label
 from models.run import Edits, Given, device_of
+from models.stacks.paths import part_at, read_level, written_level
 
 from ..effects.readouts import READOUTS
-from . import post_norm
+from .mix import Mix, frozen_path
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,22 @@ class Graph:
         """Layer ``layer``'s head senders, its attention receivers (q, k, v) and its MLP receiver (-1: none)."""
         return self._spans[layer]
 
+    @cached_property
+    def sender_levels(self) -> np.ndarray:
+        """``(senders,)``: where each sender writes into the stream (``models.stacks.paths``)."""
+        return np.array([written_level(kind, layer) for kind, layer, _ in self.senders])
+
+    @cached_property
+    def receiver_levels(self) -> np.ndarray:
+        """``(receivers,)``: where each receiver reads the stream."""
+        return np.array([read_level(kind, layer) for kind, layer, _ in self.receivers])
+
+    def at_level(self, level: int) -> slice:
+        """The senders that write at ``level`` (a layer's heads, or its MLP; not the input)."""
+        layer, ffn = part_at(level)
+        heads = self.layer_span(layer)[0]
+        return slice(heads.stop, heads.stop + 1) if ffn else heads
+
     @cached_property  # read at every layer of every run: computed once per graph
     def _spans(self):
         out, s, r = [], 1, 0
@@ -96,8 +115,7 @@ class Graph:
 
 
 def graph_of(stack) -> Graph:
-    """The nodes and edges of a ``stack`` (from-scratch engine): a pre-norm language model's, or a post-norm
-    encoder's (``post_norm`` says how its writers reach its readers)."""
+    """The nodes and edges of a ``stack`` (from-scratch engine)."""
     senders, receivers, reach, reads = [("input", -1, -1)], [], [], []
     for layer, block in enumerate(stack.layers):
         attn, kept = block.attn, stack.kept[layer]
@@ -150,13 +168,9 @@ def run_graph(stack, graph: Graph, emb: torch.Tensor, measure, rows: torch.Tenso
     stream with each circuit sender's output in this run in place of its output in ``base``; ``start``: the first
     position where this run's input differs from ``base``'s (before it every output is ``base``'s, the model being
     causal, and nothing is added there). ``corrupt`` (without ``keep``): receiver -> the senders whose edges into
-    it carry ``base``'s output instead of this run's (exact edge patching). On a post-norm encoder every receiver
-    of a run with ``base`` reads a stream of its own rebuilt up the model's norms (``post_norm``)."""
-    if stack.post_norm and corrupt:
-        keep = without(graph, [(s, r) for r, senders in corrupt.items() for s in senders], emb.device)
-        corrupt, start = None, 0
-    edits = GraphEdits(stack, graph, emb, base=base, keep=keep, taps=taps, start=start, corrupt=corrupt,
-                       post=stack if stack.post_norm else None)
+    it carry ``base``'s output instead of this run's (exact edge patching). With ``base``, what each receiver makes
+    of its senders' outputs is the stack's path's (``Mix``)."""
+    edits = GraphEdits(stack, graph, emb, base=base, keep=keep, taps=taps, start=start, corrupt=corrupt)
     final, _ = stack.run_layers(emb, need_weights=False, edits=edits.edits())
     return Run(edits.outs, edits.reads, measure(stack, final, rows), edits.tapped, ids)
 
@@ -167,9 +181,9 @@ class GraphEdits:
     at ``result`` and ``mlp_out`` (``run_graph`` says how)."""
 
     def __init__(self, stack, graph: Graph, emb: torch.Tensor, *, base: Run | None, keep: torch.Tensor | None,
-                 taps: bool, start: int, corrupt: dict[int, list[int]] | None, post=None):
+                 taps: bool, start: int, corrupt: dict[int, list[int]] | None):
         S = len(graph.senders)
-        self.post = post  # a post-norm stack: a circuit's receivers read streams rebuilt up its norms
+        self.path = stack.path
         self.B, self.n, self.E = emb.shape
         self.graph, self.base, self.start, self.corrupt, self.taps = graph, base, start, corrupt, taps
         self.outs = emb.new_empty(S, self.B, self.n, self.E)
@@ -218,32 +232,18 @@ class GraphEdits:
 
     def streams(self, r: slice | int, x: torch.Tensor | None, count: int) -> torch.Tensor:
         """``(count, B, n, E)``: what receivers ``r`` read."""
-        B, n, E, start, keep = self.B, self.n, self.E, self.start, self.keep
         first = r.start if isinstance(r, slice) else r
-        if keep is None:
+        level = int(self.graph.receiver_levels[first])
+        if self.keep is None:
             self.reads[first] = x
-            out = x.unsqueeze(0).expand(count, B, n, E)
+            out = x.unsqueeze(0).expand(count, self.B, self.n, self.E)
             if self.taps:  # each receiver's own copy of the stream: its gradient is that receiver's alone
                 self.tapped.append(out)
-            corrupt = self.corrupt
-            mine = [(i, corrupt[first + i]) for i in range(count) if corrupt and first + i in corrupt]
-            if mine:
-                out = out.clone()
-                for i, senders in mine:
-                    for s in senders:
-                        out[i] += self.base.outs[s] - self.outs[s]
-            return out
-        if self.post is not None:
-            out = post_norm.private_streams(self.post, self.graph, r, count, keep, self.base.outs, self.diff)
-            self.reads[first] = out[0] if count == 1 else None
-            return out
-        m = int(self.graph.reach[first])
-        weights = keep[:m, r].reshape(m, count)
-        active = weights.any(1).nonzero().view(-1)               # the senders with an edge here in the circuit
-        out = self.base.reads[first].unsqueeze(0).repeat(count, 1, 1, 1)
-        if len(active):
-            moved = weights[active].T @ self.diff[active].reshape(len(active), -1)
-            out[:, :, start:] += moved.view(count, B, n - start, E)
+            if self.corrupt is None:
+                return out
+            swaps = [(i, self.corrupt[first + i]) for i in range(count) if first + i in self.corrupt]
+            return self.path.read(Mix(self, first, count, out, swaps=swaps), level)
+        out = self.path.read(Mix(self, first, count, keep=self.keep[:, r]), level)
         self.reads[first] = out[0] if count == 1 else None
         return out
 
@@ -279,9 +279,8 @@ def edge_attribution(stack, graph: Graph, clean_ids: torch.Tensor, corrupted_ids
     the gradient of the metric by the receiver's stream. ``steps`` 1: ``g`` at the clean input (EAP, Syed et al.
     2023); more: averaged over inputs ``corrupted + j / steps (clean - corrupted)``, ``j`` 1 to ``steps`` (EAP-IG,
     Hanna et al. 2024). Also the clean and the corrupted runs. Zero where a pair is not an edge. ``each_step(j)``:
-    called once the corrupted run and each step ``j`` are done (0 to ``steps``). On a post-norm encoder a sender's
-    change reaches a receiver through the norms between them, frozen at the clean run's scales
-    (``post_norm.edge_scores``)."""
+    called once the corrupted run and each step ``j`` are done (0 to ``steps``). A sender's change reaches a
+    receiver along the stack's path, its norms frozen at the clean run's scales (``frozen_path``)."""
     f = shared_start(stack, clean_ids, corrupted_ids)                        # every output is the same before it
     with torch.inference_mode():
         e_clean, e_bad = embeddings(stack, clean_ids), embeddings(stack, corrupted_ids)
@@ -302,11 +301,8 @@ def edge_attribution(stack, graph: Graph, clean_ids: torch.Tensor, corrupted_ids
     run.value, run.taps = run.value.detach(), []
     with torch.no_grad():
         g = total if steps == 1 else total / steps
-        if stack.post_norm:
-            scores = post_norm.edge_scores(graph, post_norm.scales(stack, graph, run), run.outs - bad.outs, g)
-        else:
-            delta = (run.outs[:, :, f:] - bad.outs[:, :, f:]).reshape(len(graph.senders), -1)
-            scores = delta @ g.reshape(len(graph.receivers), -1).T
+        scores = frozen_path(stack, graph, run).scores(run.outs[:, :, f:] - bad.outs[:, :, f:], g,
+                                                       graph.sender_levels, graph.receiver_levels)
     return scores * torch.as_tensor(graph.mask(), device=scores.device), run, bad
 
 

@@ -10,7 +10,8 @@ biases): the score is exactly a sum over (query-side writer, key-side writer) pa
 OLMo-2's norm of the whole query (key) projection is frozen the same way, at every head's projection in the run.
 A soft-capped score (Gemma 2's) is split before its cap, which the softmax then applies. On a post-norm encoder
 (BERT) the head reads the stream as it is, and each writer's part of it has passed the norms above where it wrote,
-frozen (``analysis.circuits.post_norm``): the split stays exact, and a query sees every key.
+frozen: the split stays exact, and a query sees every key. Both the writers' parts (``Stack.path``) and the query
+and key they make (``query_key_sides``) are the stack's own.
 """
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from models.stacks.norms import frozen
+from models.stacks.paths import query_key_sides, read_level
 
 from ..circuits import graph as C
-from ..circuits import post_norm
+from ..circuits.mix import by_level, frozen_path
 
 CONSTANT = "biases"  # the writer every side ends with: what no node writes (projection, norm and output biases)
 
@@ -81,64 +82,18 @@ def writers_run(stack, graph: C.Graph, ids: torch.Tensor) -> C.Run:
                            ids=ids)
 
 
-def _side(norm, weight: torch.Tensor, bias: torch.Tensor | None, parts: torch.Tensor,
-          x: torch.Tensor) -> torch.Tensor:
-    """``(writers + 1, B, n, Dh)``: a projection ``weight`` ``(Dh, E)`` (``bias`` ``(Dh,)``) of the norm of the stream
-    ``x`` ``(B, n, E)`` split over ``parts`` ``(writers, B, n, E)`` (summing to ``x`` less a constant) with the norm's
-    scale frozen at ``x``'s; the last row is the constant (the stream's unwritten part, the norm's and the projection's
-    biases)."""
-    gain, norm_bias, scale = frozen(norm, x)
-    w = weight.to(x.dtype) * gain                                                   # (Dh, E)
-    if isinstance(norm, torch.nn.LayerNorm):  # centring each part is centring the weight's rows
-        w = w - w.mean(-1, keepdim=True)
-    rest = x - parts.sum(0)                                                        # (B, n, E): the output biases
-    out = torch.cat([torch.einsum("sbne,de->sbnd", parts, w), (rest @ w.T).unsqueeze(0)]) * scale  # (S + 1, B, n, Dh)
-    constant = 0
-    if norm_bias is not None:
-        constant = constant + norm_bias @ weight.to(x.dtype).T
-    if bias is not None:
-        constant = constant + bias.to(x.dtype)
-    out[-1] += constant
-    return out
-
-
-def _qk_norm(norm, side: torch.Tensor) -> torch.Tensor:
-    """A head-dimension norm (QK-norm) of a split side, its scale frozen at the whole vector's."""
-    if norm is None:
-        return side
-    gain, _, scale = frozen(norm, side.sum(0))
-    return side * scale * gain
-
-
 def head_sides(stack, graph: C.Graph, run: C.Run, layer: int, head: int) -> HeadSides:
     """Head ``head`` (its index in the unpruned model) of ``layer`` split over the writers before it in ``run``."""
     block = stack.layers[layer]
-    attn = block.attn
     kept = stack.kept[layer]
     if head not in kept:
         raise ValueError(f"Head {head} of layer {layer} was pruned away.")
-    i = kept.index(head)
-    g = i if attn.kv_heads is None else attn.kv_heads[i]
     first, m = _reads(graph, layer)
     x = run.reads[first]                                                          # (B, n, E)
-    parts = run.outs[:m].to(x.dtype)                                              # (writers, B, n, E)
-    if stack.post_norm:  # each writer's part has passed the norms above where it wrote, frozen
-        parts = post_norm.parts_at(graph, post_norm.scales(stack, graph, run), parts, 2 * layer)
-    (wq, bq), (wk, bk), _ = attn.head_projections()
-    q = _side(block.attention_norm, wq[i], None if bq is None else bq[i], parts, x)
-    k = _side(block.attention_norm, wk[g], None if bk is None else bk[g], parts, x)
-    if attn.q_norm is not None and attn.qk_norm_over == "projection":  # OLMo-2: over every head's projection
-        h = block.attention_input(x)
-        whole_q, whole_k, _ = attn.project(h, h, h)
-        Dh = attn.head_dim
-        q = q * (attn.q_norm.inverse_rms(whole_q) * attn.q_norm.gain()[i * Dh:(i + 1) * Dh]).to(q.dtype)
-        k = k * (attn.k_norm.inverse_rms(whole_k) * attn.k_norm.gain()[g * Dh:(g + 1) * Dh]).to(k.dtype)
-    else:
-        q, k = _qk_norm(attn.q_norm, q), _qk_norm(attn.k_norm, k)
-    q = q * (attn.q_factor * attn.head_dim ** -0.5)
-    if attn.rotary is not None:
-        q, k = attn.rotary(q, k)
-    return HeadSides(q, k, attn.window, attn.softcap, stack.causal)
+    parts = frozen_path(stack, graph, run).parts_at(run.outs[:m].to(x.dtype), graph.sender_levels[:m],
+                                                      read_level("q", layer))  # each passed the norms above it
+    q, k = query_key_sides(block, parts, x, kept.index(head))
+    return HeadSides(q, k, block.attn.window, block.attn.softcap, stack.causal)
 
 
 def writer_names(graph: C.Graph, layer: int) -> list[str]:
@@ -162,16 +117,11 @@ def scores_without(stack, graph: C.Graph, run: C.Run, layer: int, head: int, que
     i = stack.kept[layer].index(head)
     x = run.reads[_reads(graph, layer)[0]]                                    # (B, n, E)
     n = x.shape[1]
-    if stack.post_norm:
-        where = torch.arange(n, device=x.device) == query if side == "q" else torch.ones(n, dtype=torch.bool,
-                                                                                          device=x.device)
-        less = post_norm.stream_without(stack, graph, run, 2 * layer, writer, where)
-    else:
-        less = x.clone()
-        if side == "q":
-            less[:, query] -= run.outs[writer, :, query].to(x.dtype)
-        else:
-            less -= run.outs[writer].to(x.dtype)
+    where = torch.arange(n, device=x.device) == query if side == "q" else torch.ones(n, dtype=torch.bool,
+                                                                                      device=x.device)
+    change = run.outs[writer].to(x.dtype) * where.to(x.dtype).view(-1, 1)
+    less = stack.path.without(x, *by_level(graph, run), int(graph.sender_levels[writer]), read_level("q", layer),
+                              change)
     xq, xk = (less, x) if side == "q" else (x, less)
     q, k, _ = attn.heads_qkv(block.attention_input(xq), block.attention_input(xk), block.attention_input(xk))
     q = q[:, i, query] * attn.head_dim ** -0.5                                   # (B, Dh)

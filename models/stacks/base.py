@@ -28,6 +28,7 @@ from torch import nn
 from ..errors import HeadLensError
 from ..run import Edits, switched_off
 from .blocks import NO_EDITS
+from .paths import SUM
 from .saved import Saved
 from .heads import (kept_heads, place_heads, pruned_attention, pruned_heads_json, read_pruned_heads, select_heads,
                     with_pruned)
@@ -111,7 +112,6 @@ class Stack(Saved, nn.Module):
     description: ClassVar[str] = ""                                # what it runs, for a sentence: "BERT encoders"
     language_model: ClassVar[bool] = False                         # gives logits, so a next-token loss
     causal: ClassVar[bool] = False                                  # a decoder masks later keys whatever it is asked
-    post_norm: ClassVar[bool] = False                               # norms after each write (BERT), not before each read
     input_names: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
     weights: ClassVar = None  # its files' names (``weights.Weights``); None: the stack's own names
     layers: nn.ModuleList
@@ -140,6 +140,12 @@ class Stack(Saved, nn.Module):
     @property
     def hidden_size(self) -> int:
         return self.layers[0].attn.embed_dim
+
+    @property
+    def path(self):
+        """How what each part writes reaches what each later part reads (``paths``): here the stream is the plain
+        sum of the writes."""
+        return SUM
 
     @property
     def prediction_head(self):

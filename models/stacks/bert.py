@@ -22,7 +22,8 @@ from ..mha import MultiHeadAttention
 from ..run import BY_HEAD, Given
 from .base import Packing, Stack, StackConfig, TransformersSizes, initialised
 from .blocks import NO_EDITS
-from .norms import ACTIVATIONS, frozen
+from .norms import ACTIVATIONS
+from .paths import FrozenNorms, PostNorms
 from .weights import Weights, separate_qkv
 
 
@@ -216,7 +217,6 @@ class BertEncoder(Stack):
     model_types = ("bert",)
     description = "BERT encoders"
     input_names = ("input_ids", "attention_mask", "token_type_ids")
-    post_norm = True  # each block norms the stream after it writes: a writer's part passes every norm above it
     weights = None  # set below: BERT's file names (in transformers' names, q, k and v apart)
 
     def __init__(self, config: EncoderConfig):
@@ -228,6 +228,11 @@ class BertEncoder(Stack):
         self.layers = nn.ModuleList(Block(config, len(kept)) for kept in self.kept)
         if config.masked_lm:
             self.mlm = MaskedLMHead(config)
+
+    @property
+    def path(self) -> PostNorms:
+        """Each block norms the stream after it writes: a writer's part passes every norm above it."""
+        return PostNorms(self)
 
     @property
     def masked_lm(self) -> bool:
@@ -256,23 +261,20 @@ class BertEncoder(Stack):
         return self.embeddings(input_ids, token_type_ids)                      # (B, L, E)
 
     @torch.no_grad()
-    def frozen_norms(self, resid: list[torch.Tensor], z: list[torch.Tensor]) -> "FrozenNorms":
+    def frozen_norms(self, resid: list[torch.Tensor], z: list[torch.Tensor]) -> FrozenNorms:
         """The run's LayerNorms with their scales frozen at its values (``FrozenNorms``), from its trace: ``resid[l]``
         ``(..., n, E)`` entering layer ``l`` and ``z[l]`` ``(..., kept, n, Dh)`` its heads' outputs."""
-        scales, biases, mlp = [], [], []
+        entering, written, mlp = [], [], []
         for layer, block in enumerate(self.layers):
             x = resid[layer]
             a = torch.einsum("...hnd,ehd->...ne", z[layer], block.attn.output_columns())
-            if block.attn.output_bias is not None:
-                a = a + block.attn.output_bias
-            mid = block.ln_attn(x + a)
+            bias = block.attn.output_bias
+            mid = block.ln_attn(x + (a if bias is None else a + bias))
             mlp.append(block.ffn_out(block.act(block.ffn_in(mid))))
-            after = mid + mlp[-1]
-            for norm, u in ((block.ln_attn, x + a), (block.ln_ffn, after)):
-                gain, bias, scale = frozen(norm, u)
-                scales.append(gain * scale)
-                biases.append(bias)
-        return FrozenNorms(scales, biases, mlp)
+            entering += [x, mid]
+            written += [a, mlp[-1]]
+        path = self.path.freeze(entering.__getitem__, written.__getitem__)
+        return FrozenNorms(path.scales, path.biases, mlp)
 
     @classmethod
     def untrained(cls, config: EncoderConfig, seed: int = 0) -> "BertEncoder":
@@ -281,39 +283,6 @@ class BertEncoder(Stack):
         with torch.no_grad():
             model.embeddings.word_embeddings.weight[config.pad_token_id].zero_()
         return model.eval()
-
-
-@dataclass(frozen=True)
-class FrozenNorms:
-    """A post-LayerNorm run's norms, each scale frozen at the run's value: norm ``k`` (``2 l``: layer ``l``'s after its
-    attention, ``2 l + 1``: after its feed-forward) maps a part ``p`` of what it reads to
-    ``(p - mean(p)) * weight / sigma_k``, per token, and adds its bias once. With the scales frozen every norm is
-    linear, so the last layer's output is exactly the sum over the writers of each one's part passed through the norms
-    above where it writes (``through``): the embeddings' before norm 0, layer ``l``'s heads (and its output bias)
-    before norm ``2 l``, its feed-forward before ``2 l + 1``, and norm ``k``'s bias after it."""
-
-    scales: list[torch.Tensor]   # per norm, (..., n, E): weight / sigma of each token
-    biases: list[torch.Tensor]   # per norm, (E,)
-    mlp: list[torch.Tensor]      # per layer, (..., n, E): what its feed-forward wrote
-
-    def through(self, part: torch.Tensor, first: int, stop: int | None = None) -> torch.Tensor:
-        """``part`` ``(..., n, E)`` (a trace's leading axes, then any, then tokens) passed through norms ``first``
-        to ``stop`` (exclusive; all above by default), frozen, without their biases."""
-        stop = len(self.scales) if stop is None else stop
-        for k in range(first, stop):
-            s = self.scales[k]
-            s = s.view(*s.shape[:-2], *[1] * (part.dim() - s.dim()), *s.shape[-2:])
-            part = (part - part.mean(-1, keepdim=True)) * s
-        return part
-
-    def constant(self, like: torch.Tensor, stop: int | None = None) -> torch.Tensor:
-        """``(..., n, E)``: what the norms' biases below ``stop`` add to the output there (each passed through the
-        norms above it), shaped like the trace's residual ``like``."""
-        stop = len(self.scales) if stop is None else stop
-        out = torch.zeros_like(like)
-        for k in range(stop):
-            out = out + self.through(self.biases[k].expand_as(like), k + 1, stop)
-        return out
 
 
 def encoder_weights(layer: str, renames: dict[str, str], qkv: tuple[str, str], what: str, prefix: str,
