@@ -378,3 +378,19 @@ def test_a_prompt_traced_on_another_model_gets_a_sentence(built):
     with pytest.raises(HeadLensError, match="was traced on"):
         patch_heads(built("bert")[0], prompt, CLEAN, "positive", "negative")
     assert patch_heads(gpt2, prompt, corrupted(tok), "positive", "negative").attrs["metric"] == "class_logit_diff"
+
+
+def test_a_decoder_classifiers_card_leaves_out_the_pairs_its_tokenizer_splits_unevenly(built):
+    """A decoder's classifier (GPT-2's score at the last token) is a card's to patch as a pooled one is; a built-in
+    pair its tokenizer splits unevenly (every one, on this toy tokenizer) is left out with the patching's sentence,
+    and the card is built without it."""
+    from analysis.cards.build import card_parts, head_card
+    from analysis.defaults import ENCODER_PAIRS
+
+    ours, _, tok = built("gpt2")
+    uneven = {n for n, p in ENCODER_PAIRS.items() if len(tok(p.clean)["input_ids"]) != len(tok(p.corrupted)["input_ids"])}
+    parts = card_parts(ours, sentences=CORPUS_PART, importance=False)
+    assert uneven and set(parts.left_out) == uneven and set(parts.pairs) == set(ENCODER_PAIRS) - uneven
+    assert all("as many tokens" in why for why in parts.left_out.values())
+    card = head_card(ours, 1, 2, parts=parts)
+    assert card.left_out == parts.left_out and card.role

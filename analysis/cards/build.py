@@ -36,9 +36,10 @@ IMPORTANCE_SAMPLE = DECODER_SAMPLE
 CARD = "A head's card reads its heads"
 
 
-def is_encoder(model: AttentionModel) -> bool:
-    """An encoder whose heads the from-scratch engine runs, patched and measured by its sentence embedding."""
-    if model.causal or model.encoder_decoder:
+def is_patchable(model: AttentionModel) -> bool:
+    """A model whose heads the from-scratch engine runs, patches and measures by its own readout (a decoder's next
+    token, an encoder's sentence embedding or masked token, a classifier's label)."""
+    if model.encoder_decoder:
         return False
     try:
         return patching_stack(model, CARD) is not None
@@ -87,7 +88,11 @@ def assemble(source: CardSource) -> CardParts:
     if not source.patchable():
         return parts
     for name, pair in source.pairs().items():
-        found = source.pair(pair)
+        try:
+            found = source.pair(pair)
+        except HeadLensError as err:  # a pair this model's tokenizer splits unevenly: left out, with why
+            parts.left_out[name] = str(err)
+            continue
         if found is not None:  # a source may leave out what it has not got yet
             parts.pairs[name] = found
     task = source.task()
@@ -121,7 +126,7 @@ class Computed:
         return is_decoder(self.model)
 
     def patchable(self) -> bool:
-        return self.decoder() or is_encoder(self.model)
+        return is_patchable(self.model)
 
     def importance(self):
         if not (self.importance_too and self.decoder()):

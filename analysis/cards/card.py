@@ -167,6 +167,7 @@ class CardParts:
     detector: pd.DataFrame | None = None       # head_detector, labelled (Head roles, decoder section)
     copying: pd.DataFrame | None = None        # copying_scores (Effects)
     pairs: dict = field(default_factory=dict)  # a built-in pair's name -> (logit_attribution, patch_heads) frames
+    left_out: dict = field(default_factory=dict)  # a built-in pair the model cannot patch -> the sentence saying why
     task: pd.DataFrame | None = None           # task_effects.table of a task's heads (Effects over a task)
     task_name: str = ""
     importance: pd.DataFrame | None = None     # head_importance (Pruning)
@@ -213,6 +214,7 @@ class HeadCard:
     qk: pd.DataFrame | None
     like: pd.DataFrame | None = None   # heads like it (``analysis.cards.atlas.heads_like``)
     explanation: pd.Series | None = None  # its rule and the rule's held-out score (``analysis.explanations``)
+    left_out: dict = field(default_factory=dict)  # built-in pairs left out, each with why (``CardParts.left_out``)
     misses: pd.DataFrame | None = None    # the held-out queries where that rule fails most
 
     @property
@@ -278,7 +280,7 @@ def card_from(parts: CardParts, model: str, layer: int, head: int, k: int = TOP)
         measures=measures, detector=detector, detector_role=None if detector is None else str(detector["label"]),
         window=window, top=top_examples(parts.peaks, parts.attentions, layer, head, k),
         writes=None if parts.writes is None else top_writes(parts.writes, parts.attentions, layer, head, k),
-        copying=copying, pairs=pairs, task=task, task_name=parts.task_name, importance=importance,
+        copying=copying, pairs=pairs, left_out=parts.left_out, task=task, task_name=parts.task_name, importance=importance,
         qk=None if parts.qk is None else parts.qk.get((layer, head)), **_explained(parts, layer, head))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from analysis.cards.atlas import atlas_frame
-from analysis.cards.build import assemble, is_encoder
+from analysis.cards.build import assemble, is_patchable
 from analysis.effects import own_readout
 from analysis.cards.card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
 from analysis.roles.labels import telling_head
@@ -92,11 +92,11 @@ def decoder(ref: ModelRef) -> bool:
     return ref.choice in LLM
 
 
-def encoder(ref: ModelRef) -> bool:
-    """An encoder the from-scratch engine patches (the default MiniLM on either engine, the untrained encoder, a
-    custom BERT-family model there): its card reads its pairs and task."""
+def patchable(ref: ModelRef) -> bool:
+    """A model the from-scratch engine patches (a bundled decoder, the default MiniLM on either engine, the untrained
+    encoder, a custom model there): its card reads its pairs and task."""
     scratch = ref.editable()
-    return scratch is not None and is_encoder(cached_model(scratch))
+    return scratch is not None and is_patchable(cached_model(scratch))
 
 
 @dataclass
@@ -144,7 +144,7 @@ class FromPages:
         return decoder(self.ref)
 
     def patchable(self) -> bool:
-        return decoder(self.ref) or encoder(self.ref)
+        return patchable(self.ref)
 
     def writes(self):
         return self._ready(writes, self.ref, self.causal, self.heads_off)

@@ -171,16 +171,14 @@ def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> Non
 def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
     """What the head does to predictions: each built-in pair, the task, its flow share, its importance."""
     st.subheader("What it does to predictions")
-    encoder = not card.decoder and (card.pairs is not None or card.task is not None)
+    encoder = not card.decoder and (card.pairs is not None or card.task is not None or bool(card.left_out))
     readout = own_readout(cached_model(ref.analysed))  # what the pairs measure, in its words
     if encoder:
         st.caption("Each built-in pair is the founding sentence with one focus changed; the head's clean output put "
                    "into the corrupted run, and its direct part, measured on the "
                    f"{readout.metrics[readout.metric].replace(': ', ' ')} (Effects).")
     if card.decoder or encoder:
-        if card.pairs is None:
-            st.caption("The built-in pairs, each head patched, are being prepared.")
-        else:
+        if card.pairs is not None:
             direct = "attribution" + (" (logits)" if readout.units == "logits" else "")
             st.markdown(markdown_table([{"built-in pair": r.pair,
                                          direct: "—" if r.attribution != r.attribution else f"{r.attribution:+.3f}",
@@ -188,6 +186,10 @@ def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
                                          "rank ": r.recovered_rank} for r in card.pairs.itertuples()]))
             if readout.not_linear:
                 st.caption(readout.not_linear)
+        elif not card.left_out:
+            st.caption("The built-in pairs, each head patched, are being prepared.")
+        for name, why in card.left_out.items():
+            st.caption(f"Left out: {name}. {why}")
         t = card.task
         cols = st.columns(3)
         if t is None:
