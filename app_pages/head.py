@@ -16,6 +16,7 @@ from app_pages.ui.state import choose, head_from_url, head_to_url
 from app_pages.ui.why import why_section
 from models import head_label
 from models.catalog import bundled
+from models.corpus import DEFAULT_TEXT
 
 s = settings()
 ref = s.model
@@ -44,7 +45,10 @@ st.markdown(card.summary().replace("*", "\\*"))
 missing = [bundled(k).title for k in same_kind(ref) if bundled(k).title not in others]
 text = pick_sentence(s, container=top[1], label="Your sentence")
 
-view.on_text(s, card, text)
+# the sidebar's sentence untouched: a decoder's head opens on a text that shows its habit (the founding sentence
+# repeats nothing, so an induction head shows only its sink there)
+untouched = (st.session_state.get("text") or DEFAULT_TEXT) == DEFAULT_TEXT
+view.on_text(s, card, text, card.showcase(text) if untouched else None)
 view.over_corpus(card, len(parts.attentions))
 view.explained(card)
 view.examples(card)

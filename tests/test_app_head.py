@@ -176,3 +176,26 @@ def test_the_default_encoder_says_why_a_head_attends_on_the_card_and_in_explore(
     at.button(key="explore-why-open").click().run()
     assert "Why it attends here" in [h.value for h in at.subheader]
     assert {m.label: m.value for m in at.metric}["Score"] == f"{split.scores[split.key]:+.2f}"
+
+def test_a_decoders_card_opens_on_its_induction_head_shown_on_the_sentence_twice(new_app, smollm2):
+    """SmolLM2's Head page with the sidebar untouched opens on its induction head, L18 H6, shown on the founding
+    sentence twice with the first token set aside: the heatmap is the head's attention on that text, each row
+    renormalised without the first token, and on the second copy it puts most of its weight on the token that
+    followed the earlier occurrence (on the sentence once, it shows almost only its sink)."""
+    from models.corpus import DEFAULT_TEXT
+
+    at = new_app({"model": "smollm2"}, page=HEAD)
+    assert not at.exception and title(at) == "L18 H6 · SmolLM2-135M-Instruct"
+    assert any(h.value == "Its habit, on a text that shows it" for h in at.subheader)
+    assert any(c.value.startswith("Your sentence twice: an induction head") for c in at.caption)
+    heat = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("L18 H6 on a text"))
+    z = decode(heat["data"][0]["z"]).astype(float)
+    att = smollm2.attend(f"{DEFAULT_TEXT} {DEFAULT_TEXT}")
+    w = att.weights[18, 6][1:, 1:].astype(float)
+    w = w / w.sum(1, keepdims=True)
+    lower = ~np.triu(np.ones(w.shape, bool), 1)
+    np.testing.assert_allclose(z[lower], w[lower], atol=1e-5)
+    tokens, n = att.tokens[1:], len(att.tokens[1:])
+    after = [(q, max(j for j in range(q - 1) if tokens[j] == tokens[q]) + 1) for q in range(n)
+             if any(tokens[j] == tokens[q] for j in range(q - 1))]
+    assert len(after) >= 8 and np.mean([z[q, k] for q, k in after]) > 0.8

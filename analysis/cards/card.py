@@ -191,6 +191,14 @@ def rank_of(frame: pd.DataFrame, column: str, layer: int, head: int, by_size: bo
     return int((values > mine).sum()) + 1
 
 
+# the detector's roles a repeat shows: each token of the second copy attends to what followed it in the first
+# (induction), or to itself there (duplicate token)
+REPEATED = {"induction": "an induction head, each token of the second copy attending to the token that followed it in "
+                         "the first,",
+            "duplicate token": "a duplicate-token head, each token of the second copy attending to itself in the "
+                               "first,"}
+
+
 @dataclass
 class HeadCard:
     """Everything HeadLens measures of one head (``head_card``); frames and series, for a page or a notebook."""
@@ -220,6 +228,22 @@ class HeadCard:
     @property
     def name(self) -> str:
         return head_label(self.layer, self.head)
+
+    def showcase(self, sentence: str) -> tuple[str, str] | None:
+        """A text that shows what a decoder's head does, and a sentence saying why it was chosen: ``sentence`` twice
+        for an induction or duplicate-token head (its habit needs a repeat: the founding sentence repeats nothing),
+        else the built-in sentence where it is most concentrated (``top``'s first); None for an encoder's head, whose
+        seed foci show on any sentence, or a head with no example."""
+        if not self.decoder:
+            return None
+        if self.detector_role in REPEATED:
+            return f"{sentence} {sentence}", (f"Your sentence twice: {REPEATED[self.detector_role]} shows its habit on "
+                                              "a repeat, the founding sentence repeating nothing.")
+        if self.top.empty:
+            return None
+        t = self.top.iloc[0]
+        return str(t["text"]), (f"The built-in sentence where it is most concentrated: “{t['query_token']}” → "
+                                f"“{t['key_token']}”, {t['weight']:.0%} of that query's weight.")
 
     def summary(self) -> str:
         """The card in two or three sentences."""

@@ -42,14 +42,24 @@ def deeper(*pages: str) -> None:
         col.page_link(path, label=f"{title} →")
 
 
-def on_text(s: Settings, card: HeadCard, text: str) -> None:
-    """The head on the user's sentence: its heatmap, and the sentence shaded by the attention each token receives."""
-    st.subheader("On your text")
-    v = make_view(attention(s, text), hide_special=s.hide_special, merge_words=s.merge_words)
+def on_text(s: Settings, card: HeadCard, text: str, shown: tuple[str, str] | None = None) -> None:
+    """The head on the user's sentence: its heatmap, and the sentence shaded by the attention each token receives.
+    With ``shown`` (``HeadCard.showcase``: a text and why), the head on that text instead, the first token (a sink)
+    set aside, and a sentence saying so."""
+    if shown is None:
+        st.subheader("On your text")
+        v = make_view(attention(s, text), hide_special=s.hide_special, merge_words=s.merge_words)
+        where = "on your sentence"
+    else:
+        st.subheader("Its habit, on a text that shows it")
+        v = make_view(attention(s, shown[0]), hide_special=True, merge_words=s.merge_words)
+        where = "on a text that shows its habit"
+        st.caption(f"{shown[1]} The first token (a sink) is set aside and each query's other weights renormalised. "
+                   "Type a sentence in the sidebar to see the head on yours.")
     left, right = st.columns(2)
     with left:
         chart(head_heatmap(v.head(card.layer, card.head), v.query_labels, v.key_labels, height=420,
-                           visible=v.visible(card.layer), title=f"{card.name} on your sentence"), "card-heatmap")
+                           visible=v.visible(card.layer), title=f"{card.name} {where}"), "card-heatmap")
     with right:
         received = v.head(card.layer, card.head).mean(axis=0)
         chart(text_shading(v.key_labels, received, title="What it looks at, mean over queries",
