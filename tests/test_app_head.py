@@ -187,7 +187,7 @@ def test_a_decoders_card_opens_on_its_induction_head_shown_on_the_sentence_twice
     at = new_app({"model": "smollm2"}, page=HEAD)
     assert not at.exception and title(at) == "L18 H6 · SmolLM2-135M-Instruct"
     assert any(h.value == "Its habit, on a text that shows it" for h in at.subheader)
-    assert any(c.value.startswith("Your sentence twice: an induction head") for c in at.caption)
+    assert any(c.value.startswith("Your sentence twice. An induction head shows its habit") for c in at.caption)
     heat = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("L18 H6 on a text"))
     z = decode(heat["data"][0]["z"]).astype(float)
     att = smollm2.attend(f"{DEFAULT_TEXT} {DEFAULT_TEXT}")

@@ -65,6 +65,17 @@ def test_a_hand_set_previous_token_head_is_named_so_and_its_examples_are_previou
     assert "previous token" in card.summary() and "L0 H0" in card.summary()
 
 
+def test_a_head_no_repeat_shows_opens_on_its_strongest_sentence(hand_set):
+    """A decoder's previous-token head has no repeat to show: its card shows it on the corpus sentence where it is
+    most concentrated, and says which tokens and how much."""
+    model, parts = hand_set
+    card = head_card(model, 0, 0, parts=parts)
+    text, why = card.showcase("Which do you like better, coffee or tea?")
+    best = card.top.iloc[0]
+    assert text == TEXTS[best["sentence"]] and f"“{best['query_token']}” → “{best['key_token']}”" in why
+    assert f"{best['weight']:.0%}" in why
+
+
 def test_heads_like_it_rank_a_copy_of_its_weights_first(hand_set):
     model, parts = hand_set
     like = head_card(model, 0, 0, parts=parts).like

@@ -193,10 +193,8 @@ def rank_of(frame: pd.DataFrame, column: str, layer: int, head: int, by_size: bo
 
 # the detector's roles a repeat shows: each token of the second copy attends to what followed it in the first
 # (induction), or to itself there (duplicate token)
-REPEATED = {"induction": "an induction head, each token of the second copy attending to the token that followed it in "
-                         "the first,",
-            "duplicate token": "a duplicate-token head, each token of the second copy attending to itself in the "
-                               "first,"}
+REPEATED = {"induction": ("An induction head", "the token that followed it in the first"),
+            "duplicate token": ("A duplicate-token head", "itself in the first")}
 
 
 @dataclass
@@ -237,8 +235,9 @@ class HeadCard:
         if not self.decoder:
             return None
         if self.detector_role in REPEATED:
-            return f"{sentence} {sentence}", (f"Your sentence twice: {REPEATED[self.detector_role]} shows its habit on "
-                                              "a repeat, the founding sentence repeating nothing.")
+            who, where = REPEATED[self.detector_role]
+            return f"{sentence} {sentence}", (f"Your sentence twice. {who} shows its habit on a repeat: each token of "
+                                              f"the second copy attends to {where}; the sentence once repeats nothing.")
         if self.top.empty:
             return None
         t = self.top.iloc[0]
