@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -138,25 +137,28 @@ async def _visitor(n: int, page, url: str, model: str, clock: dict, report: LlmL
             await _timed(page, n, f"open {current}", current, report, link.click, current, "")
 
 
-async def _choose(page, label: str, value: str, tries: int = 3) -> None:
-    """Choose ``value`` in the selectbox ``label`` by typing it. A click that lands while the page redraws can leave
-    its list shut, the keys going nowhere: the choice is made again until the box shows it (its state, waited on)."""
+IN_URL = "([key, value]) => new RegExp(`[?&]${key}=${value}(&|$)`).test(location.search)"
+
+
+async def _choose(page, label: str, key: str, value: str, tries: int = 3) -> None:
+    """Choose ``value`` in the selectbox ``label`` by typing it, until the page's URL holds it under ``key`` (the
+    server has taken the choice). A click that lands while the page redraws can leave the list shut, the keys going
+    nowhere: the choice is then made again (a state waited on, ``tries`` times)."""
     from playwright.async_api import TimeoutError as PlaywrightTimeout
     picker = page.get_by_test_id("stSelectbox").filter(has_text=label).first
-    chosen = page.get_by_test_id("stSelectbox").filter(has_text=re.compile(rf"{label}\s*{value}\b"))
     for _ in range(tries):
         await picker.click()
         await page.keyboard.type(value)
         await page.keyboard.press("Enter")
         try:
-            await chosen.first.wait_for(timeout=ACTION_TIMEOUT / 4)
+            await page.wait_for_function(IN_URL, arg=[key, value], timeout=ACTION_TIMEOUT / 4, polling=100)
             return
         except PlaywrightTimeout:
             await page.keyboard.press("Escape")
 
 
 async def _switch_layer(page, n: int, layer: int, kind: str, report: LlmLoadReport) -> None:
-    await _timed(page, n, f"layer {layer}", kind, report, lambda: _choose(page, "Layer", str(layer)), "Explore",
+    await _timed(page, n, f"layer {layer}", kind, report, lambda: _choose(page, "Layer", "layer", str(layer)), "Explore",
                  f"Layer {layer} ·")
 
 

@@ -114,6 +114,33 @@ def test_explore_pools_every_head_of_a_2048_token_prompt_and_zooms_from_the_url(
     np.testing.assert_allclose(np.nan_to_num(z), np.maximum.reduceat(exact[-24:], np.arange(0, n, 16), axis=1), atol=1e-4)
 
 
+def test_a_layer_not_yet_run_shows_the_nearest_ready_one_until_it_comes(new_app, reference, monkeypatch):
+    """A long prompt opened at layer 12 before it has run that far: Explore draws the nearest ready layer first
+    (layer 0, the embeddings alone), titled as such and said so, with the picker marking the layers not run yet, and
+    only then runs the layers up to 12; that done, the page draws layer 12 itself."""
+    from app_pages.ui import long as long_ui
+
+    text = prompt(reference.tokenizer, 1000, seed=6)
+    asked = []
+    with monkeypatch.context() as held:  # the run up to layer 12 held back: the page as it is drawn before it
+        held.setattr(long_ui, "catch_up", lambda att, layer, slot: asked.append(layer))
+        at = long_app(new_app, text, layer="12")
+    assert not at.exception and not at.error and asked == [12], [e.value for e in at.error]
+    grid = figures(at)[0]
+    assert "Layer 0 · 1,000 tokens · the nearest ready layer to 12" in title_text(grid)
+    z = decode(heatmaps(grid)[2]["z"]).astype(float)
+    np.testing.assert_allclose(z[~np.isnan(z)], block_max(reference(text, 0, 2))[~np.isnan(z)], atol=1e-4)
+    assert "Layer 12 is on its way: the prompt has run up to layer 0" in texts(at)
+    options = at.selectbox(key="layer").options
+    assert options[0] == "0" and options[12] == "12 · not run yet"
+    at.run()  # the run no longer held back: the layers up to 12, then the page again
+    grid = figures(at)[0]
+    assert "Layer 12 · 1,000 tokens" in title_text(grid) and "nearest" not in title_text(grid)
+    z = decode(heatmaps(grid)[2]["z"]).astype(float)
+    np.testing.assert_allclose(z[~np.isnan(z)], block_max(reference(text, 12, 2))[~np.isnan(z)], atol=1e-4)
+    assert "on its way" not in texts(at) and at.selectbox(key="layer").options[12] == "12"
+
+
 def test_text_and_tokens_read_one_query_row_of_a_2048_token_prompt(new_app, reference):
     text = prompt(reference.tokenizer, 2048, seed=1)  # the prompt of the Explore test: computed once for both
     exact = reference(text, 3, 2)

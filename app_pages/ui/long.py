@@ -41,10 +41,21 @@ def run_layers(att: LongAttention, layer: int) -> None:
     bar.empty()
 
 
-def grid(v: LongView, layer: int, heads: list[int], last: int | None) -> Grid:
-    """``pooled``, once the prompt has run up to ``layer`` under a progress bar."""
-    run_layers(v.attention, layer)
-    return pooled(v, layer, heads, last)
+def nearest_ready(att: LongAttention, layer: int) -> int:
+    """``layer`` once the prompt has run up to it; else the nearest layer below it that has (layer 0 at once: the
+    embeddings alone), for the page to draw first, before it runs the layers up to ``layer`` (``catch_up``)."""
+    climb(att)
+    if att.layers_done == 0:
+        att.run_to(0)
+    return min(layer, att.layers_done - 1)
+
+
+def catch_up(att: LongAttention, layer: int, slot) -> None:
+    """Run the prompt up to ``layer`` under a progress bar in ``slot`` (the page's nearest ready layer drawn
+    meanwhile), then draw the page again with ``layer``: a switch never waits blind on the layers below."""
+    with slot:
+        run_layers(att, layer)
+    st.rerun()
 
 
 def zoom_targets(fig, v: LongView, g: Grid, heads: list[int], cols: int = 4) -> int:
@@ -77,6 +88,11 @@ def explore_long(s, att: LongAttention, layer: int, focus: int, heads: list[int]
     head's figures."""
     v = long_view(att, hide_special=s.hide_special)
     m = len(v)
+    asked, layer = layer, nearest_ready(att, layer)
+    slot = st.container()  # the progress of the layers up to the one asked, at the top, the nearest ready drawn below
+    if layer != asked:
+        slot.caption(f"Layer {asked} is on its way: the prompt has run up to layer {layer}, drawn below until "
+                     f"{asked} comes.")
     if s.merge_words:
         st.caption("Words are not merged in a long prompt: it is drawn in blocks of tokens.")
     a, b, _ = st.columns([1, 1, 2], vertical_alignment="bottom")
@@ -86,11 +102,12 @@ def explore_long(s, att: LongAttention, layer: int, focus: int, heads: list[int]
     if last_only:
         last = bound(b.number_input, "last_k", min(32, m), cast=int, label="How many", min_value=1,
                      max_value=min(m, CELLS), step=8, valid=lambda k: 1 <= k <= min(m, CELLS))
-    g = grid(v, layer, heads, last)
+    g = pooled(v, layer, heads, last)
     rows = g.rows
     what = f"last {rows[1] - rows[0]} queries" if last else f"{m:,} tokens"
+    nearest = "" if layer == asked else f" · the nearest ready layer to {asked}"
     fig = head_grid(g.weights, v.labels, v.labels, heads, shared_scale=s.shared_scale, starts=(g.q_starts, g.k_starts),
-                    hidden=g.hidden, title=title_for(att, f"Layer {layer} · {what}"))
+                    hidden=g.hidden, title=title_for(att, f"Layer {layer} · {what}{nearest}"))
     region = zoom_targets(fig, v, g, heads)
     event = chart(fig, "explore-grid", on_select="rerun", selection_mode="points")
     q_step = int(g.q_starts[1] - g.q_starts[0]) if len(g.q_starts) > 1 else 1
@@ -143,6 +160,8 @@ def explore_long(s, att: LongAttention, layer: int, focus: int, heads: list[int]
                      hide_index=True, key="explore-stats")
     exports("explore", fig, None, sig=f"{att.text}|{layer}|{heads}|{last}|{s}")
     exports("explore-zoom", zoom, None, sig=f"{att.text}|{layer}|{zoom_head}|{queries}|{keys}|{s}")
+    if layer != asked:
+        catch_up(att, asked, slot)
 
 
 PASSAGE = 400  # tokens of a long prompt that Text shades at once
