@@ -93,6 +93,9 @@ def explore_long(s, att: LongAttention, layer: int, focus: int, heads: list[int]
     if layer != asked:
         slot.caption(f"Layer {asked} is on its way: the prompt has run up to layer {layer}, drawn below until "
                      f"{asked} comes.")
+    elif att.layers_done < att.n_layers:
+        slot.caption(f"Layers 0–{att.layers_done - 1} of {att.n_layers} are ready; a higher one runs when asked, the "
+                     "nearest ready drawn first.")
     if s.merge_words:
         st.caption("Words are not merged in a long prompt: it is drawn in blocks of tokens.")
     a, b, _ = st.columns([1, 1, 2], vertical_alignment="bottom")

@@ -19,18 +19,13 @@ def pick_sentence(s: Settings, key: str = "sentence", container=st, label: str =
     return s.sentences[i]
 
 
-def pick_layer(n_layers: int, key: str = "layer", container=st, windows: tuple | None = None,
-               ready: int | None = None) -> int:
-    """A layer; with ``windows`` (``Attention.windows``) each option says whether it slides or sees every key; with
-    ``ready`` (a long prompt's ``layers_done``) the layers the prompt has not run up to yet say so."""
-    def name(i: int) -> str:
-        kind = "" if windows is None else f" {'global' if windows[i] is None else 'local'}"  # fits a narrow box
-        return f"{i}{kind}" + (" · not run yet" if ready is not None and i >= ready else "")
+def pick_layer(n_layers: int, key: str = "layer", container=st, windows: tuple | None = None) -> int:
+    """A layer; with ``windows`` (``Attention.windows``) each option says whether it slides or sees every key."""
     if windows is None:
-        return choose("Layer", list(range(n_layers)), key, container=container,
-                      **({} if ready is None else {"format_func": name}))
+        return choose("Layer", list(range(n_layers)), key, container=container)
     full = [i for i, w in enumerate(windows) if w is None]
-    return choose("Layer", list(range(n_layers)), key, container=container, format_func=name,
+    return choose("Layer", list(range(n_layers)), key, container=container,
+                  format_func=lambda i: f"{i} {'global' if windows[i] is None else 'local'}",  # fits a narrow box
                   help=f"Layers {', '.join(map(str, full)) or 'none'} are global: a query sees every earlier token. "
                        f"The others are local: a query sees only the last {max(w or 0 for w in windows):,} tokens "
                        "(a sliding window).")
