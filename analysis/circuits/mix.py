@@ -19,7 +19,7 @@ class Mix:
     def __init__(self, edits, first: int, count: int, out: torch.Tensor | None = None, *,
                  keep: torch.Tensor | None = None, swaps=()):
         self.edits, self.first, self.count, self.out, self.swaps = edits, first, count, out, swaps
-        self.m = m = int(edits.graph.reach[first])
+        m = int(edits.graph.reach[first])
         if keep is not None:
             self.weights, self.diff, self.start = keep[:m].reshape(m, count), edits.diff, edits.start
         else:  # every edge in (its change this run's) but the swapped ones

@@ -13,7 +13,7 @@ level ``s`` reaches a read at level ``r`` through whatever the stack puts betwee
   sits at level ``k``, and a write at ``s`` reaches a read at ``r`` through norms ``s`` to ``r - 1``. Frozen at a
   run's scales every norm is linear (``FrozenNorms``).
 
-Each path offers the same four things: ``freeze`` (the path at a run's norms: ``through``, ``scores``,
+Each path offers the same three things: ``freeze`` (the path at a run's norms: ``through``, ``scores``,
 ``parts_at``), ``read`` (what a reader reads in a run with some writes switched, the norms as the model applies
 them) and ``without`` (a reader's stream with one write taken out, the norms above it recomputed).
 """
@@ -72,7 +72,8 @@ class Sum:
         return parts
 
     def read(self, mix, level: int) -> torch.Tensor:
-        """What readers at ``level`` read, ``mix`` (``analysis.circuits.graph.Mix``) summed."""
+        """What readers at ``level`` read: ``mix`` (what their writers wrote, ``summed()`` or by level with
+        ``entering()`` and ``written(level)``) summed."""
         return mix.summed()
 
     def without(self, read: torch.Tensor, entering: Level, written: Level, first: int, level: int,
