@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from models.catalog import bundled
 from models.corpus import CORPUS
-from harness.browser import CHROMIUM, CHROMIUM_ARGS
+from harness.browser import CHROMIUM_ARGS, low_priority
 from harness.load import LoadReport, _sample_memory, cpu_seconds, finished, machine_ticks, server_mib
 
 ACTION_TIMEOUT = 120_000  # ms: an action slower than this is an error (the target is 60 s)
@@ -73,6 +73,31 @@ class LlmLoadReport(LoadReport):
                 + f" ({self.returned_mib:+.0f} MiB from before)")
 
 
+# an action's first answer: the page asked for, with a chart drawn for this run (none stale) whose title shows one of
+# ``wants`` (the asked layer or "the nearest ready layer to" it; a want ending in a number is not followed by a digit,
+# so that "to 1" is not "to 12"); with no ``wants``, any chart
+# drawn for the page, or the page done
+FIRST = """([heading, wants]) => {
+  const h1 = document.querySelector('[data-testid="stMain"] h1');
+  if (!h1 || !h1.textContent.includes(heading)) return false;
+  if (document.querySelector('[data-testid="stException"]')) return true;
+  const drawn = [...document.querySelectorAll('.js-plotly-plot')]
+    .filter(p => !p.closest('[data-stale="true"]') && p.querySelector('.main-svg'));
+  if (!wants.length) return drawn.length > 0 || (!document.querySelector('[data-stale="true"]')
+    && !document.querySelector('[data-testid="stStatusWidgetRunningIcon"]'));
+  const shows = (shown, want) => {
+    for (let i = shown.indexOf(want); i >= 0; i = shown.indexOf(want, i + 1))
+      if (!/[0-9]$/.test(want) || !/[0-9]/.test(shown.charAt(i + want.length))) return true;
+    return false;
+  };
+  return drawn.some(p => {
+    const t = p.querySelector('.gtitle');
+    const shown = t ? t.textContent.replace(/\\s/g, '') : '';
+    return wants.some(w => shows(shown, w.replace(/\\s/g, '')));
+  });
+}"""
+
+
 async def _wait(page, heading: str, title: str, timeout: float = ACTION_TIMEOUT) -> None:
     await page.wait_for_function(DONE, arg=[heading, title], timeout=timeout, polling=100)
 
@@ -100,17 +125,25 @@ async def _shown(page) -> str:
     return f"the page shows {heading!r}, chart {title!r}, running {running}, stale {stale}"
 
 
-async def _timed(page, n: int, action: str, kind: str, report: LlmLoadReport, do, heading: str, title: str) -> bool:
-    start = time.perf_counter()
+async def _timed(page, n: int, action: str, kind: str, report: LlmLoadReport, do, heading: str, title: str,
+                 first: tuple[str, ...] | None = None) -> bool:
+    """``do`` the action, timed to its first answer (``FIRST`` with ``first``, by default the title) and to done."""
+    start, answered = time.perf_counter(), []
+    wants = list(first if first is not None else (title,) if title else ())
+    watch = asyncio.create_task(page.wait_for_function(FIRST, arg=[heading, wants], timeout=ACTION_TIMEOUT,
+                                                       polling=100))
+    watch.add_done_callback(lambda _: answered.append(time.perf_counter() - start))
     await do()
     try:
         await _wait(page, heading, title)
     except Exception as err:  # noqa: BLE001 - a timeout is one of the errors reported
         report.errors.append(f"session {n}: {action} did not finish ({type(err).__name__}; {await _shown(page)})")
         return False
-    report.latencies.append(time.perf_counter() - start)
-    report.kinds.append(kind)
-    report.actions += 1
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+    done = time.perf_counter() - start
+    report.record(kind, done, answered[0] if answered and not watch.cancelled() and watch.exception() is None else done)
     await _errors_shown(page, n, action, report)
     return True
 
@@ -158,8 +191,9 @@ async def _choose(page, label: str, key: str, value: str, tries: int = 3) -> Non
 
 
 async def _switch_layer(page, n: int, layer: int, kind: str, report: LlmLoadReport) -> None:
+    """A switch to ``layer``: its first answer is the layer, or the nearest ready one, titled so."""
     await _timed(page, n, f"layer {layer}", kind, report, lambda: _choose(page, "Layer", "layer", str(layer)), "Explore",
-                 f"Layer {layer} ·")
+                 f"Layer {layer} ·", first=(f"Layer {layer} ·", f"the nearest ready layer to {layer}"))
 
 
 async def _open_long(page, n: int, url: str, model: str, text: str, report: LlmLoadReport) -> None:
@@ -203,9 +237,8 @@ async def _trainer(n: int, page, url: str, clock: dict, report: LlmLoadReport, t
     start = time.perf_counter()
     await page.get_by_role("button", name="Start").click()
     await page.get_by_text("of 20,000").first.wait_for(timeout=ACTION_TIMEOUT)
-    report.latencies.append(time.perf_counter() - start)
-    report.kinds.append("start training")
-    report.actions += 1
+    started = time.perf_counter() - start
+    report.record("start training", started, started)
     first = await _past(page, 0)  # its first logged step: the model built, the training under way
     t0 = time.monotonic()
     await asyncio.sleep(idle_s)
@@ -245,7 +278,8 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
     clock = {"end": float("inf"), "at_least": at_least}
     sampler = asyncio.create_task(_sample_memory(pid, report, start, stop))
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        # the browsers at the lowest priority, as students' browsers run on their own machines
+        browser = await p.chromium.launch(executable_path=low_priority(), args=CHROMIUM_ARGS)
         try:
             # whoever starts the server opens the model once; the server then warms up on its own
             context = await browser.new_context(viewport={"width": 1280, "height": 900})

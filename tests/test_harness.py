@@ -1,0 +1,56 @@
+"""The class harness's own measures: its browsers at the lowest CPU priority, and an action's first answer read
+from the page (the asked layer, or the nearest ready one titled so), never from a chart left from before."""
+import os
+
+import psutil
+import pytest
+
+from harness.browser import chromium, low_priority
+from harness.load import LoadReport
+from harness.load_llm import FIRST
+
+pytestmark = pytest.mark.browser
+
+PAGE = """<div data-testid="stMain"><h1>Explore</h1>
+<div class="element" {stale}><div class="js-plotly-plot"><svg class="main-svg"></svg>
+<div class="gtitle">{title}</div></div></div></div>"""
+
+
+def _chromes() -> list[psutil.Process]:
+    return [p for p in psutil.Process(os.getpid()).children(recursive=True) if "chrom" in p.name()]
+
+
+def test_the_class_browsers_run_at_the_lowest_priority_and_their_first_answer_is_read_from_the_page():
+    with chromium(low_priority()) as browser:
+        page = browser.new_page()
+
+        def first(title: str, wants: list[str], stale: bool = False, heading: str = "Explore") -> bool:
+            page.set_content(PAGE.format(title=title, stale='data-stale="true"' if stale else ""))
+            return page.evaluate(FIRST, [heading, wants])
+
+        chromes = _chromes()
+        assert len(chromes) >= 2  # the browser and its renderers
+        assert {p.nice() for p in chromes} == {19}, [(p.name(), p.nice()) for p in chromes]
+
+        nearest = "Layer 3 · 2,048 tokens · the nearest ready layer to 12"
+        assert first(nearest, ["Layer 12 ·", "the nearest ready layer to 12"])
+        assert not first(nearest, ["Layer 1 ·", "the nearest ready layer to 1"])  # 12 is not 1
+        assert first("Layer 12 · 2,048 tokens", ["Layer 12 ·", "the nearest ready layer to 12"])
+        assert not first("Layer 12 · 2,048 tokens", ["Layer 12 ·"], stale=True)  # a chart left from the last run
+        assert not first("Layer 12 · 2,048 tokens", ["Layer 12 ·"], heading="Foci")
+        assert first("Roles over 335 sentences", [])  # a page opened: any chart drawn for it
+        assert not first("Roles over 335 sentences", [], stale=True)  # the page still running
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in chromes)
+
+
+def test_the_report_gives_each_kind_its_first_answer_and_its_done():
+    report = LoadReport(2, 60)
+    for done, first in ((40.0, 4.0), (20.0, 2.0), (10.0, 10.0)):
+        report.record("layer switch", done, first)
+    report.record("Foci", 3.0, 5.0)  # a first answer after done is done
+    assert report.percentile(50, "layer switch", first=True) == 4.0
+    assert report.percentile(100, "layer switch") == 40.0
+    assert report.percentile(100, "Foci", first=True) == 3.0
+    assert report.by_kind() == ("Foci first answer p50 3.00 s max 3.00 s; done p50 3.00 s p95 3.00 s max 3.00 s (1); "
+                                "layer switch first answer p50 4.00 s max 10.00 s; done p50 20.00 s p95 40.00 s "
+                                "max 40.00 s (3)")
