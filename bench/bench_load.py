@@ -22,11 +22,13 @@ machines.
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 
 from bench.common import machine
 from harness.browser import streamlit_server
 from harness.load import run_load
+from app_pages.ui.janitor import HELD_LOG
 
 
 def llm(args) -> None:
@@ -41,10 +43,12 @@ def llm(args) -> None:
     with tempfile.TemporaryDirectory() as results:
         if args.cold:  # nothing kept from an earlier run: the warm-up computes everything
             env["HEADLENS_RESULTS"] = results
+        env[HELD_LOG] = held_log = f"{results}/held.jsonl"  # what the shared results hold, at each janitor's sweep
         with streamlit_server(env=env) as (url, proc):
             report = run_llm_load(url, proc.pid, args.model, texts, model.n_layers, visitors=args.visitors,
                                   long_prompts=args.long, trainers=args.trainers, seconds=args.seconds,
                                   settle=args.settle)
+        most = max(map(json.loads, open(held_log)), key=lambda line: sum(b for _, b in line["held"].values()))
     print(f"warm-up (model opened, server quiet) took {report.warm_up_s:.0f} s")
     print(report.summary())
     print("by action:", report.by_kind())
@@ -58,6 +62,9 @@ def llm(args) -> None:
         print(f"training: {report.idle_steps_s:.1f} steps/s alone, {report.class_steps_s:.1f} with the class "
               f"({share:.2f} of it; aim >= 1/3: {'met' if share >= 1 / 3 else 'NOT met'}), {report.trained_steps:,} steps")
     print(report.memory())
+    total = sum(b for _, b in most["held"].values())
+    print(f"the shared results at their most, {total / 2**20:,.0f} MiB:", ", ".join(
+        f"{name} {b / 2**20:,.0f} MiB ({n})" for name, (n, b) in most["held"].items() if b >= 2**20))
     timeline = [f"{t:.0f} s {m:.0f}" for t, m in report.memory_mib[::15]]
     print("server memory over the run (MiB, every 15 s):", ", ".join(timeline))
     for line in report.errors:

@@ -4,14 +4,17 @@ Every weight of a 4,096-token prompt on SmolLM2 is 30 layers x 9 heads x 4,096²
 more than a laptop holds beside anything else. ``LongAttention`` runs the forward pass once without
 weights (PyTorch's fused attention), one layer at a time and only as high as a view asks, and keeps
 what each layer's attention reads: its normalised input, 30 x 4,096 x 576 floats (283 MB) for
-SmolLM2. A layer's weights are then computed from it as the forward pass computes them, for the
-heads and query rows asked, one block of query rows at a time: pooled into display blocks as they
-come, cut to a zoom, or summed into per-head figures. No whole layer of weights is ever held.
+SmolLM2, the long prompts of a process within ``KEPT_BYTES`` together (``Kept``). A layer's weights
+are then computed from it as the forward pass computes them, for the heads and query rows asked, one
+block of query rows at a time: pooled into display blocks as they come, cut to a zoom, or summed into
+per-head figures. No whole layer of weights is ever held.
 """
 from __future__ import annotations
 
 import itertools
 import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -27,9 +30,60 @@ LONG_TOKENS_CAP = 4096  # the most tokens a long prompt keeps, whatever the mode
 BLOCK_BYTES = 48 * 2**20  # the weights of one block of query rows, every head asked, while it is computed
 MAX_EXACT_BYTES = 256 * 2**20  # the most exact weights ``weights`` returns at once; larger asks are pooled
 SINK_QUERIES = 16  # a causal model's first-token sink is judged on its first queries, as on a sentence
+KEPT_BYTES = 640 * 2**20  # what the long prompts of a process keep together: two of SmolLM2's 4,096 tokens, run up
 
 Progress = Callable[[int, int], None]
 _ids = itertools.count()
+
+
+class Kept:
+    """The long prompts of a process and what they keep (each run layer's attention input, the stream), within
+    ``budget`` bytes together. A prompt that keeps a layer past the budget takes the kept layers of the other
+    prompts, the least recently used first, which run again from their first layer when next asked; a prompt
+    running a layer at that moment is passed over. A prompt is used when a layer of it is asked for (``touch``),
+    not when the server runs it ahead of the sessions, which it does only while the budget has room."""
+
+    def __init__(self, budget: int = KEPT_BYTES):
+        self.budget = budget
+        self._used: OrderedDict[int, weakref.ref] = OrderedDict()  # uid -> prompt, least recently used first
+        self._lock = threading.Lock()
+        self.released = 0  # how many times a prompt gave up its layers
+
+    def touch(self, prompt: "LongAttention") -> None:
+        with self._lock:
+            self._used[prompt.uid] = weakref.ref(prompt)
+            self._used.move_to_end(prompt.uid)
+
+    def prompts(self) -> list["LongAttention"]:
+        """The prompts alive, the least recently used first."""
+        with self._lock:
+            for uid in [uid for uid, ref in self._used.items() if ref() is None]:
+                del self._used[uid]
+            return [p for p in (ref() for ref in self._used.values()) if p is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.prompts())
+
+    def has_room(self, more: int) -> bool:
+        """Whether ``more`` bytes fit within the budget beside what every prompt keeps."""
+        return self.nbytes + more <= self.budget
+
+    def fit(self, prompt: "LongAttention") -> None:
+        """Once ``prompt`` has kept a layer: release the other prompts' layers, the least recently used first,
+        while all of them together keep more than the budget."""
+        prompts = self.prompts()
+        total = sum(p.nbytes for p in prompts)
+        for other in prompts:
+            if total <= self.budget:
+                return
+            if other is not prompt:
+                freed = other.release()
+                self.released += bool(freed)
+                total -= freed
+
+
+KEPT = Kept()
 
 
 class LongAttention(Scans):
@@ -78,7 +132,9 @@ class LongAttention(Scans):
         self._x: torch.Tensor | None = None                                 # the input of layer ``_next``
         self._next = 0
         self._qk: tuple = (None, None)                                      # (layer, (q, k)), replaced whole
+        self.releases = 0  # how many times it gave up its layers to the budget (``Kept``)
         self.sink_share = self._sink_share()
+        KEPT.touch(self)
 
     @property
     def cache_key(self) -> tuple:
@@ -109,6 +165,31 @@ class LongAttention(Scans):
         held = [t for t in (*self._inputs, self._x, *(self._qk[1] or ())) if t is not None]
         return sum(t.numel() * t.element_size() for t in held)
 
+    @property
+    def layer_bytes(self) -> int:
+        """What one run layer keeps: its attention input (the stream entering the next layer is as large)."""
+        return len(self.tokens) * self.model.hidden_size * 4
+
+    @property
+    def may_run_ahead(self) -> bool:
+        """Whether the server may run this prompt's next layer before a session asks for it: a layer is left to run
+        and the long prompts' budget (``Kept``) has room for what it keeps (the first, the stream's too)."""
+        more = self.layer_bytes * (2 if self._x is None else 1)
+        return self.layers_done < self.n_layers and KEPT.has_room(more)
+
+    def release(self) -> int:
+        """Give up every kept layer (they run again from the first when next asked); the bytes freed, or 0 where
+        the prompt is running a layer now."""
+        if not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            freed = self.nbytes
+            self._inputs, self._x, self._next, self._qk = [None] * self.n_layers, None, 0, (None, None)
+            self.releases += bool(freed)
+            return freed
+        finally:
+            self._lock.release()
+
     # --- the forward pass, as high as asked ---------------------------------------------------------
 
     def run_to(self, layer: int, progress: Progress | None = None, *, behind: bool = False) -> None:
@@ -120,8 +201,11 @@ class LongAttention(Scans):
         layer above where that has got), and a layer already known is read without waiting for the pass above it.
         ``behind``: the caller gives way to any other asking for this prompt (the server's run to the top gives
         way to a session's view): it returns, perhaps before ``layer``, when one asks, and runs no layer while
-        one does."""
+        one does, nor one the long prompts' budget has no room for (``may_run_ahead``). Without ``behind``, each
+        layer kept takes its room from the other prompts (``Kept.fit``)."""
         self._check_layer(layer)
+        if not behind:
+            KEPT.touch(self)
         if self._inputs[layer] is not None:
             return
         if not behind:
@@ -130,11 +214,13 @@ class LongAttention(Scans):
         try:
             with torch.inference_mode():
                 while self._inputs[layer] is None:
-                    if behind and self._asking:
+                    if behind and (self._asking or not self.may_run_ahead):
                         return
                     with self._lock:
                         if self._inputs[layer] is None and not (behind and self._asking):
                             self._run_one(layer)
+                    if not behind:  # a session's layer takes the budget's room from the others
+                        KEPT.fit(self)
                     if progress is not None:
                         progress(min(self._next, layer) + 1, layer + 1)
         finally:
@@ -172,13 +258,17 @@ class LongAttention(Scans):
         """The heads ``layer`` still has (original numbering) and their queries and keys as the softmax
         sees them, ``(kept, n, Dh)`` each: queries scaled by ``1 / sqrt(Dh)``, after rotary positions, a
         grouped-query head given its group's keys."""
+        self._check_layer(layer)
+        KEPT.touch(self)
         cached_layer, qk = self._qk
         if cached_layer != layer:
-            self.run_to(layer)
+            while (x := self._inputs[layer]) is None:  # run again where the budget took the layers meanwhile
+                self.run_to(layer)
             with torch.inference_mode():
-                q, k = self.stack.layers[layer].attn.queries_keys(self._inputs[layer][None])
+                q, k = self.stack.layers[layer].attn.queries_keys(x[None])
             qk = (q[0], k[0])
             self._qk = (layer, qk)
+            KEPT.fit(self)
         return self.stack.kept[layer], *qk
 
     # --- weights, a block of query rows at a time ------------------------------------------------------

@@ -36,3 +36,43 @@ def page_in(module) -> None:
         for tensor in [*module.parameters(), *module.buffers()]:
             if tensor.numel() and tensor.device.type == "cpu":
                 tensor.sum()
+
+
+def held_bytes(value, seen: set | None = None) -> int:
+    """The bytes of the arrays, tensors and frames ``value`` holds, through its containers and attributes, each
+    buffer counted once across the calls that share ``seen``. A model (a ``torch.nn.Module``, or whatever carries a
+    tokenizer) is not walked: a result refers to the model it came from, which it does not hold."""
+    import numpy as np
+    import pandas as pd
+
+    seen = set() if seen is None else seen
+    total, todo = 0, [value]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen or item is None or isinstance(item, (int, float, bool, str, bytes, type)):
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            if ("storage", storage.data_ptr()) not in seen:
+                seen.add(("storage", storage.data_ptr()))
+                total += storage.nbytes()
+        elif isinstance(item, np.ndarray):
+            base = item
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if id(base) not in seen or base is item:
+                seen.add(id(base))
+                total += base.nbytes
+        elif isinstance(item, (pd.DataFrame, pd.Series, pd.Index)):
+            total += int(np.sum(item.memory_usage(deep=False)))  # a column of strings as its pointers
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            todo.extend(item)
+        elif isinstance(item, torch.nn.Module) or hasattr(item, "tokenizer") or callable(item):
+            continue
+        elif hasattr(item, "__dict__") or hasattr(item, "__slots__"):
+            todo.extend(getattr(item, "__dict__", {}).values())
+            todo.extend(getattr(item, name) for name in getattr(type(item), "__slots__", ()) if hasattr(item, name))
+    return total

@@ -328,3 +328,38 @@ def test_rollout_of_one_query_through_a_window_equals_the_full_rollout(decoder):
         np.testing.assert_allclose(v.rollout(q, (0, 2), residual=0.3), a[2][q] @ a[1] @ a[0], atol=1e-4)
         np.testing.assert_allclose(v.rollout(100, (1, 2), residual=0.3), (a[2] @ a[1])[100], atol=1e-4)
         assert v.rollout(q, (2, 2)).sum() == pytest.approx(1, abs=1e-4)
+
+
+def test_long_prompts_keep_their_layers_within_a_budget_the_least_recently_used_giving_way(decoder, monkeypatch):
+    """Three prompts, a budget for two run to the top and a little more: the third's layers take the least recently
+    used prompt's, which runs again when asked and gives transformers' weights; the server runs a prompt ahead of
+    the sessions only within the budget, taking no other prompt's layers."""
+    from models import long as long_module
+
+    _, model, hf = decoder
+    kept = long_module.Kept()
+    monkeypatch.setattr(long_module, "KEPT", kept)
+    texts = [text_of(model, n) for n in (1024, 1000, 990)]
+    a, b, c = (model.attend_long(t) for t in texts)
+    top, layer = model.n_layers - 1, a.layer_bytes
+    a.run_to(top)
+    assert a.nbytes == model.n_layers * layer  # each layer's input; the stream above the top is not kept
+    kept.budget = 2 * a.nbytes + 4 * layer
+    b.run_to(top)
+    a.weights(0, [0], queries=(0, 4))  # a, used again, keeps its queries and keys (two layers' worth): b is the oldest
+    c.run_to(top)
+    assert (a.layers_done, b.layers_done, c.layers_done) == (model.n_layers, 0, model.n_layers)
+    assert kept.released == 1 and b.releases == 1 and kept.nbytes <= kept.budget
+    np.testing.assert_allclose(b.weights(2), eager(hf, model, texts[1])[2], atol=1e-4)  # run again: a is the oldest
+    assert (a.layers_done, b.layers_done, c.layers_done) == (0, model.n_layers, model.n_layers)
+    assert kept.nbytes == b.nbytes + c.nbytes > kept.budget - 3 * layer  # room for a's first layer and the stream
+    a.run_to(top, behind=True)  # ahead of the sessions: its first layer and the stream fill the room, then it stops
+    assert a.layers_done == 1 and kept.nbytes <= kept.budget and not a.may_run_ahead
+    assert (b.layers_done, c.layers_done, kept.released) == (model.n_layers, model.n_layers, 2)
+    np.testing.assert_allclose(a.weights(top), eager(hf, model, texts[0])[top], atol=1e-4)
+    # what a server's report of its results counts for a prompt: its layers and token ids, not the model's weights
+    from models.memory import held_bytes
+    ids = sum(t.numel() * t.element_size() for t in a._ids.values())
+    weights = sum(p.numel() * p.element_size() for p in model.stack.parameters())
+    extra = held_bytes(a) - a.nbytes - ids
+    assert 0 <= extra < 16 * len(a.tokens) < weights

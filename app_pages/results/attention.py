@@ -45,11 +45,9 @@ def cached_attention(ref: ModelRef, text: str, causal: bool, heads_off: tuple, m
     return _frozen(att)
 
 
-LONG_BYTES = 640 * 2**20  # long prompts kept for every session: two 4,096-token SmolLM2 prompts run to the top
-
-
-@shared("long prompt", entries=4, max_bytes=LONG_BYTES, size=lambda att: att.nbytes, owned=True,
-        waiting="Reading this long prompt")
+# the last four long prompts; what they keep is bounded across every session by ``models.long.KEPT`` (a prompt's layers
+# go to the budget, the least recently used first, not the prompt, which sessions may be showing)
+@shared("long prompt", entries=4, owned=True, waiting="Reading this long prompt")
 def long_prompt(ref: ModelRef, text: str, causal: bool, heads_off: tuple) -> LongAttention:
     """``text`` as a ``LongAttention`` on ``ref``'s model (on the from-scratch engine), each layer run when asked."""
     model = cached_model(ref)

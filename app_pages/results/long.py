@@ -80,7 +80,7 @@ def climb(att: LongAttention) -> None:
     below it. It gives way to a session asking for a layer it has not reached (``LongAttention.run_to``'s
     ``behind``), which runs the layers itself, at the session's priority; the climb keeps the sessions' priority
     too, so that a session never waits long on a layer the climb has under way."""
-    if att.layers_done >= att.n_layers:
+    if not att.may_run_ahead:
         return
     with _climbs_lock:
         for uid in [uid for uid, thread in _climbs.items() if not thread.is_alive()]:
@@ -97,9 +97,10 @@ CLIMB_PAUSE_S = 5.0  # the longest a climb waits for the sessions' reruns before
 
 
 def _climb(prompt: weakref.ref) -> None:
-    """The climb, a layer at a time; it ends when the prompt has left the cache (no session holds it)."""
+    """The climb, a layer at a time; it ends when the prompt has left the cache (no session holds it), or when the
+    long prompts' budget leaves no room for its next layer (``LongAttention.may_run_ahead``)."""
     here.background = True
-    while (att := prompt()) is not None and att.layers_done < att.n_layers:
+    while (att := prompt()) is not None and att.may_run_ahead:
         layer = att.layers_done
         del att
         SESSIONS.step_aside(at_most_s=CLIMB_PAUSE_S)

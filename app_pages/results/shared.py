@@ -32,6 +32,7 @@ import streamlit as st
 
 from analysis.profiles.run import corpus_hash
 from models import HeadLensError
+from models.memory import held_bytes
 
 from .later import left_for_later
 from .messages import stop_with
@@ -365,6 +366,19 @@ def _copied(value):
 DECLARED: dict[str, Shared] = {}  # every declared result, by name
 _caches: dict[str, SharedCache] = {}  # their caches, made on first use, kept when a module is imported again
 _lock = threading.Lock()
+
+
+def held() -> dict[str, tuple[int, int]]:
+    """Each shared result's entries and the bytes their arrays, tensors and frames hold (``held_bytes``; a buffer
+    two results share is counted under the first), largest first: what the server keeps for its sessions."""
+    with _lock:
+        caches = dict(_caches)
+    seen, out = set(), {}
+    for name, cache in caches.items():
+        with cache._lock:
+            values = list(cache._items.values())
+        out[name] = (len(values), sum(held_bytes(v, seen) for v in values))
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
 
 
 def shared(name: str, *, entries: int = 8, max_bytes: int | None = None, size: Callable | None = None,

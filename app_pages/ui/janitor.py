@@ -4,7 +4,9 @@ asked for (their long prompts, the attention of their sentences, their profiles:
 from __future__ import annotations
 
 import gc
+import json
 import logging
+import os
 import threading
 import time
 
@@ -16,6 +18,7 @@ from ..results import shared as declared
 
 log = logging.getLogger("headlens")
 SWEEP_EVERY = 5.0  # seconds between two sweeps of what closed sessions held
+HELD_LOG = "HEADLENS_HELD_LOG"  # a file to which every third sweep adds a line: what every shared result holds
 
 
 @st.cache_resource
@@ -52,7 +55,17 @@ class Janitor:
         release_memory()  # also what closed sessions' runs and trainings freed
         self.released += gone
         self.sweeps += 1
+        if os.environ.get(HELD_LOG) and self.sweeps % 3 == 1:
+            self.note(os.environ[HELD_LOG])
         return gone
+
+    @staticmethod
+    def note(path: str) -> None:
+        """Add a line to ``path``: the time and, per shared result, its entries and bytes (``shared.held``), for a
+        benchmark to say what the server's memory holds at its peak."""
+        line = {"t": time.time(), "held": {name: list(v) for name, v in declared.held().items() if v[0]}}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
     def _run(self) -> None:
         while True:

@@ -47,7 +47,7 @@ def nearest_ready(att: LongAttention, layer: int) -> int:
     climb(att)
     if att.layers_done == 0:
         att.run_to(0)
-    return min(layer, att.layers_done - 1)
+    return max(0, min(layer, att.layers_done - 1))  # 0: the budget took its layers meanwhile (it runs them again)
 
 
 def catch_up(att: LongAttention, layer: int, slot) -> None:
