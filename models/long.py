@@ -3,11 +3,12 @@
 Every weight of a 4,096-token prompt on SmolLM2 is 30 layers x 9 heads x 4,096² floats, 17 GiB:
 more than a laptop holds beside anything else. ``LongAttention`` runs the forward pass once without
 weights (PyTorch's fused attention), one layer at a time and only as high as a view asks, and keeps
-what each layer's attention reads: its normalised input, 30 x 4,096 x 576 floats (283 MB) for
-SmolLM2, the long prompts of a process within ``KEPT_BYTES`` together (``Kept``). A layer's weights
-are then computed from it as the forward pass computes them, for the heads and query rows asked, one
-block of query rows at a time: pooled into display blocks as they come, cut to a zoom, or summed into
-per-head figures. No whole layer of weights is ever held.
+the residual stream entering every third layer, 10 x 4,096 x 576 floats (94 MB) for SmolLM2 (every
+layer's would be 283 MB), the long prompts of a process within ``KEPT_BYTES`` together (``Kept``). A
+layer's attention input is made from the stream below it (at most two layers run again) and kept for
+the last layers viewed; its weights are then computed from it as the forward pass computes them, for
+the heads and query rows asked, one block of query rows at a time: pooled into display blocks as they
+come, cut to a zoom, or summed into per-head figures. No whole layer of weights is ever held.
 """
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ from .errors import HeadLensError
 from .kernels import outside_window
 from .long_scan import Scans
 from .memory import release_memory
-from .run import Edits
 
 LONG_TOKENS_CAP = 4096  # the most tokens a long prompt keeps, whatever the model allows
 BLOCK_BYTES = 48 * 2**20  # the weights of one block of query rows, every head asked, while it is computed
 MAX_EXACT_BYTES = 256 * 2**20  # the most exact weights ``weights`` returns at once; larger asks are pooled
 SINK_QUERIES = 16  # a causal model's first-token sink is judged on its first queries, as on a sentence
-KEPT_BYTES = 640 * 2**20  # what the long prompts of a process keep together: two of SmolLM2's 4,096 tokens, run up
+CHECKPOINT_EVERY = 3  # the stream is kept entering every third layer: a layer between runs at most two from it
+RECENT_INPUTS = 2  # the attention inputs of the last layers viewed, kept
+KEPT_BYTES = 384 * 2**20  # what the long prompts of a process keep together: two of SmolLM2's 4,096 tokens, run up
 
 Progress = Callable[[int, int], None]
 _ids = itertools.count()
@@ -128,8 +130,9 @@ class LongAttention(Scans):
         self.uid = next(_ids)  # names this prompt in caches of what was computed from it, without holding it
         self._lock = threading.Lock()
         self._asking, self._asking_lock = 0, threading.Lock()  # the callers of ``run_to`` not ``behind``, now
-        self._inputs: list[torch.Tensor | None] = [None] * self.n_layers  # (n, E): what each layer's attention read
-        self._x: torch.Tensor | None = None                                 # the input of layer ``_next``
+        self._streams: dict[int, torch.Tensor] = {}  # layer -> the stream entering it, every CHECKPOINT_EVERY layers
+        self._recent: OrderedDict[int, torch.Tensor] = OrderedDict()  # layer -> its attention input, the last viewed
+        self._x: torch.Tensor | None = None          # the stream entering layer ``_next``: the pass got that far
         self._next = 0
         self._qk: tuple = (None, None)                                      # (layer, (q, k)), replaced whole
         self.releases = 0  # how many times it gave up its layers to the budget (``Kept``)
@@ -156,26 +159,28 @@ class LongAttention(Scans):
 
     @property
     def layers_done(self) -> int:
-        """How many layers, from the first, have their attention input known (their weights can be computed)."""
-        return sum(t is not None for t in self._inputs)
+        """How many layers, from the first, the forward pass has reached (their weights can be computed with at most
+        ``CHECKPOINT_EVERY - 1`` layers run again)."""
+        return 0 if self._x is None else self._next + 1
 
     @property
     def nbytes(self) -> int:
-        """Memory it holds: each run layer's attention input and the residual stream, in bytes."""
-        held = [t for t in (*self._inputs, self._x, *(self._qk[1] or ())) if t is not None]
-        return sum(t.numel() * t.element_size() for t in held)
+        """Memory it holds, in bytes: the streams kept, the pass's own, the recent layers' attention inputs, and one
+        layer's queries and keys (each buffer once)."""
+        held = [t for t in (*self._streams.values(), self._x, *self._recent.values(), *(self._qk[1] or ()))
+                if t is not None]
+        return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}.values())
 
     @property
     def layer_bytes(self) -> int:
-        """What one run layer keeps: its attention input (the stream entering the next layer is as large)."""
+        """What one more layer of the pass keeps, at most: the stream entering it (an attention input is as large)."""
         return len(self.tokens) * self.model.hidden_size * 4
 
     @property
     def may_run_ahead(self) -> bool:
         """Whether the server may run this prompt's next layer before a session asks for it: a layer is left to run
-        and the long prompts' budget (``Kept``) has room for what it keeps (the first, the stream's too)."""
-        more = self.layer_bytes * (2 if self._x is None else 1)
-        return self.layers_done < self.n_layers and KEPT.has_room(more)
+        and the long prompts' budget (``Kept``) has room for what it keeps."""
+        return self.layers_done < self.n_layers and KEPT.has_room(self.layer_bytes)
 
     def release(self) -> int:
         """Give up every kept layer (they run again from the first when next asked); the bytes freed, or 0 where
@@ -184,7 +189,7 @@ class LongAttention(Scans):
             return 0
         try:
             freed = self.nbytes
-            self._inputs, self._x, self._next, self._qk = [None] * self.n_layers, None, 0, (None, None)
+            self._streams, self._recent, self._x, self._next, self._qk = {}, OrderedDict(), None, 0, (None, None)
             self.releases += bool(freed)
             return freed
         finally:
@@ -193,7 +198,7 @@ class LongAttention(Scans):
     # --- the forward pass, as high as asked ---------------------------------------------------------
 
     def run_to(self, layer: int, progress: Progress | None = None, *, behind: bool = False) -> None:
-        """Run the forward pass until ``layer``'s attention input is known: the layers below it, those not
+        """Run the forward pass until the stream entering ``layer`` is known: the layers below it, those not
         run yet (``layer`` itself runs only when a higher layer is asked for). ``progress(done, layer + 1)``.
 
         The pass goes one layer at a time, each under the prompt's lock: threads asking for different layers
@@ -206,19 +211,19 @@ class LongAttention(Scans):
         self._check_layer(layer)
         if not behind:
             KEPT.touch(self)
-        if self._inputs[layer] is not None:
+        if self._reached(layer):
             return
         if not behind:
             with self._asking_lock:
                 self._asking += 1
         try:
             with torch.inference_mode():
-                while self._inputs[layer] is None:
+                while not self._reached(layer):
                     if behind and (self._asking or not self.may_run_ahead):
                         return
                     with self._lock:
-                        if self._inputs[layer] is None and not (behind and self._asking):
-                            self._run_one(layer)
+                        if not self._reached(layer) and not (behind and self._asking):
+                            self._run_one()
                     if not behind:  # a session's layer takes the budget's room from the others
                         KEPT.fit(self)
                     if progress is not None:
@@ -229,30 +234,49 @@ class LongAttention(Scans):
                     self._asking -= 1
         release_memory()
 
-    def _run_one(self, layer: int) -> None:
-        """Under the lock: run the next layer below ``layer`` (its attention input kept), or, once ``layer`` is
-        reached, read ``layer``'s attention input from the stream entering it."""
-        if self._x is None:
-            self._x = self.stack.embed_tokens(**self.model._stack_inputs(self._ids))[0]
-        i = self._next
-        if i == layer:
-            self._inputs[layer] = self.stack.layers[layer].attention_input(self._x)[0].contiguous()
-        else:
-            edits = Edits.every_layer("attn_in", self._keep_input, (i,))
-            edits = self.stack.switched_off(self._mask, self._fill).then(edits)
-            self._x = self.stack.run_layers(self._x, start=i, stop=i + 1, causal=self.causal, need_weights=False,
-                                            edits=edits)[0]
-            self._next = i + 1
-        if self._inputs[-1] is not None:
-            self._x = None  # nothing above the last layer needs its output
+    def _reached(self, layer: int) -> bool:
+        return self._x is not None and self._next >= layer
 
-    def _keep_input(self, i: int):
-        """The ``attn_in`` edit of layer ``i``: it keeps what the layer's attention reads, once."""
-        def keep(h):
-            if self._inputs[i] is None:
-                self._inputs[i] = h[0].contiguous()
-            return h
-        return keep
+    def _run_one(self) -> None:
+        """Under the lock: the embeddings, or the next layer, keeping the stream entering every
+        ``CHECKPOINT_EVERY``-th layer."""
+        if self._x is None:
+            self._x = self._streams[0] = self.stack.embed_tokens(**self.model._stack_inputs(self._ids))[0]
+            return
+        i = self._next
+        self._x = self._run(self._x, i, i + 1)
+        self._next = i + 1
+        if self._next % CHECKPOINT_EVERY == 0:
+            self._streams[self._next] = self._x
+
+    def _run(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return self.stack.run_layers(x, start=start, stop=stop, causal=self.causal, need_weights=False,
+                                     edits=self.stack.switched_off(self._mask, self._fill))[0]
+
+    def attention_input(self, layer: int) -> torch.Tensor:
+        """What ``layer``'s attention reads, ``(n, E)``: kept from a recent view, or made from the stream entering
+        it, which runs from the stream kept below it (at most ``CHECKPOINT_EVERY - 1`` layers); the forward pass
+        first runs up to it."""
+        while True:
+            self.run_to(layer)
+            with self._lock, torch.inference_mode():
+                if (x := self._recent.get(layer)) is not None:
+                    self._recent.move_to_end(layer)
+                    return x
+                if not self._reached(layer):  # the budget took the prompt's layers meanwhile: run again
+                    continue
+                below = layer - layer % CHECKPOINT_EVERY
+                if layer == self._next:
+                    stream = self._x
+                elif below == layer:
+                    stream = self._streams[layer]
+                else:
+                    stream = self._run(self._streams[below], below, layer)
+                x = self.stack.layers[layer].attention_input(stream)[0].contiguous()
+                self._recent[layer] = x
+                while len(self._recent) > RECENT_INPUTS:
+                    self._recent.popitem(last=False)
+                return x
 
     def queries_keys(self, layer: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """The heads ``layer`` still has (original numbering) and their queries and keys as the softmax
@@ -262,8 +286,7 @@ class LongAttention(Scans):
         KEPT.touch(self)
         cached_layer, qk = self._qk
         if cached_layer != layer:
-            while (x := self._inputs[layer]) is None:  # run again where the budget took the layers meanwhile
-                self.run_to(layer)
+            x = self.attention_input(layer)
             with torch.inference_mode():
                 q, k = self.stack.layers[layer].attn.queries_keys(x[None])
             qk = (q[0], k[0])

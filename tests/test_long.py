@@ -184,7 +184,32 @@ def test_a_climb_beside_a_view_runs_each_layer_once_and_gives_transformers_weigh
     assert long.layers_done == model.n_layers and sorted(runs) == list(range(model.n_layers - 1))
     for layer in range(model.n_layers):
         np.testing.assert_allclose(long.weights(layer), reference[layer], atol=1e-4)
-    assert runs == list(range(model.n_layers - 1)) and long._x is None  # the top layer's output is never needed
+    assert runs == list(range(model.n_layers - 1))  # the top layer's output is never needed
+
+
+def test_a_layer_between_the_kept_streams_runs_from_the_one_below_it(decoder, monkeypatch):
+    """The pass keeps the stream entering every ``CHECKPOINT_EVERY``-th layer and no attention input; a view of a
+    layer between runs from the stream below it, and the last layers viewed keep their inputs."""
+    from models import long as long_module
+
+    _, model, hf = decoder
+    monkeypatch.setattr(long_module, "CHECKPOINT_EVERY", 2)
+    text = text_of(model, 1024)
+    long = model.attend_long(text)
+    runs = []
+    run_layers = long.stack.run_layers
+    monkeypatch.setattr(long.stack, "run_layers", lambda x, *a, start=0, stop=None, **k: runs.append((start, stop))
+                        or run_layers(x, *a, start=start, stop=stop, **k))
+    long.run_to(model.n_layers - 1)
+    assert runs == [(0, 1), (1, 2)] and sorted(long._streams) == [0, 2] and not long._recent
+    assert long.nbytes == 2 * long.layer_bytes  # the streams entering layers 0 and 2 (the pass's own is the second)
+    reference = eager(hf, model, text)
+    np.testing.assert_allclose(long.weights(1), reference[1], atol=1e-4)
+    assert runs[2:] == [(0, 1)]  # from the stream entering layer 0
+    np.testing.assert_allclose(long.weights(2), reference[2], atol=1e-4)
+    np.testing.assert_allclose(long.weights(1), reference[1], atol=1e-4)
+    np.testing.assert_allclose(long.weights(0), reference[0], atol=1e-4)
+    assert runs[2:] == [(0, 1)] and list(long._recent) == [1, 0]  # 1 was kept from its view; 0 and 2 run nothing
 
 
 def test_the_climb_gives_way_to_a_session_asking_for_a_layer(decoder, monkeypatch):
@@ -343,17 +368,17 @@ def test_long_prompts_keep_their_layers_within_a_budget_the_least_recently_used_
     a, b, c = (model.attend_long(t) for t in texts)
     top, layer = model.n_layers - 1, a.layer_bytes
     a.run_to(top)
-    assert a.nbytes == model.n_layers * layer  # each layer's input; the stream above the top is not kept
+    assert a.nbytes == 2 * layer  # the streams entering its first layer and its top one
     kept.budget = 2 * a.nbytes + 4 * layer
     b.run_to(top)
-    a.weights(0, [0], queries=(0, 4))  # a, used again, keeps its queries and keys (two layers' worth): b is the oldest
+    a.weights(0, [0], queries=(0, 4))  # a, used again, keeps an input and its queries and keys: b is the oldest
     c.run_to(top)
     assert (a.layers_done, b.layers_done, c.layers_done) == (model.n_layers, 0, model.n_layers)
     assert kept.released == 1 and b.releases == 1 and kept.nbytes <= kept.budget
     np.testing.assert_allclose(b.weights(2), eager(hf, model, texts[1])[2], atol=1e-4)  # run again: a is the oldest
     assert (a.layers_done, b.layers_done, c.layers_done) == (0, model.n_layers, model.n_layers)
-    assert kept.nbytes == b.nbytes + c.nbytes > kept.budget - 3 * layer  # room for a's first layer and the stream
-    a.run_to(top, behind=True)  # ahead of the sessions: its first layer and the stream fill the room, then it stops
+    assert kept.nbytes == b.nbytes + c.nbytes > kept.budget - 2 * layer  # room for a's embeddings, not one more
+    a.run_to(top, behind=True)  # ahead of the sessions: its embeddings fill the room, then it stops
     assert a.layers_done == 1 and kept.nbytes <= kept.budget and not a.may_run_ahead
     assert (b.layers_done, c.layers_done, kept.released) == (model.n_layers, model.n_layers, 2)
     np.testing.assert_allclose(a.weights(top), eager(hf, model, texts[0])[top], atol=1e-4)
