@@ -187,29 +187,28 @@ def test_a_climb_beside_a_view_runs_each_layer_once_and_gives_transformers_weigh
     assert runs == list(range(model.n_layers - 1))  # the top layer's output is never needed
 
 
-def test_a_layer_between_the_kept_streams_runs_from_the_one_below_it(decoder, monkeypatch):
-    """The pass keeps the stream entering every ``CHECKPOINT_EVERY``-th layer and no attention input; a view of a
-    layer between runs from the stream below it, and the last layers viewed keep their inputs."""
-    from models import long as long_module
-
-    _, model, hf = decoder
-    monkeypatch.setattr(long_module, "CHECKPOINT_EVERY", 2)
+def test_a_layer_between_the_kept_streams_runs_from_the_one_below_it(tmp_path, monkeypatch):
+    """The pass keeps the stream entering every third layer and no attention input; a view of a layer between runs
+    from the stream below it, or from the last one made between (layers in order run once), and the last two
+    layers viewed keep their inputs. Every layer's weights are transformers'."""
+    save_llama(tmp_path, num_hidden_layers=5)
+    model = load_model(tmp_path, backend="scratch")
+    hf = tf.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     text = text_of(model, 1024)
     long = model.attend_long(text)
     runs = []
     run_layers = long.stack.run_layers
     monkeypatch.setattr(long.stack, "run_layers", lambda x, *a, start=0, stop=None, **k: runs.append((start, stop))
                         or run_layers(x, *a, start=start, stop=stop, **k))
-    long.run_to(model.n_layers - 1)
-    assert runs == [(0, 1), (1, 2)] and sorted(long._streams) == [0, 2] and not long._recent
-    assert long.nbytes == 2 * long.layer_bytes  # the streams entering layers 0 and 2 (the pass's own is the second)
+    long.run_to(4)
+    assert runs == [(0, 1), (1, 2), (2, 3), (3, 4)] and sorted(long._streams) == [0, 3] and not long._recent
+    assert long.nbytes == 3 * long.layer_bytes  # the streams entering layers 0 and 3, and the pass's, entering 4
     reference = eager(hf, model, text)
-    np.testing.assert_allclose(long.weights(1), reference[1], atol=1e-4)
-    assert runs[2:] == [(0, 1)]  # from the stream entering layer 0
-    np.testing.assert_allclose(long.weights(2), reference[2], atol=1e-4)
-    np.testing.assert_allclose(long.weights(1), reference[1], atol=1e-4)
-    np.testing.assert_allclose(long.weights(0), reference[0], atol=1e-4)
-    assert runs[2:] == [(0, 1)] and list(long._recent) == [1, 0]  # 1 was kept from its view; 0 and 2 run nothing
+    for layer, ran in ((1, [(0, 1)]), (2, [(1, 2)]), (4, []), (3, []), (2, []), (1, [(0, 1)]), (0, [])):
+        del runs[:]
+        np.testing.assert_allclose(long.weights(layer), reference[layer], atol=1e-4)
+        assert runs == ran, (layer, runs)  # 2 from the stream made for 1, and again from its own; 1 made again
+    assert list(long._recent) == [1, 0]
 
 
 def test_the_climb_gives_way_to_a_session_asking_for_a_layer(decoder, monkeypatch):
