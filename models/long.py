@@ -133,7 +133,7 @@ class LongAttention(Scans):
         self._streams: dict[int, torch.Tensor] = {}  # layer -> the stream entering it, every CHECKPOINT_EVERY layers
         self._recent: OrderedDict[int, torch.Tensor] = OrderedDict()  # layer -> its attention input, the last viewed
         self._x: torch.Tensor | None = None          # the stream entering layer ``_next``: the pass got that far
-        self._between: tuple | None = None           # (layer, the stream entering it): the last made between two kept
+        self._between: dict[int, torch.Tensor] = {}  # layer -> the stream entering it, made between two kept ones
         self._next = 0
         self._qk: tuple = (None, None)                                      # (layer, (q, k)), replaced whole
         self.releases = 0  # how many times it gave up its layers to the budget (``Kept``)
@@ -168,9 +168,8 @@ class LongAttention(Scans):
     def nbytes(self) -> int:
         """Memory it holds, in bytes: the streams kept, the pass's own, the recent layers' attention inputs, and one
         layer's queries and keys (each buffer once)."""
-        between = () if self._between is None else (self._between[1],)
-        held = [t for t in (*self._streams.values(), self._x, *between, *self._recent.values(), *(self._qk[1] or ()))
-                if t is not None]
+        held = [t for t in (*self._streams.values(), self._x, *self._between.values(), *self._recent.values(),
+                            *(self._qk[1] or ())) if t is not None]
         return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}.values())
 
     @property
@@ -192,7 +191,7 @@ class LongAttention(Scans):
         try:
             freed = self.nbytes
             self._streams, self._recent, self._x, self._next, self._qk = {}, OrderedDict(), None, 0, (None, None)
-            self._between = None
+            self._between = {}
             self.releases += bool(freed)
             return freed
         finally:
@@ -258,9 +257,9 @@ class LongAttention(Scans):
 
     def attention_input(self, layer: int) -> torch.Tensor:
         """What ``layer``'s attention reads, ``(n, E)``: kept from a recent view, or made from the stream entering
-        it, which runs from the stream kept below it (at most ``CHECKPOINT_EVERY - 1`` layers), or from the last
-        one made between, when that is nearer (layers asked in order, as a survey does, run each once); the forward
-        pass first runs up to it."""
+        it, which runs from the stream kept below it (at most ``CHECKPOINT_EVERY - 1`` layers, each stream made kept
+        until a layer of another span is asked: layers read in order, up as a survey reads them or down as a
+        rollout does, run each once); the forward pass first runs up to it."""
         while True:
             self.run_to(layer)
             with self._lock, torch.inference_mode():
@@ -275,12 +274,12 @@ class LongAttention(Scans):
                 elif below == layer:
                     stream = self._streams[layer]
                 else:
-                    start, stream = below, self._streams[below]
-                    if self._between is not None and below <= self._between[0] <= layer:
-                        start, stream = self._between
-                    if start < layer:
-                        stream = self._run(stream, start, layer)
-                        self._between = (layer, stream)
+                    between = {i: x for i, x in self._between.items() if below < i < below + CHECKPOINT_EVERY}
+                    start = max((i for i in between if i <= layer), default=below)
+                    stream = between.get(start, self._streams[below])
+                    for i in range(start, layer):
+                        stream = between[i + 1] = self._run(stream, i, i + 1)
+                    self._between = between
                 x = self.stack.layers[layer].attention_input(stream)[0].contiguous()
                 self._recent[layer] = x
                 while len(self._recent) > RECENT_INPUTS:

@@ -189,8 +189,8 @@ def test_a_climb_beside_a_view_runs_each_layer_once_and_gives_transformers_weigh
 
 def test_a_layer_between_the_kept_streams_runs_from_the_one_below_it(tmp_path, monkeypatch):
     """The pass keeps the stream entering every third layer and no attention input; a view of a layer between runs
-    from the stream below it, or from the last one made between (layers in order run once), and the last two
-    layers viewed keep their inputs. Every layer's weights are transformers'."""
+    from the stream below it, or from one made between, kept while its span is read (layers read up or down run
+    once), and the last two layers viewed keep their inputs. Every layer's weights are transformers'."""
     save_llama(tmp_path, num_hidden_layers=5)
     model = load_model(tmp_path, backend="scratch")
     hf = tf.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
@@ -204,11 +204,18 @@ def test_a_layer_between_the_kept_streams_runs_from_the_one_below_it(tmp_path, m
     assert runs == [(0, 1), (1, 2), (2, 3), (3, 4)] and sorted(long._streams) == [0, 3] and not long._recent
     assert long.nbytes == 3 * long.layer_bytes  # the streams entering layers 0 and 3, and the pass's, entering 4
     reference = eager(hf, model, text)
-    for layer, ran in ((1, [(0, 1)]), (2, [(1, 2)]), (4, []), (3, []), (2, []), (1, [(0, 1)]), (0, [])):
+    # 2 from the stream made for 1; 4 from the pass's, 3 from the kept one; 2 and 1 again from those made for them
+    for layer, ran in ((1, [(0, 1)]), (2, [(1, 2)]), (4, []), (3, []), (2, []), (1, []), (0, [])):
         del runs[:]
         np.testing.assert_allclose(long.weights(layer), reference[layer], atol=1e-4)
-        assert runs == ran, (layer, runs)  # 2 from the stream made for 1, and again from its own; 1 made again
-    assert list(long._recent) == [1, 0]
+        assert runs == ran, (layer, runs)
+    assert list(long._recent) == [1, 0] and sorted(long._between) == [1, 2]
+    long.release()
+    long.run_to(4)
+    for layer, ran in ((2, [(0, 1), (1, 2)]), (1, [])):  # down, as a rollout reads: each layer runs once
+        del runs[:]
+        np.testing.assert_allclose(long.weights(layer), reference[layer], atol=1e-4)
+        assert runs == ran, (layer, runs)
 
 
 def test_the_climb_gives_way_to_a_session_asking_for_a_layer(decoder, monkeypatch):
