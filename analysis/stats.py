@@ -14,7 +14,6 @@ import hashlib
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from models import HeadLensError
 
@@ -53,6 +52,7 @@ def interval(values: np.ndarray, span: np.ndarray | None = None, *, resamples: i
              seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The percentile bootstrap interval at ``LEVEL`` of each column's mean (``span`` given: of
     ``mean(values) / mean(span)``, the pairs resampled together), ``(low, high)``."""
+    from scipy import stats
     values = _check(values)
     rng = np.random.default_rng(seed)
     constant = np.ptp(values, axis=0) == 0  # scipy warns on a column that never varies: its interval is its value
@@ -85,6 +85,7 @@ def interval(values: np.ndarray, span: np.ndarray | None = None, *, resamples: i
 def sign_flip_p(values: np.ndarray, *, permutations: int = PERMUTATIONS, seed: int = 0) -> np.ndarray:
     """Each column's two-sided p-value that its mean is zero, by flipping the signs of the pairs' values at
     random (exact when ``2 ** pairs`` is at most ``permutations``); 1 for a column of zeros."""
+    from scipy import stats
     values = _check(values)
     p = np.ones(values.shape[1])
     cols = np.flatnonzero(np.any(values != 0, axis=0))
@@ -99,6 +100,7 @@ def sign_flip_p(values: np.ndarray, *, permutations: int = PERMUTATIONS, seed: i
 
 def corrected(p: np.ndarray) -> np.ndarray:
     """Benjamini-Hochberg's adjusted p-values (q) across all the columns."""
+    from scipy import stats
     return stats.false_discovery_control(np.asarray(p, dtype=np.float64), method="bh")
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
 
 from models import AttentionModel, HeadLensError, head_label
 from models.run import device_of
@@ -55,6 +54,8 @@ class KeyWriters:
 
 
 def _wilson(k: int, n: int) -> tuple[float, float, float]:
+    from scipy import stats  # a second to import: read when a figure needs it
+
     ci = stats.binomtest(k, n).proportion_ci(LEVEL, method="wilson")
     return k / n, float(ci.low), float(ci.high)
 

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.stats import bootstrap
 
 from models import AttentionModel, HeadLensError
 from models.corpus import CORPUS
@@ -119,6 +118,7 @@ def text_scores(att) -> tuple[np.ndarray, np.ndarray]:
 def interval(values: np.ndarray, level: float = LEVEL, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean over the first axis of ``values`` ``(items, ...)`` with its percentile bootstrap interval over
     the items; items that are NaN for a head are left out of that head."""
+    from scipy.stats import bootstrap
     flat = values.reshape(len(values), -1)
     shape = values.shape[1:]
     if len(flat) >= 2 and not np.isnan(flat).any() and (np.ptp(flat, axis=0) > 0).all():  # every head at once

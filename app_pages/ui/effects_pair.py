@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import streamlit as st
-from scipy.stats import spearmanr
 
 from analysis import make_view
 from analysis.roles.detector import DETECTORS
@@ -283,6 +282,8 @@ def flow_section(v: EffectsView) -> pd.DataFrame:
     strong = [divmod(int(i), v.model.n_heads) for i in np.argsort(-per_head, axis=None, kind="stable")[:10]
               if per_head.flat[i] > 0]
     varies = np.ptp(per_head) > 0 and np.ptp(v.recovered) > 0  # a rank correlation needs both to vary
+    from scipy.stats import spearmanr  # a second to import: read when the section is drawn
+
     rho = spearmanr(per_head.reshape(-1), np.abs(v.recovered).reshape(-1)).statistic if varies else float("nan")
     route_said = ("; ".join(f"{head_label(r.layer, r.head)} from “{token_label(tokens[r.source])}” ({r.share:.2f})"
                             for r in on_route.itertuples()) or "none: it stays in its token")
