@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -23,6 +22,7 @@ import torch
 
 from .errors import HeadLensError
 from .kernels import outside_window
+from .long_kept import KEPT, KEPT_BYTES, Kept  # noqa: F401 - the budget's figure and kind, read from here too
 from .long_scan import Scans
 from .memory import release_memory
 
@@ -32,60 +32,9 @@ MAX_EXACT_BYTES = 256 * 2**20  # the most exact weights ``weights`` returns at o
 SINK_QUERIES = 16  # a causal model's first-token sink is judged on its first queries, as on a sentence
 CHECKPOINT_EVERY = 3  # the stream is kept entering every third layer: a layer between runs at most two from it
 RECENT_INPUTS = 2  # the attention inputs of the last layers viewed, kept
-KEPT_BYTES = 384 * 2**20  # what the long prompts of a process keep together: two of SmolLM2's 4,096 tokens, run up
 
 Progress = Callable[[int, int], None]
 _ids = itertools.count()
-
-
-class Kept:
-    """The long prompts of a process and what they keep (each run layer's attention input, the stream), within
-    ``budget`` bytes together. A prompt that keeps a layer past the budget takes the kept layers of the other
-    prompts, the least recently used first, which run again from their first layer when next asked; a prompt
-    running a layer at that moment is passed over. A prompt is used when a layer of it is asked for (``touch``),
-    not when the server runs it ahead of the sessions, which it does only while the budget has room."""
-
-    def __init__(self, budget: int = KEPT_BYTES):
-        self.budget = budget
-        self._used: OrderedDict[int, weakref.ref] = OrderedDict()  # uid -> prompt, least recently used first
-        self._lock = threading.Lock()
-        self.released = 0  # how many times a prompt gave up its layers
-
-    def touch(self, prompt: "LongAttention") -> None:
-        with self._lock:
-            self._used[prompt.uid] = weakref.ref(prompt)
-            self._used.move_to_end(prompt.uid)
-
-    def prompts(self) -> list["LongAttention"]:
-        """The prompts alive, the least recently used first."""
-        with self._lock:
-            for uid in [uid for uid, ref in self._used.items() if ref() is None]:
-                del self._used[uid]
-            return [p for p in (ref() for ref in self._used.values()) if p is not None]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.prompts())
-
-    def has_room(self, more: int) -> bool:
-        """Whether ``more`` bytes fit within the budget beside what every prompt keeps."""
-        return self.nbytes + more <= self.budget
-
-    def fit(self, prompt: "LongAttention") -> None:
-        """Once ``prompt`` has kept a layer: release the other prompts' layers, the least recently used first,
-        while all of them together keep more than the budget."""
-        prompts = self.prompts()
-        total = sum(p.nbytes for p in prompts)
-        for other in prompts:
-            if total <= self.budget:
-                return
-            if other is not prompt:
-                freed = other.release()
-                self.released += bool(freed)
-                total -= freed
-
-
-KEPT = Kept()
 
 
 class LongAttention(Scans):

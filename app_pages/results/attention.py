@@ -45,7 +45,7 @@ def cached_attention(ref: ModelRef, text: str, causal: bool, heads_off: tuple, m
     return _frozen(att)
 
 
-# the last four long prompts; what they keep is bounded across every session by ``models.long.KEPT`` (a prompt's layers
+# the last four long prompts; what they keep is bounded across every session by ``models.long_kept.KEPT`` (a prompt's layers
 # go to the budget, the least recently used first, not the prompt, which sessions may be showing)
 @shared("long prompt", entries=4, owned=True, waiting="Reading this long prompt")
 def long_prompt(ref: ModelRef, text: str, causal: bool, heads_off: tuple) -> LongAttention:

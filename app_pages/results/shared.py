@@ -141,6 +141,13 @@ class SharedCache:
             self._items.clear()
             self._owners.clear()
 
+    def held(self, seen: set) -> tuple[int, int]:
+        """Its entries and the bytes their arrays, tensors and frames hold (``held_bytes``, a buffer in ``seen``
+        counted once)."""
+        with self._lock:
+            values = list(self._items.values())
+        return len(values), sum(held_bytes(v, seen) for v in values)
+
     def computing(self, key) -> threading.Lock:
         """The lock to hold while computing ``key``, so that sessions asking at once compute it once."""
         with self._lock:
@@ -366,19 +373,6 @@ def _copied(value):
 DECLARED: dict[str, Shared] = {}  # every declared result, by name
 _caches: dict[str, SharedCache] = {}  # their caches, made on first use, kept when a module is imported again
 _lock = threading.Lock()
-
-
-def held() -> dict[str, tuple[int, int]]:
-    """Each shared result's entries and the bytes their arrays, tensors and frames hold (``held_bytes``; a buffer
-    two results share is counted under the first), largest first: what the server keeps for its sessions."""
-    with _lock:
-        caches = dict(_caches)
-    seen, out = set(), {}
-    for name, cache in caches.items():
-        with cache._lock:
-            values = list(cache._items.values())
-        out[name] = (len(values), sum(held_bytes(v, seen) for v in values))
-    return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
 
 
 def shared(name: str, *, entries: int = 8, max_bytes: int | None = None, size: Callable | None = None,

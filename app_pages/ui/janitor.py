@@ -61,9 +61,15 @@ class Janitor:
 
     @staticmethod
     def note(path: str) -> None:
-        """Add a line to ``path``: the time and, per shared result, its entries and bytes (``shared.held``), for a
-        benchmark to say what the server's memory holds at its peak."""
-        line = {"t": time.time(), "held": {name: list(v) for name, v in declared.held().items() if v[0]}}
+        """Add a line to ``path``: the time and, per shared result, its entries and the bytes they hold
+        (``SharedCache.held``; a buffer two results share counted under the first), for a benchmark to say what the
+        server's memory holds at its peak."""
+        seen, held = set(), {}
+        for name, result in list(declared.DECLARED.items()):
+            entries, nbytes = result.cache.held(seen)
+            if entries:
+                held[name] = [entries, nbytes]
+        line = {"t": time.time(), "held": dict(sorted(held.items(), key=lambda kv: -kv[1][1]))}
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
 
