@@ -1,37 +1,31 @@
-"""HeadLens: routing and the shared sidebar. Each page lives in app_pages/."""
+"""HeadLens's server: ``streamlit run app.py`` serves the pages (``headlens.py``, run for each session) and, as it
+starts, loads what the first session would wait for (``app_pages.ui.preload``: the default model unless
+``HEADLENS_PRELOAD`` says otherwise); ``/headlens/preload`` says how far that has got."""
+import threading
+from contextlib import asynccontextmanager
+
 import streamlit as st
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-from app_pages.results.later import complete, page_begins
-from app_pages.results.preparing import SESSIONS
-from app_pages.results.threads import share_the_lock
-from app_pages.ui.janitor import janitor
-from app_pages.ui.page import HOME, PAGE, PAGES, SECTIONS
-from app_pages.ui.sidebar import sidebar
-
-st.set_page_config(page_title="HeadLens", page_icon=":material/visibility:", layout="wide")
-share_the_lock()  # the sessions' torch work takes the interpreter lock back quickly beside others' Python
+REPORT: dict = {}  # the preload's progress, written by its thread
 
 
-def navigation() -> dict[str, list]:
-    """The sidebar's sections, each page in the one table that declares them (``ui.page.PAGES``)."""
-    sections = {section: [] for section in SECTIONS}
-    for p in PAGES:
-        sections[p.section].append(st.Page(p.file, title=p.title, icon=p.icon, url_path="home" if p.name == HOME
-                                           else p.name, default=p.name == HOME))
-    # The default page is served at "/" only; this hidden copy answers Explore's own address.
-    home = PAGE[HOME]
-    sections[home.section].append(st.Page(home.file, title=home.title, icon=home.icon, url_path=HOME,
-                                          visibility="hidden"))
-    return sections
+def _preload() -> None:
+    from app_pages.ui.preload import preload  # imported here: torch and the rest take seconds
+
+    preload(REPORT)
 
 
-page_begins()
-page = st.navigation(navigation(), expanded=True)  # every page in the sidebar, not ten and "View more"
-if "_open_page" in st.session_state:  # asked for by a page (ui.state.open_page)
-    st.switch_page(st.session_state.pop("_open_page"))
-janitor()  # drops what only closed sessions held
-st.sidebar.title("HeadLens")
-with SESSIONS.counted("computing"):  # the server's preparation pauses at its next progress point while a page runs
-    sidebar()
-    page.run()
-complete()  # the full forms of what the page showed first, then the page again with them
+@asynccontextmanager
+async def lifespan(_app):
+    # a thread of its own: the server answers at once, and a session that asks for the model meanwhile waits for it
+    threading.Thread(target=_preload, name="headlens-preload", daemon=True).start()
+    yield
+
+
+async def preloaded(_request):
+    return JSONResponse(REPORT)
+
+
+app = st.App("headlens.py", lifespan=lifespan, routes=[Route("/headlens/preload", preloaded)])

@@ -1,6 +1,7 @@
 """Every page's first view on a bundled LLM: seconds until its first picture, and until it is done.
 
     python -m bench.bench_first_view [--model smollm2] [--pages foci,queries_keys] [--cold | --prepared] [--wait S]
+    python -m bench.bench_first_view --model minilm --server-each [--preload none]
 
 Starts ``streamlit run app.py``, loads the model once (Explore, as whoever starts a server for a
 class would), then opens each page in a fresh browser session, one at a time, on the otherwise idle
@@ -10,7 +11,9 @@ model loads before the first page, for what the server computes in the backgroun
 results folder, the preparation from nothing under way while the pages open. ``--prepared``: once the sidebar
 no longer says the server is preparing (its results read from disk, or computed), each page in a new browser
 and in a new tab of a returning one, beside this machine's floor (a page of one small chart) measured first;
-aim: done within 5 s in the returning browser, or within 1.5 s of the floor.
+aim: done within 5 s in the returning browser, or within 1.5 s of the floor. ``--server-each``: each page the
+first one a new server shows (nothing stored), opened once the server has loaded what it loads as it starts
+(``HEADLENS_PRELOAD``, the default model unless ``--preload`` says otherwise); aim: its first picture within 3 s.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import time
 
 from bench.common import machine
 from bench.views import both, first_view, floor, prepared
-from harness.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server
+from harness.browser import CHROMIUM, CHROMIUM_ARGS, preloaded, streamlit_server
 
 PAGES = ["home", "foci", "compare", "overview", "tokens", "text", "generate", "roles", "effects", "circuits",
          "queries_keys", "head", "atlas", "layers", "pruning", "train"]
@@ -38,8 +41,12 @@ def main() -> None:
                         "nothing while the pages open")
     parser.add_argument("--prepared", action="store_true", help="the pages once the server has prepared, new and "
                         "returning browsers beside this machine's floor")
+    parser.add_argument("--server-each", action="store_true", help="each page on a new server, its first page")
+    parser.add_argument("--preload", help="HEADLENS_PRELOAD for --server-each (none: load nothing as it starts)")
     args = parser.parse_args()
     print(machine())
+    if args.server_each:
+        return server_each(args.model, args.pages.split(","), args.preload)
     env = {"HEADLENS_WARM_UP": "1"}
     if args.cold:
         env["HEADLENS_RESULTS"] = tempfile.mkdtemp(prefix="headlens-cold-")
@@ -76,6 +83,30 @@ def tour_prepared(browser, url: str, model: str, pages: list[str], floor_fresh: 
               + ("  error shown" if error else ""), flush=True)
     returning.close()
     print(f"within {AIM_S:g} s or {FLOOR_MARGIN_S:g} s of the floor, returning: {met} of {len(pages)} pages")
+
+
+FIRST_AIM_S = 3.0  # a cold server's first picture of the default model's every page
+
+
+def server_each(model: str, pages: list[str], preload: str | None) -> None:
+    from playwright.sync_api import sync_playwright
+
+    env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": tempfile.mkdtemp(prefix="headlens-cold-")}
+    if preload is not None:
+        env["HEADLENS_PRELOAD"] = preload
+    print(f"{'page':<14} {'preload':>8} {'first picture':>14} {'done':>8}   aim")
+    met = 0
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        for name in pages:
+            with streamlit_server(env=env) as (url, _):
+                loaded = preloaded(url)["seconds"]
+                first, done, error = first_view(browser, f"{url}/{'' if name == 'home' else name}?model={model}")
+            met += first <= FIRST_AIM_S
+            print(f"{name:<14} {loaded:>6.1f} s {first:>12.1f} s {done:>6.1f} s   "
+                  f"{'met' if first <= FIRST_AIM_S else 'NOT met'}" + ("  error shown" if error else ""), flush=True)
+        browser.close()
+    print(f"first picture within {FIRST_AIM_S:g} s of navigation on a new server: {met} of {len(pages)} pages")
 
 
 def tour(browser, url: str, model: str, pages: list[str]) -> None:

@@ -56,7 +56,7 @@ def page_bytes() -> None:
     from streamlit.testing.v1 import AppTest
 
     start = time.perf_counter()
-    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=600)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "headlens.py"), default_timeout=600)
     at.switch_page("app_pages/queries_keys.py")
     at.run()
     seconds = time.perf_counter() - start

@@ -371,7 +371,7 @@ def new_app(monkeypatch):
     def make(query_params: dict | None = None, page: str | None = None, timeout: float = 120):
         """Open ``page`` with ``query_params`` as a shared link does, each run given ``timeout`` seconds. (Across a
         page switch the browser carries bound values in the URL, which AppTest does not simulate.)"""
-        at = AppTest.from_file(ROOT / "app.py", default_timeout=timeout)
+        at = AppTest.from_file(ROOT / "headlens.py", default_timeout=timeout)
         if page:
             at.switch_page(page)
         for k, v in (query_params or {}).items():

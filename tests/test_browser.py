@@ -166,3 +166,10 @@ def test_a_newcomer_finds_the_sections_and_reaches_the_object_heads_card_in_one_
     titles = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].map(t => t.textContent)")
     objects = next(t for t in titles if t.startswith("Object"))
     assert objects.endswith(card), (objects, card)
+
+
+def test_the_server_loads_the_default_model_as_it_starts(server):
+    from harness.browser import preloaded
+
+    report = preloaded(server)
+    assert report["models"] == report["done"] == ["minilm"] and report["error"] is None

@@ -1,5 +1,7 @@
-"""The default page opens without what it does not draw: a fresh process importing what app.py and Explore import
-loads no ``scipy.stats`` (a second of a cold server's first page on two cores; the figures that use it import it)."""
+"""The default page opens without waiting for what it does not draw: a fresh process importing what the pages'
+router, Explore and the server's preload import loads no ``scipy.stats`` (a second of a cold server's first page
+on two cores; the figures that use it import it); the server loads the default model as it starts, and a session
+asking for it meanwhile waits for that load instead of starting its own."""
 from __future__ import annotations
 
 import ast
@@ -27,9 +29,57 @@ def imports_of(path: Path) -> list[str]:
 
 
 def test_the_first_page_imports_no_scipy_stats():
-    modules = sorted(set(imports_of(ROOT / "app.py") + imports_of(ROOT / "app_pages" / "explore.py")))
+    modules = sorted(set(imports_of(ROOT / "headlens.py") + imports_of(ROOT / "app_pages" / "explore.py")
+                         + ["app_pages.ui.preload", "analysis", "viz"]))
     assert "app_pages.ui.sidebar" in modules and "app_pages.ui.attention" in modules
     script = "; ".join([f"import {m}" for m in modules] + [f"import sys; print([m for m in {DEFERRED!r} if m in sys.modules])"])
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
+def test_the_preload_names_bundled_models_only(caplog, monkeypatch):
+    monkeypatch.delenv("HEADLENS_PRELOAD", raising=False)
+    from app_pages.ui.preload import choices
+    from models.catalog import CATALOG
+
+    first, second = CATALOG[0].key, CATALOG[1].key
+    assert choices("none") == [] and choices("") == [] and choices(None) == [first]  # the sidebar's default
+    assert choices(f" {second} , {first}") == [second, first]
+    with caplog.at_level("WARNING", logger="headlens"):
+        assert choices(f"{second},gpt-5") == [second]
+    assert "gpt-5" in caplog.text and ", ".join(b.key for b in CATALOG) in caplog.text
+
+
+def test_a_session_asking_during_the_preload_waits_for_its_load(monkeypatch):
+    """The preload and a session's first page ask for the model at once: one load per engine, the same instance."""
+    import threading
+    import time
+
+    from app_pages.results import models as results
+    from app_pages.ui.preload import preload
+
+    calls, started = [], threading.Event()
+
+    def slow_load(name, backend, device, untrained):
+        calls.append(backend)
+        started.set()
+        time.sleep(0.5)
+        return object()
+
+    monkeypatch.setenv("HEADLENS_WARM_UP", "0")
+    monkeypatch.setattr(results, "load_model", slow_load)
+    results.shared_model.clear()
+    try:
+        report = {}
+        thread = threading.Thread(target=preload, args=(report, "minilm"))
+        thread.start()
+        assert started.wait(30)
+        asked = results.cached_model(results.ModelRef("minilm"))  # as Explore asks, while the preload loads it
+        thread.join(60)
+        assert not thread.is_alive() and report["error"] is None and report["done"] == ["minilm"]
+        assert sorted(calls) == ["scratch", "transformers"]  # each engine once
+        assert asked is results.cached_model(results.ModelRef("minilm"))
+        assert report["seconds"] >= 1.0  # both loads, one after the other
+    finally:
+        results.shared_model.clear()  # the stand-ins go; the next test loads the real model

@@ -152,7 +152,7 @@ def test_a_head_mask_is_edits_and_the_weights_of_a_head_switched_off_are_zero(de
 
 # --- one way to run a stack ---------------------------------------------------------------------------------
 
-ABOVE = ["analysis", "app_pages", "viz", "bench", "app.py"]
+ABOVE = ["analysis", "app_pages", "viz", "bench", "app.py", "headlens.py"]
 CALLS = {  # what runs a stack, or a part of one, other than run_layers
     "a block called": re.compile(r"\.layers\[[^\]]*\]\s*\("),
     "an attention called": re.compile(r"\.attn\s*\("),
@@ -219,7 +219,7 @@ def test_the_engine_is_chosen_in_models_and_the_picker_alone():
     and above models/ only the sidebar's picker says which engine a choice runs on; the tokenizer is called through
     the model's public ``tokenize``."""
     found = []
-    for path in sources(["analysis", "app_pages", "viz", "app.py"]):
+    for path in sources(["analysis", "app_pages", "viz", "app.py", "headlens.py"]):
         where = str(path.relative_to(ROOT))
         text = path.read_text(encoding="utf-8")
         if where not in PICKER and re.search(r"\.scratch\b", text):

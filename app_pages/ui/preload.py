@@ -1,0 +1,61 @@
+"""What the server loads as it starts, before any session asks: the modules every page imports, and the models
+``HEADLENS_PRELOAD`` names (the sidebar's default, all-MiniLM-L6-v2, unless set) on both engines, with what a
+session's first visit starts for them (a bundled decoder's preparation, spaCy's pipeline). A session that asks
+for a model meanwhile waits for the same load, not a second one.
+
+``HEADLENS_PRELOAD``: app names of bundled models, comma-separated (``smollm2`` for a class on SmolLM2),
+``none`` for nothing.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from models.catalog import CATALOG, bundled
+
+log = logging.getLogger("headlens")
+
+PRELOAD = "HEADLENS_PRELOAD"
+DEFAULT = "minilm"  # the sidebar's default model
+
+
+def choices(value: str | None = None) -> list[str]:
+    """The bundled models' app names ``HEADLENS_PRELOAD`` (or ``value``) names; an unknown name is left out with a
+    warning in the server's log."""
+    value = os.environ.get(PRELOAD, DEFAULT) if value is None else value
+    if value.strip().lower() in ("", "none", "0"):
+        return []
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if bundled(n) is None]
+    if unknown:
+        log.warning("HeadLens: %s=%s names no bundled model (%s); known: %s", PRELOAD, value, ", ".join(unknown),
+                    ", ".join(b.key for b in CATALOG))
+    return [n for n in names if bundled(n) is not None]
+
+
+def preload(report: dict, value: str | None = None) -> None:
+    """Load what ``value`` (else ``HEADLENS_PRELOAD``) names, saying in ``report`` how far it has got: ``models``,
+    ``done`` (those loaded), ``seconds`` once finished, ``error`` if it stopped (a session then loads what is
+    missing itself, and says why it cannot)."""
+    start = time.perf_counter()
+    report.update(models=choices(value), done=[], seconds=None, error=None)
+    # the results' functions are called from this thread, which has no session: Streamlit says so at each call
+    logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
+    try:
+        import analysis  # noqa: F401 - what every page imports, read here once, not by the first session
+        import viz  # noqa: F401
+
+        from ..results.models import ModelRef, cached_model
+        from .warm_up import warm_up
+
+        for name in report["models"]:
+            for key in bundled(name).engines():  # a page analyses on the from-scratch engine whichever is shown
+                cached_model(ModelRef(key))
+            warm_up(ModelRef(name))  # as a session's first visit would: a decoder's preparation, spaCy's pipeline
+            report["done"].append(name)
+    except Exception as err:  # noqa: BLE001
+        report["error"] = f"{type(err).__name__}: {err}"
+        log.warning("HeadLens's preload stopped: %s", report["error"])
+    report["seconds"] = round(time.perf_counter() - start, 2)
+    log.info("HeadLens preloaded %s in %.1f s", ", ".join(report["done"]) or "nothing", report["seconds"])
