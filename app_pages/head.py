@@ -29,9 +29,19 @@ opening = None if model.encoder_decoder else telling(ref, s.causal, s.heads_off)
 layer, head = choose("Head", picks, "head", default=None if opening is None else opening[:2], container=top[0],
                      cast=head_from_url, to_url=head_to_url, format_func=lambda h: head_label(*h))
 start("head", s=s, title=f"{head_label(layer, head)} · {ref.title}")
+summary = st.container()  # the card in sentences, once its parts are gathered
+text = pick_sentence(s, container=top[1], label="Your sentence")
+# the sidebar's sentence untouched, a decoder's head opens on a text that shows its habit (the founding sentence
+# repeats nothing, so an induction head shows only its sink there), which its card chooses; an encoder's head shows
+# on the user's sentence at once, before its card is gathered over the corpus
+untouched = (st.session_state.get("text") or DEFAULT_TEXT) == DEFAULT_TEXT
+early = not decoder(ref)
+if early:
+    view.on_text(s, layer, head, text)
 # a bundled decoder's importance is prepared (2 s if not yet); every head's queries-and-keys picture (45 s) and an
 # encoder's importance (a minute) are shown once computed, on their pages or a button here
-parts = card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False, first=True)
+with st.spinner("Gathering the head's measures over the built-in corpus…"):
+    parts = card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False, first=True)
 note_first()  # on a cold server
 card = card_from(parts, ref.title, layer, head)
 others, choices = {}, {ref.title: ref.choice}
@@ -41,14 +51,10 @@ for key in same_kind(ref):
         others[bundled(key).title] = found
         choices[bundled(key).title] = key
 card.like = heads_like(atlas_frame(parts), layer, head, others, model=ref.title)
-st.markdown(card.summary().replace("*", "\\*"))
+summary.markdown(card.summary().replace("*", "\\*"))
 missing = [bundled(k).title for k in same_kind(ref) if bundled(k).title not in others]
-text = pick_sentence(s, container=top[1], label="Your sentence")
-
-# the sidebar's sentence untouched: a decoder's head opens on a text that shows its habit (the founding sentence
-# repeats nothing, so an induction head shows only its sink there)
-untouched = (st.session_state.get("text") or DEFAULT_TEXT) == DEFAULT_TEXT
-view.on_text(s, card, text, card.showcase(text) if untouched else None)
+if not early:
+    view.on_text(s, layer, head, text, card.showcase(text) if untouched else None)
 view.over_corpus(card, len(parts.attentions))
 view.explained(card)
 view.examples(card)

@@ -100,7 +100,7 @@ def server_each(model: str, pages: list[str], preload: str | None) -> None:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         for name in pages:
             with streamlit_server(env=env) as (url, _):
-                loaded = preloaded(url)["seconds"]
+                loaded = preloaded(url, until="prepared")["prepared"]
                 first, done, error = first_view(browser, f"{url}/{'' if name == 'home' else name}?model={model}")
             met += first <= FIRST_AIM_S
             print(f"{name:<14} {loaded:>6.1f} s {first:>12.1f} s {done:>6.1f} s   "

@@ -83,16 +83,17 @@ def streamlit_server(timeout: float = 120, env: dict | None = None, script: str 
         log.close()
 
 
-def preloaded(url: str, timeout: float = 300) -> dict:
-    """Wait until the server at ``url`` has loaded what it loads as it starts (``app_pages.ui.preload``); its report
-    (``seconds``: how long that took)."""
+def preloaded(url: str, timeout: float = 300, until: str = "seconds") -> dict:
+    """Wait until the server at ``url`` has loaded what it loads as it starts (``app_pages.ui.preload``; ``until``
+    "prepared": and computed an encoder's first results); its report (``seconds``, ``prepared``: how long each
+    took)."""
     import json
 
     deadline = time.monotonic() + timeout
     while True:
         with urllib.request.urlopen(f"{url}/headlens/preload", timeout=10) as r:
             report = json.loads(r.read() or b"null") or {}
-        if report.get("seconds") is not None:
+        if report.get(until) is not None:
             return report
         if time.monotonic() > deadline:
             raise TimeoutError(f"the server's preload did not finish: {report}")

@@ -199,3 +199,27 @@ def test_a_decoders_card_opens_on_its_induction_head_shown_on_the_sentence_twice
     after = [(q, max(j for j in range(q - 1) if tokens[j] == tokens[q]) + 1) for q in range(n)
              if any(tokens[j] == tokens[q] for j in range(q - 1))]
     assert len(after) >= 8 and np.mean([z[q, k] for q, k in after]) > 0.8
+
+
+def test_an_encoders_head_is_drawn_on_the_sentence_before_its_card_is_gathered(hf_model, monkeypatch):
+    """MiniLM's Head page draws the head's attention on the sidebar's sentence before it gathers the card over the
+    corpus (two seconds and more on a cold server): with the gathering failing, the heatmap is already there, and
+    it is the head's attention on the sentence."""
+    from streamlit.testing.v1 import AppTest
+
+    from app_pages.results import card as results
+    from models.corpus import DEFAULT_TEXT
+    from tests.conftest import ROOT
+
+    def not_gathered(*args, **kwargs):
+        raise RuntimeError("the card's parts are not gathered yet")
+
+    monkeypatch.setattr(results, "card_parts", not_gathered)
+    at = AppTest.from_file(ROOT / "headlens.py", default_timeout=120)
+    at.switch_page(HEAD)
+    at.query_params["head"] = "2.5"
+    at.run()
+    assert at.exception and not any(h.value == "Over the built-in corpus" for h in at.subheader)
+    heat = next(f for f in figures(at) if f["layout"]["title"]["text"] == "L2 H5 on your sentence")
+    z = decode(heat["data"][0]["z"]).astype(float)
+    np.testing.assert_allclose(z, hf_model.attend(DEFAULT_TEXT).weights[2, 5], atol=1e-5)

@@ -171,5 +171,5 @@ def test_a_newcomer_finds_the_sections_and_reaches_the_object_heads_card_in_one_
 def test_the_server_loads_the_default_model_as_it_starts(server):
     from harness.browser import preloaded
 
-    report = preloaded(server)
+    report = preloaded(server, until="prepared")  # and the encoder's first results computed
     assert report["models"] == report["done"] == ["minilm"] and report["error"] is None

@@ -52,34 +52,39 @@ def test_the_preload_names_bundled_models_only(caplog, monkeypatch):
 
 
 def test_a_session_asking_during_the_preload_waits_for_its_load(monkeypatch):
-    """The preload and a session's first page ask for the model at once: one load per engine, the same instance."""
+    """The preload and a session's first page ask for the model at once: one load per engine, the same instance;
+    then the encoder's corpus profile, and its other first results once the model's load is reported."""
     import threading
     import time
 
     from app_pages.results import models as results
-    from app_pages.ui.preload import preload
+    from app_pages.results.profiles import corpus_profile
+    from app_pages.ui import preload as preloading
+    from models.corpus import CORPUS
 
-    calls, started = [], threading.Event()
+    calls, started, real = [], threading.Event(), results.load_model
+    rest = []
 
     def slow_load(name, backend, device, untrained):
         calls.append(backend)
         started.set()
         time.sleep(0.5)
-        return object()
+        return real(name, backend=backend, device=device, untrained=untrained)
 
     monkeypatch.setenv("HEADLENS_WARM_UP", "0")
     monkeypatch.setattr(results, "load_model", slow_load)
+    monkeypatch.setattr(preloading, "encoder_results", lambda ref: rest.append((ref, dict(report))))
     results.shared_model.clear()
-    try:
-        report = {}
-        thread = threading.Thread(target=preload, args=(report, "minilm"))
-        thread.start()
-        assert started.wait(30)
-        asked = results.cached_model(results.ModelRef("minilm"))  # as Explore asks, while the preload loads it
-        thread.join(60)
-        assert not thread.is_alive() and report["error"] is None and report["done"] == ["minilm"]
-        assert sorted(calls) == ["scratch", "transformers"]  # each engine once
-        assert asked is results.cached_model(results.ModelRef("minilm"))
-        assert report["seconds"] >= 1.0  # both loads, one after the other
-    finally:
-        results.shared_model.clear()  # the stand-ins go; the next test loads the real model
+    report = {}
+    thread = threading.Thread(target=preloading.preload, args=(report, "minilm"))
+    thread.start()
+    assert started.wait(30)
+    asked = results.cached_model(results.ModelRef("minilm"))  # as Explore asks, while the preload loads it
+    thread.join(120)
+    assert not thread.is_alive() and report["error"] is None and report["done"] == ["minilm"]
+    assert sorted(calls) == ["scratch", "transformers"]  # each engine once
+    assert asked is results.cached_model(results.ModelRef("minilm"))
+    assert corpus_profile.peek(results.ModelRef("minilm"), False, (), list(CORPUS)) is not None
+    (ref, then), = rest
+    assert ref == results.ModelRef("minilm") and then["seconds"] is not None and then["prepared"] is None
+    assert report["prepared"] >= report["seconds"] >= 1.0  # both loads, one after the other

@@ -1,6 +1,7 @@
 """What a page's run leaves for later on a cold server: the full forms of what it showed first (``Shared.now``) and
-the parts it went on without (``Shared.later``). ``complete()``, at the end of ``app.py``, waits for them under
-the page's note, with the preparation's progress, and runs the page again, which draws them in place.
+the parts it went on without (``Shared.later``). ``complete()``, at the end of ``headlens.py``, waits for them under
+the page's note, with the preparation's progress (or computes those no preparation holds), and runs the page
+again, which draws them in place.
 """
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ def left_for_later() -> list:
     return here.pending
 
 
+def leave_for_later(result, args: tuple, queue, says: str, how: str) -> None:
+    """``result(*args)`` left for ``complete`` (``queue``: the preparation that holds it; None: this session computes
+    it), with a note here of what is shown meanwhile when ``says`` heads one (``how`` the full one comes)."""
+    slot = None
+    if says:
+        slot = st.empty()
+        slot.info(f"{says} {how} and takes its place here when it is ready.", icon=":material/hourglass_top:")
+    left_for_later().append((result, args, queue, slot, says))
+
+
 def note_pending(text: str) -> None:
     """Say on the page, here, what it shows while the values it went on without (``later``) are prepared; their
     progress replaces the note while the page waits for them (``complete``)."""
@@ -32,14 +43,20 @@ def page_begins() -> None:
 
 
 def complete() -> None:
-    """At the end of a page's run: wait for each full form it showed a first form for, its progress in the note,
-    then run the page again (which finds them ready)."""
+    """At the end of a page's run: wait for each full form it showed a first form for, its progress in the note
+    (computing here those no preparation holds), then run the page again (which finds them ready)."""
     pending, here.pending = left_for_later(), []
     if not pending:
         return
     bottom = getattr(here, "note", None)
+    for result, args, queue, slot, says in pending:
+        if queue is None:  # no preparation holds it: computed here, its progress in place of its note
+            with SESSIONS.counted("computing"), slot.container():
+                result(*args)
     with SESSIONS.counted("waiting"):
         for result, args, queue, slot, says in pending:
+            if queue is None:
+                continue
             if slot is None:
                 bottom = slot = bottom or st.empty()
             waited(queue, result.key(*args), lambda text, slot=slot: slot.progress(*text),

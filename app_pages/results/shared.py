@@ -34,7 +34,7 @@ from analysis.profiles.run import corpus_hash
 from models import HeadLensError
 from models.memory import held_bytes
 
-from .later import left_for_later
+from .later import leave_for_later
 from .messages import stop_with
 from .preparing import SESSIONS, Reentered, preparing, step_aside, waited
 from .threads import here, in_background, session_id
@@ -333,12 +333,16 @@ class Shared:
         return self.cache.get(self.key(*args))
 
     def now(self, *args) -> tuple:
-        """The arguments a page asks with to show something at once: ``args`` when their value is ready or no
-        preparation holds it; else the first form's (``First``), a note saying so where it is called, and the full
-        form's step moved to the front of the preparation. Once the page is drawn it waits for the full form under
-        that note (``complete``) and runs again with it, which draws it in place."""
-        if self.first is None or not self.later(*args, says=f"A first answer: {self.first.says}. The full one"):
+        """The arguments a page asks with to show something at once: ``args`` when their value is ready; else the
+        first form's (``First``), a note saying so where it is called, and the full form's step moved to the front of
+        the preparation, or, where no preparation holds it (a model the server does not prepare, as the default
+        encoder), left for this session to compute. Once the page is drawn it waits for (or computes) the full form
+        under that note (``complete``) and runs again with it, which draws it in place."""
+        if self.first is None or in_background() or self.cache.get(self.key(*args)) is not None:
             return args
+        says = f"A first answer: {self.first.says}. The full one"
+        if not self.later(*args, says=says):
+            leave_for_later(self, args, None, says, "is computed once this page is drawn")
         return self.first.args(*args)
 
     def later(self, *args, says: str = "") -> bool:
@@ -352,12 +356,7 @@ class Shared:
         if queue is None:
             return False
         queue.to_front(key)
-        slot = None
-        if says:
-            slot = st.empty()
-            slot.info(f"{says} is being prepared for every session and takes its place here when it is ready.",
-                      icon=":material/hourglass_top:")
-        left_for_later().append((self, args, queue, slot, says))
+        leave_for_later(self, args, queue, says, "is being prepared for every session")
         return True
 
 

@@ -42,10 +42,10 @@ def deeper(*pages: str) -> None:
         col.page_link(path, label=f"{title} →")
 
 
-def on_text(s: Settings, card: HeadCard, text: str, shown: tuple[str, str] | None = None) -> None:
+def on_text(s: Settings, layer: int, head: int, text: str, shown: tuple[str, str] | None = None) -> None:
     """The head on the user's sentence: its heatmap, and the sentence shaded by the attention each token receives.
     With ``shown`` (``HeadCard.showcase``: a text and why), the head on that text instead, the first token (a sink)
-    set aside, and a sentence saying so."""
+    set aside, and a sentence saying so. It needs no card: a page draws it before the card is gathered."""
     if shown is None:
         st.subheader("On your text")
         v = make_view(attention(s, text), hide_special=s.hide_special, merge_words=s.merge_words)
@@ -58,10 +58,10 @@ def on_text(s: Settings, card: HeadCard, text: str, shown: tuple[str, str] | Non
                    "Type a sentence in the sidebar to see the head on yours.")
     left, right = st.columns(2)
     with left:
-        chart(head_heatmap(v.head(card.layer, card.head), v.query_labels, v.key_labels, height=420,
-                           visible=v.visible(card.layer), title=f"{card.name} {where}"), "card-heatmap")
+        chart(head_heatmap(v.head(layer, head), v.query_labels, v.key_labels, height=420,
+                           visible=v.visible(layer), title=f"{head_label(layer, head)} {where}"), "card-heatmap")
     with right:
-        received = v.head(card.layer, card.head).mean(axis=0)
+        received = v.head(layer, head).mean(axis=0)
         chart(text_shading(v.key_labels, received, title="What it looks at, mean over queries",
                            line_chars=40), "card-shading")
     deeper("explore")

@@ -1,6 +1,7 @@
 """What the server loads as it starts, before any session asks: the modules every page imports, and the models
 ``HEADLENS_PRELOAD`` names (the sidebar's default, all-MiniLM-L6-v2, unless set) on both engines, with what a
-session's first visit starts for them (a bundled decoder's preparation, spaCy's pipeline). A session that asks
+session's first visit starts for them (a bundled decoder's preparation, spaCy's pipeline) and an encoder's profile
+over the built-in corpus. A session that asks
 for a model meanwhile waits for the same load, not a second one.
 
 ``HEADLENS_PRELOAD``: app names of bundled models, comma-separated (``smollm2`` for a class on SmolLM2),
@@ -13,6 +14,7 @@ import os
 import time
 
 from models.catalog import CATALOG, bundled
+from models.corpus import CORPUS
 
 log = logging.getLogger("headlens")
 
@@ -36,10 +38,11 @@ def choices(value: str | None = None) -> list[str]:
 
 def preload(report: dict, value: str | None = None) -> None:
     """Load what ``value`` (else ``HEADLENS_PRELOAD``) names, saying in ``report`` how far it has got: ``models``,
-    ``done`` (those loaded), ``seconds`` once finished, ``error`` if it stopped (a session then loads what is
-    missing itself, and says why it cannot)."""
+    ``done`` (those loaded), ``seconds`` once they are (what a page waits for), ``prepared`` once an encoder's
+    results its pages open with are computed too, ``error`` if it stopped (a session then computes what is missing
+    itself, and says why it cannot)."""
     start = time.perf_counter()
-    report.update(models=choices(value), done=[], seconds=None, error=None)
+    report.update(models=choices(value), done=[], seconds=None, prepared=None, error=None)
     # the results' functions are called from this thread, which has no session: Streamlit says so at each call
     logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
     try:
@@ -47,15 +50,39 @@ def preload(report: dict, value: str | None = None) -> None:
         import viz  # noqa: F401
 
         from ..results.models import ModelRef, cached_model
+        from ..results.profiles import corpus_profile
+        from ..results.threads import here, lower_priority
         from .warm_up import warm_up
 
         for name in report["models"]:
             for key in bundled(name).engines():  # a page analyses on the from-scratch engine whichever is shown
                 cached_model(ModelRef(key))
             warm_up(ModelRef(name))  # as a session's first visit would: a decoder's preparation, spaCy's pipeline
+            if not bundled(name).decoder:  # an encoder's corpus profile: Foci, Head roles, a head's card (its
+                # default head) and the atlas open on it (2 s for MiniLM)
+                corpus_profile(ModelRef(name), False, (), list(CORPUS))
             report["done"].append(name)
+        report["seconds"] = round(time.perf_counter() - start, 2)
+        # an encoder's other first results give way to the sessions' pages, as a decoder's preparation does
+        here.background = here.steps_aside = True
+        lower_priority()
+        for name in report["models"]:
+            if not bundled(name).decoder:
+                encoder_results(ModelRef(name))
     except Exception as err:  # noqa: BLE001
         report["error"] = f"{type(err).__name__}: {err}"
         log.warning("HeadLens's preload stopped: %s", report["error"])
-    report["seconds"] = round(time.perf_counter() - start, 2)
+    report["seconds"] = report["seconds"] or round(time.perf_counter() - start, 2)
+    report["prepared"] = round(time.perf_counter() - start, 2)
     log.info("HeadLens preloaded %s in %.1f s", ", ".join(report["done"]) or "nothing", report["seconds"])
+
+
+def encoder_results(ref) -> None:
+    """What an encoder's slowest pages open with, computed once for every session (11 s for MiniLM on two cores):
+    every head's card parts (the Head page, the Atlas; the built-in pairs and the first task, which Effects opens
+    on) and Pruning's importance."""
+    from ..results.card import card_parts, importance_args
+    from ..results.pruning import importance
+
+    card_parts(ref, importance_too=False, qk_too=False)
+    importance(*importance_args(ref))
