@@ -2,8 +2,9 @@
 import streamlit as st
 
 from analysis.cards.atlas import atlas_frame, heads_like
-from analysis.cards.card import card_from
+from analysis.cards.card import card_from, repeat_showcase
 from app_pages.results.card import card_parts, decoder, telling
+from app_pages.results.detector import detected
 from app_pages.results.tasks import first_spec
 from app_pages.ui import card_view as view
 from app_pages.ui.card import same_kind, stored_atlas
@@ -32,12 +33,18 @@ start("head", s=s, title=f"{head_label(layer, head)} · {ref.title}")
 summary = st.container()  # the card in sentences, once its parts are gathered
 text = pick_sentence(s, container=top[1], label="Your sentence")
 # the sidebar's sentence untouched, a decoder's head opens on a text that shows its habit (the founding sentence
-# repeats nothing, so an induction head shows only its sink there), which its card chooses; an encoder's head shows
-# on the user's sentence at once, before its card is gathered over the corpus
+# repeats nothing, so an induction head shows only its sink there). The head is drawn before its card is gathered
+# over the corpus (seconds to a minute on a cold server) where that text needs no card: the user's own sentence, an
+# encoder's head, and a head the detector (which chose the opening head) says shows its habit on a repeat
 untouched = (st.session_state.get("text") or DEFAULT_TEXT) == DEFAULT_TEXT
-early = not decoder(ref)
+early, shown = not decoder(ref) or not untouched, None
+if not early:
+    labels = detected(ref)  # as ``telling`` read it
+    label = labels.loc[(labels["layer"] == layer) & (labels["head"] == head), "label"]
+    shown = repeat_showcase(None if label.empty else str(label.iloc[0]), text)
+    early = shown is not None
 if early:
-    view.on_text(s, layer, head, text)
+    view.on_text(s, layer, head, text, shown)
 # a bundled decoder's importance is prepared (2 s if not yet); every head's queries-and-keys picture (45 s) and an
 # encoder's importance (a minute) are shown once computed, on their pages or a button here
 with st.spinner("Gathering the head's measures over the built-in corpus…"):
@@ -54,7 +61,7 @@ card.like = heads_like(atlas_frame(parts), layer, head, others, model=ref.title)
 summary.markdown(card.summary().replace("*", "\\*"))
 missing = [bundled(k).title for k in same_kind(ref) if bundled(k).title not in others]
 if not early:
-    view.on_text(s, layer, head, text, card.showcase(text) if untouched else None)
+    view.on_text(s, layer, head, text, card.showcase(text))
 view.over_corpus(card, len(parts.attentions))
 view.explained(card)
 view.examples(card)

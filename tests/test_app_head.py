@@ -201,25 +201,49 @@ def test_a_decoders_card_opens_on_its_induction_head_shown_on_the_sentence_twice
     assert len(after) >= 8 and np.mean([z[q, k] for q, k in after]) > 0.8
 
 
-def test_an_encoders_head_is_drawn_on_the_sentence_before_its_card_is_gathered(hf_model, monkeypatch):
-    """MiniLM's Head page draws the head's attention on the sidebar's sentence before it gathers the card over the
-    corpus (two seconds and more on a cold server): with the gathering failing, the heatmap is already there, and
-    it is the head's attention on the sentence."""
+def before_the_card(monkeypatch, **params):
+    """The Head page with ``params`` in its URL, its card's parts never gathered: what it drew before them."""
     from streamlit.testing.v1 import AppTest
 
     from app_pages.results import card as results
-    from models.corpus import DEFAULT_TEXT
     from tests.conftest import ROOT
 
     def not_gathered(*args, **kwargs):
         raise RuntimeError("the card's parts are not gathered yet")
 
     monkeypatch.setattr(results, "card_parts", not_gathered)
-    at = AppTest.from_file(ROOT / "headlens.py", default_timeout=120)
+    at = AppTest.from_file(ROOT / "headlens.py", default_timeout=300)
     at.switch_page(HEAD)
-    at.query_params["head"] = "2.5"
+    for k, v in params.items():
+        at.query_params[k] = v
     at.run()
     assert at.exception and not any(h.value == "Over the built-in corpus" for h in at.subheader)
+    return at
+
+
+def test_an_encoders_head_is_drawn_on_the_sentence_before_its_card_is_gathered(hf_model, monkeypatch):
+    """MiniLM's Head page draws the head's attention on the sidebar's sentence before it gathers the card over the
+    corpus (two seconds and more on a cold server): with the gathering failing, the heatmap is already there, and
+    it is the head's attention on the sentence."""
+    from models.corpus import DEFAULT_TEXT
+
+    at = before_the_card(monkeypatch, head="2.5")
     heat = next(f for f in figures(at) if f["layout"]["title"]["text"] == "L2 H5 on your sentence")
     z = decode(heat["data"][0]["z"]).astype(float)
     np.testing.assert_allclose(z, hf_model.attend(DEFAULT_TEXT).weights[2, 5], atol=1e-5)
+
+
+def test_a_decoders_induction_head_is_drawn_on_the_repeat_before_its_card_is_gathered(smollm2, monkeypatch):
+    """SmolLM2's opening head, L18 H6, which its detector labels induction, is drawn on the founding sentence twice
+    before its card is gathered over the corpus (a minute on a cold server): the heatmap is there with the gathering
+    failing, and it is the head's attention on that text, the first token set aside."""
+    from models.corpus import DEFAULT_TEXT
+
+    at = before_the_card(monkeypatch, model="smollm2")
+    heat = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("L18 H6 on a text"))
+    z = decode(heat["data"][0]["z"]).astype(float)
+    w = smollm2.attend(f"{DEFAULT_TEXT} {DEFAULT_TEXT}").weights[18, 6][1:, 1:].astype(float)
+    w = w / w.sum(1, keepdims=True)
+    lower = ~np.triu(np.ones(w.shape, bool), 1)
+    np.testing.assert_allclose(z[lower], w[lower], atol=1e-5)
+    assert any(c.value.startswith("Your sentence twice. An induction head") for c in at.caption)

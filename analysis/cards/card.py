@@ -197,6 +197,16 @@ REPEATED = {"induction": ("An induction head", "the token that followed it in th
             "duplicate token": ("A duplicate-token head", "itself in the first")}
 
 
+def repeat_showcase(role: str | None, sentence: str) -> tuple[str, str] | None:
+    """``sentence`` twice, and why, for a head whose detector label (``role``) says its habit needs a repeat (an
+    induction or duplicate-token head); None for any other."""
+    if role not in REPEATED:
+        return None
+    who, where = REPEATED[role]
+    return f"{sentence} {sentence}", (f"Your sentence twice. {who} shows its habit on a repeat: each token of the "
+                                      f"second copy attends to {where}; the sentence once repeats nothing.")
+
+
 @dataclass
 class HeadCard:
     """Everything HeadLens measures of one head (``head_card``); frames and series, for a page or a notebook."""
@@ -235,9 +245,7 @@ class HeadCard:
         if not self.decoder:
             return None
         if self.detector_role in REPEATED:
-            who, where = REPEATED[self.detector_role]
-            return f"{sentence} {sentence}", (f"Your sentence twice. {who} shows its habit on a repeat: each token of "
-                                              f"the second copy attends to {where}; the sentence once repeats nothing.")
+            return repeat_showcase(self.detector_role, sentence)
         if self.top.empty:
             return None
         t = self.top.iloc[0]
