@@ -39,7 +39,7 @@ def llm(args) -> None:
 
     model = load_model(bundled(args.model).name, backend="transformers")
     texts = [prompt(model.tokenizer, args.tokens, seed=3 + i) for i in range(args.long)]
-    env = {"HEADLENS_WARM_UP": "1"}
+    env = {"HEADLENS_WARM_UP": "1", "HEADLENS_PRELOAD": args.model}  # as a class on it is served (docs/app.md)
     with tempfile.TemporaryDirectory() as results:
         if args.cold:  # nothing kept from an earlier run: the warm-up computes everything
             env["HEADLENS_RESULTS"] = results

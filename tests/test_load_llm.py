@@ -21,7 +21,8 @@ SMALL = TRAINING + "&train_layers=1&train_width=16&train_seq=16"
 def test_a_class_on_smollm2_shares_the_server_and_gives_its_memory_back(load_server, prepared):
     text = prompt(load_model(NAME, backend="transformers").tokenizer, 3000, seed=3)
     # a new server on the run's one preparation (``tests.prepared``): it reads every step from that folder
-    env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": str(prepared.finished().folder)}
+    env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": str(prepared.finished().folder),
+           "HEADLENS_PRELOAD": "smollm2"}  # as a class on it is served (docs/app.md)
     with load_server(env=env) as (url, proc):
         report = run_llm_load(url, proc.pid, "smollm2", [text], 30, visitors=2, long_prompts=1, trainers=1,
                               seconds=60, settle=30, training=SMALL, idle_s=5,
