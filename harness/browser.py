@@ -117,8 +117,12 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+# a page showing a first form whose full one is still to come (``Shared.now``) is not settled: it draws again
+FIRST_FORM = """() => [...document.querySelectorAll('[data-testid="stAlert"]')]
+  .some(a => a.innerText.includes('A first answer:'))"""
 SETTLED = """n => {
-  const busy = document.querySelector('[data-testid="stStatusWidgetRunningIcon"], [data-stale="true"]');
+  const busy = document.querySelector('[data-testid="stStatusWidgetRunningIcon"], [data-stale="true"]')
+    || (""" + FIRST_FORM + """)();
   const plots = [...document.querySelectorAll('.js-plotly-plot')];
   if (busy || plots.length < n || plots.some(p => !p.querySelector('.main-svg'))) { window.__headlensDrawn = null; return false; }
   const drawn = plots.map(p => { const r = p.getBoundingClientRect();
@@ -130,8 +134,9 @@ SETTLED = """n => {
 
 
 def settled(page, charts: int = 0, timeout: float = 60_000) -> None:
-    """Wait until the page's run has finished, at least ``charts`` charts are drawn, and what is drawn (each
-    chart's size and labels, the page's height) is the same at two polls in a row: every chart laid out."""
+    """Wait until the page's run has finished (no first form waiting for its full one either), at least ``charts``
+    charts are drawn, and what is drawn (each chart's size and labels, the page's height) is the same at two polls
+    in a row: every chart laid out."""
     page.evaluate("() => { window.__headlensDrawn = null; }")
     page.wait_for_function(SETTLED, arg=charts, timeout=timeout, polling=250)
 

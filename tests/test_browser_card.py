@@ -5,7 +5,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from harness.browser import assert_readable, shot
+from harness.browser import FIRST_FORM, assert_readable, shot
 
 # the pixel centre of the atlas point of (layer, head) in the ``plot``-th chart
 POINT = """([plot, layer, head]) => {
@@ -39,8 +39,8 @@ def opened(browser, server, path: str, params: dict, width: int):
 def settled(page, plots: int) -> None:
     page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n", arg=plots,
                            timeout=300_000)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
-                           timeout=300_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')"
+                           f" && !({FIRST_FORM})()", timeout=300_000)  # nor a first form whose full one comes later
 
 
 def card_opens(page, name: str) -> None:
