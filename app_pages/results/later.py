@@ -50,8 +50,10 @@ def complete() -> None:
         return
     bottom = getattr(here, "note", None)
     for result, args, queue, slot, says in pending:
-        if queue is None:  # no preparation holds it: computed here, its progress in place of its note
+        if queue is None:  # no preparation holds it: computed here, its progress under its note
             with SESSIONS.counted("computing"), slot.container():
+                st.info(f"{says} is being computed for this page and takes its place here when it is ready.",
+                        icon=":material/hourglass_top:")
                 result(*args)
     with SESSIONS.counted("waiting"):
         for result, args, queue, slot, says in pending:
