@@ -2,7 +2,7 @@
 import streamlit as st
 
 from analysis.cards.atlas import atlas_frame, heads_like
-from analysis.cards.card import card_from, repeat_showcase
+from analysis.cards.card import card_from, detector_label, repeat_showcase
 from app_pages.results.card import card_parts, decoder, telling
 from app_pages.results.detector import detected
 from app_pages.results.tasks import first_spec
@@ -39,9 +39,7 @@ text = pick_sentence(s, container=top[1], label="Your sentence")
 untouched = (st.session_state.get("text") or DEFAULT_TEXT) == DEFAULT_TEXT
 early, shown = not decoder(ref) or not untouched, None
 if not early:
-    labels = detected(ref)  # as ``telling`` read it
-    label = labels.loc[(labels["layer"] == layer) & (labels["head"] == head), "label"]
-    shown = repeat_showcase(None if label.empty else str(label.iloc[0]), text)
+    shown = repeat_showcase(detector_label(detected(ref), layer, head), text)  # the detector ``telling`` read
     early = shown is not None
 if early:
     view.on_text(s, layer, head, text, shown)

@@ -91,7 +91,7 @@ FIRST_AIM_S = 3.0  # a cold server's first picture of the default model's every 
 def server_each(model: str, pages: list[str], preload: str | None) -> None:
     from playwright.sync_api import sync_playwright
 
-    env = {"HEADLENS_WARM_UP": "1", "HEADLENS_RESULTS": tempfile.mkdtemp(prefix="headlens-cold-")}
+    env = {"HEADLENS_WARM_UP": "1"}
     if preload is not None:
         env["HEADLENS_PRELOAD"] = preload
     print(f"{'page':<14} {'preload':>8} {'first picture':>14} {'done':>8}   aim")
@@ -99,7 +99,9 @@ def server_each(model: str, pages: list[str], preload: str | None) -> None:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         for name in pages:
-            with streamlit_server(env=env) as (url, _):
+            # a results folder of its own: a decoder's preparation on an earlier page's server kept its results
+            own = {**env, "HEADLENS_RESULTS": tempfile.mkdtemp(prefix="headlens-cold-")}
+            with streamlit_server(env=own) as (url, _):
                 loaded = preloaded(url, until="prepared")["prepared"]
                 first, done, error = first_view(browser, f"{url}/{'' if name == 'home' else name}?model={model}")
             met += first <= FIRST_AIM_S

@@ -197,6 +197,12 @@ REPEATED = {"induction": ("An induction head", "the token that followed it in th
             "duplicate token": ("A duplicate-token head", "itself in the first")}
 
 
+def detector_label(detector: pd.DataFrame | None, layer: int, head: int) -> str | None:
+    """The head detector's label of ``(layer, head)`` in its frame (a decoder's), or None."""
+    row = _row(detector, layer, head)
+    return None if row is None else str(row["label"])
+
+
 def repeat_showcase(role: str | None, sentence: str) -> tuple[str, str] | None:
     """``sentence`` twice, and why, for a head whose detector label (``role``) says its habit needs a repeat (an
     induction or duplicate-token head); None for any other."""

@@ -55,12 +55,10 @@ def complete() -> None:
                 st.info(f"{says} is being computed for this page and takes its place here when it is ready.",
                         icon=":material/hourglass_top:")
                 result(*args)
-    with SESSIONS.counted("waiting"):
-        for result, args, queue, slot, says in pending:
-            if queue is None:
-                continue
-            if slot is None:
-                bottom = slot = bottom or st.empty()
+            continue
+        if slot is None:
+            bottom = slot = bottom or st.empty()
+        with SESSIONS.counted("waiting"):
             waited(queue, result.key(*args), lambda text, slot=slot: slot.progress(*text),
                    f"{says or result.waiting} is being prepared for every session")
     for result, args, *_ in pending:

@@ -1,8 +1,7 @@
 """What the server loads as it starts, before any session asks: the modules every page imports, and the models
 ``HEADLENS_PRELOAD`` names (the sidebar's default, all-MiniLM-L6-v2, unless set) on both engines, with what a
 session's first visit starts for them (a bundled decoder's preparation, spaCy's pipeline) and an encoder's profile
-over the built-in corpus. A session that asks
-for a model meanwhile waits for the same load, not a second one.
+over the built-in corpus. A session that asks for a model meanwhile waits for the same load, not a second one.
 
 ``HEADLENS_PRELOAD``: app names of bundled models, comma-separated (``smollm2`` for a class on SmolLM2),
 ``none`` for nothing.
