@@ -1,7 +1,7 @@
 """Every page's first view on a bundled LLM: seconds until its first picture, and until it is done.
 
     python -m bench.bench_first_view [--model smollm2] [--pages foci,queries_keys] [--cold | --prepared] [--wait S]
-    python -m bench.bench_first_view --model minilm --server-each [--preload none]
+    python -m bench.bench_first_view --model minilm --server-each [--preload none] [--at seconds]
 
 Starts ``streamlit run app.py``, loads the model once (Explore, as whoever starts a server for a
 class would), then opens each page in a fresh browser session, one at a time, on the otherwise idle
@@ -13,7 +13,9 @@ no longer says the server is preparing (its results read from disk, or computed)
 and in a new tab of a returning one, beside this machine's floor (a page of one small chart) measured first;
 aim: done within 5 s in the returning browser, or within 1.5 s of the floor. ``--server-each``: each page the
 first one a new server shows (nothing stored), opened once the server has loaded what it loads as it starts
-(``HEADLENS_PRELOAD``, the default model unless ``--preload`` says otherwise); aim: its first picture within 3 s.
+(``HEADLENS_PRELOAD``, the default model unless ``--preload`` says otherwise) and computed the results an
+encoder's pages open with (``--at seconds``: as soon as the models are loaded, those results still being computed);
+aim: its first picture within 3 s.
 """
 from __future__ import annotations
 
@@ -43,10 +45,13 @@ def main() -> None:
                         "returning browsers beside this machine's floor")
     parser.add_argument("--server-each", action="store_true", help="each page on a new server, its first page")
     parser.add_argument("--preload", help="HEADLENS_PRELOAD for --server-each (none: load nothing as it starts)")
+    parser.add_argument("--at", choices=["seconds", "prepared"], default="prepared",
+                        help="--server-each: open the page once the models are loaded (seconds) or once the results "
+                             "an encoder's pages open with are computed too (prepared)")
     args = parser.parse_args()
     print(machine())
     if args.server_each:
-        return server_each(args.model, args.pages.split(","), args.preload)
+        return server_each(args.model, args.pages.split(","), args.preload, args.at)
     env = {"HEADLENS_WARM_UP": "1"}
     if args.cold:
         env["HEADLENS_RESULTS"] = tempfile.mkdtemp(prefix="headlens-cold-")
@@ -88,7 +93,7 @@ def tour_prepared(browser, url: str, model: str, pages: list[str], floor_fresh: 
 FIRST_AIM_S = 3.0  # a cold server's first picture of the default model's every page
 
 
-def server_each(model: str, pages: list[str], preload: str | None) -> None:
+def server_each(model: str, pages: list[str], preload: str | None, at: str = "prepared") -> None:
     from playwright.sync_api import sync_playwright
 
     env = {"HEADLENS_WARM_UP": "1"}
@@ -102,7 +107,7 @@ def server_each(model: str, pages: list[str], preload: str | None) -> None:
             # a results folder of its own: a decoder's preparation on an earlier page's server kept its results
             own = {**env, "HEADLENS_RESULTS": tempfile.mkdtemp(prefix="headlens-cold-")}
             with streamlit_server(env=own) as (url, _):
-                loaded = preloaded(url, until="prepared")["prepared"]
+                loaded = preloaded(url, until=at)[at]
                 first, done, error = first_view(browser, f"{url}/{'' if name == 'home' else name}?model={model}")
             met += first <= FIRST_AIM_S
             print(f"{name:<14} {loaded:>6.1f} s {first:>12.1f} s {done:>6.1f} s   "

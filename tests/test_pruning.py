@@ -9,7 +9,8 @@ import torch
 
 from analysis.pruning.ablation import ablate, attention_change, cosines, neighbour_agreement
 from analysis.pruning.importance import head_importance, proxy_correlations, role_scores
-from analysis.pruning.curves import curve_work, full_run, proxy_order, prune_counts, pruning_curve
+from analysis.pruning import curves as curves_module
+from analysis.pruning.curves import curve_work, full_run, proxy_order, prune_counts, pruning_curve, ranking_rows
 from models import HeadLensError, MultiHeadAttention, load_model
 from tests.conftest import SENTENCES
 
@@ -461,3 +462,36 @@ def test_transformers_models_are_ablated_through_their_twin(hf_model, scratch_mo
     assert got.cosine.min() < 1 - 1e-4
     with pytest.raises(HeadLensError, match="Head importance switches heads off .* the from-scratch engine, which does not implement"):
         head_importance(load_model(tiny("bloom")), TEXTS)
+
+
+def test_the_curve_re_ranks_on_the_rows_it_is_given_and_measures_on_every_sentence(tiny_scratch, monkeypatch):
+    assert ranking_rows(10, 4) == [0, 3, 6, 9]
+    assert ranking_rows(10) == ranking_rows(10, 10) == ranking_rows(10, 12) == list(range(10))
+    with pytest.raises(HeadLensError, match="at least two"):
+        ranking_rows(10, 1)
+    rows = ranking_rows(len(TEXTS), 3)
+    full = tiny_scratch.embed(TEXTS)
+    measured = []  # each step's importance: the texts and reference it was given, and what it found
+
+    def recorded(model, sentences, **options):
+        frame = head_importance(model, sentences, **options)
+        measured.append((list(sentences), options["reference"], model.pruned_heads.copy(), frame))
+        return frame
+
+    monkeypatch.setattr(curves_module, "head_importance", recorded)
+    ticks = []
+    curve = pruning_curve(tiny_scratch, TEXTS, order="importance", rank_on=3, progress=lambda *t: ticks.append(t))
+    assert len(measured) == len(curve) - 2  # a step to each size but the last, which takes what is left
+    first, *later = measured
+    assert first[0] == TEXTS and np.array_equal(first[1], full)  # the first step: every text, as the page's grid
+    for (texts, reference, pruned, frame), row in zip(later, curve.iloc[1:].itertuples()):
+        assert texts == [TEXTS[i] for i in rows] and np.array_equal(reference, full[rows])
+        assert {(int(l), int(h)) for l, h in zip(*np.nonzero(pruned))} == set(row.heads)  # on the model pruned so far
+    for (*_, frame), (before, after) in zip(measured, zip(curve["heads"], curve["heads"][1:])):
+        least = frame[~frame["pruned"]].sort_values("importance", kind="stable").iloc[0]
+        assert set(after) - set(before) == {(int(least["layer"]), int(least["head"]))}
+    for row in curve.iloc[[2, 5]].itertuples():  # each pruned model measured on every text
+        emb = tiny_scratch.embed(TEXTS, head_mask=mask_without(tiny_scratch, row.heads))
+        assert row.fidelity == pytest.approx(np.mean(np.sum(emb * full, 1)), abs=1e-5)
+    work = curve_work(tiny_scratch, len(TEXTS), prune_counts(8), "importance", n_ranked=len(rows))
+    assert ticks[-1] == (work, work)

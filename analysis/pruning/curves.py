@@ -43,7 +43,7 @@ def prune_counts(n_heads: int, step: float = 0.1) -> list[int]:
 def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str = "importance",
                   step: float = 0.1, seed: int = 0, ablation: str = "zero", head_means=None,
                   proxies: pd.DataFrame | None = None, measure: str = "embedding", full=None,
-                  runs: dict | None = None, importance: pd.DataFrame | None = None,
+                  runs: dict | None = None, importance: pd.DataFrame | None = None, rank_on: int | None = None,
                   progress: Progress | None = None) -> pd.DataFrame:
     """Prune ``step`` of the heads at a time in ``order`` and measure each pruned model on ``sentences``.
 
@@ -62,6 +62,10 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     several curves with the same ablation share, each pruned model's run kept under its set of heads, so that
     a set two curves reach (every head, at the end) is run once. ``importance``: the full model's, as the first
     step by importance would measure it (``head_importance`` with this ablation and measure), when already taken.
+    ``rank_on``: the number of sentences, evenly spread (``ranking_rows``), that the steps by importance after the
+    first re-measure the remaining heads on, where every sentence is the default; each pruned model is still measured on
+    every sentence. On all-MiniLM-L6-v2, 32 of 100 rank as well as all 100 (``bench.bench_pruning --rank``) in a
+    third of the time.
     """
     model = editable(model, "Pruning switches heads off")
     check_measure(model, measure)
@@ -75,7 +79,10 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     means = ablation_means(model, sentences, ablation, head_means)
     total_heads = model.n_layers * model.n_heads
     counts = prune_counts(total_heads, step)
-    work = curve_work(model, len(sentences), counts, order, measure, shared_full=full is not None)
+    rows_ranked = ranking_rows(len(sentences), rank_on)
+    ranked_on = [sentences[i] for i in rows_ranked]
+    work = curve_work(model, len(sentences), counts, order, measure, shared_full=full is not None,
+                      n_ranked=len(rows_ranked))
     done = 0
 
     def tick(n: int) -> None:
@@ -91,8 +98,12 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
         fixed = proxy_order(proxies if proxies is not None else attention_proxies(model.attend(sentences)))
     if full is None:
         full = full_run(model, sentences, measure)
-        tick(len(sentences))
+        tick(2 * len(sentences))  # it runs them twice, the second timed
     full, full_s = full
+    if len(ranked_on) == len(sentences):
+        reference = full
+    else:  # the full model's embeddings of those rows; a loss's gradient importance needs no reference
+        reference = None if measure == "loss" else full[rows_ranked]
     pruned: list[tuple[int, int]] = []
     current = model
     rows = []
@@ -103,12 +114,13 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
                 if not pruned and importance is not None:  # the full model's, measured already
                     imp = importance
                     tick(len(sentences) * (1 if measure == "loss" else total_heads))  # the measurement it stands for
-                else:
+                else:  # the first step on every sentence (the importance the page shows), the later on the rows
                     release_memory()
                     before = done
-                    imp = head_importance(current, sentences, method="gradient" if measure == "loss" else "ablation",
+                    imp = head_importance(current, ranked_on if pruned else sentences,
+                                          method="gradient" if measure == "loss" else "ablation",
                                           ablation="mean" if means is not None else "zero", head_means=means,
-                                          reference=full, measure=measure,
+                                          reference=reference if pruned else full, measure=measure,
                                           progress=lambda d, t: tick(before + d - done))
                 ranked = imp[~imp["pruned"]].sort_values("importance", kind="stable")
                 chosen = [(int(r.layer), int(r.head)) for r in ranked.head(need).itertuples()]
@@ -139,6 +151,16 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     return pd.DataFrame(rows)
 
 
+def ranking_rows(n_sentences: int, rank_on: int | None = None) -> list[int]:
+    """The rows of ``n_sentences`` that a curve re-ranks heads on: ``rank_on`` of them evenly spread, first and
+    last included (all when ``rank_on`` is None or at least ``n_sentences``)."""
+    if rank_on is None or rank_on >= n_sentences:
+        return list(range(n_sentences))
+    if rank_on < 2:
+        raise HeadLensError("Re-ranking the heads needs at least two sentences.")
+    return sorted({int(i) for i in np.linspace(0, n_sentences - 1, rank_on).round()})
+
+
 def _run(model: AttentionModel, sentences: list[str], measure: str):
     return model.predictions(sentences) if measure == "loss" else model.embed(sentences)
 
@@ -154,16 +176,18 @@ def full_run(model: AttentionModel, sentences: Sequence[str], measure: str = "em
 
 
 def curve_work(model: AttentionModel, n_sentences: int, counts: list[int], order: str,
-               measure: str = "embedding", shared_full: bool = False) -> int:
+               measure: str = "embedding", shared_full: bool = False, n_ranked: int | None = None) -> int:
     """Units of work of ``pruning_curve`` (sentences run, once per variant), for a progress bar; with
-    ``shared_full``, the full model's two runs are given."""
+    ``shared_full``, the full model's two runs are given; ``n_ranked``: the sentences heads are re-ranked on
+    (``ranking_rows``), all when None."""
     evals = (len(counts) - 1 if shared_full else len(counts) + 1) * n_sentences  # the full model runs twice
     if order != "importance":
         return evals
+    ranked = n_sentences if n_ranked is None else n_ranked  # the first step runs every sentence, the later ones these
     if measure == "loss":  # gradient importance: one pass over the sentences per step
-        return evals + (len(counts) - 2) * n_sentences
+        return evals + n_sentences + (len(counts) - 3) * ranked
     total = model.n_layers * model.n_heads
-    return evals + sum(total - c for c in counts[:-2]) * n_sentences  # the last step takes what is left
+    return evals + total * n_sentences + sum(total - c for c in counts[1:-2]) * ranked  # the last takes what is left
 
 
 def curve_summary(curves: pd.DataFrame) -> pd.DataFrame:

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.pruning.ablation import Ablation, ablate
-from analysis.defaults import DECODER_SAMPLE, ENCODER_SAMPLE
+from analysis.defaults import DECODER_SAMPLE, ENCODER_SAMPLE, PRUNING_RANK
 from analysis.pruning.importance import attention_proxies, head_importance
-from analysis.pruning.curves import curve_work, full_run, prune_counts, pruning_curve
+from analysis.pruning.curves import curve_work, full_run, prune_counts, pruning_curve, ranking_rows
 from analysis.tasks.ablation import kept_curve, order_by_effect
 from models.corpus import corpus_sample
 
@@ -70,15 +70,18 @@ def _coarse(ref: ModelRef, ablation: str, sentences: list[str], method: str = "a
         warm=Warm(8, first_measured), first=First(_coarse, "the curves at 3 sizes (none, half and every head pruned)"))
 def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation",
            step: float = 0.1) -> pd.DataFrame:
-    """The pruning curves by importance (``importance(ref, ablation, sentences, method)``), at random (``SEEDS``)
-    and by attention alone, ``step`` of the heads pruned at a time."""
+    """The pruning curves by importance (``importance(ref, ablation, sentences, method)``; the later steps re-rank
+    on ``PRUNING_RANK`` of the sentences), at random (``SEEDS``) and by attention alone, ``step`` of the heads pruned
+    at a time."""
     imp = importance(ref, ablation, sentences, method)
     model = cached_model(ref)
     proxies = proxy_table(ref, sentences)
     counts = prune_counts(model.n_layers * model.n_heads, step)
     n = len(sentences)
     runs = [("importance", 0), *(("random", seed) for seed in SEEDS), ("proxy", 0)]
-    works = [curve_work(model, n, counts, order, measure_of(ref), shared_full=True) for order, _ in runs]
+    ranked = len(ranking_rows(n, PRUNING_RANK))
+    works = [curve_work(model, n, counts, order, measure_of(ref), shared_full=True, n_ranked=ranked)
+             for order, _ in runs]
     bar = Bar(f"Pruning {step:.0%} of the heads at a time, {len(runs)} ways, on {n} sentences")
     full = full_run(model, sentences, measure_of(ref))  # the unpruned model's run, shared by every curve
     # the page's importance is the curve's first step when measured the way the curve measures
@@ -88,7 +91,7 @@ def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ab
         base = sum(works[:i])
         frames.append(pruning_curve(model, sentences, order=order, seed=seed, step=step, ablation=ablation,
                                     head_means=imp.means, proxies=proxies, measure=measure_of(ref), full=full,
-                                    runs=measured, importance=first_step,
+                                    runs=measured, importance=first_step, rank_on=PRUNING_RANK,
                                     progress=lambda done, _, base=base: bar(base + done, sum(works))))
     bar.empty()
     return pd.concat(frames, ignore_index=True)

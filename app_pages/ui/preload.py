@@ -77,11 +77,12 @@ def preload(report: dict, value: str | None = None) -> None:
 
 
 def encoder_results(ref) -> None:
-    """What an encoder's slowest pages open with, computed once for every session (11 s for MiniLM on two cores):
-    every head's card parts (the Head page, the Atlas; the built-in pairs and the first task, which Effects opens
-    on) and Pruning's importance."""
+    """What an encoder's slowest pages open with, computed once for every session (about 35 s for MiniLM on two
+    cores, giving way to the pages): every head's card parts (the Head page, the Atlas; the built-in pairs and the
+    first task, which Effects opens on), Pruning's importance, then its curves."""
     from ..results.card import card_parts, importance_args
-    from ..results.pruning import importance
+    from ..results.pruning import curves, importance
 
     card_parts(ref, importance_too=False, qk_too=False)
     importance(*importance_args(ref))
+    curves(*importance_args(ref))

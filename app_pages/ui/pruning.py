@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from analysis.defaults import PRUNING_RANK
 from analysis.pruning.ablation import ABLATIONS, NEIGHBOURS
 from analysis.pruning.importance import proxy_correlations
 from analysis.pruning.curves import ORDERS, point_comparison
@@ -24,8 +25,9 @@ ABOUT = {
     "page": "A head's importance is what removing it alone does to the model's output: one minus the cosine of each "
             "sentence's embedding (the mean of the last layer over its tokens, as all-MiniLM-L6-v2 is trained to give) "
             "to the full model's, averaged over the sentences. The curves prune 10% of the heads at a time, as Michel "
-            "et al. (2019) do: by importance, recomputed on the pruned model at each step; at random; and by "
-            "attention alone.",
+            "et al. (2019) do: by importance, recomputed on the pruned model at each step (on "
+            f"{PRUNING_RANK} of the sentences, evenly spread, when there are more; every pruned model is measured on "
+            "all of them); at random; and by attention alone.",
     "llm": "This model is measured by what it does, predicting the next token: a head's importance is the rise of "
            "the next-token loss (nats per token) when it alone is switched off, or by gradient, |dL/d(mask of the "
            "head)| as Michel et al. (2019) define it, one backward pass for every head. The curve by importance "
