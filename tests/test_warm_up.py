@@ -120,6 +120,30 @@ def test_both_engines_of_a_model_ask_for_one_result_and_share_one_warm_up(warm, 
     assert job is not None and warm_up.warm_up(other) is job and len(warm_up.warmups()) == 1
 
 
+
+@pytest.mark.bundled
+def test_a_page_finds_the_preparations_steps_while_the_weights_are_read(warm, monkeypatch):
+    """The preparation's steps are found (``preparing``) from its start, while it reads both engines' weights: a page
+    opened then waits for a step, or leaves it for a first form, and does not compute it beside the preparation
+    (the Atlas on a cold SmolLM2 computed every step of its card itself: 60 s to its first chart)."""
+    reading, go, ran = threading.Event(), threading.Event(), []
+
+    def page_in(self):
+        reading.set()
+        assert go.wait(120)
+
+    from app_pages.results.models import cached_model
+    for key in ("smollm2", REF.choice):
+        monkeypatch.setattr(type(cached_model(ModelRef(key))), "page_in", page_in)
+    monkeypatch.setattr(warm_up, "_step", lambda job, store, result, args: ran.append(result.key(*args)))
+    job = warm_up.warm_up(REF)
+    assert reading.wait(120)
+    todo = [result.key(*args) for result, args in warm_up.steps(REF)]
+    assert job.queue is not None and all(preparing.preparing(key) is job.queue for key in todo)
+    go.set()
+    finished(120)
+    assert ran == todo and not preparing.QUEUES  # each step run by the preparation, in order; then it is gone
+
 def _preparing(cache, ticks: list, started: threading.Event, page: dict | None = None,
                steps: int = 40) -> threading.Thread:
     """The server's preparation computing "prepared" in its own thread: ``steps`` progress points, each followed by

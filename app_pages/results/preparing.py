@@ -168,20 +168,30 @@ class Queue:
             step = self.running[-1]
         return step.result.cache.progress.get(step.key, (0.0, step.result.waiting))
 
+    @contextlib.contextmanager
+    def opened(self):
+        """Sessions find its steps (``preparing``) from here on, before it starts on them (while a model's weights
+        are read): a page that asks for one meanwhile waits for the preparation, or leaves it for later (a first
+        form), rather than computing it beside the preparation."""
+        QUEUES.append(self)
+        try:
+            yield self
+        finally:
+            QUEUES.remove(self)
+
     def prepare(self) -> None:
         """Run every step in this thread, the server's own, in order but for those sessions want first."""
         here.background = here.steps_aside = True
         here.queue = self
-        QUEUES.append(self)
         try:
-            while (step := self.take()) is not None:
-                try:
-                    step_aside()
-                    self.run(step.result, step.args)
-                finally:
-                    self._ran(step)
+            with contextlib.nullcontext() if self in QUEUES else self.opened():
+                while (step := self.take()) is not None:
+                    try:
+                        step_aside()
+                        self.run(step.result, step.args)
+                    finally:
+                        self._ran(step)
         finally:
-            QUEUES.remove(self)
             here.queue = None
 
     def run_wanted(self) -> None:

@@ -127,15 +127,17 @@ def _warm(job: Warmup) -> None:
     try:
         folder, _ = resolve_model_dir(bundled(job.ref.choice).name)
         store = Store(results_root(), folder_digest(folder))
-        for choice in bundled(job.ref.choice).engines():  # both engines, which the pages read, whether or not the
-            # steps are computed or read from disk; their weights read once, as a preparation from nothing reads
-            # them, so that the pages' next passes do not wait on the weights' file
-            step_aside()  # the page that opened the model is drawn first, and any page opened since
-            cached_model(ModelRef(choice, device=job.ref.device)).page_in()
         todo = steps(job.ref)
         job.total = len(todo)
         job.queue = Queue(todo, lambda result, args: _step(job, store, result, args))
-        job.queue.prepare()
+        with job.queue.opened():  # a page asking for a step while the weights are read waits for it, or draws a
+            # first form: it does not compute the step beside the preparation
+            for choice in bundled(job.ref.choice).engines():  # both engines, which the pages read, whether or not
+                # the steps are computed or read from disk; their weights read once, as a preparation from nothing
+                # reads them, so that the pages' next passes do not wait on the weights' file
+                step_aside()  # the page that opened the model is drawn first, and any page opened since
+                cached_model(ModelRef(choice, device=job.ref.device)).page_in()
+            job.queue.prepare()
         job.state = "done"
         store.drop_stale()
     except Exception as err:  # noqa: BLE001 - the pages compute what is missing themselves
