@@ -24,13 +24,13 @@ from harness.load import LoadReport, _sample_memory, cpu_seconds, finished, mach
 
 ACTION_TIMEOUT = 120_000  # ms: an action slower than this is an error (the target is 60 s)
 # the pages a visitor opens, by their link's name and heading
-PAGES = ["Explore", "Foci", "Compare", "Overview", "Tokens", "Text", "Generate", "Head roles", "Effects",
-         "Queries & keys", "Across layers", "Pruning"]
+PAGES = ["Explore", "Foci", "Compare", "Overview", "Tokens", "Text", "Generate", "Head roles", "Head", "Atlas",
+         "Effects", "Circuits", "Queries & keys", "Across layers", "Pruning"]
 SHOWS_TEXT = {"Explore", "Overview", "Tokens", "Text"}  # their first chart's title shows the typed sentence
 
 DONE = """([heading, title]) => {
   const h1 = document.querySelector('[data-testid="stMain"] h1');
-  if (!h1 || !h1.textContent.includes(heading)) return false;
+  if (!h1 || h1.textContent.trim() !== heading) return false;  // Head is not Head roles
   if (document.querySelector('[data-stale="true"]')) return false;
   if (document.querySelector('[data-testid="stStatusWidgetRunningIcon"]')) return false;
   if (document.querySelector('[data-testid="stException"]')) return true;  // done, and reported as an error
@@ -79,7 +79,7 @@ class LlmLoadReport(LoadReport):
 # drawn for the page, or the page done
 FIRST = """([heading, wants]) => {
   const h1 = document.querySelector('[data-testid="stMain"] h1');
-  if (!h1 || !h1.textContent.includes(heading)) return false;
+  if (!h1 || h1.textContent.trim() !== heading) return false;  // Head is not Head roles
   if (document.querySelector('[data-testid="stException"]')) return true;
   const drawn = [...document.querySelectorAll('.js-plotly-plot')]
     .filter(p => !p.closest('[data-stale="true"]') && p.querySelector('.main-svg'));

@@ -12,7 +12,7 @@ from harness.load_llm import FIRST
 
 pytestmark = pytest.mark.browser
 
-PAGE = """<div data-testid="stMain"><h1>Explore</h1>
+PAGE = """<div data-testid="stMain"><h1>{heading}</h1>
 <div class="element" {stale}><div class="js-plotly-plot"><svg class="main-svg"></svg>
 <div class="gtitle">{title}</div></div></div></div>"""
 
@@ -35,8 +35,9 @@ def test_the_class_browsers_run_at_the_lowest_priority_and_their_first_answer_is
     others, seen = _chromes(), []  # a browser the run has open already is not the class's
 
     def check(page):
-        def first(title: str, wants: list[str], stale: bool = False, heading: str = "Explore") -> bool:
-            page.set_content(PAGE.format(title=title, stale='data-stale="true"' if stale else ""))
+        def first(title: str, wants: list[str], stale: bool = False, heading: str = "Explore",
+                  shown: str = "Explore") -> bool:
+            page.set_content(PAGE.format(title=title, stale='data-stale="true"' if stale else "", heading=shown))
             return page.evaluate(FIRST, [heading, wants])
 
         seen.extend(_chromes() - others)
@@ -51,6 +52,8 @@ def test_the_class_browsers_run_at_the_lowest_priority_and_their_first_answer_is
         assert not first("Layer 12 · 2,048 tokens", ["Layer 12 ·"], heading="Foci")
         assert first("Roles over 335 sentences", [])  # a page opened: any chart drawn for it
         assert not first("Roles over 335 sentences", [], stale=True)  # the page still running
+        assert first("Roles over 335 sentences", [], heading="Head roles", shown="Head roles")
+        assert not first("Roles over 335 sentences", [], heading="Head", shown="Head roles")  # not the Head page yet
 
     _low_priority_browser(check)
     assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in seen)

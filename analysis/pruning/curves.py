@@ -62,10 +62,10 @@ def pruning_curve(model: AttentionModel, sentences: Sequence[str], *, order: str
     several curves with the same ablation share, each pruned model's run kept under its set of heads, so that
     a set two curves reach (every head, at the end) is run once. ``importance``: the full model's, as the first
     step by importance would measure it (``head_importance`` with this ablation and measure), when already taken.
-    ``rank_on``: the number of sentences, evenly spread (``ranking_rows``), that the steps by importance after the
-    first re-measure the remaining heads on, where every sentence is the default; each pruned model is still measured on
-    every sentence. On all-MiniLM-L6-v2, 32 of 100 rank as well as all 100 (``bench.bench_pruning --rank``) in a
-    third of the time.
+    ``rank_on``: the number of sentences, evenly spread (``ranking_rows``), that the steps by importance after
+    the first re-measure the remaining heads on (every sentence when None); each pruned model is still measured
+    on every sentence. On all-MiniLM-L6-v2, re-ranking on 32 of 100 gives curves whose fidelity is within 0.021 of
+    re-ranking on all 100, 0.002 lower on average, in 0.4 of the time (``bench.bench_pruning --rank``).
     """
     model = editable(model, "Pruning switches heads off")
     check_measure(model, measure)
