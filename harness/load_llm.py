@@ -23,14 +23,17 @@ from harness.browser import CHROMIUM_ARGS, low_priority
 from harness.load import LoadReport, _sample_memory, cpu_seconds, finished, machine_ticks, server_mib
 
 ACTION_TIMEOUT = 120_000  # ms: an action slower than this is an error (the target is 60 s)
-# the pages a visitor opens, by their link's name and heading
+# the pages a visitor opens, by their link's name, which is their heading but for the Head page's (HEADINGS)
 PAGES = ["Explore", "Foci", "Compare", "Overview", "Tokens", "Text", "Generate", "Head roles", "Head", "Atlas",
          "Effects", "Circuits", "Queries & keys", "Across layers", "Pruning"]
+HEADINGS = {"Head": "re:^L[0-9]+ H[0-9]+ · "}  # the head it shows; "re:" marks a pattern, else the heading itself
 SHOWS_TEXT = {"Explore", "Overview", "Tokens", "Text"}  # their first chart's title shows the typed sentence
 
 DONE = """([heading, title]) => {
   const h1 = document.querySelector('[data-testid="stMain"] h1');
-  if (!h1 || h1.textContent.trim() !== heading) return false;  // Head is not Head roles
+  const text = h1 ? h1.textContent.trim() : null;  // the page itself: "Head roles" is not "Head"
+  if (text === null || (heading.startsWith('re:') ? !new RegExp(heading.slice(3)).test(text) : text !== heading))
+    return false;
   if (document.querySelector('[data-stale="true"]')) return false;
   if (document.querySelector('[data-testid="stStatusWidgetRunningIcon"]')) return false;
   if (document.querySelector('[data-testid="stException"]')) return true;  // done, and reported as an error
@@ -79,7 +82,9 @@ class LlmLoadReport(LoadReport):
 # drawn for the page, or the page done
 FIRST = """([heading, wants]) => {
   const h1 = document.querySelector('[data-testid="stMain"] h1');
-  if (!h1 || h1.textContent.trim() !== heading) return false;  // Head is not Head roles
+  const text = h1 ? h1.textContent.trim() : null;  // the page itself: "Head roles" is not "Head"
+  if (text === null || (heading.startsWith('re:') ? !new RegExp(heading.slice(3)).test(text) : text !== heading))
+    return false;
   if (document.querySelector('[data-testid="stException"]')) return true;
   const drawn = [...document.querySelectorAll('.js-plotly-plot')]
     .filter(p => !p.closest('[data-stale="true"]') && p.querySelector('.main-svg'));
@@ -167,7 +172,7 @@ async def _visitor(n: int, page, url: str, model: str, clock: dict, report: LlmL
         else:
             current = rng.choice([p for p in PAGES if p != current])
             link = page.get_by_role("link", name=current, exact=True)
-            await _timed(page, n, f"open {current}", current, report, link.click, current, "")
+            await _timed(page, n, f"open {current}", current, report, link.click, HEADINGS.get(current, current), "")
 
 
 IN_URL = "([key, value]) => new RegExp(`[?&]${key}=${value}(&|$)`).test(location.search)"

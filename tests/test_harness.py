@@ -8,7 +8,7 @@ import pytest
 
 from harness.browser import chromium, low_priority
 from harness.load import LoadReport
-from harness.load_llm import FIRST
+from harness.load_llm import FIRST, HEADINGS
 
 pytestmark = pytest.mark.browser
 
@@ -53,7 +53,10 @@ def test_the_class_browsers_run_at_the_lowest_priority_and_their_first_answer_is
         assert first("Roles over 335 sentences", [])  # a page opened: any chart drawn for it
         assert not first("Roles over 335 sentences", [], stale=True)  # the page still running
         assert first("Roles over 335 sentences", [], heading="Head roles", shown="Head roles")
-        assert not first("Roles over 335 sentences", [], heading="Head", shown="Head roles")  # not the Head page yet
+        head = HEADINGS["Head"]  # the Head page's heading is the head it shows
+        assert not first("Roles over 335 sentences", [], heading=head, shown="Head roles")  # not the Head page yet
+        assert first("L18 H6 on your sentence", [], heading=head, shown="L18 H6 · SmolLM2-135M-Instruct")
+        assert not first("Roles over 335 sentences", [], heading="Head", shown="Head roles")
 
     _low_priority_browser(check)
     assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in seen)
