@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from models import load_model
-from models.run import Edits, Given, reading
+from models import HeadLensError, load_model
+from models.run import POINTS, Edits, Given, editable, language_stack, patching_stack, reading, stack_of
 from tests.test_llama import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,3 +227,36 @@ def test_the_engine_is_chosen_in_models_and_the_picker_alone():
         if "._tokenize" in text:
             found.append(f"{where}: ._tokenize")
     assert not found, found
+
+
+def test_a_run_the_engine_cannot_make_is_refused_with_what_was_asked(tiny):
+    """A model the from-scratch engine does not implement (BLOOM) is refused by each way into it, the sentence
+    starting with what the caller was doing (or the function's own words); an encoder is refused where a language
+    model is needed."""
+    bloom = load_model(tiny("bloom"), backend="transformers", device="cpu")
+    refused = f" inside the from-scratch engine, which does not implement {bloom.name}'s architecture."
+    for call, default in ((editable, "This"), (stack_of, "This"), (patching_stack, "Patching replaces a head's output"),
+                          (language_stack, "What a head adds to a prediction is read")):
+        for args, what in (((bloom,), default), ((bloom, "Pruning switches heads off"), "Pruning switches heads off")):
+            with pytest.raises(HeadLensError) as err:
+                call(*args)
+            assert str(err.value) == what + refused, call.__name__
+    encoder = load_model(tiny("bert"), backend="scratch", device="cpu")
+    assert patching_stack(encoder) is stack_of(encoder) is editable(encoder).stack  # an encoder patches and measures
+    with pytest.raises(HeadLensError) as err:
+        language_stack(encoder, "The logit lens")
+    assert str(err.value) == (f"The logit lens on a language model; {encoder.name} is an encoder, not a language "
+                              "model. Choose SmolLM2, Gemma 3 or a decoder trained here.")
+
+
+def test_edits_at_one_point_run_one_after_the_other_and_each_point_is_checked():
+    a = Edits({("z", 0): lambda v: v + 1, ("z", 1): lambda v: v * 10})
+    b = Edits({("z", 0): lambda v: v * 2, ("resid_pre", 1): lambda v: v - 1})
+    both = a.then(b)
+    assert both[("z", 0)](3) == 8  # (3 + 1) * 2: this one's edit first, then the other's
+    assert both[("z", 1)](3) == 30 and both[("resid_pre", 1)](3) == 2 and len(both) == 3
+    assert a[("z", 0)](3) == 4  # the edits chained are a new set: these are as they were
+    assert a.then(None) is a and a.then(Edits()) is a
+    with pytest.raises(ValueError) as err:
+        Edits({("nowhere", 0): abs, ("z", 0): abs, ("elsewhere", 1): abs})
+    assert str(err.value) == f"No point is named ['elsewhere', 'nowhere']; the points are {list(POINTS)}."
