@@ -29,12 +29,15 @@ PAGES = ["Explore", "Foci", "Compare", "Overview", "Tokens", "Text", "Generate",
 HEADINGS = {"Head": "re:^L[0-9]+ H[0-9]+ · "}  # the head it shows; "re:" marks a pattern, else the heading itself
 SHOWS_TEXT = {"Explore", "Overview", "Tokens", "Text"}  # their first chart's title shows the typed sentence
 
-DONE = """([heading, title]) => {
-  const h1 = document.querySelector('[data-testid="stMain"] h1');
+# the start of a page predicate: false unless the page shown is ``heading``'s, by its exact heading (or pattern)
+ON_PAGE = """  const h1 = document.querySelector('[data-testid="stMain"] h1');
   const text = h1 ? h1.textContent.trim() : null;  // the page itself: "Head roles" is not "Head"
   if (text === null || (heading.startsWith('re:') ? !new RegExp(heading.slice(3)).test(text) : text !== heading))
     return false;
-  if (document.querySelector('[data-stale="true"]')) return false;
+"""
+
+DONE = """([heading, title]) => {
+""" + ON_PAGE + """  if (document.querySelector('[data-stale="true"]')) return false;
   if (document.querySelector('[data-testid="stStatusWidgetRunningIcon"]')) return false;
   if (document.querySelector('[data-testid="stException"]')) return true;  // done, and reported as an error
   if (!title) return true;  // a page opened: done when its run is (some draw no chart before a click)
@@ -81,11 +84,7 @@ class LlmLoadReport(LoadReport):
 # so that "to 1" is not "to 12"); with no ``wants``, any chart
 # drawn for the page, or the page done
 FIRST = """([heading, wants]) => {
-  const h1 = document.querySelector('[data-testid="stMain"] h1');
-  const text = h1 ? h1.textContent.trim() : null;  // the page itself: "Head roles" is not "Head"
-  if (text === null || (heading.startsWith('re:') ? !new RegExp(heading.slice(3)).test(text) : text !== heading))
-    return false;
-  if (document.querySelector('[data-testid="stException"]')) return true;
+""" + ON_PAGE + """  if (document.querySelector('[data-testid="stException"]')) return true;
   const drawn = [...document.querySelectorAll('.js-plotly-plot')]
     .filter(p => !p.closest('[data-stale="true"]') && p.querySelector('.main-svg'));
   if (!wants.length) return drawn.length > 0 || (!document.querySelector('[data-stale="true"]')
