@@ -149,10 +149,13 @@ def plot_title(page) -> str:
         " return lines.length ? lines.join(' ') : t.textContent; }")
 
 
-def wait_title(page, prefix: str, timeout: float = 60_000) -> None:
+def wait_title(page, prefix: str, timeout: float = 60_000, plot: int = 0) -> None:
+    """Wait until the ``plot``-th chart's title includes ``prefix``; a chart a rerun has not drawn yet is waited for,
+    not an error."""
     page.wait_for_function(
-        "p => { const t = document.querySelector('.js-plotly-plot .gtitle');"
-        " return t && t.textContent.includes(p); }", arg=prefix, timeout=timeout)
+        "([p, i]) => { const gd = document.querySelectorAll('.js-plotly-plot')[i];"
+        " const t = gd && gd.querySelector('.gtitle'); return !!t && t.textContent.includes(p); }",
+        arg=[prefix, plot], timeout=timeout)
 
 
 def x_ticks(page, plot: int = 0) -> list[str]:

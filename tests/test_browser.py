@@ -80,8 +80,7 @@ def test_clicking_a_thumbnail_opens_that_head(page, server):
 def test_markup_in_text_shows_as_text(page, hf_model):
     text = '<img src=x onerror=alert(1)> <script>alert(2)</script> & "quotes"'
     commit_text(page, text)
-    page.wait_for_function("() => document.querySelector('.js-plotly-plot .gtitle').textContent.includes('<img')",
-                           timeout=60_000)
+    wait_title(page, "<img")
     assert "<img src=x onerror=alert(1)>" in plot_title(page)
     assert page.locator("img[src='x']").count() == 0
     ticks = x_ticks(page)

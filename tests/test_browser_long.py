@@ -33,7 +33,7 @@ def test_explore_at_2048_tokens_reads_and_zooms_on_a_click(browser, server, text
         page.goto(f"{server}/?model=smollm2_scratch&layer=3&text={quote(text)}")
         page.wait_for_function(PLOTS, arg=2, timeout=300_000)
         # the nearest ready layer comes first, titled so; layer 3 replaces it once the prompt has run up to it
-        page.wait_for_function("() => { const t = document.querySelector('.js-plotly-plot .gtitle').textContent;"
+        page.wait_for_function("() => { const e = document.querySelector('.js-plotly-plot .gtitle'), t = e ? e.textContent : '';"
                                " return t.includes('Layer 3 · 2,048 tokens') && !t.includes('nearest'); }",
                                timeout=300_000)
         assert_readable(page, "explore, 2,048 tokens")

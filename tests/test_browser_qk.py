@@ -2,7 +2,7 @@
 a click on a point draws its sentence with its row framed."""
 import pytest
 
-from harness.browser import PLOT, assert_readable, shot
+from harness.browser import PLOT, assert_readable, shot, wait_title
 
 # The most isolated query point of the scatter (the second chart), other than ``skip``, in page pixels.
 ISOLATED = """skip => {
@@ -47,8 +47,7 @@ def test_labels_are_readable_and_a_thumbnail_opens_its_head(qk_page):
     y = box["y"] + 2.5 * pitch / (bottom - top) * box["height"]
     page.mouse.click(x, y)  # layer 2, head 5
     page.wait_for_url(lambda url: "qk_layer=2" in url and "qk_head=5" in url, timeout=60_000)
-    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot')[1].querySelector('.gtitle')"
-                           ".textContent.startsWith('L2 H5')", timeout=60_000)
+    wait_title(page, "L2 H5", plot=1)
     shot(page, "queries-keys-head")
 
 
