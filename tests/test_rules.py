@@ -2,6 +2,7 @@
 all-MiniLM-L6-v2's tokens and a tiny GPT-2's, against the tokenizer's own word ids and spaCy's own parse."""
 import re
 
+import numpy as np
 import pytest
 
 from analysis.roles.measure import load_spacy
@@ -145,12 +146,15 @@ REPEAT = "so, dog cat dog dog cat."
 CAUSAL_CAT = "The cat sat on the mat."
 # The cat sat on the mat .
 #  0   1   2   3  4   5  6
+PROSE = "Tom saw a dog. It saw Tom."
+# Tom saw a dog .  It saw Tom .       spaCy: two sentences, 0-4 and 5-8; PROPN VERB DET NOUN PUNCT PRON VERB PROPN
+#  0   1  2  3  4   5  6   7  8       PUNCT; Tom -nsubj-> saw (root); It -nsubj-> saw (root)
 
 
 @pytest.fixture(scope="module")
 def words_gpt2(tmp_path_factory):
     """A tiny random GPT-2 whose tokenizer holds each word of the two sentences above whole."""
-    return load_model(build_words_gpt2(tmp_path_factory.mktemp("words-gpt2"), [REPEAT, CAUSAL_CAT]))
+    return load_model(build_words_gpt2(tmp_path_factory.mktemp("words-gpt2"), [REPEAT, CAUSAL_CAT, PROSE]))
 
 
 def test_the_causal_tokens_are_whole_words(words_gpt2):
@@ -208,6 +212,11 @@ FAMILIES = {"positional": ["previous token", "next token", "itself", "2 back", "
             "syntactic": ["dependency head", "root verb", *(f"dependents: {rel}" for rel in (
                 "nsubj", "dobj", "det", "amod", "prep", "pobj", "aux", "advmod", "compound", "conj", "poss"))],
             "focus": ["focus: sentence_type", "focus: object", "focus: relation", "focus: sentiment"]}
+FAMILIES["positional"] += ["recent 1", "recent 2", "recent 4", "recent 8", "second token"]
+FAMILIES["lexical"] += ["first 'the'", "first 'a'", "first 'and'", "first 'of'", "first 'to'", "first comma",
+                        "first full stop"]
+FAMILIES["syntactic"] += ["nearest noun", "nearest verb", "nearest proper noun", "nearest pronoun", "sentence subject"]
+FAMILIES["lexical"] += ["previous sentence end", "same word", "word induction"]
 
 
 def test_each_rule_has_its_family_and_a_sentence_that_follows_a_heads_name():
@@ -232,7 +241,44 @@ def test_a_union_says_both_and_an_unknown_name_gets_a_sentence():
     assert rule_named("induction or first token").family == "lexical or positional"
     with pytest.raises(HeadLensError, match="no rule named 'previos token'"):
         rule_named("previos token")
+    three = rule_named("previous token or itself or same word")  # a program's three rules
+    assert three.family == "positional or lexical"
+    assert three.sentence == "attends to the previous token, or to itself, or to earlier copies of its word"
     with pytest.raises(HeadLensError, match="no rule named"):
-        rule_named("previous token or itself or first token")
+        rule_named("previous token or itself or first token or 2 back")
     with pytest.raises(HeadLensError, match="no rule named 'bogus'. Rules: previous token, next token, itself, "):
         rule_named("previous token or bogus")
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("recent 1", [list(range(max(0, q - 4), q)) for q in range(9)]),     # the four tokens before the query
+    ("recent 2", [list(range(max(0, q - 8), q)) for q in range(9)]),
+    ("nearest noun", [[]] * 4 + [[3]] * 5),                                # "dog", from the word after it on
+    ("nearest verb", [[], []] + [[1]] * 5 + [[6]] * 2),                   # the second "saw" names the first
+    ("nearest proper noun", [[]] + [[0]] * 7 + [[7]]),
+    ("nearest pronoun", [[]] * 6 + [[5]] * 3),
+    ("previous sentence end", [[]] * 5 + [[4]] * 4),
+    ("same word", [[]] * 6 + [[1], [0], []]),                              # a full stop is not a word again
+    ("word induction", [[]] * 6 + [[2], [1], []]),                         # what followed "saw" and "Tom" before
+    ("sentence subject", [[0]] * 5 + [[5]] * 4),
+    ("second token", [[]] + [[1]] * 8),
+    ("first full stop", [[]] * 5 + [[4]] * 4),                             # from the word after it on
+    ("first 'a'", [[]] * 3 + [[2]] * 6),
+    ("first 'the'", [[]] * 9),                                             # no "the" in the text
+])
+def test_each_prose_rule_on_a_hand_worked_causal_paragraph(words_gpt2, name, expected):
+    doc = load_spacy()(PROSE)
+    assert [(w.pos_, w.dep_) for w in doc][:2] == [("PROPN", "nsubj"), ("VERB", "ROOT")]
+    assert [s.start for s in doc.sents] == [0, 5] and doc[5].pos_ == "PRON"
+    assert words_gpt2.tokenizer.tokenize(PROSE)[4:6] == [".", "ĠIt"]
+    assert rule_named(name).keys(words_gpt2, PROSE) == expected
+
+
+def test_a_recency_rule_halves_every_half_life_and_the_others_spread_evenly():
+    named = np.zeros((2, 12), dtype=bool)
+    named[0, [6, 7, 8, 9]] = True  # query 10's last four tokens; query 11 names none
+    halved = np.array([0.5 ** 1.5, 0.5, 0.5 ** 0.5, 1.0])
+    rows = rule_named("recent 2").spread(np.array([10, 11]), named)
+    np.testing.assert_allclose(rows[0, [6, 7, 8, 9]], halved / halved.sum())
+    assert rows[0].sum() == pytest.approx(1.0) and not rows[1].any()
+    np.testing.assert_allclose(rule_named("same word").spread(np.array([10, 11]), named)[0, [6, 7, 8, 9]], 0.25)

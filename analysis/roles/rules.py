@@ -8,9 +8,15 @@ Positional rules read positions; lexical rules read the tokens (a duplicate is t
 writes it); syntactic rules and the seed's foci read spaCy's parse, each token standing for the word holding its
 first character (pieces of a word share their word's keys, as Head roles merges them). A query whose rule names no
 key gets an empty list. In a causal model no rule names a key after its query.
+
+The rules prose needs sit beside them: recency (the last 4·h tokens, weighted down by half every h tokens back:
+``Rule.spread``), the nearest earlier noun, verb, proper noun or pronoun, the previous sentence's end, the same word
+earlier and the word after its earlier copy (word level, in lower case), the sentence's subject, the second token,
+and the text's first copy of a common word (a second sink some heads keep).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -84,6 +90,33 @@ class Reading:
                 out.setdefault(w, []).append(t)
         return out
 
+    @cached_property
+    def _sentences(self) -> tuple[list[tuple[list, object]], list[int]]:
+        spans = list(self.doc.sents)
+        of = [0] * len(self.doc)
+        for i, span in enumerate(spans):
+            of[span.start:span.end] = [i] * (span.end - span.start)
+        return [([w for w in span if not w.is_space], span.root) for span in spans], of
+
+    def sentence(self, word: int, before: int = 0) -> tuple[list, object] | None:
+        """The words (spaces left out) and the root of the sentence holding spaCy word ``word``, or of the sentence
+        ``before`` sentences earlier (None where there is none)."""
+        spans, of = self._sentences
+        i = of[word] - before
+        return spans[i] if i >= 0 else None
+
+    @cached_property
+    def copies(self) -> list[list[int]]:
+        """For each spaCy word, the earlier words that are the same word (in lower case; punctuation never)."""
+        seen: dict[str, list[int]] = {}
+        out = []
+        for w in self.doc:
+            skip = w.is_punct or w.is_space
+            out.append([] if skip else list(seen.get(w.lower_, ())))
+            if not skip:
+                seen.setdefault(w.lower_, []).append(w.i)
+        return out
+
     def word_keys(self, targets: Callable[[object], Sequence[int]]) -> Keys:
         """For each token, the tokens of the words ``targets(word)`` names for its word (``word`` a spaCy token)."""
         cache: dict[int, list[int]] = {}
@@ -107,6 +140,18 @@ class Rule:
     family: str
     sentence: str
     predict: Callable[[Reading], Keys]
+    half_life: float | None = None  # a recency rule's decay: a key d tokens before the previous one weighs 2^(-d/h)
+
+    def spread(self, queries: np.ndarray, named: np.ndarray) -> np.ndarray:
+        """How a program spreads this rule's part of each query's row over the keys it names (``named``, bool
+        ``(queries, n)``): evenly, or (a recency rule) halving every ``half_life`` tokens back from the previous
+        token. Each row sums to 1, or to 0 where the rule names no key."""
+        w = named.astype(np.float64)
+        if self.half_life is not None:
+            back = np.asarray(queries)[:, None] - 1 - np.arange(named.shape[1])[None, :]
+            w *= 0.5 ** (np.maximum(back, 0) / self.half_life)
+        total = w.sum(-1, keepdims=True)
+        return np.divide(w, total, out=np.zeros_like(w), where=total > 0)
 
     def keys(self, model, text: str) -> Keys:
         """For each token position of ``model``'s tokenization of ``text``, the key positions this rule predicts."""
@@ -127,7 +172,7 @@ class Rule:
 
 def union(a: Rule, b: Rule) -> Rule:
     """The keys of either rule: "the previous token or the first token"."""
-    families = a.family if a.family == b.family else f"{a.family}{UNION}{b.family}"
+    families = UNION.join(dict.fromkeys(a.family.split(UNION) + b.family.split(UNION)))
     said = b.sentence.removeprefix("attends ").removeprefix("to ")
     return Rule(f"{a.name}{UNION}{b.name}", families, f"{a.sentence}, or to {said}",
                 lambda r: [x + y for x, y in zip(a.predict(r), b.predict(r))])
@@ -166,25 +211,23 @@ def _punctuation(r: Reading) -> Keys:
     return out
 
 
-def _sentence_words(sent) -> list:
-    return [w for w in sent if not w.is_space]
-
-
-def _final_mark(word) -> list[int]:
-    words = _sentence_words(word.sent)
-    end = len(words) - 1
-    while end > 0 and words[end].text in CLOSING:
-        end -= 1
-    return [words[end].i] if words and words[end].text in FINAL_MARKS else []
+def _final_mark(r: Reading) -> Keys:
+    def mark(word) -> list[int]:
+        words, _ = r.sentence(word.i)
+        end = len(words) - 1
+        while end > 0 and words[end].text in CLOSING:
+            end -= 1
+        return [words[end].i] if words and words[end].text in FINAL_MARKS else []
+    return r.word_keys(mark)
 
 
 def _sentence_start(r: Reading) -> Keys:
     def first_token(word) -> list[int]:
-        words = _sentence_words(word.sent)
+        words, _ = r.sentence(word)
         tokens = r.tokens_of.get(words[0].i, []) if words else []
         return tokens[:1]
     cache: dict[int, list[int]] = {}
-    return [[] if w is None else cache.setdefault(w, first_token(r.doc[w])) for w in r.words]
+    return [[] if w is None else cache.setdefault(w, first_token(w)) for w in r.words]
 
 
 # --- syntactic and the seed's foci ---------------------------------------------------------------------------------
@@ -198,6 +241,72 @@ def _focus(focus: str) -> Callable[[Reading], Keys]:
         members = np.flatnonzero(word_classes(r.doc)[focus]).tolist()
         return r.word_keys(lambda w: members)
     return predict
+
+
+# --- prose: recency, the nearest word of a class, the same word, the sentence around -----------------------------
+
+RECENT = (1, 2, 4, 8)  # recency rules' half-lives, in tokens; each names the last four half-lives' tokens
+
+
+def _recent(half_life: int) -> Callable[[Reading], Keys]:
+    return lambda r: [list(range(max(0, q - 4 * half_life), q)) for q in range(len(r))]
+
+
+def _nearest_earlier(test: Callable[[object], bool]) -> Callable[[Reading], Keys]:
+    """The tokens of the nearest word before the query's word that passes ``test`` (a spaCy token)."""
+    def predict(r: Reading) -> Keys:
+        before, last = [], None
+        for w in r.doc:
+            before.append(last)
+            if test(w):
+                last = w.i
+        return r.word_keys(lambda w: [] if before[w.i] is None else [before[w.i]])
+    return predict
+
+
+def _previous_end(r: Reading) -> Keys:
+    def end(word) -> list[int]:
+        before = r.sentence(word.i, before=1)
+        return [before[0][-1].i] if before and before[0] else []
+    return r.word_keys(end)
+
+
+def _subject(r: Reading) -> Keys:
+    return r.word_keys(lambda w: [c.i for c in r.sentence(w.i)[1].children if c.dep_ in ("nsubj", "nsubjpass")])
+
+
+COMMON = {"the": "'the'", "a": "'a'", "and": "'and'", "of": "'of'", "to": "'to'", ",": "comma",
+          ".": "full stop"}  # words whose first copy a head may use as a second sink, as a rule names them
+
+
+def _first_copy(word: str) -> Callable[[Reading], Keys]:
+    def predict(r: Reading) -> Keys:
+        first = next((w.i for w in r.doc if w.lower_ == word), None)
+        return r.word_keys(lambda w: [] if first is None or first >= w.i else [first])
+    return predict
+
+
+CLASSES = {"noun": ("NOUN",), "verb": ("VERB",), "proper noun": ("PROPN",), "pronoun": ("PRON",)}
+
+
+def _prose_rules() -> list[Rule]:
+    return [
+        *(Rule(f"recent {h}", "positional",
+               f"attends to the last {4 * h} tokens, less the further back (half as much every {h} back)",
+               _recent(h), half_life=h) for h in RECENT),
+        *(Rule(f"nearest {name}", "syntactic", f"attends to the nearest earlier {name}",
+               _nearest_earlier(lambda w, pos=pos: w.pos_ in pos)) for name, pos in CLASSES.items()),
+        Rule("previous sentence end", "lexical", "attends to the end of the sentence before its own", _previous_end),
+        Rule("same word", "lexical", "attends to earlier copies of its word",
+             lambda r: r.word_keys(lambda w: r.copies[w.i])),
+        Rule("word induction", "lexical", "attends to the word after an earlier copy of its word",
+             lambda r: r.word_keys(lambda w: [v + 1 for v in r.copies[w.i] if v + 1 < w.i])),
+        Rule("sentence subject", "syntactic", "attends to the subject of its sentence", _subject),
+        Rule("second token", "positional", "attends to the second token, the first after the first token",
+             lambda r: [[1] if q >= 1 else [] for q in range(len(r))]),
+        *(Rule(f"first {said}", "lexical", f"attends to the text's first {said} before its word (a second sink)",
+               _first_copy(w)) for w, said in COMMON.items()),
+    ]
 
 
 FIRST = "the first token ([CLS] in an encoder, the sink in a decoder)"
@@ -225,16 +334,16 @@ def _rules() -> dict[str, Rule]:
         Rule("induction", "lexical", "attends to the token after an earlier copy of the current one (induction)",
              _induction),
         Rule("punctuation", "lexical", "attends to the nearest earlier punctuation", _punctuation),
-        Rule("final mark", "lexical", "attends to its sentence's final mark",
-             lambda r: r.word_keys(_final_mark)),
+        Rule("final mark", "lexical", "attends to its sentence's final mark", _final_mark),
         Rule("sentence start", "lexical", "attends to the start of its sentence", _sentence_start),
         Rule("dependency head", "syntactic", "attends from a word to the word it depends on (its head in the parse)",
              lambda r: r.word_keys(lambda w: [w.head.i] if w.head.i != w.i else [])),
         *(Rule(f"dependents: {rel}", "syntactic", f"attends from a word to {said} ({rel})", _dependents(rel))
           for rel, said in DEPENDENCIES.items()),
         Rule("root verb", "syntactic", "attends to its sentence's root verb",
-             lambda r: r.word_keys(lambda w: [w.sent.root.i])),
+             lambda r: r.word_keys(lambda w: [r.sentence(w.i)[1].i])),
         *(Rule(f"focus: {f}", "focus", f"attends to the {FOCUS_NAMES[f]} words", _focus(f)) for f in FOCI),
+        *_prose_rules(),
     ]
     return {rule.name: rule for rule in rules}
 
@@ -243,12 +352,13 @@ RULES: dict[str, Rule] = _rules()
 
 
 def rule_named(name: str) -> Rule:
-    """The rule ``name`` names: one of ``RULES`` or two of them joined by " or " ("previous token or first token")."""
+    """The rule ``name`` names: one of ``RULES`` or two or three of them joined by " or " ("previous token or first
+    token", a program's rules)."""
     if name in RULES:
         return RULES[name]
     parts = name.split(UNION)
-    if len(parts) == 2 and all(p in RULES for p in parts):
-        return union(RULES[parts[0]], RULES[parts[1]])
+    if 2 <= len(parts) <= 3 and all(p in RULES for p in parts):
+        return functools.reduce(union, (RULES[p] for p in parts))
     unknown = [p for p in parts if p not in RULES] or [name]
-    raise HeadLensError(f"There is no rule named {unknown[0]!r}. Rules: {', '.join(RULES)}; or two of them joined "
-                        f"by {UNION.strip()!r}.")
+    raise HeadLensError(f"There is no rule named {unknown[0]!r}. Rules: {', '.join(RULES)}; or two or three of them "
+                        f"joined by {UNION.strip()!r}.")
