@@ -17,7 +17,8 @@ from .attention.long import Grid, LongView, Survey, long_view, reach, survey, zo
 from .roles.labels import RANKING_MEASURES, THRESHOLDS, label_heads, label_measure, strongest_head
 from .qk_attribution.pictures import QK, qk_embedding, qk_heads, qk_vectors
 from .roles.rules import RULES, Reading, Rule, rule_named
-from .explanations import EXPLAINED, explain_heads, explained_share, replace_heads, replacement_curve, rule_scores
+from .explanations import (EXPLAINED, EXPLAINED_LIFT, explain_heads, explained, explained_share, replace_heads,
+                           replacement_curve, rule_scores)
 from .roles.measure import PROFILE_COLUMNS, HeadMeasures, HeadProfiler, focus_tokens, measure_heads, profile_heads
 from .attention.similarity import head_similarity, similar_heads
 from .attention.views import (View, head_stats, make_view, merge_weights, renormalise_rows, special_share, token_label,
@@ -32,7 +33,8 @@ __all__ = ["DETECTORS", "head_detector", "PAIRS", "logit_attribution", "patch_he
            "RANKING_MEASURES", "THRESHOLDS", "label_heads", "label_measure", "strongest_head",
            "QK", "qk_embedding", "qk_heads", "qk_vectors",
            "RULES", "Reading", "Rule", "rule_named", "rule_scores",
-           "EXPLAINED", "explain_heads", "explained_share", "replace_heads", "replacement_curve",
+           "EXPLAINED", "EXPLAINED_LIFT", "explain_heads", "explained", "explained_share", "replace_heads",
+           "replacement_curve",
            "PROFILE_COLUMNS", "HeadMeasures", "HeadProfiler", "focus_tokens", "measure_heads", "profile_heads",
            "head_similarity", "similar_heads",
            "View", "head_stats", "make_view", "merge_weights", "renormalise_rows", "special_share", "token_label",

@@ -8,30 +8,16 @@ import pytest
 import torch
 from transformers import BertModel
 
-from analysis.explanations import EXPLAINED, corpus_halves, explain_attentions, explain_heads, explained_share
+from analysis.explanations import (EXPLAINED, corpus_halves, explain_attentions, explain_heads, explained,
+                                   explained_share)
 from analysis.explanations.replace import Replacer
 from analysis.roles.rules import RULES, rule_named
 from models import HeadLensError, load_model
-from models.corpus import CORPUS
+from models.corpus import CORPUS, PARAGRAPHS, paragraph_halves
 from tests.test_explanations import by_hand, check_interval, transformers_weights
 from tests.test_families import build
 
 FIT, HELD_OUT = list(CORPUS[0:16:2]), list(CORPUS[1:16:2])
-
-
-def _hand_parts(folder, model, texts, rule, causal) -> list[dict]:
-    """Each text's sums for every head, query by query from transformers' attention."""
-    parts = []
-    for t in texts:
-        special = None if causal else list(model.attend(t).special)
-        parts.append(by_hand(transformers_weights(folder, model, t), rule.keys(model, t), special, causal))
-    return parts
-
-
-def _hand_scores(folder, model, texts, rule, causal) -> np.ndarray:
-    """The rule's score for every head over ``texts``."""
-    parts = _hand_parts(folder, model, texts, rule, causal)
-    return sum(p["score"] for p in parts) / sum(p["queries"] for p in parts)
 
 
 def _drawn(parts: list[dict], layer: int, head: int, draws: int = 40_000) -> tuple[np.ndarray, np.ndarray]:
@@ -45,44 +31,152 @@ def _drawn(parts: list[dict], layer: int, head: int, draws: int = 40_000) -> tup
     return values[:, None], np.full(kept.sum(), 1.0 / kept.sum())
 
 
-def _check(frame, folder, model, fit, held_out, causal):
-    singles = {name: _hand_scores(folder, model, fit, rule, causal) for name, rule in RULES.items()}
-    best_single = np.max(np.stack(list(singles.values())), axis=0)
-    fits = dict(singles)
-    for r in frame.itertuples():
-        if r.rule not in fits:
-            fits[r.rule] = _hand_scores(folder, model, fit, rule_named(r.rule), causal)
-        fitted = fits[r.rule][r.layer, r.head]
-        assert r.fit_score == pytest.approx(fitted, abs=1e-5)
-        assert r.fit_score >= best_single[r.layer, r.head] - 1e-5  # no single rule fits the head better
-        if r.rule in singles:  # a single rule is the best one
-            assert r.fit_score == pytest.approx(best_single[r.layer, r.head], abs=1e-5)
-        else:  # a union earns its second rule
-            assert r.fit_score >= best_single[r.layer, r.head] + 0.05 - 1e-5
-    # held out: the chosen rule and the best positional one
-    for r in frame.sample(min(12, len(frame)), random_state=0).itertuples():
-        parts = _hand_parts(folder, model, held_out, rule_named(r.rule), causal)
-        queries = sum(p["queries"] for p in parts)
-        held = (sum(p["score"] for p in parts) / queries)[r.layer, r.head]
-        assert r.score == pytest.approx(held, abs=1e-5)
-        assert r.coverage == pytest.approx(sum(p["covered"] for p in parts) / queries, abs=1e-12)
-        assert r.lift == pytest.approx(held / (sum(p["uniform"] for p in parts) / queries), rel=1e-4)
-        assert r.sink_share == pytest.approx((sum(p["sink"] for p in parts) / queries)[r.layer, r.head], abs=1e-5)
+def _text(model, t: str, causal: bool) -> dict:
+    """A text as the checks read it: its tokens' count, the queries, each query's content keys (a decoder's keys
+    1 … q, an encoder's words) and the special tokens, from the tokenizer alone."""
+    special = [bool(x) for x in model.tokenize(t, truncation=True, max_length=model.max_tokens,
+                                               return_special_tokens_mask=True)["special_tokens_mask"]]
+    n = len(special)
+    queries = list(range(1, n)) if causal else [q for q in range(n) if not special[q]]
+    content = {q: list(range(1, q + 1)) if causal else [k for k in range(n) if not special[k]] for q in queries}
+    return {"text": t, "n": n, "special": special, "queries": queries, "content": content, "causal": causal}
+
+
+def _texts(folder, model, texts, causal) -> list[dict]:
+    """Each text as ``_text`` reads it, with transformers' weights."""
+    return [{**_text(model, t, causal), "W": transformers_weights(folder, model, t)} for t in texts]
+
+
+def _part(rule, keys, q, content) -> dict:
+    """A rule's part of query ``q``'s content row: its keys among the content keys, evenly or halving every
+    half-life back from the previous token."""
+    named = [k for k in keys[q] if k in content]
+    w = {k: 1.0 if rule.half_life is None else 0.5 ** ((q - 1 - k) / rule.half_life) for k in named}
+    return {k: v / sum(w.values()) for k, v in w.items()}
+
+
+def _rows(model, t: dict, rules, weights, fallback, sink, special):
+    """A program's predicted content and whole rows for each query of ``t``, by hand."""
+    keys = [r.keys(model, t["text"]) for r in rules]
+    n = t["n"]
+    for q in t["queries"]:
+        row = np.zeros(n)
+        for rule, w, k in zip(rules, weights, keys):
+            for key, v in _part(rule, k, q, t["content"][q]).items():
+                row[key] += w * v
+        row[t["content"][q]] += fallback / len(t["content"][q])
+        if row.sum() <= 0:  # the rules name nothing and the fallback weighs nothing: every content key evenly
+            row[t["content"][q]] = 1.0
+        content = row / row.sum()
+        others = [] if t["causal"] else [k for k in range(1, n) if t["special"][k]]  # an encoder's [SEP]
+        whole = content * (1 - sink - (special if others else 0.0))
+        whole[0] += sink
+        for k in others:
+            whole[k] += special / len(others)
+        yield q, content, whole / whole.sum(), sorted({k for kk in keys for k in kk[q] if k in t["content"][q]})
+
+
+def _read(model, texts: list[dict], r, rules) -> dict:
+    """One head's program read on ``texts`` by hand: score, coverage, lift, iou, iou_full, sink share, and each
+    text's score sum and queries (for the interval)."""
+    mins = maxs = mins_full = maxs_full = on = uniform = covered = sink = 0.0
+    parts = []
+    for t in texts:
+        w = t["W"][r.layer, r.head]
+        text_on = 0.0
+        for q, content, whole, named in _rows(model, t, rules, r.weights, r.fallback_weight, r.sink_weight,
+                                              r.special_weight):
+            actual = np.zeros_like(content)
+            actual[t["content"][q]] = w[q, t["content"][q]] / w[q, t["content"][q]].sum()
+            mins, maxs = mins + np.minimum(content, actual).sum(), maxs + np.maximum(content, actual).sum()
+            mins_full += np.minimum(whole, w[q]).sum()
+            maxs_full += np.maximum(whole, w[q]).sum()
+            text_on += actual[named].sum()
+            uniform += len(named) / len(t["content"][q])
+            covered += bool(named)
+            sink += w[q, 0]
+        on += text_on
+        parts.append({"score": np.full((1, 1), text_on), "queries": len(t["queries"])})
+    queries = sum(len(t["queries"]) for t in texts)
+    return {"score": on / queries, "coverage": covered / queries, "lift": on / uniform, "iou": mins / maxs,
+            "iou_full": mins_full / maxs_full, "sink": sink / queries, "parts": parts}
+
+
+def _fit_error(model, texts: list[dict], layer, head, rules, weights) -> tuple[float, np.ndarray]:
+    """The squared error to one head's content rows over ``texts`` of ``rules`` and the fallback (every content key
+    evenly, the last of ``weights``) with ``weights``, unscaled, and its gradient in the weights."""
+    err, grad = 0.0, np.zeros(len(rules) + 1)
+    for t in texts:
+        w = t["W"][layer, head]
+        keys = [rule.keys(model, t["text"]) for rule in rules]
+        for q in t["queries"]:
+            c = t["content"][q]
+            actual = np.zeros(w.shape[-1])
+            actual[c] = w[q, c] / w[q, c].sum()
+            F = np.zeros((len(rules) + 1, w.shape[-1]))
+            for j, (rule, k) in enumerate(zip(rules, keys)):
+                for key, v in _part(rule, k, q, c).items():
+                    F[j, key] = v
+            F[-1, c] = 1 / len(c)
+            resid = weights @ F - actual
+            err += resid @ resid
+            grad += 2 * F @ resid
+    return err, grad
+
+
+def _check(frame, folder, model, fit, held_out, causal, heads=12):
+    fit_t, held_t = _texts(folder, model, fit, causal), _texts(folder, model, held_out, causal)
+    for r in frame.sample(min(heads, len(frame)), random_state=0).itertuples():
+        rules = [RULES[name] for name in r.rule.split(" or ")]
+        assert 1 <= len(rules) <= 3 and len(r.weights) == len(rules) and min(r.weights) > 0
         assert r.family == rule_named(r.rule).family
-        check_interval([r.lo], [r.hi], *_drawn(parts, r.layer, r.head))
-        positional = _hand_scores(folder, model, held_out, RULES[r.positional], causal)[r.layer, r.head]
-        assert r.lift_positional == pytest.approx(held / positional, rel=1e-4)
-        fit_positional = {n: singles[n][r.layer, r.head] for n, rule in RULES.items() if rule.family == "positional"}
-        assert fit_positional[r.positional] == pytest.approx(max(fit_positional.values()), abs=1e-5)  # on the fit
+        # the fit: the weights (the rules' and the fallback's) are the least-squares ones on the simplex: they sum
+        # to 1 and the error's gradient is the same in every weight above 0 and no lower in one at 0; no rule with
+        # the fallback alone fits better; the keys set aside take the head's mean shares on the fit text
+        weights = np.array([*r.weights, r.fallback_weight])
+        assert weights.sum() == pytest.approx(1.0, abs=1e-4) and (weights >= 0).all()
+        err, grad = _fit_error(model, fit_t, r.layer, r.head, rules, weights)
+        tol = 1e-3 * max(1.0, np.abs(grad).max())
+        assert np.ptp(grad[weights > 1e-6]) <= tol and (grad[weights <= 1e-6] >= grad[weights > 1e-6].max() - tol).all()
+        for name, rule in RULES.items():
+            if name == "first token":
+                continue
+            at = {t: _fit_error(model, fit_t, r.layer, r.head, [rule], np.array([t, 1 - t]))[0] for t in (0, 0.5, 1)}
+            a = 2 * (at[1] + at[0] - 2 * at[0.5])  # the error along the pair's simplex: a t² + b t + c
+            b = at[1] - at[0] - a
+            t = np.clip(-b / (2 * a), 0, 1) if a > 0 else float(at[1] < at[0])
+            assert err <= a * t * t + b * t + at[0] + 1e-6 * max(1.0, err), name
+        queries = [q for t in fit_t for q in t["queries"]]
+        first = sum(t["W"][r.layer, r.head, q, 0] for t in fit_t for q in t["queries"]) / len(queries)
+        assert r.sink_weight == pytest.approx(first, abs=1e-5)
+        if causal:
+            assert r.special_weight == pytest.approx(0.0, abs=1e-12)
+        # held out: every reading by hand
+        got = _read(model, held_t, r, rules)
+        assert r.score == pytest.approx(got["score"], abs=1e-5)
+        assert r.coverage == pytest.approx(got["coverage"], abs=1e-12)
+        assert r.lift == pytest.approx(got["lift"], rel=1e-4, nan_ok=True)  # no key named anywhere: NaN
+        assert r.iou == pytest.approx(got["iou"], abs=1e-5)
+        assert r.iou_full == pytest.approx(got["iou_full"], abs=1e-5)
+        assert r.sink_share == pytest.approx(got["sink"], abs=1e-5)
+        means = [p["score"][0, 0] / p["queries"] for p in got["parts"]]
+        if np.ptp(means) > 1e-6:
+            check_interval([r.lo], [r.hi], *_drawn(got["parts"], 0, 0))
+        else:  # every text gives the same score: so does every resample
+            assert r.lo == pytest.approx(r.score, abs=1e-6) and r.hi == pytest.approx(r.score, abs=1e-6)
+        positional = [RULES[name] for name in r.positional.split(" or ")]
+        assert all(p.family == "positional" for p in positional)
 
 
 def test_an_encoders_heads_are_explained_on_text_they_were_not_fitted_on(scratch_model, minilm_dir):
     frame = explain_heads(scratch_model, FIT, HELD_OUT, replicates=1000)
     assert len(frame) == 72 and frame.attrs == {"causal": False, "fit": len(FIT), "held_out": len(HELD_OUT)}
     _check(frame, minilm_dir, scratch_model, FIT, HELD_OUT, causal=False)
-    assert explained_share(frame) == pytest.approx((frame["score"] >= EXPLAINED).mean())
+    assert explained_share(frame) == pytest.approx(((frame["score"] >= EXPLAINED) & (frame["lift"] >= 3)).mean())
     l0h2 = frame.set_index(["layer", "head"]).loc[(0, 2)]  # MiniLM's previous-token head
-    assert l0h2["rule"] == "previous token" and l0h2["score"] > 0.95
+    assert l0h2["rule"].split(" or ")[0] == "previous token" and l0h2["weights"][0] > 0.9
+    assert len(l0h2["weights"]) <= 2  # a further rule joins only when it cuts enough of the error left
+    assert l0h2["score"] > 0.95 and l0h2["iou"] > 0.8
 
 
 def test_a_decoders_heads_set_the_first_token_aside(tmp_path):
@@ -92,14 +186,16 @@ def test_a_decoders_heads_set_the_first_token_aside(tmp_path):
     fit, held = texts[0::2], texts[1::2]
     frame = explain_heads(model, fit, held, replicates=1000)
     assert frame.attrs["causal"] is True
-    _check(frame, folder, model, fit, held, causal=True)
+    _check(frame, folder, model, fit, held, causal=True, heads=len(frame))
 
 
-def test_the_corpus_halves_alternate_and_a_head_at_the_bar_is_explained(scratch_model):
+def test_the_halves_are_kept_apart_and_alternate(scratch_model):
     fit, held = corpus_halves()
     assert fit == list(CORPUS[0::2]) and held == list(CORPUS[1::2])  # every other sentence: both span the corpus
-    frame = pd.DataFrame({"score": [EXPLAINED, EXPLAINED - 1e-9, 0.99, 0.1]})
-    assert explained_share(frame) == 0.5 and explained_share(frame, at_least=0.05) == 1.0
+    fit, held = paragraph_halves()
+    assert fit == list(PARAGRAPHS[0::2]) and held == list(PARAGRAPHS[1::2]) and not set(fit) & set(held)
+    frame = pd.DataFrame({"score": [EXPLAINED, EXPLAINED - 1e-9, 0.99, 0.99], "lift": [3.0, 9.0, 2.99, 40.0]})
+    assert explained(frame).tolist() == [True, False, False, True] and explained_share(frame) == 0.5
     held_out = scratch_model.attend(HELD_OUT)
     for fit_texts, held_texts in (([], held_out), (held_out, [])):
         with pytest.raises(HeadLensError, match="at least one of each"):
@@ -115,27 +211,30 @@ def test_the_fit_and_held_out_texts_are_kept_apart(scratch_model):
     other = scratch_model.attend(list(CORPUS[100:116]))
     a, b = explain_attentions(fit, held, replicates=50), explain_attentions(other, held, replicates=50)
     same = (a["rule"] == b["rule"]).to_numpy()
-    assert same.sum() > 20  # a rule chosen on other text is scored on the same held-out text the same way
-    np.testing.assert_allclose(a["score"][same], b["score"][same], atol=1e-12)
-    assert not np.allclose(a["fit_score"][same], b["fit_score"][same])
+    assert same.sum() > 20  # a program fitted on other text is read on the same held-out text
+    assert not np.allclose(np.concatenate(a["weights"][same].tolist()), np.concatenate(b["weights"][same].tolist()))
     c = explain_attentions(fit, other, replicates=50)  # and the fit is untouched by the held-out text
-    np.testing.assert_allclose(a["fit_score"], c["fit_score"], atol=1e-12)
-    assert (a["rule"] == c["rule"]).all()
+    assert (a["rule"] == c["rule"]).all() and a["weights"].tolist() == c["weights"].tolist()
+    np.testing.assert_allclose(a["sink_weight"], c["sink_weight"], atol=1e-12)
 
 
 # --- replacement ----------------------------------------------------------------------------------------------------
 
-def _pattern(n: int, keys: list[list[int]], rows: list[int], sink: float) -> torch.Tensor:
-    """By hand: each replaced row even over its keys, the first token keeping ``sink``; no key: all on the first."""
-    p = torch.zeros(n, n, dtype=torch.float64)
-    for q in rows:
-        if keys[q]:
-            for k in keys[q]:
-                p[q, k] += (1 - sink) / len(keys[q])
-            p[q, 0] += sink
-        else:
-            p[q, 0] = 1.0
-    return p
+def _pattern(model, text: str, r, causal: bool) -> tuple[torch.Tensor, list[int]]:
+    """By hand: each replaced row the program's whole row (``_rows``), and the rows replaced."""
+    t = _text(model, text, causal)
+    p = torch.zeros(t["n"], t["n"], dtype=torch.float64)
+    rules = [RULES[name] for name in r.rule.split(" or ")]
+    for q, _, whole, _ in _rows(model, t, rules, r.weights, r.fallback_weight, r.sink_weight, r.special_weight):
+        p[q] = torch.as_tensor(whole)
+    return p, t["queries"]
+
+
+def _programs(rules: list[str], weights: list[tuple], fallback: list[float], sink: list[float],
+              special: list[float], heads: list[tuple[int, int]]) -> pd.DataFrame:
+    return pd.DataFrame({"layer": [h[0] for h in heads], "head": [h[1] for h in heads], "rule": rules,
+                         "weights": weights, "fallback_weight": fallback, "sink_weight": sink,
+                         "special_weight": special})
 
 
 def _hooked(layers, edits: dict, value_of, output_of):
@@ -163,8 +262,8 @@ def test_a_decoder_head_replaced_by_its_rule_is_transformers_run_with_that_patte
     ours = load_model(folder, backend="scratch")
     ours.stack.double()
     texts = ["The cat sat on the mat. The cat sat on the rug.", "A dog and a dog and a cat, and a dog."]
-    frame = pd.DataFrame({"layer": [0, 1, 1], "head": [1, 2, 3], "rule": ["previous token", "duplicate", "punctuation"],
-                          "sink_share": [0.3, 0.55, 0.0]})
+    frame = _programs(["previous token", "duplicate or recent 2", "punctuation"], [(0.9,), (0.5, 0.3), (1.0,)],
+                      [0.1, 0.2, 0.0], [0.3, 0.55, 0.0], [0.0, 0.0, 0.0], [(0, 1), (1, 2), (1, 3)])
     heads = list(zip(frame["layer"], frame["head"]))
     replacer = Replacer(ours, frame, texts, means=np.zeros((2, 4, 8)))
     dh = 32 // 4
@@ -174,9 +273,7 @@ def test_a_decoder_head_replaced_by_its_rule_is_transformers_run_with_that_patte
         n = ids.shape[1]
         edits = {}
         for r in frame.itertuples():
-            keys = rule_named(r.rule).keys(ours, text)
-            edits.setdefault(r.layer, []).append((r.head, dh, _pattern(n, keys, list(range(1, n)), r.sink_share),
-                                                  list(range(1, n))))
+            edits.setdefault(r.layer, []).append((r.head, dh, *_pattern(ours, text, r, causal=True)))
         layers = {l: (hf.transformer.h[l].attn.c_attn, hf.transformer.h[l].attn.c_proj) for l in edits}
         handles = _hooked(layers, edits, lambda out: out[..., 64:96], None)
         try:
@@ -194,9 +291,8 @@ def test_a_decoder_head_replaced_by_its_rule_is_transformers_run_with_that_patte
 def test_an_encoder_head_replaced_by_its_rule_is_transformers_run_with_that_pattern(scratch_model, minilm_dir):
     hf = BertModel.from_pretrained(minilm_dir, attn_implementation="eager").eval()
     texts = ["Which do you like better, coffee or tea?", "The cat sat on the mat, and the dog barked."]
-    frame = pd.DataFrame({"layer": [0, 3, 5], "head": [2, 7, 11],
-                          "rule": ["next token", "punctuation", "focus: object"],
-                          "sink_share": [0.4, 0.4, 0.4]})  # an encoder's pattern takes no sink share
+    frame = _programs(["next token", "punctuation or itself", "focus: object"], [(0.8,), (0.6, 0.4), (0.7,)],
+                      [0.2, 0.0, 0.3], [0.4, 0.1, 0.0], [0.3, 0.0, 0.5], [(0, 2), (3, 7), (5, 11)])
     replacer = Replacer(scratch_model, frame, texts, means=np.zeros((6, 12, 32)))
     cosines = []
     for text in texts:
@@ -205,8 +301,9 @@ def test_an_encoder_head_replaced_by_its_rule_is_transformers_run_with_that_patt
         rows = [q for q in range(n) if not enc["special_tokens_mask"][0, q]]
         edits = {}
         for r in frame.itertuples():
-            keys = rule_named(r.rule).keys(scratch_model, text)
-            edits.setdefault(r.layer, []).append((r.head, 32, _pattern(n, keys, rows, 0.0), rows))
+            pattern, replaced = _pattern(scratch_model, text, r, causal=False)
+            assert replaced == rows
+            edits.setdefault(r.layer, []).append((r.head, 32, pattern, rows))
         layers = {l: (hf.encoder.layer[l].attention.self.value, hf.encoder.layer[l].attention.output.dense)
                   for l in edits}
         inputs = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from analysis.circuits import graph as C
 from analysis.effects import patch_residual
 from analysis.effects.readouts import readout_for
-from analysis.explanations.replace import rule_pattern
-from analysis.roles.rules import RULES, Reading, rule_named
+from analysis.explanations.programs import Program
+from analysis.roles.rules import RULES, Reading, Rule, rule_named
 from models import load_model
 from models.run import POINTS, Edits
 from tests.conftest import build_words_gpt2
@@ -62,8 +62,8 @@ def test_every_rules_keys_lie_in_an_encoders_text(hf_model, text):
 
 @st.composite
 def readings(draw):
-    """A reading of ``n`` tokens (causal or not, the first and last special in an encoder) and keys for each query
-    drawn among the tokens it may name."""
+    """A reading of ``n`` tokens (causal or not, the first and last special in an encoder), a program of a rule
+    naming keys drawn among the tokens each query may name (halving with distance or not), and its weights."""
     n = draw(st.integers(1, 12))
     causal = draw(st.booleans())
     special = np.zeros(n, dtype=bool)
@@ -71,22 +71,30 @@ def readings(draw):
         special[[0, -1]] = True
     keys = [sorted(draw(st.sets(st.integers(0, q if causal else n - 1), max_size=4))) for q in range(n)]
     reading = Reading("x" * n, ["x"] * n, [(i, i + 1) for i in range(n)], special, causal)
-    return reading, keys, draw(st.floats(0.0, 1.0))
+    rule = Rule("drawn", "positional", "attends to the drawn keys", lambda r: keys,
+                half_life=draw(st.sampled_from([None, 1.0, 4.0])))
+    sink, special_share = draw(st.floats(0.0, 1.0)), draw(st.floats(0.0, 1.0))
+    special_share *= 1 - sink
+    program = Program((rule,), (draw(st.floats(0.0, 1.0)),), draw(st.floats(0.0, 1.0)), sink, special_share)
+    return reading, keys, program
 
 
 @settings(max_examples=200, deadline=None)
 @given(drawn=readings())
-def test_a_rules_pattern_gives_each_replaced_row_a_whole_unit_of_weight(drawn):
-    reading, keys, sink = drawn
-    pattern, rows = rule_pattern(reading, keys, sink)
-    n = len(reading)
+def test_a_programs_pattern_gives_each_replaced_row_a_whole_unit_of_weight(drawn):
+    reading, keys, program = drawn
+    pattern, rows = program.pattern(reading)
     assert (pattern >= 0).all()
-    np.testing.assert_allclose(pattern[rows].sum(1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(pattern[rows].sum(1), 1.0, atol=1e-9)
     assert not pattern[~rows].any()  # rows it does not replace are left to the head
     if reading.causal:
         assert not np.triu(pattern, 1).any() and not rows[0]  # nothing after a query; the first token kept
-    for q in np.flatnonzero(rows):  # all of it on the rule's keys and the first token
-        assert set(np.flatnonzero(pattern[q])) <= set(keys[q]) | {0}
+    for q in np.flatnonzero(rows):
+        on = set(np.flatnonzero(pattern[q]))
+        sinks = {0} | set(np.flatnonzero(reading.special))
+        if program.fallback == 0 and program.weights[0] > 0 and set(keys[q]) - sinks:
+            assert on <= set(keys[q]) | sinks  # its rule's keys and the keys set aside, nothing else
+        assert pattern[q, 0] >= program.sink - 1e-12
 
 
 @st.composite

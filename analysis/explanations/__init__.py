@@ -1,18 +1,23 @@
-"""Rules held to account: how much of each head a rule explains (``scores``), each head's best rule fitted on one
-text and scored on another (``heads``), and what a model loses when heads are replaced by their rules (``replace``)."""
+"""Rules held to account: how much of each head a rule explains (``scores``), each head's program of rules fitted on
+one text (``programs``) and read on another (``heads``), and what a model loses when heads are replaced by their rules
+(``replace``)."""
 from .heads import (
     COLUMNS,
     EXPLAINED,
+    EXPLAINED_LIFT,
     corpus_halves,
     explain_attentions,
     explain_corpus,
     explain_heads,
+    explained,
     explained_share,
     held_out_of,
 )
-from .replace import replace_heads, replacement_counts, replacement_curve, rule_pattern
+from .programs import Program
+from .replace import replace_heads, replacement_counts, replacement_curve
 from .scores import misses, rule_scores
 
-__all__ = ["COLUMNS", "EXPLAINED", "corpus_halves", "explain_attentions", "explain_corpus", "explain_heads",
-           "explained_share", "held_out_of", "misses", "replace_heads", "replacement_counts", "replacement_curve",
-           "rule_pattern", "rule_scores"]
+__all__ = ["COLUMNS", "EXPLAINED", "EXPLAINED_LIFT", "corpus_halves", "explain_attentions", "explain_corpus",
+           "explain_heads", "explained", "explained_share", "held_out_of", "misses", "replace_heads",
+           "replacement_counts", "replacement_curve",
+           "Program", "rule_scores"]

@@ -1,40 +1,48 @@
-"""Every head explained in a sentence: the rule (or the union of two) that best predicts its attention on a fit
-text, scored on held-out text it was not fitted on.
+"""Every head explained by a small program (``programs``): at most three rules with their weights, the sink, and a
+fallback for queries its rules leave empty, fitted on a fit text and read on held-out text it was not fitted on.
 
-    frame = explain_heads(model)            # the built-in corpus split in two: fit on one half, scored on the other
-    frame[frame.score >= EXPLAINED]         # the heads a rule explains
+    frame = explain_heads(model)            # the built-in paragraphs' halves: fit on one, read on the other
+    frame[explained(frame)]                 # the heads a program explains
 
-For each head every rule of ``analysis.roles.rules`` is scored on the fit text; the unions of two of each head's best
-``TOP`` rules are scored too, and a union is taken when it adds at least ``UNION_GAIN`` to the best single rule's
-score (a second rule must earn its place). The chosen rule is then scored on the held-out text: its score with a 95%
-interval, its coverage, its lift over uniform attention on the same keys, and its lift over the head's best
-positional rule (chosen on the fit text too, scored on the held-out one). A head is explained when its held-out score
-is at least ``EXPLAINED``.
+One row per head (``COLUMNS``): ``rule`` (the program's rules joined by " or ", the one that gives most first, which
+``rule_named`` takes back), ``family``, ``sentence`` (the program in words, each part with its share of the held-out
+rows), ``program`` (the same as names and shares), ``weights`` (the rules' fitted weights, in ``rule``'s order),
+``sink_weight`` and ``special_weight`` (the shares the program gives the first token and an encoder's other special
+tokens: the head's means on the fit text); then, on the held-out text, ``score`` (the head's content attention on
+the rules' keys) with its 95% interval ``lo``/``hi``, ``coverage``, ``lift`` (over uniform attention on the same
+keys), ``iou`` and ``iou_full`` (the soft IoU, Σ min / Σ max, of the program's rows and the head's, on the content
+keys and on whole rows), ``positional`` (the best program of positional rules alone, fitted the same way),
+``lift_positional`` (``iou`` over that program's) and ``sink_share`` (the head's mean weight on the first token).
+
+A head is explained when its held-out ``score`` is at least ``EXPLAINED`` and its ``lift`` at least
+``EXPLAINED_LIFT``: a program naming every key a query sees scores 1.0 and explains nothing.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from models import HeadLensError
-from models.corpus import CORPUS
+from models.corpus import CORPUS, paragraph_halves
 
-from ..stats import LiftBootstrap
-from ..roles.rules import RULES, Rule, in_words, union
+from ..roles.rules import RULES, Rule, union
+from .programs import Gram, evaluate, in_words, part_names
 from .scores import COLUMNS as SCORE_COLUMNS
-from .scores import Content, contents, no_query
+from .scores import Content, no_query
 
-EXPLAINED = 0.7  # a head whose held-out score reaches this is explained
-TOP = 4  # each head's best single rules whose unions are tried
-UNION_GAIN = 0.05  # what a union must add to the best single rule's fit score
-COLUMNS = (*SCORE_COLUMNS[:2], "rule", "family", "sentence", "score", "lo", "hi", "coverage", "lift", "positional",
-           "lift_positional", "fit_score", "sink_share")
+EXPLAINED = 0.7  # a head whose held-out score reaches this, with a lift of at least EXPLAINED_LIFT, is explained
+EXPLAINED_LIFT = 3.0  # naming every key a query sees scores 1.0 and explains nothing: the keys must be few
+COLUMNS = (*SCORE_COLUMNS[:2], "rule", "family", "sentence", "program", "weights", "fallback_weight", "sink_weight",
+           "special_weight", "score", "lo", "hi", "coverage", "lift", "iou", "iou_full", "positional", "lift_positional",
+           "sink_share")
 
 
 def corpus_halves(sentences: Sequence[str] = CORPUS) -> tuple[list[str], list[str]]:
-    """The default fit and held-out texts: alternate sentences of the built-in corpus, so that each half spans it."""
+    """Alternate sentences of the built-in sentence corpus, so that each half spans it: the fit and held-out texts of
+    the explanations a page reads from a profile of that corpus (``explain_corpus``)."""
     return list(sentences[0::2]), list(sentences[1::2])
 
 
@@ -49,89 +57,76 @@ def kept_apart(fit: Sequence[str], held_out: Sequence[str]) -> None:
         raise HeadLensError("Explaining heads needs fit texts and held-out texts, at least one of each.")
 
 
-def _summed(texts: list[Content], masks: Callable[[int, Content], np.ndarray], keep: bool = False):
-    """The masks' sums over ``texts``: ``(scores (R, L, H), covered (R,), uniform (R,), queries, per text)``;
-    ``keep``: each text's scores too."""
-    total = covered = uniform = None
-    queries, per_text = 0, []
-    for i, c in enumerate(texts):
-        s, cov, u = c.sums(masks(i, c))
-        total, covered, uniform = (s, cov, u) if total is None else (total + s, covered + cov, uniform + u)
-        queries += len(c.queries)
-        if keep:
-            per_text.append(s)
-    return total, covered, uniform, queries, per_text
-
-
 def explain_attentions(fit: Sequence, held_out: Sequence, *, rules: Sequence[Rule] | None = None,
                        replicates: int = 1000, progress: Callable[[float], None] | None = None) -> pd.DataFrame:
-    """Every head's explanation from the attentions of a fit text and a held-out one (``Attention``\\ s, every
-    layer): one row per head, ``COLUMNS``."""
+    """Every head's program fitted on the attentions of a fit text and read on a held-out one (``Attention``\\ s,
+    every layer): one row per head, ``COLUMNS``."""
     kept_apart([a.text for a in fit], [a.text for a in held_out])
-    rules = list(RULES.values() if rules is None else rules)
+    rules = [r for r in (RULES.values() if rules is None else rules) if r.name != "first token"]  # the sink's part
     said = progress or (lambda _: None)
-    fitting, held = contents(fit), contents(held_out)
-    if not fitting or not held:
+    fit = [a for a in fit if _queries(a)]
+    held_out = [a for a in held_out if _queries(a)]
+    if not fit or not held_out:
         raise no_query("Explaining heads")
-    L, H = fitting[0].shape
-    singles = [c.masks(rules) for c in fitting]
+    gram = Gram.of(fit, rules)
     said(0.3)
-    fit_s, *_, fit_q, _ = _summed(fitting, lambda i, _: singles[i])
-    fit_score = fit_s / fit_q                                                    # (R, L, H)
-    best = np.argsort(-fit_score, axis=0)[:TOP]                                  # (TOP, L, H)
-    pairs = sorted({(int(min(a, b)), int(max(a, b))) for t in best.reshape(TOP, -1).T
-                    for i, a in enumerate(t) for b in t[i + 1:]})
-    a, b = (np.array([p[i] for p in pairs], dtype=int) for i in (0, 1))
-    joined_s, *_ = _summed(fitting, lambda i, _: singles[i][a] | singles[i][b])
-    union_score = joined_s / fit_q                                               # (U, L, H)
+    every = gram.programs(range(len(rules)))
+    positional = gram.programs([i for i, r in enumerate(rules) if r.family == "positional"])
     said(0.5)
-    top, top_u = fit_score.argmax(0), union_score.argmax(0)
-    take_union = union_score.max(0) >= fit_score.max(0) + UNION_GAIN
-    positional = np.array([r.family == "positional" for r in rules])
-    best_positional = np.where(positional[:, None, None], fit_score, -np.inf).argmax(0)
-    # the held-out text: every single rule and each union some head chose
-    chosen_unions = sorted(set(top_u[take_union].tolist()))
-    ua, ub = a[chosen_unions], b[chosen_unions]
-    R = len(rules)
-    choice = np.where(take_union, R + np.searchsorted(chosen_unions, top_u), top)  # index among singles + chosen
-    causal = fitting[0].reading.causal
-    held_masks = lambda _, c: np.concatenate([m := c.masks(rules), m[ua] | m[ub]])  # noqa: E731
-    s, covered, uniform, queries, per_text = _summed(held, held_masks, keep=True)
+    read, pos = evaluate(held_out, rules, [every, positional], gram.aside, replicates)
     said(0.8)
-    rows, cols = np.indices((L, H))
-    boot = LiftBootstrap((L, H), replicates)
-    for c, part in zip(held, per_text):
-        boot.add(c.key, part[choice, rows, cols], len(c.queries))
-    lo, hi = boot.interval()
-    sink = sum(c.sink for c in held) / queries
-    score = s[choice, rows, cols] / queries
-    named = rules + [union(rules[i], rules[j]) for i, j in zip(ua, ub)]
-    pos_score = s[best_positional, rows, cols] / queries
-    frame = pd.DataFrame({
-        "layer": rows.ravel(), "head": cols.ravel(),
-        "rule": [named[i].name for i in choice.ravel()], "family": [named[i].family for i in choice.ravel()],
-        "sentence": [in_words(named[i].sentence, causal) for i in choice.ravel()],
-        "score": score.ravel(), "lo": lo.ravel(), "hi": hi.ravel(),
-        "coverage": (covered[choice] / queries).ravel(),
-        "lift": (score / np.where(uniform[choice] > 0, uniform[choice] / queries, np.nan)).ravel(),
-        "positional": [rules[i].name for i in best_positional.ravel()],
-        "lift_positional": (score / np.where(pos_score > 0, pos_score, np.nan)).ravel(),
-        "fit_score": np.where(take_union, union_score.max(0), fit_score.max(0)).ravel(),
-        "sink_share": sink.ravel()}, columns=COLUMNS)
+    causal = bool(held_out[0].causal)
+    L, H = read.score.shape
+    rows = []
+    for i, (layer, head) in enumerate(np.ndindex(L, H)):
+        shares = read.shares[layer, head]
+        mine = _largest_first(every[i], gram.covered)
+        program = functools.reduce(union, [rules[j] for j in mine])
+        named = [rules[j] for j in _largest_first(positional[i], gram.covered)]
+        rows.append({"layer": layer, "head": head, "rule": program.name, "family": program.family,
+                     "sentence": in_words(rules, shares, causal), "program": _program(rules, shares, every[i]),
+                     "weights": tuple(float(every[i, j]) for j in mine), "fallback_weight": float(every[i, -1]),
+                     "sink_weight": float(gram.aside[i, 0]),
+                     "special_weight": float(gram.aside[i, 1]), "positional": " or ".join(r.name for r in named)})
+    frame = pd.DataFrame(rows)
+    cells = {"score": read.score, "lo": read.lo, "hi": read.hi, "coverage": read.coverage, "lift": read.lift,
+             "lift_positional": read.iou / pos.iou, "iou": read.iou, "iou_full": read.iou_full,
+             "sink_share": read.sink_share}
+    for name, value in cells.items():
+        frame[name] = np.asarray(value).ravel()
+    frame = frame[list(COLUMNS)]
     frame.attrs.update(causal=causal, fit=len(fit), held_out=len(held_out))
     said(1.0)
     return frame
 
 
+def _queries(attention) -> bool:
+    return len(Content.of(attention, head=(0, 0)).queries) > 0
+
+
+def _largest_first(weights: np.ndarray, covered: np.ndarray) -> list[int]:
+    """The rules a program uses, the one that gives most of the fit's rows first."""
+    used = [j for j in range(len(weights) - 1) if weights[j] > 0]
+    return sorted(used, key=lambda j: -weights[j] * covered[j])
+
+
+def _program(rules: Sequence[Rule], shares: np.ndarray, weights: np.ndarray) -> str:
+    """The program's parts and their shares of a row: "previous token 0.62; itself 0.20; sink 0.15; fallback 0.03"."""
+    names = part_names(rules)
+    used = [j for j in np.argsort(-shares, kind="stable")
+            if (weights[j] > 0 if j < len(weights) - 1 else shares[j] > 0.005)]
+    return "; ".join(f"{names[j]} {shares[j]:.2f}" for j in used)
+
+
 def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[str] | None = None, *,
                   rules: Sequence[Rule] | None = None, replicates: int = 1000, batch_size: int = 32,
                   progress: Callable[[float], None] | None = None) -> pd.DataFrame:
-    """Every head of ``model`` explained: the rule fitted on ``fit`` and scored on ``held_out`` (by default the
-    built-in corpus's two halves, ``corpus_halves``), one row per head (``COLUMNS``)."""
+    """Every head of ``model`` explained: its program fitted on ``fit`` and read on ``held_out`` (by default the
+    built-in paragraphs' two halves, ``paragraph_halves``), one row per head (``COLUMNS``)."""
     if fit is None and held_out is None:
-        fit, held_out = corpus_halves()
+        fit, held_out = paragraph_halves()
     elif fit is None or held_out is None:
-        raise HeadLensError("Give both the fit texts and the held-out texts, or neither (the built-in corpus's "
+        raise HeadLensError("Give both the fit texts and the held-out texts, or neither (the built-in paragraphs' "
                             "halves).")
     fit, held_out = list(fit), list(held_out)
     kept_apart(fit, held_out)
@@ -151,6 +146,11 @@ def held_out_of(attentions: Sequence) -> list:
     return list(attentions[1::2])
 
 
-def explained_share(frame: pd.DataFrame, at_least: float = EXPLAINED) -> float:
-    """The share of heads whose held-out score reaches ``at_least``."""
-    return float((frame["score"] >= at_least).mean())
+def explained(frame: pd.DataFrame, at_least: float = EXPLAINED, lift: float = EXPLAINED_LIFT) -> pd.Series:
+    """Which heads are explained: a held-out score of ``at_least`` on keys few enough for a lift of ``lift``."""
+    return (frame["score"] >= at_least) & (frame["lift"] >= lift)
+
+
+def explained_share(frame: pd.DataFrame, at_least: float = EXPLAINED, lift: float = EXPLAINED_LIFT) -> float:
+    """The share of heads ``explained``."""
+    return float(explained(frame, at_least, lift).mean())

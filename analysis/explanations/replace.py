@@ -1,12 +1,13 @@
-"""A head replaced by its explanation: its attention pattern taken from its rule, in one run with edits (the
-``pattern`` point of ``models.run``), and what the model loses, beside the same heads mean-ablated.
+"""A head replaced by its explanation: its attention pattern predicted by its program (``programs.Program``), in
+one run with edits (the ``pattern`` point of ``models.run``), and what the model loses, beside the same heads
+mean-ablated.
 
-The rule's pattern: each query the score reads spreads its weight evenly over the rule's keys. In a decoder the
-first token keeps the head's sink share (its mean on the fit text, ``sink_share``) and the rest is spread over the
-keys; a query whose rule names no key puts all of its weight on the first token (a decoder's sink, an encoder's
-[CLS]). Rows the score does not read (a decoder's first token, an encoder's special tokens) keep the head's own
-weights. The loss: a decoder's mean next-token cross-entropy on the texts; an encoder's mean cosine of each text's
-embedding (mean-pooled, as the sentence model pools) to the unedited model's.
+The program's pattern: each query a score reads gets the program's whole row, its rules' parts and the fallback on
+the content keys, the head's mean shares on the first token (and an encoder's other special tokens). Rows the score
+does not read (a decoder's first token, an encoder's special tokens) keep the head's own weights. The loss: a
+decoder's mean next-token cross-entropy on the texts; an encoder's mean cosine of each text's embedding (mean-pooled,
+as the sentence model pools) to the unedited model's. By default the texts are the built-in paragraphs' held-out
+half, and the means of mean ablation come from the fit half.
 """
 from __future__ import annotations
 
@@ -18,26 +19,12 @@ import torch
 
 from models import HeadLensError
 from models.base import mean_pooled
+from models.corpus import paragraph_halves
 from models.run import Edits, device_of, editable
 
 from ..effects.readouts import own_readout
-from ..roles.rules import Reading, rule_named
-from .heads import corpus_halves
-
-
-def rule_pattern(reading: Reading, keys: list[list[int]], sink: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """``(pattern (n, n), rows)``: ``keys``' pattern over ``reading``'s tokens and which query rows it replaces."""
-    n = len(reading)
-    rows = np.arange(n) >= 1 if reading.causal else ~reading.special
-    out = np.zeros((n, n))
-    for q in np.flatnonzero(rows):
-        named = keys[q]
-        if named:
-            out[q, named] = (1.0 - sink) / len(named)
-            out[q, 0] += sink
-        else:
-            out[q, 0] = 1.0
-    return out, rows
+from ..roles.rules import Reading
+from .programs import Program
 
 
 def _groups(model, texts: list[str]) -> list[tuple[list[int], dict]]:
@@ -55,7 +42,7 @@ def _groups(model, texts: list[str]) -> list[tuple[list[int], dict]]:
 
 
 class Replacer:
-    """Runs of ``texts`` through ``model`` with heads replaced by their rules (``run(heads)``) or mean-ablated
+    """Runs of ``texts`` through ``model`` with heads replaced by their programs (``run(heads)``) or mean-ablated
     (``run(heads, ablate=True)``), each measured as ``measure`` says: "loss" or "cosine"."""
 
     def __init__(self, model, explanations: pd.DataFrame, texts: Sequence[str], *, means: np.ndarray):
@@ -64,8 +51,7 @@ class Replacer:
         self.device = device_of(self.stack)
         self.causal = bool(self.model.causal)
         self.measure = own_readout(self.model, self.stack).on_text
-        self.rules = {(int(r.layer), int(r.head)): (rule_named(r.rule), float(r.sink_share) if self.causal else 0.0)
-                      for r in explanations.itertuples()}
+        self.programs = {(int(r.layer), int(r.head)): Program.of(r) for r in explanations.itertuples()}
         self.texts = list(texts)
         self.groups = _groups(self.model, self.texts)
         self.readings = [[Reading.read(self.model, self.texts[i]) for i in idx] for idx, _ in self.groups]
@@ -74,22 +60,14 @@ class Replacer:
         self.reference = None
         self.unedited = self.run(())
 
-    def _pattern(self, group: int, rule, sink: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """A group's pattern of ``rule`` ``(B, n, n)`` with ``sink`` on the first token, and the rows it replaces
-        ``(B, n)``: the rule's sinkless pattern is made once (many heads share a rule, each with its own sink)."""
-        key = (group, rule.name)
+    def _pattern(self, group: int, head: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A group's pattern of ``head``'s program ``(B, n, n)`` and the rows it replaces ``(B, n)``, made once."""
+        key = (group, head)
         if key not in self._patterns:
-            made = [rule_pattern(r, rule.keys_of(r)) for r in self.readings[group]]
-            pattern = torch.as_tensor(np.stack([p for p, _ in made]))
-            rows = torch.as_tensor(np.stack([w for _, w in made]))
-            named = rows & (pattern[..., 1:].sum(-1) > 0)  # rows with a key past the first (the rest: all on it)
-            self._patterns[key] = (pattern, rows, named)
-        pattern, rows, named = self._patterns[key]
-        if sink:
-            shared = pattern * (1 - sink)
-            shared[..., 0] += sink
-            pattern = torch.where(named[..., None], shared, pattern)
-        return pattern, rows
+            made = [self.programs[head].pattern(r) for r in self.readings[group]]
+            self._patterns[key] = (torch.as_tensor(np.stack([p for p, _ in made])),
+                                   torch.as_tensor(np.stack([w for _, w in made])))
+        return self._patterns[key]
 
     def _edits(self, heads, group: int) -> Edits:
         by_layer: dict[int, list[int]] = {}
@@ -98,7 +76,7 @@ class Replacer:
         edits = {}
         for layer, hs in by_layer.items():
             kept = list(self.stack.kept[layer])
-            patterns = [(kept.index(h), *self._pattern(group, *self.rules[(layer, h)])) for h in hs if h in kept]
+            patterns = [(kept.index(h), *self._pattern(group, (layer, h))) for h in hs if h in kept]
             if patterns:
                 edits[("pattern", layer)] = self._replacing(patterns)
         return Edits(edits)
@@ -119,10 +97,10 @@ class Replacer:
 
     @torch.inference_mode()
     def run(self, heads, *, ablate: bool = False) -> float:
-        """The measure with ``heads`` (``(layer, head)`` pairs) replaced by their rules, or (``ablate``)
+        """The measure with ``heads`` (``(layer, head)`` pairs) replaced by their programs, or (``ablate``)
         mean-ablated."""
         heads = [(int(a), int(b)) for a, b in heads]
-        missing = [h for h in heads if h not in self.rules]
+        missing = [h for h in heads if h not in self.programs]
         if missing:
             raise HeadLensError(f"Layer {missing[0][0]}, head {missing[0][1]} has no explanation to replace it by.")
         total, count, pooled = 0.0, 0, []
@@ -162,11 +140,11 @@ def _means(model, texts: Sequence[str]) -> np.ndarray:
 
 def replace_heads(model, explanations: pd.DataFrame, heads, texts: Sequence[str] | None = None, *,
                   means_of: Sequence[str] | None = None) -> dict:
-    """``heads`` (``(layer, head)`` pairs) replaced by their rules from ``explanations`` (``explain_heads``'s frame)
-    on ``texts`` (default: the built-in corpus's held-out half): ``{"measure", "unedited", "replaced",
+    """``heads`` (``(layer, head)`` pairs) replaced by their programs from ``explanations`` (``explain_heads``'s
+    frame) on ``texts`` (default: the built-in paragraphs' held-out half): ``{"measure", "unedited", "replaced",
     "mean_ablated"}``, a decoder's loss or an encoder's cosine to the unedited embedding. Mean ablation puts each
     head's mean output over ``means_of`` (default: the fit half) in its place."""
-    fit, held = corpus_halves()
+    fit, held = paragraph_halves()
     r = Replacer(model, explanations, list(held if texts is None else texts),
                  means=_means(model, fit if means_of is None else means_of))
     heads = list(heads)
@@ -182,10 +160,11 @@ def replacement_counts(n: int) -> list[int]:
 def replacement_curve(model, explanations: pd.DataFrame, texts: Sequence[str] | None = None, *,
                       counts: Sequence[int] | None = None, means_of: Sequence[str] | None = None,
                       progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """The ``k`` best-explained heads (by held-out score) replaced by their rules, and mean-ablated, for each ``k`` of
+    """The ``k`` best-explained heads (by the held-out IoU of their rows) replaced by their programs, and mean-ablated,
+    for each ``k`` of
     ``counts`` (``replacement_counts``): one row per ``k`` (``k, measure, unedited, replaced, mean_ablated``)."""
-    fit, held = corpus_halves()
-    order = explanations.sort_values(["score", "layer", "head"], ascending=[False, True, True])
+    fit, held = paragraph_halves()
+    order = explanations.sort_values(["iou", "layer", "head"], ascending=[False, True, True])
     heads = list(zip(order["layer"].astype(int), order["head"].astype(int)))
     counts = replacement_counts(len(heads)) if counts is None else sorted(set(int(k) for k in counts))
     runs = 2 + 2 * len(counts)  # the means, the unedited run, then each count replaced and mean-ablated

@@ -38,39 +38,56 @@ class Content:
     key: int
     queries: np.ndarray
     sees: np.ndarray
-    weights: np.ndarray
+    weights: np.ndarray | None
     sink: np.ndarray
+    whole: np.ndarray | None = None  # ``whole=True``: the heads' whole rows ``(L·H, Q, n)``, as the model gave them
 
     @classmethod
-    def of(cls, attention, head: tuple[int, int] | None = None) -> Content:
-        """Every head's content, or (``head``, a ``(layer, head)``) that head's alone (shape ``(1, 1)``)."""
+    def of(cls, attention, head: tuple[int, int] | None = None, whole: bool = False) -> Content:
+        """Every head's content, or (``head``, a ``(layer, head)``) that head's alone (shape ``(1, 1)``); ``whole``:
+        the whole rows instead (float32), as a program reads them, and no ``weights``."""
         reading = Reading.of(attention)
         n = len(reading)
         queries = np.arange(1, n) if reading.causal else np.flatnonzero(~reading.special)
         weights = attention.weights if head is None else attention.weights[head[0]:head[0] + 1, head[1]:head[1] + 1]
         L, H = weights.shape[:2]
-        w = weights[:, :, queries, :].astype(np.float64).reshape(L * H, len(queries), n)
-        sink = w[..., 0].sum(-1).reshape(L, H)
+        w = weights[:, :, queries, :].astype(np.float32 if whole else np.float64).reshape(L * H, len(queries), n)
+        sink = w[..., 0].sum(-1, dtype=np.float64).reshape(L, H)
         sees = np.ones((len(queries), n), dtype=bool)
         if reading.causal:
             sees = np.arange(n)[None, :] <= queries[:, None]
             sees[:, 0] = False
+        key = text_key(attention.text)
+        if whole:
+            return cls(reading, key, queries, sees, None, sink, w)
+        if reading.causal:
             w = np.where(sees, w, 0.0)
             total = w.sum(-1, keepdims=True)
             w = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
-        return cls(reading, text_key(attention.text), queries, sees, w, sink)
+        return cls(reading, key, queries, sees, w, sink)
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.sink.shape
 
+    @property
+    def content_keys(self) -> np.ndarray:
+        """bool ``(Q, n)``: the keys that are content for each query: a decoder's keys 1 … q, an encoder's words."""
+        return self.sees if self.reading.causal else self.sees & ~self.reading.special[None, :]
+
     def masks(self, rules: Sequence[Rule]) -> np.ndarray:
         """bool ``(rules, Q, n)``: the keys each rule names for each query, those the query sees."""
-        out = np.zeros((len(rules), len(self.queries), len(self.reading)), dtype=bool)
+        n = len(self.reading)
+        out = np.zeros((len(rules), len(self.queries), n), dtype=bool)
         for r, rule in enumerate(rules):
-            keys = rule.keys_of(self.reading)
-            for row, q in enumerate(self.queries):
-                out[r, row, keys[q]] = True
+            keys = rule.predict(self.reading)  # filtered here at once: ``sees`` keeps a causal query's keys
+            counts = [len(keys[q]) for q in self.queries]
+            if not sum(counts):
+                continue
+            cols = np.fromiter((k for q in self.queries for k in keys[q]), dtype=np.int64, count=sum(counts))
+            rows = np.repeat(np.arange(len(self.queries)), counts)
+            inside = (cols >= 0) & (cols < n)
+            out[r, rows[inside], cols[inside]] = True
         return out & self.sees
 
     def sums(self, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,0 +1,302 @@
+"""A head's explanation as a small program: at most ``MAX_RULES`` rules of ``analysis.roles.rules`` and a fallback
+(the query's content keys, evenly), mixed with non-negative weights fitted on the fit text, plus the sink. It
+predicts each query's whole row.
+
+A row has two sides. The keys set aside (a decoder's first token; an encoder's ``[CLS]`` and its other special
+tokens) take the head's mean shares on the fit text: the first token its sink share, the other special keys theirs,
+evenly. The content keys (a decoder's keys 1 … q, an encoder's words) share the rest as the program spreads it: each
+rule's part over the keys it names for the query (evenly; a recency rule by its decay, ``Rule.spread``), the
+fallback's over every content key, their weighted sum scaled to sum to 1, so that a query its rules leave empty
+falls back. The weights minimise the squared error to the head's content rows (its weights on the content keys,
+scaled to sum to 1) over the fit text: non-negative least squares on sums kept text by text (``Gram``). The rules are
+chosen greedily, each the one that cuts the error most, while it cuts what is left by at least ``MIN_GAIN`` (the
+first always joins). A program of equal weights is the union of its rules.
+
+Held out, a program is read (``evaluate``, a ``Reading``):
+
+- ``score``: the head's content attention on its rules' keys, the mean over queries;
+- ``lift``: that score over the one uniform attention on the same keys would get;
+- ``iou``: the soft IoU of the predicted and the actual content rows, Σ min / Σ max over every query and key;
+- ``iou_full``: the same on whole rows, the keys set aside included.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from ..roles.rules import RULES, UNION, Rule
+from ..stats import LiftBootstrap
+from .scores import Content
+
+MAX_RULES = 3  # rules in a program, besides the sink and the fallback
+MIN_GAIN = 0.05  # a further rule joins when it cuts this share of the fit's squared error left
+MIN_SHARE = 0.05  # and stays when it gives at least this share of what the program's rules give
+FIRST, OTHER, FALLBACK = "sink", "special", "fallback"  # the parts besides the rules, as ``part_names`` says them
+
+
+def parts(c: Content, rules: Sequence[Rule]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One text's program parts on its content keys: ``(rows (R + 1, Q, n), named (R, Q, n), content (Q, n))``: each
+    rule's part of each query's content row (summing to 1 where it names a content key), then the fallback's (every
+    content key evenly); the content keys each rule names; the content keys."""
+    content = c.content_keys
+    named = c.masks(rules) & content
+    rows = np.zeros((len(rules) + 1, *content.shape), dtype=np.float32)
+    for r, rule in enumerate(rules):
+        rows[r] = rule.spread(c.queries, named[r])
+    rows[-1] = content / np.maximum(content.sum(-1, keepdims=True), 1)
+    return rows, named, content
+
+
+def _scaled(X: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Rows of ``X`` on the keys ``keep`` names, each scaled to sum to 1 (0 where it has nothing there)."""
+    X = X * keep
+    total = X.sum(-1, keepdims=True)
+    return np.divide(X, total, out=np.zeros_like(X), where=total > 0)
+
+
+def _aside(c: Content, content: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The keys set aside: the first token's weight ``(L·H, Q)``, the other set-aside keys' weight ``(L·H, Q)`` and
+    which they are ``(Q, n)``."""
+    other = c.sees & ~content
+    other[:, 0] = False
+    return c.whole[..., 0], (c.whole * other).sum(-1), other
+
+
+@dataclass
+class Gram:
+    """What a least-squares fit of every head's content rows needs, added text by text: the parts' products ``G``
+    ``(K, K)`` (the same for every head), the heads' rows with each part ``B`` ``(L·H, K)`` and with themselves
+    ``ss`` ``(L·H,)``; and the heads' mean shares on the first token and on the other keys set aside ``aside``
+    ``(L·H, 2)``."""
+
+    G: np.ndarray
+    B: np.ndarray
+    ss: np.ndarray
+    aside: np.ndarray
+    covered: np.ndarray  # ``(K,)``: the queries each part names a key for
+
+    @classmethod
+    def of(cls, fit: Sequence, rules: Sequence[Rule]) -> Gram:
+        G = B = ss = aside = None
+        queries, covered = 0, 0
+        for attention in fit:
+            c = Content.of(attention, whole=True)
+            if not len(c.queries):
+                continue
+            rows, _, content = parts(c, rules)
+            F = rows.reshape(len(rows), -1)
+            X = _scaled(c.whole, content).reshape(len(c.whole), -1)
+            first, other, _ = _aside(c, content)
+            sums = ((F @ F.T).astype(np.float64), (X @ F.T).astype(np.float64),
+                    np.einsum("ij,ij->i", X, X, dtype=np.float64),
+                    np.stack([first.sum(-1, dtype=np.float64), other.sum(-1, dtype=np.float64)], -1))
+            G, B, ss, aside = sums if G is None else (G + sums[0], B + sums[1], ss + sums[2], aside + sums[3])
+            queries += len(c.queries)
+            covered = covered + (F.reshape(len(rows), len(c.queries), -1).sum(-1) > 0).sum(-1)
+        return cls(G, B, ss, aside / queries, covered)
+
+    def _solve(self, head: int, chosen: list[int]) -> tuple[np.ndarray, float]:
+        """Non-negative weights of the parts ``chosen`` for ``head`` and the squared error they leave."""
+        G = self.G[np.ix_(chosen, chosen)]
+        b = self.B[head, chosen]
+        L = np.linalg.cholesky(G + np.eye(len(chosen)) * (1e-9 * np.trace(G) + 1e-12))
+        heavy = np.sqrt(1e4 * np.trace(G) / len(chosen))  # the weights sum to 1: a row that outweighs the rest
+        w, _ = nnls(np.vstack([L.T, np.full((1, len(chosen)), heavy)]), np.append(np.linalg.solve(L, b), heavy))
+        return w, float(self.ss[head] - 2 * w @ b + w @ G @ w)
+
+    def programs(self, candidates: Sequence[int]) -> np.ndarray:
+        """Every head's program among the rules ``candidates`` (indices): its weights ``(L·H, R + 1)`` over the rules
+        and the fallback (always in; its weight may be 0), zero for the rules it leaves out."""
+        K = len(self.G)
+        out = np.zeros((len(self.B), K))
+        for h in range(len(self.B)):
+            chosen, (w, err) = [K - 1], self._solve(h, [K - 1])
+            for step in range(MAX_RULES):
+                tried = [(self._solve(h, chosen + [r]), r) for r in candidates if r not in chosen]
+                if not tried:
+                    break
+                (w_new, err_new), r = min(tried, key=lambda t: t[0][1])
+                if step and err - err_new < MIN_GAIN * max(err, 1e-12):
+                    break
+                chosen, w, err = chosen + [r], w_new, err_new
+            while len(chosen) > 2:  # a rule that gives too little of the rows goes, and the rest refit
+                given = (w * self.covered[chosen])[1:]
+                least = int(np.argmin(given))
+                if given[least] >= MIN_SHARE * given.sum():
+                    break
+                chosen = chosen[:least + 1] + chosen[least + 2:]
+                w, _ = self._solve(h, chosen)
+            if chosen:
+                out[h, chosen] = w
+        return out
+
+
+@dataclass
+class Reading:
+    """A program per head read on held-out text, each ``(L, H)``: ``score``, ``lo``/``hi`` (its 95% interval),
+    ``coverage`` (the share of queries its rules name a key for), ``lift``, ``iou``, ``iou_full``, ``sink_share``;
+    and ``shares`` ``(L, H, R + 3)``: the mean share of a predicted whole row each part gives (the rules, the
+    fallback, the first token, the other keys set aside)."""
+
+    score: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    coverage: np.ndarray
+    lift: np.ndarray
+    iou: np.ndarray
+    iou_full: np.ndarray
+    sink_share: np.ndarray
+    shares: np.ndarray
+
+
+def evaluate(attentions: Sequence, rules: Sequence[Rule], programs: Sequence[np.ndarray], aside: np.ndarray,
+             replicates: int = 1000) -> list[Reading]:
+    """Each head's program read on ``attentions``, for each of ``programs`` (weights ``(L·H, R + 1)`` over
+    ``parts``; ``aside``, the mean shares set aside, ``Gram.aside``): one ``Reading`` each, every text's parts built
+    once. The programs after the first are read for their content rows' IoU alone (the rest NaN)."""
+    sums: list[dict] = [{} for _ in programs]
+    boots: list[LiftBootstrap] = []
+    queries, shape = 0, None
+    for attention in attentions:
+        c = Content.of(attention, whole=True)
+        if not len(c.queries):
+            continue
+        shape = c.shape
+        boots = boots or [LiftBootstrap(shape, replicates if not i else 1) for i in range(len(programs))]
+        rows, named, content = parts(c, rules)
+        actual = _scaled(c.whole, content).astype(np.float32)
+        for i, (weights, into, boot) in enumerate(zip(programs, sums, boots)):
+            _read_text(c, rows, named, content, actual, weights, aside, into, boot, whole=not i)
+        queries += len(c.queries)
+    def heads(x):
+        return np.asarray(x, dtype=np.float64).reshape(*shape, *np.shape(x)[1:])
+
+    out = []
+    for i, (into, boot) in enumerate(zip(sums, boots)):
+        iou = heads(into["min"] / into["max"])
+        if i:  # a program read for its content rows' IoU alone
+            nan = np.full_like(iou, np.nan)
+            out.append(Reading(nan, nan, nan, nan, nan, iou, nan, nan, nan))
+            continue
+        lo, hi = boot.interval()
+        score, uniform = into["on"] / queries, into["uniform"] / queries
+        out.append(Reading(score=heads(score), lo=lo, hi=hi, coverage=heads(into["covered"] / queries),
+                           lift=heads(np.divide(score, uniform, out=np.full_like(score, np.nan), where=uniform > 0)),
+                           iou=iou, iou_full=heads(into["min_full"] / into["max_full"]),
+                           sink_share=heads(into["sink"] / queries), shares=heads(into["shares"] / queries)))
+    return out
+
+
+def _read_text(c: Content, rows: np.ndarray, named: np.ndarray, content: np.ndarray, actual: np.ndarray,
+               weights: np.ndarray, aside: np.ndarray, into: dict, boot: LiftBootstrap, whole: bool = True) -> None:
+    """One text's sums for one program per head, added ``into``; ``whole=False``: the content rows' IoU alone."""
+    def add(name: str, value) -> None:
+        into[name] = into.get(name, 0) + value
+
+    R = len(named)
+    K, Q, n = rows.shape
+    P = (weights.astype(np.float32) @ rows.reshape(K, -1)).reshape(-1, Q, n)
+    total = P.sum(-1, keepdims=True)
+    empty = total[..., 0] <= 0                                                          # (LH, Q): falls back
+    P = np.where(total > 0, P / np.where(total > 0, total, 1), rows[-1])               # content rows
+    add("min", np.minimum(P, actual).sum((1, 2), dtype=np.float64))
+    add("max", np.maximum(P, actual).sum((1, 2), dtype=np.float64))
+    if not whole:
+        return
+    _, _, other = _aside(c, content)
+    has_other = other.any(-1)                                                           # (Q,)
+    first = np.broadcast_to(aside[:, :1], (len(P), Q)).astype(np.float32)
+    spare = np.where(has_other[None], aside[:, 1:2], 0.0).astype(np.float32)           # (LH, Q)
+    rows_whole = P * (1 - first - spare)[..., None]
+    rows_whole[..., 0] += first
+    rows_whole += spare[..., None] * (other / np.maximum(other.sum(-1, keepdims=True), 1))[None]
+    add("min_full", np.minimum(rows_whole, c.whole).sum((1, 2), dtype=np.float64))
+    add("max_full", np.maximum(rows_whole, c.whole).sum((1, 2), dtype=np.float64))
+    uses = (weights[:, :R] > 0).astype(np.float32)
+    keys = (uses @ named.reshape(R, -1).astype(np.float32)).reshape(-1, Q, n) > 0      # each head's rules' keys
+    on = (actual * keys).sum((1, 2), dtype=np.float64)
+    boot.add(c.key, on.reshape(c.shape), Q)
+    add("on", on)
+    add("covered", keys.any(-1).sum(-1))
+    add("uniform", (keys.sum(-1) / np.maximum(content.sum(-1), 1)).sum(-1))
+    add("sink", c.sink.ravel())
+    given = weights[:, :, None] * rows.sum(-1)[None]                                   # (LH, K, Q)
+    given[:, -1] += empty
+    given = given / np.maximum(given.sum(1, keepdims=True), 1e-30) * (1 - first - spare)[:, None, :]
+    add("shares", np.concatenate([given.sum(-1), first.sum(-1)[:, None], spare.sum(-1)[:, None]], 1))
+
+
+def part_names(rules: Sequence[Rule]) -> list[str]:
+    """The names of a program's parts, in ``Reading.shares``' order."""
+    return [r.name for r in rules] + [FALLBACK, FIRST, OTHER]
+
+
+def said(rule: Rule) -> str:
+    """What a rule's sentence says it attends to: "the previous token", "its subject (nsubj)"."""
+    sentence = rule.sentence.removeprefix("attends ")
+    return sentence.split(" to ", 1)[1] if sentence.startswith("from ") else sentence.removeprefix("to ")
+
+
+def in_words(rules: Sequence[Rule], shares: np.ndarray, causal: bool, at_least: float = 0.01) -> str:
+    """A program in words, its parts by their shares: "attends to the previous token (0.62), itself (0.20), the
+    first token (0.15) and the rest evenly (0.03)"."""
+    phrases = [said(r) for r in rules] + ["the rest evenly", "the first token" if causal else "[CLS]",
+                                          "the other special tokens"]
+    order = [i for i in np.argsort(-shares, kind="stable") if shares[i] >= at_least]
+    named = [f"{phrases[i]} ({shares[i]:.2f})" for i in order]
+    if len(named) > 1:
+        named = [", ".join(named[:-1]) + " and " + named[-1]]
+    return "attends to " + named[0] if named else "attends evenly"
+
+
+@dataclass(frozen=True)
+class Program:
+    """One head's program, as ``explain_heads``' frame holds it: its ``rules`` and their ``weights``, the
+    ``fallback``'s weight, and the shares set aside (``sink`` on the first token, ``special`` on an encoder's other
+    special tokens)."""
+
+    rules: tuple[Rule, ...]
+    weights: tuple[float, ...]
+    fallback: float
+    sink: float
+    special: float
+
+    @classmethod
+    def of(cls, row) -> Program:
+        """The program of a row of ``explain_heads``' frame."""
+        return cls(tuple(RULES[n] for n in row.rule.split(UNION)), tuple(float(w) for w in row.weights),
+                   float(row.fallback_weight), float(row.sink_weight), float(row.special_weight))
+
+    def pattern(self, reading) -> tuple[np.ndarray, np.ndarray]:
+        """``(pattern (n, n), rows (n,))``: the program's whole row for each query a score reads of ``reading``
+        (a ``roles.rules.Reading``), and which rows those are (a decoder's first token and an encoder's special
+        tokens keep the head's own)."""
+        n = len(reading)
+        rows = np.arange(n) >= 1 if reading.causal else ~reading.special
+        queries = np.flatnonzero(rows)
+        keys = np.arange(n)[None, :]
+        content = ((keys <= queries[:, None]) & (keys >= 1) if reading.causal
+                   else np.broadcast_to(~reading.special, (len(queries), n)))
+        P = np.zeros((len(queries), n))
+        for rule, w in zip(self.rules, self.weights):
+            named = np.zeros((len(queries), n), dtype=bool)
+            predicted = rule.predict(reading)
+            for i, q in enumerate(queries):
+                named[i, [k for k in predicted[q] if 0 <= k < n]] = True
+            P = P + w * rule.spread(queries, named & content)
+        evenly = content / np.maximum(content.sum(-1, keepdims=True), 1)
+        P = P + self.fallback * evenly
+        total = P.sum(-1, keepdims=True)
+        P = np.where(total > 0, P / np.where(total > 0, total, 1), evenly)
+        other = np.zeros(n, dtype=bool) if reading.causal else reading.special.copy()
+        other[0] = False
+        spare = self.special if other.any() else 0.0
+        whole = P * (1 - self.sink - spare)
+        whole[:, 0] += self.sink
+        whole[:, other] += spare / max(other.sum(), 1)
+        out = np.zeros((n, n))
+        out[queries] = whole
+        return out, rows
