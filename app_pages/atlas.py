@@ -39,11 +39,11 @@ plot = bound(cols[0].segmented_control, "atlas_plot", "measures", init="default"
 roles = ["role", *(c for c in ("detector_role", "rule_family") if all(c in f for _, f in frames.values()))]
 colour = choose("Colour", roles, "atlas_colour", default="detector_role" if "detector_role" in roles else "role",
                 container=cols[1], cast=str, format_func={"role": "Head roles' label", "detector_role": "Head "
-                                                          "detector's label", "rule_family": "Its rule's family"}.get)
+                                                          "detector's label", "rule_family": "Its program's family"}.get)
 least = 0.0
 if all("explained" in f for _, f in frames.values()):
     least = bound(st.slider, "atlas_explained", 0.0, cast=float, label="Explained from", min_value=0.0, max_value=1.0,
-                  step=0.05, help="Only the heads whose rule's held-out score is at least this (a head is called "
+                  step=0.05, help="Only the heads whose program's held-out score is at least this (a head is called "
                   f"explained from {EXPLAINED}).")
     frames = {t: (r, f[f["explained"] >= least]) for t, (r, f) in frames.items()}
 cols = st.columns(3)

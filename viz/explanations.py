@@ -1,5 +1,5 @@
 """Figures of heads explained by rules: every head's held-out score on a layer x head grid, and what a model loses
-when its best-explained heads are replaced by their rules, beside the same heads mean-ablated."""
+when its best-explained heads are replaced by their programs, beside the same heads mean-ablated."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +14,7 @@ MEASURES = {"loss": "next-token loss (nats)", "cosine": "cosine to the unedited 
 
 def explained_grid(frame: pd.DataFrame, *, threshold: float, title: str = "") -> go.Figure:
     """Each head's held-out score (``explain_heads``'s frame) as a cell, 0 to 1; a head at ``threshold`` or more is
-    explained and marked with a dot; hover names its rule and score; a click opens its card (``head_targets``)."""
+    explained and marked with a dot; hover names its program's rules and score; a click opens its card (``head_targets``)."""
     n_layers, n_heads = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
     score = np.full((n_layers, n_heads), np.nan)
     tips = [[""] * n_heads for _ in range(n_layers)]
@@ -39,11 +39,11 @@ def explained_grid(frame: pd.DataFrame, *, threshold: float, title: str = "") ->
 
 
 def replacement_chart(curve: pd.DataFrame, *, title: str = "") -> go.Figure:
-    """``replacement_curve``'s rows: the measure with the ``k`` best-explained heads replaced by their rules and
+    """``replacement_curve``'s rows: the measure with the ``k`` best-explained heads replaced by their programs and
     mean-ablated, against ``k``, the unedited model's as a dashed line."""
     measure = str(curve["measure"].iloc[0])
     fig = go.Figure()
-    for column, name, colour in (("replaced", "replaced by their rules", "#1f5fa8"),
+    for column, name, colour in (("replaced", "replaced by their programs", "#1f5fa8"),
                                  ("mean_ablated", "mean-ablated", "#c0392b")):
         fig.add_trace(go.Scatter(x=curve["k"], y=curve[column], mode="lines+markers", name=name,
                                  line=dict(color=colour, width=2),

@@ -24,7 +24,7 @@ METRICS = {
     "self": "share on itself",
     "punct": "share on punctuation",
     "peak": "peak weight (mean over sentences)",
-    "explained": "explained: its rule's held-out score",
+    "explained": "explained: its program's held-out score",
     "induction": "induction (detector)",
     "duplicate_token": "duplicate token (detector)",
     "previous_token": "previous token (detector)",

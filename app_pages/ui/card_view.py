@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis import DETECTORS, EXPLAINED, FOCI, FOCUS_NAMES, make_view
+from analysis import DETECTORS, EXPLAINED, EXPLAINED_LIFT, FOCI, FOCUS_NAMES, make_view
 from analysis.cards.atlas import METRICS
 from analysis.effects import own_readout
 from analysis.cards.card import HeadCard
@@ -29,7 +29,6 @@ from .settings import Settings
 from .state import bound
 
 QK_PIXELS = 240
-SINK = 0.5  # a decoder head's share on the first token from which its card says so before its rule
 PAGES = {"explore": ("app_pages/explore.py", "Explore"), "roles": ("app_pages/roles.py", "Head roles"),
          "effects": ("app_pages/effects.py", "Effects"), "pruning": ("app_pages/pruning.py", "Pruning"),
          "qk": ("app_pages/queries_keys.py", "Queries & keys")}
@@ -95,36 +94,33 @@ def over_corpus(card: HeadCard, n_sentences: int) -> None:
 
 
 def explained(card: HeadCard) -> None:
-    """The rule that best predicts where the head attends, fitted on half of the built-in corpus and scored on the
-    other half, and the held-out queries where it fails most."""
+    """The program of rules that best predicts where the head attends, fitted on half of the built-in corpus and read
+    on the other half, and the held-out queries where its rules fail most."""
     st.subheader("Explained in a sentence")
     e = card.explanation
     if e is None:
         st.caption("Its explanation is being prepared.")
         return
-    if card.decoder and e["sink_share"] >= SINK:  # most of it rests on the sink: the rule is about the rest
-        st.markdown(plain(f"{card.name} puts {e['sink_share']:.0%} of its weight on the first token (a sink); of the "
-                          f"rest, it {e['sentence']}."))
-    else:
-        st.markdown(plain(f"{card.name} {e['sentence']}."))
+    st.markdown(plain(f"{card.name} {e['sentence']}."))
     cols = st.columns(4)
-    cols[0].metric("Held-out score", f"{e['score']:.2f}", help="The mean over queries of its attention on the rule's "
-                   "keys, on sentences the rule was not chosen on" + (" (the first token set aside, each query's "
-                   "other weights renormalised)" if card.decoder else "") + f". Explained from {EXPLAINED}.")
+    cols[0].metric("Held-out score", f"{e['score']:.2f}", help="The mean over queries of its attention on its rules' "
+                   "keys, on sentences the program was not fitted on" + (" (the first token set aside, each query's "
+                   "other weights renormalised)" if card.decoder else "") + f". Explained from {EXPLAINED} with a "
+                   f"lift of {EXPLAINED_LIFT:g} or more.")
     cols[0].caption(f"[{e['lo']:.2f}, {e['hi']:.2f}], 95% interval")
     cols[1].metric("Lift over uniform", f"{e['lift']:.1f}×", help="Its score over that of attention spread evenly "
                    "over the keys each query sees.")
-    cols[2].metric("Over the best positional rule", f"{e['lift_positional']:.2f}×",
-                   help=f"Its score over the held-out score of its best positional rule ({e['positional']}).")
-    cols[3].metric("Queries it names keys for", f"{e['coverage']:.0%}", help="A query the rule names no key for "
+    cols[2].metric("IoU of its rows", f"{e['iou']:.2f}", help="How much of each held-out row the program predicts: "
+                   "Σ min / Σ max of the predicted and the actual weights on the content keys (whole rows: "
+                   f"{e['iou_full']:.2f}). Over the best program of positional rules ({e['positional']}): "
+                   f"{e['lift_positional']:.2f}×.")
+    cols[3].metric("Queries it names keys for", f"{e['coverage']:.0%}", help="A query its rules name no key for "
                    "counts 0.")
-    if card.decoder and e["sink_share"] < SINK:
-        st.caption(f"Set aside: {e['sink_share']:.0%} of its weight goes to the first token (the sink).")
     if card.misses is not None and not card.misses.empty:
-        st.caption("Where the rule fails most on the held-out sentences: a «query» that gives its rule's keys little "
+        st.caption("Where its rules fail most on the held-out sentences: a «query» that gives their keys little "
                    "weight, and the [key] it attends to instead.")
         st.markdown(markdown_table([{"context": r.snippet, "weight": f"{r.weight:.2f}",
-                                     "on its rule's keys": f"{r.on_rule:.2f}"} for r in card.misses.itertuples()]))
+                                     "on its rules' keys": f"{r.on_rule:.2f}"} for r in card.misses.itertuples()]))
     deeper("roles")
 
 

@@ -1,11 +1,12 @@
 """Every head explained in a sentence, on Head roles: how many heads a rule explains on held-out text, each head's
-rule, and what the model loses when its best-explained heads are replaced by their rules."""
+program, and what the model loses when its best-explained heads are replaced by their programs."""
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from analysis import EXPLAINED
+from analysis import EXPLAINED, EXPLAINED_LIFT
+from analysis import explained as explained_heads
 from viz.explanations import explained_grid, replacement_chart
 
 from ..results.explanations import explanations, first_replacement, replacement, whole_replacement
@@ -13,8 +14,8 @@ from ..results.models import ModelRef
 from .card_links import click_picks_head
 from .exports import chart, file_name
 
-SHOWN = ["layer", "head", "rule", "score", "lo", "hi", "coverage", "lift", "positional", "lift_positional",
-         "sink_share"]
+SHOWN = ["layer", "head", "program", "score", "lo", "hi", "coverage", "lift", "iou", "iou_full", "positional",
+         "lift_positional", "sink_share"]
 
 
 def explained_now(ref: ModelRef, causal: bool, heads_off: tuple) -> pd.DataFrame | None:
@@ -32,18 +33,21 @@ def every_head_explained(ref: ModelRef, found: pd.DataFrame | None) -> None:
         st.caption("Every head's explanation is being prepared for every session and takes its place here when it "
                    "is ready.")
         return
-    n, explained = len(found), int((found["score"] >= EXPLAINED).sum())
+    n, explained = len(found), int(explained_heads(found).sum())
     cols = st.columns(3)
-    cols[0].metric("Heads explained", f"{explained} of {n}", help=f"Held-out score {EXPLAINED} or more.")
+    cols[0].metric("Heads explained", f"{explained} of {n}", help=f"Held-out score {EXPLAINED} or more, on keys few "
+                   f"enough for a lift of {EXPLAINED_LIFT:g} or more over uniform attention.")
     cols[1].metric("Median held-out score", f"{found['score'].median():.2f}")
-    cols[2].metric("Rules in use", f"{found['rule'].nunique()}")
+    cols[2].metric("Mean IoU of the rows", f"{found['iou'].mean():.2f}", help="How much of each query's row the "
+                   "program predicts: Σ min / Σ max of the predicted and the actual rows on the content keys, over "
+                   "the held-out queries (1: every row exactly).")
     aside = (", the first token set aside (its share is the sink share) and each query's other weights renormalised"
              if found.attrs.get("causal") else "")
-    st.caption("Each head's rule is the one (or the union of two) that best predicts its attention on alternate "
-               "sentences of the built-in corpus; its score is the mean over queries of the head's attention on the "
-               f"rule's keys on the other sentences, with a 95% interval{aside}. A query the rule names no key for "
-               "counts 0.")
-    grid = explained_grid(found, threshold=EXPLAINED, title=f"Held-out score of each head's rule · {explained} of "
+    st.caption("Each head's program is at most three rules with their weights, fitted to its attention on alternate "
+               "sentences of the built-in corpus, plus the first token's share and an even spread for the rest; its "
+               "score is the mean over queries of the head's attention on the rules' keys on the other sentences, "
+               f"with a 95% interval{aside}. A query the rules name no key for counts 0.")
+    grid = explained_grid(found, threshold=EXPLAINED, title=f"Held-out score of each head's program · {explained} of "
                           f"{n} explained")
     click_picks_head(chart(grid, "explained-grid", on_select="rerun", selection_mode="points"), "explained-grid",
                      grid, int(found["head"].max()) + 1)
@@ -65,13 +69,13 @@ def explained_in(s, layer: int) -> dict[int, str]:
     if found is None:
         return {}
     rows = found[found["layer"] == layer]
-    return {int(r.head): f"explained: {r.rule} ({r.score:.2f} held out)" for r in rows.itertuples()}
+    return {int(r.head): f"explained: {r.rule} ({r.score:.2f} held out, IoU {r.iou:.2f})" for r in rows.itertuples()}
 
 
 def _replaced(ref: ModelRef) -> None:
     """What the model loses with its best-explained heads replaced: a quarter of them on a few held-out sentences
     first, the whole curve on request."""
-    st.markdown("**Replaced by their rules**")
+    st.markdown("**Replaced by their programs**")
     whole = whole_replacement(ref)
     curve = replacement.peek(*whole)
     if curve is None:
@@ -89,7 +93,7 @@ def _replaced(ref: ModelRef) -> None:
             st.rerun()
     measure = str(curve["measure"].iloc[0])
     if len(curve) > 1:
-        chart(replacement_chart(curve, title="The best-explained heads replaced by their rules"), "explained-replaced")
+        chart(replacement_chart(curve, title="The best-explained heads replaced by their programs"), "explained-replaced")
     k = int(curve["k"].iloc[-1] if len(curve) == 1 else curve["k"].iloc[len(curve) // 2])
     row = curve[curve["k"] == k].iloc[0]
     said = "next-token loss" if measure == "loss" else "cosine to the unedited embedding"
@@ -100,10 +104,10 @@ def _replaced(ref: ModelRef) -> None:
                    f"{row['replaced'] - row['unedited']:+.3f}", delta_color=worse)
     cols[2].metric(f"The same {k} mean-ablated", f"{row['mean_ablated']:.3f}",
                    f"{row['mean_ablated'] - row['unedited']:+.3f}", delta_color=worse)
-    sink = "the first token keeping the head's sink share; " if measure == "loss" else ""
-    st.caption(f"Each head's attention replaced by its rule's pattern (even over the rule's keys; {sink}a query with "
-               f"no key on the first token), against the same heads mean-ablated, on {curve.attrs.get('texts', '')} "
-               "held-out sentences. Heads are replaced best-explained first.")
+    st.caption("Each head's attention replaced by the rows its program predicts (its rules' keys by their weights, "
+               "the rest evenly, the first token keeping the head's mean share), against the same heads "
+               f"mean-ablated, on {curve.attrs.get('texts', '')} held-out sentences. Heads are replaced best "
+               "predicted first (the IoU of their rows).")
     st.dataframe(curve.style.format(precision=4), hide_index=True, key="explained-curve")
     st.download_button("Replacement · CSV", lambda: curve.to_csv(index=False), file_name("replacement", ext="csv"),
                        "text/csv", key="replaced-csv", on_click="ignore")
