@@ -36,7 +36,7 @@ def test_head_roles_explains_every_head_and_replaces_the_best_explained(new_app,
     assert list(csv.columns[:4]) == ["layer", "head", "rule", "family"] and len(csv) == 72
     assert [r["rule"] for r in json.loads(files["Explanations · JSON"])] == explained["rule"].tolist()
     # a quarter of the heads, best explained first, replaced on the first 24 held-out sentences
-    order = explained.sort_values(["iou", "layer", "head"], ascending=[False, True, True])
+    order = explained.sort_values(["iou_full", "layer", "head"], ascending=[False, True, True])
     heads = list(zip(order["layer"], order["head"]))[:18]
     want = replace_heads(scratch_model, explained, heads, corpus_halves()[1][:24], means_of=corpus_halves()[0])
     assert metrics["Unedited · cosine to the unedited embedding"] == "1.000"

@@ -160,11 +160,11 @@ def replacement_counts(n: int) -> list[int]:
 def replacement_curve(model, explanations: pd.DataFrame, texts: Sequence[str] | None = None, *,
                       counts: Sequence[int] | None = None, means_of: Sequence[str] | None = None,
                       progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """The ``k`` best-explained heads (by the held-out IoU of their rows) replaced by their programs, and mean-ablated,
-    for each ``k`` of
-    ``counts`` (``replacement_counts``): one row per ``k`` (``k, measure, unedited, replaced, mean_ablated``)."""
+    """The ``k`` best-explained heads (by the held-out IoU of their whole rows) replaced by their programs, and
+    mean-ablated, for each ``k`` of ``counts`` (``replacement_counts``): one row per ``k`` (``k, measure, unedited,
+    replaced, mean_ablated``)."""
     fit, held = paragraph_halves()
-    order = explanations.sort_values(["iou", "layer", "head"], ascending=[False, True, True])
+    order = explanations.sort_values(["iou_full", "layer", "head"], ascending=[False, True, True])
     heads = list(zip(order["layer"].astype(int), order["head"].astype(int)))
     counts = replacement_counts(len(heads)) if counts is None else sorted(set(int(k) for k in counts))
     runs = 2 + 2 * len(counts)  # the means, the unedited run, then each count replaced and mean-ablated

@@ -107,7 +107,7 @@ def _replaced(ref: ModelRef) -> None:
     st.caption("Each head's attention replaced by the rows its program predicts (its rules' keys by their weights, "
                "the rest evenly, the first token keeping the head's mean share), against the same heads "
                f"mean-ablated, on {curve.attrs.get('texts', '')} held-out sentences. Heads are replaced best "
-               "predicted first (the IoU of their rows).")
+               "predicted first (the IoU of their whole rows).")
     st.dataframe(curve.style.format(precision=4), hide_index=True, key="explained-curve")
     st.download_button("Replacement · CSV", lambda: curve.to_csv(index=False), file_name("replacement", ext="csv"),
                        "text/csv", key="replaced-csv", on_click="ignore")
