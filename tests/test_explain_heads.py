@@ -9,7 +9,7 @@ import torch
 from transformers import BertModel
 
 from analysis.explanations import (EXPLAINED, corpus_halves, explain_attentions, explain_heads, explained,
-                                   explained_share)
+                                   explained_share, read_on)
 from analysis.explanations.replace import Replacer
 from analysis.roles.rules import RULES, rule_named
 from models import HeadLensError, load_model
@@ -177,6 +177,24 @@ def test_an_encoders_heads_are_explained_on_text_they_were_not_fitted_on(scratch
     assert l0h2["rule"].split(" or ")[0] == "previous token" and l0h2["weights"][0] > 0.9
     assert len(l0h2["weights"]) <= 2  # a further rule joins only when it cuts enough of the error left
     assert l0h2["score"] > 0.95 and l0h2["iou"] > 0.8
+
+
+def test_each_heads_program_is_read_on_a_users_own_text(scratch_model, minilm_dir):
+    """The program fitted on the corpus, read on two sentences of a user's: every reading by hand from transformers'
+    attention."""
+    frame = explain_heads(scratch_model, FIT, HELD_OUT, replicates=50)
+    user = ["Which do you like better, coffee or tea?", "The dog chased the cat around the garden twice."]
+    got = read_on(frame, scratch_model.attend(user), replicates=1000)
+    assert len(got) == 72 and got.attrs["texts"] == 2 and got["rule"].tolist() == frame["rule"].tolist()
+    texts = _texts(minilm_dir, scratch_model, user, causal=False)
+    for r, mine in zip(frame.sample(10, random_state=1).itertuples(), got.sample(10, random_state=1).itertuples()):
+        want = _read(scratch_model, texts, r, [RULES[name] for name in r.rule.split(" or ")])
+        for name in ("score", "coverage", "iou", "iou_full"):
+            assert getattr(mine, name) == pytest.approx(want[name], abs=1e-5), name
+        assert mine.lift == pytest.approx(want["lift"], rel=1e-4, nan_ok=True)
+        assert mine.lo <= mine.score <= mine.hi
+    one = read_on(frame[(frame["layer"] == 3) & (frame["head"] == 7)], scratch_model.attend(user), replicates=1000)
+    assert len(one) == 1 and one.iloc[0].to_dict() == got.iloc[3 * 12 + 7].to_dict()  # one card's head alone
 
 
 def test_a_decoders_heads_set_the_first_token_aside(tmp_path):

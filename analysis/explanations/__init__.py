@@ -12,6 +12,7 @@ from .heads import (
     explained,
     explained_share,
     held_out_of,
+    read_on,
 )
 from .programs import Program
 from .replace import replace_heads, replacement_counts, replacement_curve
@@ -20,4 +21,4 @@ from .scores import misses, rule_scores
 __all__ = ["COLUMNS", "EXPLAINED", "EXPLAINED_LIFT", "corpus_halves", "explain_attentions", "explain_corpus",
            "explain_heads", "explained", "explained_share", "held_out_of", "misses", "replace_heads",
            "replacement_counts", "replacement_curve",
-           "Program", "rule_scores"]
+           "Program", "read_on", "rule_scores"]

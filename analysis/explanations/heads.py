@@ -28,7 +28,7 @@ import pandas as pd
 from models import HeadLensError
 from models.corpus import CORPUS, paragraph_halves
 
-from ..roles.rules import RULES, Rule, union
+from ..roles.rules import RULES, UNION, Rule, union
 from .programs import Gram, evaluate, in_words, part_names
 from .scores import COLUMNS as SCORE_COLUMNS
 from .scores import Content, no_query
@@ -98,6 +98,34 @@ def explain_attentions(fit: Sequence, held_out: Sequence, *, rules: Sequence[Rul
     frame.attrs.update(causal=causal, fit=len(fit), held_out=len(held_out))
     said(1.0)
     return frame
+
+
+def read_on(frame: pd.DataFrame, attentions: Sequence, *, replicates: int = 1000) -> pd.DataFrame:
+    """Each head's program of ``frame`` (``explain_heads``', or some of its rows: one card's head) read on other
+    texts' attentions, a user's: one row per head of ``frame``, ``layer``, ``head``, ``rule``, and ``score``, ``lo``,
+    ``hi``, ``coverage``, ``lift``, ``iou``, ``iou_full``, ``sink_share`` as the frame reads its held-out text."""
+    rules = [r for r in RULES.values() if r.name != "first token"]
+    index = {r.name: i for i, r in enumerate(rules)}
+    texts = [a for a in attentions if _queries(a)]
+    if not texts:
+        raise no_query("Reading a head's program")
+    L, H = texts[0].weights.shape[:2]
+    weights, aside = np.zeros((L * H, len(rules) + 1)), np.zeros((L * H, 2))
+    weights[:, -1] = 1.0  # a head the frame leaves out: read as even (not reported)
+    at = [int(r.layer) * H + int(r.head) for r in frame.itertuples()]
+    for i, r in zip(at, frame.itertuples()):
+        weights[i] = 0.0
+        for name, w in zip(r.rule.split(UNION), r.weights):
+            weights[i, index[name]] = w
+        weights[i, -1] = r.fallback_weight
+        aside[i] = r.sink_weight, r.special_weight
+    (read,) = evaluate(texts, rules, [weights], aside, replicates)
+    out = pd.DataFrame({"layer": frame["layer"].to_numpy(), "head": frame["head"].to_numpy(),
+                        "rule": frame["rule"].to_numpy()})
+    for name in ("score", "lo", "hi", "coverage", "lift", "iou", "iou_full", "sink_share"):
+        out[name] = getattr(read, name).ravel()[at]
+    out.attrs["texts"] = len(texts)
+    return out
 
 
 def _queries(attention) -> bool:

@@ -7,10 +7,12 @@ tokens) take the head's mean shares on the fit text: the first token its sink sh
 evenly. The content keys (a decoder's keys 1 … q, an encoder's words) share the rest as the program spreads it: each
 rule's part over the keys it names for the query (evenly; a recency rule by its decay, ``Rule.spread``), the
 fallback's over every content key, their weighted sum scaled to sum to 1, so that a query its rules leave empty
-falls back. The weights minimise the squared error to the head's content rows (its weights on the content keys,
-scaled to sum to 1) over the fit text: non-negative least squares on sums kept text by text (``Gram``). The rules are
-chosen greedily, each the one that cuts the error most, while it cuts what is left by at least ``MIN_GAIN`` (the
-first always joins). A program of equal weights is the union of its rules.
+falls back. The weights (the rules' and the fallback's, summing to 1) minimise the squared error to the head's
+content rows (its weights on the content keys, scaled to sum to 1) over the fit text: non-negative least squares on
+sums kept text by text (``Gram``), the sum held by a row that outweighs the rest. The rules are chosen greedily, each
+the one that cuts the error most, while it cuts what is left by at least ``MIN_GAIN`` (the first always joins); a
+rule that then gives less than ``MIN_SHARE`` of what the rules give goes, and the rest are fitted again. A program of
+equal weights is the union of its rules.
 
 Held out, a program is read (``evaluate``, a ``Reading``):
 
