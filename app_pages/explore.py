@@ -38,7 +38,7 @@ v = view(s, att)
 
 fig = head_grid(v.weights[layer], v.query_labels, v.key_labels, heads, shared_scale=s.shared_scale,
                 title=title_for(att, f"Layer {layer}"), visible=v.visible(layer),
-                links={h: card_url(layer, h) for h in heads}, about=explained_in(s, layer))
+                links={h: card_url(layer, h) for h in heads}, about=explained_in(s, layer, att))
 clicks = explore_clicks(fig, v, heads, layer)  # a cell's score split by writer, below
 event = chart(fig, "explore-grid", **({"on_select": "rerun", "selection_mode": "points"} if clicks else {}))
 causal_note(v, layer)

@@ -61,7 +61,7 @@ missing = [bundled(k).title for k in same_kind(ref) if bundled(k).title not in o
 if not early:
     view.on_text(s, layer, head, text, card.showcase(text))
 view.over_corpus(card, len(parts.attentions))
-view.explained(card)
+view.explained(card, s, text)
 view.examples(card)
 view.what_it_writes(s, ref, card, text)
 view.predictions(ref, card, text)

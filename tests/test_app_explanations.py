@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.explanations import EXPLAINED, corpus_halves, explain_heads, replace_heads, replacement_counts
+from analysis.explanations import (EXPLAINED, corpus_halves, explain_heads, read_on, replace_heads,
+                                   replacement_counts)
+from models.corpus import DEFAULT_TEXT
 from tests.conftest import decode, downloads, figures, shown
 
 
@@ -50,7 +52,7 @@ def test_head_roles_explains_every_head_and_replaces_the_best_explained(new_app,
     assert curve["replaced"].iloc[0] > curve["replaced"].iloc[-1]  # replacing more heads costs more
 
 
-def test_a_card_says_its_head_in_a_sentence_with_its_held_out_score(new_app, explained):
+def test_a_card_says_its_head_in_a_sentence_with_its_held_out_score(new_app, explained, scratch_model):
     at = new_app({"head": "0.2"}, page="app_pages/head.py")
     assert not at.exception
     row = explained.set_index(["layer", "head"]).loc[(0, 2)]
@@ -61,6 +63,11 @@ def test_a_card_says_its_head_in_a_sentence_with_its_held_out_score(new_app, exp
     assert f"L0 H2 {row['sentence']}." in texts
     assert row["sentence"].startswith("attends to the previous token (0.")  # its share of a row, in words
     assert "attends to the previous token (" in texts[0]  # the card's summary
+    mine = read_on(explained[(explained["layer"] == 0) & (explained["head"] == 2)],
+                   [scratch_model.attend(DEFAULT_TEXT)], replicates=200).iloc[0]  # the sidebar's sentence
+    said = [shown(c.value) for c in (*at.caption, *at.warning) if shown(c.value).startswith("On your text: ")]
+    assert said and said[0].startswith(f"On your text: {mine['score']:.2f} (IoU {mine['iou']:.2f}); on the held-out "
+                                       f"sentences: {row['score']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}]")
 
 
 def test_atlas_colours_by_rule_family_and_filters_the_explained(new_app, explained):
@@ -73,7 +80,7 @@ def test_atlas_colours_by_rule_family_and_filters_the_explained(new_app, explain
     assert families == set(explained.loc[explained["score"] >= 0.8, "family"])
 
 
-def test_explores_hover_names_each_heads_explanation(new_app, explained):
+def test_explores_hover_names_each_heads_explanation(new_app, explained, scratch_model):
     new_app(page="app_pages/roles.py")  # Head roles computes the explanations; Explore reads them, never waits on them
     at = new_app({"layer": "0"}, page="app_pages/explore.py")
     assert not at.exception
@@ -81,5 +88,7 @@ def test_explores_hover_names_each_heads_explanation(new_app, explained):
     assert len(hovers) >= 4
     for r in explained[explained["layer"] == 0].itertuples():
         if f"head {r.head}" in hovers:
-            assert (f"<br>explained: {r.rule} ({r.score:.2f} held out, IoU {r.iou:.2f})<extra>"
-                    in hovers[f"head {r.head}"])
+            mine = read_on(explained[(explained["layer"] == 0) & (explained["head"] == r.head)],
+                           [scratch_model.attend(DEFAULT_TEXT)], replicates=1).iloc[0]
+            assert (f"<br>explained: {r.rule} ({r.score:.2f} held out, IoU {r.iou:.2f}; on this text "
+                    f"{mine['score']:.2f})<extra>" in hovers[f"head {r.head}"])

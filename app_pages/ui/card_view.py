@@ -2,6 +2,7 @@
 page shares, each linking to that page."""
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from analysis import DETECTORS, EXPLAINED, EXPLAINED_LIFT, FOCI, FOCUS_NAMES, make_view
@@ -10,7 +11,8 @@ from analysis.effects import own_readout
 from analysis.cards.card import HeadCard
 from analysis.effects.routes import flow_heads
 from analysis.attention.views import token_label
-from models import head_label
+from analysis.explanations import read_on
+from models import HeadLensError, head_label
 from viz import head_heatmap, text_shading
 from viz.effects import vocabulary_bars
 from viz.qk import qk_tile
@@ -66,6 +68,25 @@ def on_text(s: Settings, layer: int, head: int, text: str, shown: tuple[str, str
     deeper("explore")
 
 
+CONTRADICTS = 0.15  # a score or IoU this far under the held-out one: the user's text does not bear the program out
+
+
+def _on_your_text(s: Settings, e, text: str) -> None:
+    """The head's program read on the user's sentence beside its held-out reading, and a warning where the sentence
+    does not bear it out."""
+    try:
+        mine = read_on(pd.DataFrame([e]), [attention(s, text)], replicates=200).iloc[0]
+    except HeadLensError:  # a sentence with no query to read (a decoder's single token)
+        return
+    said = (f"On your text: {mine['score']:.2f} (IoU {mine['iou']:.2f}); on the held-out sentences: {e['score']:.2f} "
+            f"[{e['lo']:.2f}, {e['hi']:.2f}] (IoU {e['iou']:.2f}).")
+    if mine["score"] < e["score"] - CONTRADICTS or mine["iou"] < e["iou"] - CONTRADICTS:
+        st.warning(said + " Your text does not bear this explanation out: the head attends elsewhere on it.",
+                   icon=":material/report:")
+    else:
+        st.caption(said)
+
+
 def over_corpus(card: HeadCard, n_sentences: int) -> None:
     """What the head does over the built-in corpus: its measures and its role, with the role's scores."""
     st.subheader("Over the built-in corpus")
@@ -93,9 +114,9 @@ def over_corpus(card: HeadCard, n_sentences: int) -> None:
     deeper("roles")
 
 
-def explained(card: HeadCard) -> None:
+def explained(card: HeadCard, s: Settings | None = None, text: str | None = None) -> None:
     """The program of rules that best predicts where the head attends, fitted on half of the built-in corpus and read
-    on the other half, and the held-out queries where its rules fail most."""
+    on the other half, read on the user's ``text`` too, and the held-out queries where its rules fail most."""
     st.subheader("Explained in a sentence")
     e = card.explanation
     if e is None:
@@ -116,6 +137,8 @@ def explained(card: HeadCard) -> None:
                    f"{e['lift_positional']:.2f}×.")
     cols[3].metric("Queries it names keys for", f"{e['coverage']:.0%}", help="A query its rules name no key for "
                    "counts 0.")
+    if s is not None and text:
+        _on_your_text(s, e, text)
     if card.misses is not None and not card.misses.empty:
         st.caption("Where its rules fail most on the held-out sentences: a «query» that gives their keys little "
                    "weight, and the [key] it attends to instead.")

@@ -7,6 +7,8 @@ import streamlit as st
 
 from analysis import EXPLAINED, EXPLAINED_LIFT
 from analysis import explained as explained_heads
+from analysis.explanations import read_on
+from models import HeadLensError
 from viz.explanations import explained_grid, replacement_chart
 
 from ..results.explanations import explanations, first_replacement, replacement, whole_replacement
@@ -62,14 +64,23 @@ def every_head_explained(ref: ModelRef, found: pd.DataFrame | None) -> None:
     _replaced(ref)
 
 
-def explained_in(s, layer: int) -> dict[int, str]:
+def explained_in(s, layer: int, att=None) -> dict[int, str]:
     """Each head of ``layer``'s explanation, in a line, once computed for the sidebar's model (Head roles, a card or
-    the server's preparation computes it; Explore does not wait for it)."""
+    the server's preparation computes it; Explore does not wait for it); with ``att`` (the text shown), its program's
+    score on that text too."""
     found = explanations.peek(s.model, s.causal, s.heads_off)
     if found is None:
         return {}
     rows = found[found["layer"] == layer]
-    return {int(r.head): f"explained: {r.rule} ({r.score:.2f} held out, IoU {r.iou:.2f})" for r in rows.itertuples()}
+    mine = {}
+    if att is not None:
+        try:
+            read = read_on(rows, [att], replicates=1)
+            mine = {int(r.head): f"; on this text {r.score:.2f}" for r in read.itertuples()}
+        except HeadLensError:  # no query to read on this text
+            pass
+    return {int(r.head): f"explained: {r.rule} ({r.score:.2f} held out, IoU {r.iou:.2f}{mine.get(int(r.head), '')})"
+            for r in rows.itertuples()}
 
 
 def _replaced(ref: ModelRef) -> None:
@@ -93,7 +104,8 @@ def _replaced(ref: ModelRef) -> None:
             st.rerun()
     measure = str(curve["measure"].iloc[0])
     if len(curve) > 1:
-        chart(replacement_chart(curve, title="The best-explained heads replaced by their programs"), "explained-replaced")
+        chart(replacement_chart(curve, title="The best-explained heads replaced by their programs"),
+              "explained-replaced")
     k = int(curve["k"].iloc[-1] if len(curve) == 1 else curve["k"].iloc[len(curve) // 2])
     row = curve[curve["k"] == k].iloc[0]
     said = "next-token loss" if measure == "loss" else "cosine to the unedited embedding"
