@@ -96,4 +96,4 @@ else:
     similar(profiled, layer, head)
 if s.model.choice in LLM:
     show_decoder_heads(s.model)
-every_head_explained(s.model, explained)
+every_head_explained(s.model, explained, s.sentences, lambda text: attention(s, text))

@@ -33,6 +33,12 @@ def test_head_roles_explains_every_head_and_replaces_the_best_explained(new_app,
     table = at.dataframe[0].value  # Head roles' own table, with each head's rule
     assert table["rule"].tolist() == explained["rule"].tolist()
     np.testing.assert_allclose(table["explained"], explained["score"], atol=1e-4)
+    mine = next(d.value for d in at.dataframe if "on_your_text" in d.value.columns)  # the sidebar's sentence
+    want = read_on(explained, [scratch_model.attend(DEFAULT_TEXT)], replicates=200).set_index(["layer", "head"])
+    got = mine.set_index(["layer", "head"]).loc[want.index]
+    np.testing.assert_allclose(got["on_your_text"], want["score"], atol=1e-6)
+    np.testing.assert_allclose(got["iou_on_your_text"], want["iou"], atol=1e-6)
+    assert any(shown(c.value).startswith("On your 1 sentence: ") for c in at.caption)
     files = downloads(at)
     csv = pd.read_csv(io.BytesIO(files["Explanations · CSV"]))
     assert list(csv.columns[:4]) == ["layer", "head", "rule", "family"] and len(csv) == 72

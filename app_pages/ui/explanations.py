@@ -27,9 +27,11 @@ def explained_now(ref: ModelRef, causal: bool, heads_off: tuple) -> pd.DataFrame
     return None if explanations.later(*args) else explanations(*args)
 
 
-def every_head_explained(ref: ModelRef, found: pd.DataFrame | None) -> None:
-    """The section: a summary, the grid of held-out scores (a click opens a card), the table, the replacement
-    curve, and the exports; ``found``: ``explained_now``'s."""
+def every_head_explained(ref: ModelRef, found: pd.DataFrame | None, sentences: list[str] = (),
+                         attend=None) -> None:
+    """The section: a summary, the grid of held-out scores (a click opens a card), the table (with each program's
+    score on the user's ``sentences``, read from ``attend(text)``'s attention), the replacement curve, and the
+    exports; ``found``: ``explained_now``'s."""
     st.subheader("Every head explained in a sentence")
     if found is None:
         st.caption("Every head's explanation is being prepared for every session and takes its place here when it "
@@ -53,7 +55,10 @@ def every_head_explained(ref: ModelRef, found: pd.DataFrame | None) -> None:
                           f"{n} explained")
     click_picks_head(chart(grid, "explained-grid", on_select="rerun", selection_mode="points"), "explained-grid",
                      grid, int(found["head"].max()) + 1)
-    st.dataframe(found[SHOWN].sort_values("score", ascending=False).style.format(precision=2), hide_index=True,
+    table = found[SHOWN]
+    if sentences:
+        table = _on_your_text(table, found, sentences, attend)
+    st.dataframe(table.sort_values("score", ascending=False).style.format(precision=2), hide_index=True,
                  key="explained-table")
     left, right, _ = st.columns([1, 1, 2])
     left.download_button("Explanations · CSV", lambda: found.to_csv(index=False), file_name("explanations", ext="csv"),
@@ -62,6 +67,26 @@ def every_head_explained(ref: ModelRef, found: pd.DataFrame | None) -> None:
                           file_name("explanations", ext="json"), "application/json", key="explained-json",
                           on_click="ignore")
     _replaced(ref)
+
+
+ON_YOURS = 0.15  # a program scoring this far under its held-out score on the user's sentences is flagged
+
+
+def _on_your_text(table: pd.DataFrame, found: pd.DataFrame, sentences: list[str], attend) -> pd.DataFrame:
+    """The table with each head's score and IoU on the user's sentences, and a caption counting the explained heads
+    those sentences do not bear out."""
+    try:
+        mine = read_on(found, [attend(t) for t in sentences], replicates=200)
+    except HeadLensError:  # no query to read on the sentences
+        return table
+    table = table.assign(on_your_text=mine["score"].to_numpy(), iou_on_your_text=mine["iou"].to_numpy())
+    told = explained_heads(found).to_numpy()
+    worse = told & (mine["score"].to_numpy() < found["score"].to_numpy() - ON_YOURS)
+    st.caption(f"On your {len(sentences)} sentence{'s' if len(sentences) > 1 else ''}: "
+               f"{int(worse.sum())} of the {int(told.sum())} explained heads score {ON_YOURS} or more under their "
+               "held-out score (the table's on_your_text column): there, your text does not bear their "
+               "explanation out.")
+    return table
 
 
 def explained_in(s, layer: int, att=None) -> dict[int, str]:
