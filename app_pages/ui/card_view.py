@@ -68,7 +68,7 @@ def on_text(s: Settings, layer: int, head: int, text: str, shown: tuple[str, str
     deeper("explore")
 
 
-CONTRADICTS = 0.15  # a score or IoU this far under the held-out one: the user's text does not bear the program out
+CONTRADICTS = 0.15  # a score this far under the held-out one: the user's text does not bear the program out
 
 
 def _on_your_text(s: Settings, e, text: str) -> None:
@@ -80,9 +80,9 @@ def _on_your_text(s: Settings, e, text: str) -> None:
         return
     said = (f"On your text: {mine['score']:.2f} (IoU {mine['iou']:.2f}); on the held-out sentences: {e['score']:.2f} "
             f"[{e['lo']:.2f}, {e['hi']:.2f}] (IoU {e['iou']:.2f}).")
-    if mine["score"] < e["score"] - CONTRADICTS or mine["iou"] < e["iou"] - CONTRADICTS:
-        st.warning(said + " Your text does not bear this explanation out: the head attends elsewhere on it.",
-                   icon=":material/report:")
+    if mine["score"] < e["score"] - CONTRADICTS:
+        st.warning(said + " Your text does not bear this explanation out: on it the head gives its rules' keys "
+                   "less of its weight.", icon=":material/report:")
     else:
         st.caption(said)
 
