@@ -30,6 +30,9 @@ def test_head_roles_explains_every_head_and_replaces_the_best_explained(new_app,
     grid = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("Held-out score"))
     z = decode(grid["data"][0]["z"])
     np.testing.assert_allclose(z, explained["score"].to_numpy().reshape(6, 12), atol=1e-4)
+    dots = next(t for t in grid["data"] if t.get("name") == "explained")  # the explained heads' dots, lift and all
+    told = explained[(explained["score"] >= EXPLAINED) & (explained["lift"] >= 3)]
+    assert sorted(zip(decode(dots["y"]), decode(dots["x"]))) == sorted(zip(told["layer"], told["head"])) and n
     table = at.dataframe[0].value  # Head roles' own table, with each head's rule
     assert table["rule"].tolist() == explained["rule"].tolist()
     np.testing.assert_allclose(table["explained"], explained["score"], atol=1e-4)

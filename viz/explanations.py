@@ -12,18 +12,21 @@ ROW_PX = 22
 MEASURES = {"loss": "next-token loss (nats)", "cosine": "cosine to the unedited embedding"}
 
 
-def explained_grid(frame: pd.DataFrame, *, threshold: float, title: str = "") -> go.Figure:
-    """Each head's held-out score (``explain_heads``'s frame) as a cell, 0 to 1; a head at ``threshold`` or more is
-    explained and marked with a dot; hover names its program's rules and score; a click opens its card (``head_targets``)."""
+def explained_grid(frame: pd.DataFrame, *, threshold: float, lift: float = 0.0, title: str = "") -> go.Figure:
+    """Each head's held-out score (``explain_heads``'s frame) as a cell, 0 to 1; a head at ``threshold`` or more,
+    with a ``lift`` of at least that, is explained and marked with a dot; hover names its program's rules, score and
+    lift; a click opens its card (``head_targets``)."""
     n_layers, n_heads = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
-    score = np.full((n_layers, n_heads), np.nan)
+    score, lifted = np.full((n_layers, n_heads), np.nan), np.zeros((n_layers, n_heads), dtype=bool)
     tips = [[""] * n_heads for _ in range(n_layers)]
     for r in frame.itertuples():
         score[r.layer, r.head] = r.score
-        tips[r.layer][r.head] = f"{safe(r.rule)}: {r.score:.2f} [{r.lo:.2f}, {r.hi:.2f}] held out"
+        lifted[r.layer, r.head] = getattr(r, "lift", np.inf) >= lift
+        tips[r.layer][r.head] = (f"{safe(r.rule)}: {r.score:.2f} [{r.lo:.2f}, {r.hi:.2f}] held out"
+                                 + (f", lift {r.lift:.1f}" if hasattr(r, "lift") else ""))
     fig = go.Figure(go.Heatmap(z=score, zmin=0, zmax=1, colorscale=COLORSCALE, xgap=1, ygap=1, hoverinfo="skip",
                                colorbar=dict(title=dict(text="held-out score", side="right"), thickness=12)))
-    layer, head = np.nonzero(score >= threshold)
+    layer, head = np.nonzero((score >= threshold) & lifted)
     fig.add_trace(go.Scatter(x=head, y=layer, mode="markers", name="explained", hoverinfo="skip", showlegend=False,
                              marker=dict(size=4, color="#fff", line=dict(width=0.5, color="#333"))))
     head_targets(fig, n_layers, n_heads, [tips[l][h] for l in range(n_layers) for h in range(n_heads)],

@@ -51,8 +51,8 @@ def every_head_explained(ref: ModelRef, found: pd.DataFrame | None, sentences: l
                "sentences of the built-in corpus, plus the first token's share and an even spread for the rest; its "
                "score is the mean over queries of the head's attention on the rules' keys on the other sentences, "
                f"with a 95% interval{aside}. A query the rules name no key for counts 0.")
-    grid = explained_grid(found, threshold=EXPLAINED, title=f"Held-out score of each head's program · {explained} of "
-                          f"{n} explained")
+    grid = explained_grid(found, threshold=EXPLAINED, lift=EXPLAINED_LIFT,
+                          title=f"Held-out score of each head's program · {explained} of {n} explained")
     click_picks_head(chart(grid, "explained-grid", on_select="rerun", selection_mode="points"), "explained-grid",
                      grid, int(found["head"].max()) + 1)
     table = found[SHOWN]
