@@ -1,7 +1,7 @@
 """Atlas: every head of a model as a point on two of its measures, or on a map of them all; a click opens its card."""
 import streamlit as st
 
-from analysis import EXPLAINED
+from analysis import EXPLAINED, EXPLAINED_LIFT
 from analysis.cards.atlas import METRICS, atlas_frame, head_map, metrics_of
 from app_pages.results.card import atlas, card_parts, decoder
 from app_pages.results.models import ModelRef
@@ -44,7 +44,7 @@ least = 0.0
 if all("explained" in f for _, f in frames.values()):
     least = bound(st.slider, "atlas_explained", 0.0, cast=float, label="Explained from", min_value=0.0, max_value=1.0,
                   step=0.05, help="Only the heads whose program's held-out score is at least this (a head is called "
-                  f"explained from {EXPLAINED}).")
+                  f"explained from {EXPLAINED} with a lift of {EXPLAINED_LIFT:g} over uniform attention).")
     frames = {t: (r, f[f["explained"] >= least]) for t, (r, f) in frames.items()}
 cols = st.columns(3)
 if plot == "measures":
