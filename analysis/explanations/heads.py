@@ -28,7 +28,7 @@ import pandas as pd
 from models import HeadLensError
 from models.corpus import CORPUS, paragraph_halves
 
-from ..roles.rules import RULES, UNION, Rule, union
+from ..roles.rules import RULES, UNION, Reading, Rule, union
 from .programs import Gram, evaluate, in_words, part_names
 from .scores import COLUMNS as SCORE_COLUMNS
 from .scores import Content, no_query
@@ -129,7 +129,7 @@ def read_on(frame: pd.DataFrame, attentions: Sequence, *, replicates: int = 1000
 
 
 def _queries(attention) -> bool:
-    return len(Content.of(attention, head=(0, 0)).queries) > 0
+    return len(Content.bare(Reading.of(attention)).queries) > 0
 
 
 def _largest_first(weights: np.ndarray, covered: np.ndarray) -> list[int]:

@@ -59,12 +59,36 @@ def _scaled(X: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return np.divide(X, total, out=np.zeros_like(X), where=total > 0)
 
 
+def _other(c: Content, content: np.ndarray) -> np.ndarray:
+    """bool ``(Q, n)``: the keys set aside besides the first token (an encoder's other special tokens)."""
+    other = c.sees & ~content
+    other[:, 0] = False
+    return other
+
+
 def _aside(c: Content, content: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The keys set aside: the first token's weight ``(L·H, Q)``, the other set-aside keys' weight ``(L·H, Q)`` and
     which they are ``(Q, n)``."""
-    other = c.sees & ~content
-    other[:, 0] = False
+    other = _other(c, content)
     return c.whole[..., 0], (c.whole * other).sum(-1), other
+
+
+def _content_rows(weights: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each head's predicted content rows ``(heads, Q, n)`` from its weights ``(heads, K)`` over ``parts``' rows,
+    each scaled to sum to 1 (the fallback's where the parts give nothing), and which queries fell back
+    ``(heads, Q)``."""
+    K, Q, n = rows.shape
+    P = (weights.astype(rows.dtype) @ rows.reshape(K, -1)).reshape(len(weights), Q, n)
+    total = P.sum(-1, keepdims=True)
+    return np.where(total > 0, P / np.where(total > 0, total, 1), rows[-1]), total[..., 0] <= 0
+
+
+def _whole_rows(P: np.ndarray, first: np.ndarray, spare: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """Whole rows from content rows ``P`` ``(heads, Q, n)``: ``first`` ``(heads, Q)`` on the first token, ``spare``
+    ``(heads, Q)`` evenly over the ``other`` keys set aside ``(Q, n)``, the rest as ``P`` spreads it."""
+    out = P * (1 - first - spare)[..., None]
+    out[..., 0] += first
+    return out + spare[..., None] * (other / np.maximum(other.sum(-1, keepdims=True), 1))[None]
 
 
 @dataclass
@@ -200,21 +224,15 @@ def _read_text(c: Content, rows: np.ndarray, named: np.ndarray, content: np.ndar
 
     R = len(named)
     K, Q, n = rows.shape
-    P = (weights.astype(np.float32) @ rows.reshape(K, -1)).reshape(-1, Q, n)
-    total = P.sum(-1, keepdims=True)
-    empty = total[..., 0] <= 0                                                          # (LH, Q): falls back
-    P = np.where(total > 0, P / np.where(total > 0, total, 1), rows[-1])               # content rows
+    P, empty = _content_rows(weights, rows)
     add("min", np.minimum(P, actual).sum((1, 2), dtype=np.float64))
     add("max", np.maximum(P, actual).sum((1, 2), dtype=np.float64))
     if not whole:
         return
-    _, _, other = _aside(c, content)
-    has_other = other.any(-1)                                                           # (Q,)
+    other = _other(c, content)
     first = np.broadcast_to(aside[:, :1], (len(P), Q)).astype(np.float32)
-    spare = np.where(has_other[None], aside[:, 1:2], 0.0).astype(np.float32)           # (LH, Q)
-    rows_whole = P * (1 - first - spare)[..., None]
-    rows_whole[..., 0] += first
-    rows_whole += spare[..., None] * (other / np.maximum(other.sum(-1, keepdims=True), 1))[None]
+    spare = np.where(other.any(-1)[None], aside[:, 1:2], 0.0).astype(np.float32)       # (LH, Q)
+    rows_whole = _whole_rows(P, first, spare, other)
     add("min_full", np.minimum(rows_whole, c.whole).sum((1, 2), dtype=np.float64))
     add("max_full", np.maximum(rows_whole, c.whole).sum((1, 2), dtype=np.float64))
     uses = (weights[:, :R] > 0).astype(np.float32)
@@ -276,29 +294,16 @@ class Program:
         """``(pattern (n, n), rows (n,))``: the program's whole row for each query a score reads of ``reading``
         (a ``roles.rules.Reading``), and which rows those are (a decoder's first token and an encoder's special
         tokens keep the head's own)."""
+        c = Content.bare(reading)
+        parts_rows, _, content = parts(c, self.rules)
+        P, _ = _content_rows(np.array([[*self.weights, self.fallback]]), parts_rows.astype(np.float64))
+        other = _other(c, content)
+        Q = len(c.queries)
+        spare = np.where(other.any(-1), self.special, 0.0)[None]
+        whole = _whole_rows(P, np.full((1, Q), self.sink), spare, other)[0]
         n = len(reading)
-        rows = np.arange(n) >= 1 if reading.causal else ~reading.special
-        queries = np.flatnonzero(rows)
-        keys = np.arange(n)[None, :]
-        content = ((keys <= queries[:, None]) & (keys >= 1) if reading.causal
-                   else np.broadcast_to(~reading.special, (len(queries), n)))
-        P = np.zeros((len(queries), n))
-        for rule, w in zip(self.rules, self.weights):
-            named = np.zeros((len(queries), n), dtype=bool)
-            predicted = rule.predict(reading)
-            for i, q in enumerate(queries):
-                named[i, [k for k in predicted[q] if 0 <= k < n]] = True
-            P = P + w * rule.spread(queries, named & content)
-        evenly = content / np.maximum(content.sum(-1, keepdims=True), 1)
-        P = P + self.fallback * evenly
-        total = P.sum(-1, keepdims=True)
-        P = np.where(total > 0, P / np.where(total > 0, total, 1), evenly)
-        other = np.zeros(n, dtype=bool) if reading.causal else reading.special.copy()
-        other[0] = False
-        spare = self.special if other.any() else 0.0
-        whole = P * (1 - self.sink - spare)
-        whole[:, 0] += self.sink
-        whole[:, other] += spare / max(other.sum(), 1)
+        rows = np.zeros(n, dtype=bool)
+        rows[c.queries] = True
         out = np.zeros((n, n))
-        out[queries] = whole
+        out[c.queries] = whole
         return out, rows

@@ -39,7 +39,7 @@ class Content:
     queries: np.ndarray
     sees: np.ndarray
     weights: np.ndarray | None
-    sink: np.ndarray
+    sink: np.ndarray | None
     whole: np.ndarray | None = None  # ``whole=True``: the heads' whole rows ``(L·H, Q, n)``, as the model gave them
 
     @classmethod
@@ -48,15 +48,11 @@ class Content:
         the whole rows instead (float32), as a program reads them, and no ``weights``."""
         reading = Reading.of(attention)
         n = len(reading)
-        queries = np.arange(1, n) if reading.causal else np.flatnonzero(~reading.special)
+        queries, sees = _queries_and_sees(reading)
         weights = attention.weights if head is None else attention.weights[head[0]:head[0] + 1, head[1]:head[1] + 1]
         L, H = weights.shape[:2]
         w = weights[:, :, queries, :].astype(np.float32 if whole else np.float64).reshape(L * H, len(queries), n)
         sink = w[..., 0].sum(-1, dtype=np.float64).reshape(L, H)
-        sees = np.ones((len(queries), n), dtype=bool)
-        if reading.causal:
-            sees = np.arange(n)[None, :] <= queries[:, None]
-            sees[:, 0] = False
         key = text_key(attention.text)
         if whole:
             return cls(reading, key, queries, sees, None, sink, w)
@@ -65,6 +61,12 @@ class Content:
             total = w.sum(-1, keepdims=True)
             w = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
         return cls(reading, key, queries, sees, w, sink)
+
+    @classmethod
+    def bare(cls, reading: Reading) -> Content:
+        """A text read without attention: its queries and the keys each sees, no weights (a program's parts)."""
+        queries, sees = _queries_and_sees(reading)
+        return cls(reading, text_key(reading.text), queries, sees, None, None)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -99,6 +101,18 @@ class Content:
         covered = masks.any(-1).sum(-1).astype(np.float64)
         uniform = (masks.sum(-1) / self.sees.sum(-1)).sum(-1)
         return scores, covered, uniform
+
+
+def _queries_and_sees(reading: Reading) -> tuple[np.ndarray, np.ndarray]:
+    """The positions that query (a decoder's 1 … n−1, an encoder's non-special tokens) and the keys each sees
+    ``(Q, n)`` (a decoder's first token set aside)."""
+    n = len(reading)
+    queries = np.arange(1, n) if reading.causal else np.flatnonzero(~reading.special)
+    sees = np.ones((len(queries), n), dtype=bool)
+    if reading.causal:
+        sees = np.arange(n)[None, :] <= queries[:, None]
+        sees[:, 0] = False
+    return queries, sees
 
 
 def contents(attentions: Sequence) -> list[Content]:
