@@ -242,10 +242,10 @@ ON_A_PLOT = """({x, y}) => {
 
 
 def click_until(page, target_js: str, target_arg, done_js: str, done_arg, tries: int = 3,
-                each: float = 60_000) -> None:
+                each: float = 60_000) -> dict:
     """Click the point ``target_js(target_arg)`` gives until ``done_js(done_arg)`` holds, as a person clicks again
     when a chart was redrawn under the pointer; the point is read afresh before each click, after scrolling it to
-    the middle of the window, and clicked once nothing covers it."""
+    the middle of the window, and clicked once nothing covers it. The point last clicked (what ``target_js`` gave)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for attempt in range(tries):
@@ -255,7 +255,7 @@ def click_until(page, target_js: str, target_arg, done_js: str, done_arg, tries:
         page.mouse.click(target["x"], target["y"])
         try:
             page.wait_for_function(done_js, arg=done_arg, timeout=each)
-            return
+            return target
         except PlaywrightTimeout:
             if attempt == tries - 1:
                 raise

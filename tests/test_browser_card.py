@@ -5,7 +5,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from harness.browser import FIRST_FORM, assert_readable, shot
+from harness.browser import FIRST_FORM, assert_readable, click_until, shot
 
 # the pixel centre of the atlas point of (layer, head) in the ``plot``-th chart
 POINT = """([plot, layer, head]) => {
@@ -44,10 +44,34 @@ def settled(page, plots: int) -> None:
 
 
 def card_opens(page, name: str) -> None:
-    page.wait_for_function("t => [...document.querySelectorAll('h1')].some(h => h.textContent.startsWith(t))",
-                           arg=f"{name} · ", timeout=300_000)
-    page.wait_for_function("s => location.pathname.endsWith('/head') && location.search.includes(s)",
-                           arg=f"head={name[1:].replace(' H', '.')}", timeout=60_000)
+    """Wait for the card of head ``name`` ("L4 H2"): its title and its link; a page that never shows it fails
+    saying what it shows instead."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function("t => [...document.querySelectorAll('h1')].some(h => h.textContent.startsWith(t))",
+                               arg=f"{name} · ", timeout=300_000)
+        page.wait_for_function("s => location.pathname.endsWith('/head') && location.search.includes(s)",
+                               arg=f"head={name[1:].replace(' H', '.')}", timeout=60_000)
+    except PlaywrightTimeout as err:
+        raise AssertionError(f"no card of {name}: {shown(page)}") from err
+
+
+def shown(page) -> str:
+    """What the page shows: its link, titles, messages and running state, for a failure to say."""
+    return page.evaluate("""() => JSON.stringify({
+      url: location.href, h1: [...document.querySelectorAll('h1')].map(h => h.textContent),
+      running: !!document.querySelector('[data-testid="stStatusWidgetRunningIcon"]'),
+      messages: [...document.querySelectorAll('[data-testid="stAlert"], [data-testid="stException"], '
+                 + '[data-testid="stSpinner"], [data-testid="stProgress"]')].map(a => a.innerText.slice(0, 300))})""")
+
+
+def click_to_card(page, target_js: str, arg, name: str | None = None) -> None:
+    """Click the point ``target_js(arg)`` gives (``{x, y}`` on a chart, and the head's ``name`` unless given) and wait
+    for that head's card; the click is made again, the point read afresh, while the page has not left for the card
+    (a chart redrawn under the pointer)."""
+    clicked = click_until(page, target_js, arg, "() => location.pathname.endsWith('/head')", None)
+    card_opens(page, name or clicked["name"])
 
 
 @pytest.mark.parametrize("width", [1024, 1600])
@@ -61,18 +85,13 @@ def test_a_card_reads_and_an_atlas_point_opens_its_card(width, browser, server):
         settled(page, 1)
         assert_readable(page, f"the atlas · {width} px")
         shot(page, f"atlas-{width}")
-        target = page.evaluate(POINT, [0, 4, 2])
-        page.mouse.click(target["x"], target["y"])
-        card_opens(page, "L4 H2")
+        click_to_card(page, POINT, [0, 4, 2], "L4 H2")
 
 
 def test_a_click_on_the_role_grid_opens_a_card(browser, server):
     with opened(browser, server, "roles", {}, 1280) as page:
         settled(page, 1)
-        page.locator(".js-plotly-plot").nth(0).scroll_into_view_if_needed()
-        target = page.evaluate(CELL, [0, 3, 7])
-        page.mouse.click(target["x"], target["y"])
-        card_opens(page, "L3 H7")
+        click_to_card(page, CELL, [0, 3, 7], "L3 H7")
 
 
 def test_effects_on_the_default_encoder_reads(browser, server):

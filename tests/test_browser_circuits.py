@@ -4,8 +4,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from harness.browser import assert_readable, shot
-from tests.test_browser_card import card_opens, settled
+from harness.browser import assert_readable, shot, wait_title
+from tests.test_browser_card import click_to_card, settled
 
 # the pixel centre and name of the first head node of the circuit (the trace "head") in the ``plot``-th chart
 NODE = """(plot) => {
@@ -26,15 +26,13 @@ def test_the_circuit_reads_and_a_click_on_a_head_opens_its_card(width, browser, 
         page.goto(f"{server}/circuits?" + urlencode({"model": "smollm2_scratch", "task_pairs": "10",
                                                      "circuit_edges": "30"}))
         settled(page, 2)  # the circuit and its faithfulness curve
+        wait_title(page, "over 10 pairs", timeout=300_000)  # the full circuit, not the first form's over fewer pairs
         page.wait_for_function("() => [...document.querySelectorAll('h3')].some(h => h.textContent.includes("
                                "'What its heads are'))", timeout=300_000)
         settled(page, 2)
         assert_readable(page, f"circuits · {width} px")
         shot(page, f"circuits-{width}")
-        page.locator(".js-plotly-plot").nth(0).scroll_into_view_if_needed()
-        node = page.evaluate(NODE, 0)
-        page.mouse.click(node["x"], node["y"])
-        card_opens(page, node["name"])
+        click_to_card(page, NODE, 0)
     finally:
         context.close()
 

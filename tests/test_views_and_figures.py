@@ -154,3 +154,26 @@ def test_head_view_keeps_each_querys_strongest_lines():
         ends = [-int(y) for t in fig["data"] if t["mode"] == "lines" and t["name"] == f"head {head}"
                 for y in t["y"][1::3]]
         assert sorted(ends) == sorted(np.argsort(w[head, 7])[-24:].tolist())  # all far above 2% of the largest
+
+
+def test_a_click_on_a_circuits_head_lands_on_the_head_not_on_an_edge_across_it():
+    """An edge from L0 H1 into L2 H1's query passes over L1 H1: its hover point sits off layer 1's row (a third of a
+    layer), so that plotly's nearest point to a click on L1 H1 is the head; an edge across one layer keeps its middle."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from viz.circuits import circuit_figure
+
+    senders = [("head", 0, 1), ("head", 1, 1)]
+    receivers = [("q", 2, 1), ("q", 1, 1)]
+    graph = SimpleNamespace(n_layers=3, senders=senders, receivers=receivers, reads=None, output="logits",
+                            receiver_node=lambda r: ("head", *receivers[r][1:]))
+    frame = pd.DataFrame({"sender_index": [0, 1, 0], "receiver_index": [0, 0, 1], "score": [1.0, 0.5, 0.2],
+                          "kind": ["q"] * 3, "share": [0.1] * 3,
+                          "sender": ["L0 H1", "L1 H1", "L0 H1"], "receiver": ["L2 H1.q", "L2 H1.q", "L1 H1.q"]})
+    fig = circuit_figure(frame, graph, n_heads=4)
+    edges = next(t for t in fig.data if t.name == "edges")
+    heads = next(t for t in fig.data if t.name == "head")
+    assert sorted(zip(heads.x, heads.y)) == [(1, 0), (1, 1), (1, 2)]
+    assert list(zip(edges.x, edges.y)) == [(1, pytest.approx(4 / 3)), (1, 1.5), (1, 0.5)]

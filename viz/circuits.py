@@ -32,6 +32,18 @@ def node_xy(node: tuple, n_layers: int, n_heads: int, reads=None) -> tuple[float
     return middle, (-1.3 if kind == "input" else n_layers + 0.3)
 
 
+def hover_point(start: tuple[float, float], end: tuple[float, float]) -> tuple[float, float]:
+    """Where an edge's hover sits: its middle, moved along it to a third of a layer off the nearest layer's row where
+    it falls nearer than that (an edge spanning two layers would sit on the head between its ends, and a click meant for that head
+    would open the edge)."""
+    (x0, y0), (x1, y1) = start, end
+    t, middle = 0.5, (y0 + y1) / 2
+    row = round(middle)
+    if y1 != y0 and abs(middle - row) < 1 / 3:
+        t = float(np.clip((row + (1 / 3 if middle >= row else -1 / 3) - y0) / (y1 - y0), 0.15, 0.85))
+    return x0 + t * (x1 - x0), y0 + t * (y1 - y0)
+
+
 def circuit_figure(frame: pd.DataFrame, graph, n_heads: int, *, title: str = "", height: int | None = None,
                    value_name: str = "score") -> go.Figure:
     """The edges of ``frame`` (``analysis.circuits.EdgeScores.frame``'s rows) between their nodes. Each head node's
@@ -56,9 +68,9 @@ def circuit_figure(frame: pd.DataFrame, graph, n_heads: int, *, title: str = "",
                     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
                                              line=dict(color=colour, width=WIDTHS[w], dash=DASHES[kind]),
                                              opacity=0.75))
-        # an invisible point at each edge's middle carries its hover
-        mids = [[(a + b) / 2 for a, b in zip(node_xy(graph.senders[s], L, n_heads),
-                                             node_xy(graph.receiver_node(r), L, n_heads, graph.reads))]
+        # an invisible point near each edge's middle carries its hover, off the layers' rows of heads
+        mids = [hover_point(node_xy(graph.senders[s], L, n_heads),
+                            node_xy(graph.receiver_node(r), L, n_heads, graph.reads))
                 for s, r in zip(frame.sender_index, frame.receiver_index)]
         text = [f"{safe(a)} → {safe(b)}<br>{safe(value_name)} {v:+.3f} ({sh:+.1%} of the clean − corrupted span)"
                 for a, b, v, sh in zip(frame.sender, frame.receiver, frame.score, frame.share)]
