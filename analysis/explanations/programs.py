@@ -31,7 +31,7 @@ from scipy.optimize import nnls
 
 from ..roles.rules import RULES, UNION, Rule
 from ..stats import LiftBootstrap
-from .scores import Content
+from .scores import Content, no_query
 
 MAX_RULES = 3  # rules in a program, besides the sink and the fallback
 MIN_GAIN = 0.05  # a further rule joins when it cuts this share of the fit's squared error left
@@ -96,22 +96,25 @@ class Gram:
     """What a least-squares fit of every head's content rows needs, added text by text: the parts' products ``G``
     ``(K, K)`` (the same for every head), the heads' rows with each part ``B`` ``(L·H, K)`` and with themselves
     ``ss`` ``(L·H,)``; and the heads' mean shares on the first token and on the other keys set aside ``aside``
-    ``(L·H, 2)``."""
+    ``(L·H, 2)``. All None when no text has a query."""
 
-    G: np.ndarray
-    B: np.ndarray
-    ss: np.ndarray
-    aside: np.ndarray
-    covered: np.ndarray  # ``(K,)``: the queries each part names a key for
+    G: np.ndarray | None
+    B: np.ndarray | None
+    ss: np.ndarray | None
+    aside: np.ndarray | None
+    covered: np.ndarray | None  # ``(K,)``: the queries each part names a key for
+    texts: int = 0  # the texts with a query, read
+    causal: bool = False  # whether they were read with causal attention
 
     @classmethod
     def of(cls, fit: Sequence, rules: Sequence[Rule]) -> Gram:
         G = B = ss = aside = None
-        queries, covered = 0, 0
+        queries, covered, texts, causal = 0, 0, 0, False
         for attention in fit:
             c = Content.of(attention, whole=True)
             if not len(c.queries):
                 continue
+            texts, causal = texts + 1, bool(attention.causal)
             rows, _, content = parts(c, rules)
             F = rows.reshape(len(rows), -1)
             X = _scaled(c.whole, content).reshape(len(c.whole), -1)
@@ -122,7 +125,9 @@ class Gram:
             G, B, ss, aside = sums if G is None else (G + sums[0], B + sums[1], ss + sums[2], aside + sums[3])
             queries += len(c.queries)
             covered = covered + (F.reshape(len(rows), len(c.queries), -1).sum(-1) > 0).sum(-1)
-        return cls(G, B, ss, aside / queries, covered)
+        if G is None:
+            return cls(None, None, None, None, None)
+        return cls(G, B, ss, aside / queries, covered, texts, causal)
 
     def _solve(self, head: int, chosen: list[int]) -> tuple[np.ndarray, float]:
         """Non-negative weights of the parts ``chosen`` for ``head`` and the squared error they leave."""
@@ -176,6 +181,7 @@ class Reading:
     iou_full: np.ndarray
     sink_share: np.ndarray
     shares: np.ndarray
+    texts: int = 0  # the texts with a query, read
 
 
 def evaluate(attentions: Sequence, rules: Sequence[Rule], programs: Sequence[np.ndarray], aside: np.ndarray,
@@ -185,18 +191,21 @@ def evaluate(attentions: Sequence, rules: Sequence[Rule], programs: Sequence[np.
     once. The programs after the first are read for their content rows' IoU alone (the rest NaN)."""
     sums: list[dict] = [{} for _ in programs]
     boots: list[LiftBootstrap] = []
-    queries, shape = 0, None
+    queries, shape, texts = 0, None, 0
     for attention in attentions:
         c = Content.of(attention, whole=True)
         if not len(c.queries):
             continue
-        shape = c.shape
+        shape, texts = c.shape, texts + 1
         boots = boots or [LiftBootstrap(shape, replicates if not i else 1) for i in range(len(programs))]
         rows, named, content = parts(c, rules)
         actual = _scaled(c.whole, content).astype(np.float32)
         for i, (weights, into, boot) in enumerate(zip(programs, sums, boots)):
             _read_text(c, rows, named, content, actual, weights, aside, into, boot, whole=not i)
         queries += len(c.queries)
+    if shape is None:
+        raise no_query("Reading a program")
+
     def heads(x):
         return np.asarray(x, dtype=np.float64).reshape(*shape, *np.shape(x)[1:])
 
@@ -205,14 +214,15 @@ def evaluate(attentions: Sequence, rules: Sequence[Rule], programs: Sequence[np.
         iou = heads(into["min"] / into["max"])
         if i:  # a program read for its content rows' IoU alone
             nan = np.full_like(iou, np.nan)
-            out.append(Reading(nan, nan, nan, nan, nan, iou, nan, nan, nan))
+            out.append(Reading(nan, nan, nan, nan, nan, iou, nan, nan, nan, texts))
             continue
         lo, hi = boot.interval()
         score, uniform = into["on"] / queries, into["uniform"] / queries
         out.append(Reading(score=heads(score), lo=lo, hi=hi, coverage=heads(into["covered"] / queries),
                            lift=heads(np.divide(score, uniform, out=np.full_like(score, np.nan), where=uniform > 0)),
                            iou=iou, iou_full=heads(into["min_full"] / into["max_full"]),
-                           sink_share=heads(into["sink"] / queries), shares=heads(into["shares"] / queries)))
+                           sink_share=heads(into["sink"] / queries), shares=heads(into["shares"] / queries),
+                           texts=texts))
     return out
 
 
