@@ -197,6 +197,18 @@ def test_each_heads_program_is_read_on_a_users_own_text(scratch_model, minilm_di
     assert len(one) == 1 and one.iloc[0].to_dict() == got.iloc[3 * 12 + 7].to_dict()  # one card's head alone
 
 
+def test_texts_attended_a_few_at_a_time_give_the_same_programs(scratch_model):
+    """The texts are read as they are attended, ``batch_size`` at a time: three at a time gives the frame all at once
+    gives (``explain_attentions`` on every text's attention), and the progress rises to 1."""
+    whole = explain_attentions(scratch_model.attend(FIT), scratch_model.attend(HELD_OUT), replicates=50)
+    said = []
+    few = explain_heads(scratch_model, FIT, HELD_OUT, replicates=50, batch_size=3, progress=said.append)
+    assert few[["rule", "program"]].equals(whole[["rule", "program"]]) and few.attrs == whole.attrs
+    for name in ("score", "lo", "hi", "iou", "iou_full", "lift", "sink_weight"):
+        np.testing.assert_allclose(few[name], whole[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert said == sorted(said) and said[-1] == 1.0 and len(said) > 6  # each batch of three, and each stage
+
+
 def test_a_decoders_heads_set_the_first_token_aside(tmp_path):
     folder, _, _ = build("gpt2", tmp_path)
     model = load_model(folder)
