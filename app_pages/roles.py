@@ -48,10 +48,10 @@ st.caption(f"Labels: positional above {THRESHOLDS['positional']}; a focus when t
 
 st.subheader("Every head")
 table = frame[["layer", "head", "label", "secondary", *scores, "dep_relation", "dep_base"]]
-explained = explained_now(s.model, s.causal, s.heads_off)  # None while the server prepares it
-if explained is not None:  # each head's rule (below), over the built-in corpus
-    table = table.merge(explained[["layer", "head", "rule", "score"]].rename(columns={"score": "explained"}),
-                        on=["layer", "head"], how="left")
+# each head's program (below), on the built-in paragraphs; first on the built-in sentences, under a note
+explained = explained_now(s.model, s.causal, s.heads_off)
+table = table.merge(explained[["layer", "head", "rule", "score"]].rename(columns={"score": "explained"}),
+                    on=["layer", "head"], how="left")
 st.dataframe(table.style.format(precision=2), hide_index=True, key="roles-table")
 left, right, _ = st.columns([1, 1, 2])
 left.download_button("Profile · CSV", lambda: table.to_csv(index=False), "headlens-roles.csv", "text/csv",
@@ -96,4 +96,4 @@ else:
     similar(profiled, layer, head)
 if s.model.choice in LLM:
     show_decoder_heads(s.model)
-every_head_explained(s.model, explained, s.sentences, lambda text: attention(s, text))
+every_head_explained(s.model, s.causal, s.heads_off, explained, s.sentences, lambda text: attention(s, text))

@@ -1,7 +1,7 @@
 """Every head explained, on the default model in AppTest: Head roles' summary, grid, table, exports and replacement
-curve; the card's sentence and score; Atlas's colour and filter; Explore's hover. The frame each shows is
-``explain_heads`` on the built-in corpus's halves (its scores held to transformers' attention in
-test_explain_heads.py), here read from the transformers engine's profile."""
+curve; the card's sentence, score and misses on the user's text; Atlas's colour and filter; Explore's hover. The frame
+each shows is ``explain_heads`` on the built-in paragraphs' halves (its scores held to transformers' attention in
+test_explain_heads.py), with the count on the built-in sentences' halves beside it."""
 import io
 import json
 
@@ -9,23 +9,34 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.explanations import (EXPLAINED, corpus_halves, explain_heads, read_on, replace_heads,
+from analysis.cards.card import snippet
+from analysis.explanations import (EXPLAINED, corpus_halves, explain_heads, misses, read_on, replace_heads,
                                    replacement_counts)
-from models.corpus import DEFAULT_TEXT
+from analysis.roles.rules import rule_named
+from models.corpus import DEFAULT_TEXT, paragraph_halves
 from tests.conftest import decode, downloads, figures, shown
 
 
 @pytest.fixture(scope="module")
-def explained(scratch_model):
-    return explain_heads(scratch_model, *corpus_halves())  # the halves the app explains from its profile
+def on_paragraphs(scratch_model):
+    return explain_heads(scratch_model)  # the built-in paragraphs' halves
 
 
-def test_head_roles_explains_every_head_and_replaces_the_best_explained(new_app, explained, scratch_model):
+@pytest.fixture(scope="module")
+def on_sentences(scratch_model):
+    return explain_heads(scratch_model, *corpus_halves())  # the halves the app's first form reads from its profile
+
+
+def test_head_roles_explains_every_head_and_replaces_the_best_explained(new_app, on_paragraphs, on_sentences,
+                                                                      scratch_model):
+    explained = on_paragraphs
     at = new_app(page="app_pages/roles.py")
     assert not at.exception and not at.error
     n = int(((explained["score"] >= EXPLAINED) & (explained["lift"] >= 3)).sum())
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Heads explained"] == f"{n} of 72" and 1 <= n <= 60  # 8-word sentences: few keys, little lift
+    assert metrics["Heads explained"] == f"{n} of 72" and 1 <= n <= 60
+    short = int(((on_sentences["score"] >= EXPLAINED) & (on_sentences["lift"] >= 3)).sum())
+    assert metrics["On short sentences"] == f"{short} of 72" and short < n  # 8-word sentences: few keys, little lift
     assert metrics["Mean IoU of the rows"] == f"{explained['iou'].mean():.2f}"
     grid = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("Held-out score"))
     z = decode(grid["data"][0]["z"])
@@ -46,10 +57,11 @@ def test_head_roles_explains_every_head_and_replaces_the_best_explained(new_app,
     csv = pd.read_csv(io.BytesIO(files["Explanations · CSV"]))
     assert list(csv.columns[:4]) == ["layer", "head", "rule", "family"] and len(csv) == 72
     assert [r["rule"] for r in json.loads(files["Explanations · JSON"])] == explained["rule"].tolist()
-    # a quarter of the heads, best explained first, replaced on the first 24 held-out sentences
+    # a quarter of the heads, best explained first, replaced on the first 6 held-out paragraphs
     order = explained.sort_values(["iou_full", "layer", "head"], ascending=[False, True, True])
     heads = list(zip(order["layer"], order["head"]))[:18]
-    want = replace_heads(scratch_model, explained, heads, corpus_halves()[1][:24], means_of=corpus_halves()[0])
+    fit, held = paragraph_halves()
+    want = replace_heads(scratch_model, explained, heads, held[:6], means_of=fit[:16])
     assert metrics["Unedited · cosine to the unedited embedding"] == "1.000"
     assert metrics["18 best-explained replaced"] == f"{want['replaced']:.3f}"
     assert metrics["The same 18 mean-ablated"] == f"{want['mean_ablated']:.3f}"
@@ -61,7 +73,8 @@ def test_head_roles_explains_every_head_and_replaces_the_best_explained(new_app,
     assert curve["replaced"].iloc[0] > curve["replaced"].iloc[-1]  # replacing more heads costs more
 
 
-def test_a_card_says_its_head_in_a_sentence_with_its_held_out_score(new_app, explained, scratch_model):
+def test_a_card_says_its_head_in_a_sentence_with_its_held_out_score(new_app, on_paragraphs, scratch_model):
+    explained = on_paragraphs
     at = new_app({"head": "0.2"}, page="app_pages/head.py")
     assert not at.exception
     row = explained.set_index(["layer", "head"]).loc[(0, 2)]
@@ -76,10 +89,26 @@ def test_a_card_says_its_head_in_a_sentence_with_its_held_out_score(new_app, exp
                    [scratch_model.attend(DEFAULT_TEXT)], replicates=200).iloc[0]  # the sidebar's sentence
     said = [shown(c.value) for c in (*at.caption, *at.warning) if shown(c.value).startswith("On your text: ")]
     assert said and said[0].startswith(f"On your text: {mine['score']:.2f} (IoU {mine['iou']:.2f}); on the held-out "
-                                       f"sentences: {row['score']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}]")
+                                       f"paragraphs: {row['score']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}]")
+    # where a program fails most on the sidebar's sentence, as misses finds it on transformers' attention: none for
+    # the previous-token head, some for the first head (in the frame's order) with any
+    att = scratch_model.attend(DEFAULT_TEXT)
+    assert misses([att], rule_named(row["rule"]), 0, 2).empty
+    assert not any(shown(c.value).startswith("Where its rules fail most on your text") for c in at.caption)
+    layer, head, missed = next((r.layer, r.head, m) for r in explained.itertuples()
+                               if not (m := misses([att], rule_named(r.rule), r.layer, r.head)).empty)
+    at = new_app({"head": f"{layer}.{head}"}, page="app_pages/head.py")
+    assert any(shown(c.value).startswith("Where its rules fail most on your text") for c in at.caption)
+    table = next(shown(m.value) for m in at.markdown if shown(m.value).startswith("| context | weight | on its "
+                                                                                  "rules' keys |")
+                 and snippet(att, int(missed.iloc[0].query), int(missed.iloc[0].key)) in shown(m.value))
+    assert table.count("\n") == 1 + len(missed)  # a header, its rule and a row for each miss
+    for r in missed.itertuples():
+        assert f"| {snippet(att, r.query, r.key)} | {r.weight:.2f} | {r.on_rule:.2f} |" in table
 
 
-def test_atlas_colours_by_rule_family_and_filters_the_explained(new_app, explained):
+def test_atlas_colours_by_rule_family_and_filters_the_explained(new_app, on_paragraphs):
+    explained = on_paragraphs
     at = new_app({"atlas_colour": "rule_family", "atlas_explained": "0.8"}, page="app_pages/atlas.py")
     assert not at.exception
     fig = figures(at)[0]
@@ -89,7 +118,8 @@ def test_atlas_colours_by_rule_family_and_filters_the_explained(new_app, explain
     assert families == set(explained.loc[explained["score"] >= 0.8, "family"])
 
 
-def test_explores_hover_names_each_heads_explanation(new_app, explained, scratch_model):
+def test_explores_hover_names_each_heads_explanation(new_app, on_paragraphs, scratch_model):
+    explained = on_paragraphs
     new_app(page="app_pages/roles.py")  # Head roles computes the explanations; Explore reads them, never waits on them
     at = new_app({"layer": "0"}, page="app_pages/explore.py")
     assert not at.exception

@@ -92,10 +92,10 @@ def test_the_warm_up_asks_for_what_the_pages_declare():
     """Each step is a declared result and the arguments its declaration gives, so that its key is the one a page
     asking with the same arguments builds (``Shared.key``): no key is written twice."""
     steps = warm_up.steps(REF)
-    assert [r.name for r, _ in steps] == ["profile", "profile", "explanations", "peaks", "detector", "similarity",
-                                          "writes", "importance", "proxies", "copying", *["effects"] * 6, "routes",
+    assert [r.name for r, _ in steps] == ["profile", "profile", "peaks", "detector", "similarity", "writes",
+                                          "importance", "proxies", "copying", *["effects"] * 6, "routes",
                                           "queries and keys", "curves", "task effects", "task table", "circuit scores",
-                                          "circuit curve", "atlas", "replacement"]
+                                          "circuit curve", "explanations", "atlas", "replacement"]
     # a head's card reads every one before the atlas; the Circuits page opens on the circuit steps
     from app_pages.results.pruning import LLM_SAMPLE, curves, importance
     from app_pages.ui.pruning import corpus_sample
@@ -112,7 +112,7 @@ def test_both_engines_of_a_model_ask_for_one_result_and_share_one_warm_up(warm, 
     (the detector asked for on both engines once), and opening the other engine joins the running warm-up."""
     other = ModelRef("smollm2")
     assert [r.key(*a) for r, a in warm_up.steps(other)] == [r.key(*a) for r, a in warm_up.steps(REF)]
-    assert warm_up.steps(other)[4][0].name == "detector" and warm_up.steps(other)[5][0].name != "detector"
+    assert warm_up.steps(other)[3][0].name == "detector" and warm_up.steps(other)[4][0].name != "detector"
     assert ModelRef("minilm").cache_key == ModelRef("scratch").cache_key != ModelRef("untrained").cache_key
     assert ModelRef("custom", folder="a").cache_key != ModelRef("custom", folder="b").cache_key
     monkeypatch.setattr(warm_up, "_warm", lambda job: None)  # the registry alone: nothing computed

@@ -34,8 +34,8 @@ def node_xy(node: tuple, n_layers: int, n_heads: int, reads=None) -> tuple[float
 
 def hover_point(start: tuple[float, float], end: tuple[float, float]) -> tuple[float, float]:
     """Where an edge's hover sits: its middle, moved along it to a third of a layer off the nearest layer's row where
-    it falls nearer than that (an edge spanning two layers would sit on the head between its ends, and a click meant for that head
-    would open the edge)."""
+    it falls nearer than that (an edge spanning two layers would sit on the head between its ends, and a click meant
+    for that head would open the edge)."""
     (x0, y0), (x1, y1) = start, end
     t, middle = 0.5, (y0 + y1) / 2
     row = round(middle)

@@ -329,4 +329,6 @@ def _explained(parts: CardParts, layer: int, head: int) -> dict:
     held = held_out_of(parts.attentions)
     missed = misses(held, rule_named(row["rule"]), layer, head)
     missed["snippet"] = [snippet(held[r.sentence], r.query, r.key) for r in missed.itertuples()]
+    row = row.copy()
+    row["held_out_texts"] = parts.explanations.attrs.get("held_out_texts", "text")  # what it was read on
     return {"explanation": row, "misses": missed}

@@ -151,11 +151,12 @@ def _program(rules: Sequence[Rule], shares: np.ndarray, weights: np.ndarray) -> 
 
 def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[str] | None = None, *,
                   rules: Sequence[Rule] | None = None, replicates: int = 1000, batch_size: int = 16,
-                  progress: Callable[[float], None] | None = None) -> pd.DataFrame:
+                  progress: Callable[[float], None] | None = None, **attend) -> pd.DataFrame:
     """Every head of ``model`` explained: its program fitted on ``fit`` and read on ``held_out`` (by default the
     built-in paragraphs' two halves, ``paragraph_halves``), one row per head (``COLUMNS``). The texts are attended
     ``batch_size`` at a time and each batch read as it comes: one batch's weights are held at once, not every
-    text's (SmolLM2 over the 130 paragraphs: 2 GB of weights)."""
+    text's (SmolLM2 over the 130 paragraphs: 2 GB of weights); ``attend``: ``model.attend``'s options (``head_mask``,
+    ``causal``)."""
     if fit is None and held_out is None:
         fit, held_out = paragraph_halves()
     elif fit is None or held_out is None:
@@ -167,7 +168,7 @@ def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[st
 
     def attended(texts: list[str], before: int, share: float):
         for start in range(0, len(texts), batch_size):
-            yield from model.attend(texts[start:start + batch_size], batch_size=batch_size)
+            yield from model.attend(texts[start:start + batch_size], batch_size=batch_size, **attend)
             said(share * (before + min(start + batch_size, len(texts))) / total)
 
     return _explained(attended(fit, 0, FIT_SHARE), attended(held_out, len(fit), READ_SHARE), rules, replicates,

@@ -1,54 +1,76 @@
-"""Every head's explanation (``analysis.explanations``), read from the Head roles profile of the built-in corpus, and
-what the model loses when its best-explained heads are replaced by their programs: computed once for every session."""
+"""Every head's explanation (``analysis.explanations``), fitted on half the built-in paragraphs and read on the other
+half, first from the Head roles profile's sentences (seconds), and what the model loses when its best-explained heads
+are replaced by their programs: computed once for every session."""
 from __future__ import annotations
 
 import pandas as pd
 
-from analysis.explanations import corpus_halves, explain_corpus, replacement_counts, replacement_curve
-from models.corpus import CORPUS
+from analysis import head_mask
+from analysis.explanations import explain_corpus, explain_heads, replacement_counts, replacement_curve
+from models.corpus import CORPUS, paragraph_halves
 
 from .models import ModelRef, cached_model
 from .profiles import corpus_profile
-from .shared import Bar, Warm, shared, spinner
+from .shared import Bar, First, Warm, shared, spinner
+
+PARAGRAPHS, SENTENCES = "paragraphs", "sentences"  # the texts a head is explained on: prose, or the short sentences
+ON = {PARAGRAPHS: "the built-in paragraphs", SENTENCES: "the built-in sentences"}
 
 
-def _unmasked(ref: ModelRef) -> list[tuple]:
-    return [(ref, False, ())]
+def _on_sentences(ref: ModelRef, causal: bool, heads_off: tuple, texts: str) -> tuple:
+    return ref, causal, heads_off, SENTENCES
 
 
-@shared("explanations", entries=8, copy=True, waiting="Explaining every head", warm=Warm(1.2, _unmasked))
-def explanations(ref: ModelRef, causal: bool, heads_off: tuple) -> pd.DataFrame:
-    """Each head's program, fitted on alternate sentences of the built-in corpus and read on the others
-    (``explain_corpus``), from the attention its Head roles profile holds: seconds once the profile is ready."""
-    _, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
-    with spinner(f"Scoring every rule for every head over {len(attentions)} sentences…"):
-        return explain_corpus(attentions)
+@shared("explanations", entries=8, copy=True, waiting="Explaining every head on the built-in paragraphs",
+        warm=Warm(12, lambda ref: [(ref, False, (), PARAGRAPHS)]),
+        first=First(_on_sentences, "every head explained on the built-in sentences, where 8 words leave a query so "
+                                   "few keys that chance scores high"))
+def explanations(ref: ModelRef, causal: bool, heads_off: tuple, texts: str = PARAGRAPHS) -> pd.DataFrame:
+    """Each head's program fitted on alternate paragraphs of the built-in prose and read on the others
+    (``explain_heads``, about 10 s for MiniLM and 45 s for SmolLM2 on two cores); on ``SENTENCES``, on alternate
+    sentences of the built-in corpus (``explain_corpus``) from the attention its Head roles profile holds: seconds
+    once the profile is ready."""
+    if texts == SENTENCES:
+        _, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
+        with spinner(f"Scoring every rule for every head over {len(attentions)} sentences…"):
+            found = explain_corpus(attentions)
+    else:
+        model = cached_model(ref)
+        bar = Bar(f"Explaining every head over {sum(map(len, paragraph_halves()))} paragraphs")
+        found = explain_heads(model, head_mask=head_mask(model, heads_off), causal=causal,
+                              progress=lambda share: bar(round(share * 100), 100))
+        bar.empty()
+    found.attrs["held_out_texts"] = texts  # what a page names the held-out text
+    return found
 
 
 CURVE = "every"  # the curve at ``replacement_counts``; FIRST: only a quarter of the heads
 FIRST = "quarter"
-FIRST_TEXTS = 24  # held-out sentences the first form measures on: seconds, where the whole curve takes a minute
+FIRST_TEXTS, CURVE_TEXTS, MEANS_TEXTS = 6, 24, 16  # held-out paragraphs measured on first and for the curve, and fit
+# paragraphs the means are taken over: seconds first, where the whole curve takes a minute
 
 
 def first_replacement(ref: ModelRef) -> tuple:
-    """What the page shows first: a quarter of the heads replaced, on the first held-out sentences."""
-    return ref, corpus_halves()[1][:FIRST_TEXTS], FIRST
+    """What the page shows first: a quarter of the heads replaced, on the first held-out paragraphs."""
+    return ref, paragraph_halves()[1][:FIRST_TEXTS], FIRST
 
 
 def whole_replacement(ref: ModelRef) -> tuple:
-    """The curve over the held-out half of the built-in corpus, on request."""
-    return ref, corpus_halves()[1], CURVE
+    """The curve over more of the held-out paragraphs, on request."""
+    return ref, paragraph_halves()[1][:CURVE_TEXTS], CURVE
 
 
 @shared("replacement", entries=8, copy=True, waiting="Replacing heads by their programs",
         warm=Warm(21, lambda ref: [first_replacement(ref)]))  # the first form only: the whole curve on request
 def replacement(ref: ModelRef, texts: list[str], counts: str) -> pd.DataFrame:
-    """The best-explained heads replaced by their programs and mean-ablated (``replacement_curve``) on ``texts``:
-    ``counts`` "every" (``replacement_counts``), or "quarter" (a quarter of the heads alone)."""
-    found = explanations(ref, False, ())
+    """The best-explained heads replaced by their programs and mean-ablated (``replacement_curve``, the means over
+    the first fit paragraphs) on ``texts``: ``counts`` "every" (``replacement_counts``), or "quarter" (a quarter of
+    the heads alone)."""
+    found = explanations(ref, False, (), PARAGRAPHS)
     n = len(found)
     ks = replacement_counts(n) if counts == CURVE else [max(1, round(n / 4))]
-    bar = Bar(f"Replacing the best-explained heads by their programs, {len(ks)} sizes on {len(texts)} sentences")
-    curve = replacement_curve(cached_model(ref), found, texts, counts=ks, means_of=corpus_halves()[0], progress=bar)
+    bar = Bar(f"Replacing the best-explained heads by their programs, {len(ks)} sizes on {len(texts)} paragraphs")
+    curve = replacement_curve(cached_model(ref), found, texts, counts=ks, means_of=paragraph_halves()[0][:MEANS_TEXTS],
+                              progress=bar)
     bar.empty()
     return curve

@@ -11,7 +11,9 @@ from analysis.effects import own_readout
 from analysis.cards.card import HeadCard
 from analysis.effects.routes import flow_heads
 from analysis.attention.views import token_label
-from analysis.explanations import read_on
+from analysis.cards.card import snippet
+from analysis.explanations import misses, read_on
+from analysis.roles.rules import rule_named
 from models import HeadLensError, head_label
 from viz import head_heatmap, text_shading
 from viz.effects import vocabulary_bars
@@ -71,20 +73,32 @@ def on_text(s: Settings, layer: int, head: int, text: str, shown: tuple[str, str
 CONTRADICTS = 0.15  # a score this far under the held-out one: the user's text does not bear the program out
 
 
-def _on_your_text(s: Settings, e, text: str) -> None:
-    """The head's program read on the user's sentence beside its held-out reading, and a warning where the sentence
-    does not bear it out."""
+def _on_your_text(s: Settings, e, text: str, layer: int, head: int) -> None:
+    """The head's program read on the user's sentence beside its held-out reading, a warning where the sentence
+    does not bear it out, and the queries of the sentence where its rules fail most."""
+    att = attention(s, text)
     try:
-        mine = read_on(pd.DataFrame([e]), [attention(s, text)], replicates=200).iloc[0]
+        mine = read_on(pd.DataFrame([e]), [att], replicates=200).iloc[0]
     except HeadLensError:  # a sentence with no query to read (a decoder's single token)
         return
-    said = (f"On your text: {mine['score']:.2f} (IoU {mine['iou']:.2f}); on the held-out sentences: {e['score']:.2f} "
-            f"[{e['lo']:.2f}, {e['hi']:.2f}] (IoU {e['iou']:.2f}).")
+    said = (f"On your text: {mine['score']:.2f} (IoU {mine['iou']:.2f}); on the held-out {held_out(e)}: "
+            f"{e['score']:.2f} [{e['lo']:.2f}, {e['hi']:.2f}] (IoU {e['iou']:.2f}).")
     if mine["score"] < e["score"] - CONTRADICTS:
         st.warning(said + " Your text does not bear this explanation out: on it the head gives its rules' keys "
                    "less of its weight.", icon=":material/report:")
     else:
         st.caption(said)
+    missed = misses([att], rule_named(e["rule"]), layer, head)
+    if not missed.empty:
+        st.caption("Where its rules fail most on your text: a «query» that gives their keys little weight, and the "
+                   "[key] it attends to instead.")
+        st.markdown(markdown_table([{"context": snippet(att, r.query, r.key), "weight": f"{r.weight:.2f}",
+                                     "on its rules' keys": f"{r.on_rule:.2f}"} for r in missed.itertuples()]))
+
+
+def held_out(e) -> str:
+    """What a head's explanation ``e`` was read on: "paragraphs", "sentences" or "text"."""
+    return str(e.get("held_out_texts", "text"))
 
 
 def over_corpus(card: HeadCard, n_sentences: int) -> None:
@@ -115,8 +129,9 @@ def over_corpus(card: HeadCard, n_sentences: int) -> None:
 
 
 def explained(card: HeadCard, s: Settings | None = None, text: str | None = None) -> None:
-    """The program of rules that best predicts where the head attends, fitted on half of the built-in corpus and read
-    on the other half, read on the user's ``text`` too, and the held-out queries where its rules fail most."""
+    """The program of rules that best predicts where the head attends, fitted on half of the built-in paragraphs (or
+    sentences, first) and read on the other half, read on the user's ``text`` too, and the queries where its rules
+    fail most, held out and in that text."""
     st.subheader("Explained in a sentence")
     e = card.explanation
     if e is None:
@@ -125,9 +140,9 @@ def explained(card: HeadCard, s: Settings | None = None, text: str | None = None
     st.markdown(plain(f"{card.name} {e['sentence']}."))
     cols = st.columns(4)
     cols[0].metric("Held-out score", f"{e['score']:.2f}", help="The mean over queries of its attention on its rules' "
-                   "keys, on sentences the program was not fitted on" + (" (the first token set aside, each query's "
-                   "other weights renormalised)" if card.decoder else "") + f". Explained from {EXPLAINED} with a "
-                   f"lift of {EXPLAINED_LIFT:g} or more.")
+                   f"keys, on {held_out(e)} the program was not fitted on" + (" (the first token set aside, each "
+                   "query's other weights renormalised)" if card.decoder else "") + f". Explained from {EXPLAINED} "
+                   f"with a lift of {EXPLAINED_LIFT:g} or more.")
     cols[0].caption(f"[{e['lo']:.2f}, {e['hi']:.2f}], 95% interval")
     cols[1].metric("Lift over uniform", f"{e['lift']:.1f}×", help="Its score over that of attention spread evenly "
                    "over the keys each query sees.")
@@ -138,7 +153,7 @@ def explained(card: HeadCard, s: Settings | None = None, text: str | None = None
     cols[3].metric("Queries it names keys for", f"{e['coverage']:.0%}", help="A query its rules name no key for "
                    "counts 0.")
     if s is not None and text:
-        _on_your_text(s, e, text)
+        _on_your_text(s, e, text, card.layer, card.head)
     if card.misses is not None and not card.misses.empty:
         st.caption("Where its rules fail most on the held-out sentences: a «query» that gives their keys little "
                    "weight, and the [key] it attends to instead.")

@@ -11,7 +11,8 @@ from analysis.explanations import read_on
 from models import HeadLensError
 from viz.explanations import explained_grid, replacement_chart
 
-from ..results.explanations import explanations, first_replacement, replacement, whole_replacement
+from ..results.explanations import (PARAGRAPHS, SENTENCES, explanations, first_replacement, replacement,
+                                   whole_replacement)
 from ..results.models import ModelRef
 from .card_links import click_picks_head
 from .exports import chart, file_name
@@ -20,39 +21,43 @@ SHOWN = ["layer", "head", "program", "score", "lo", "hi", "coverage", "lift", "i
          "lift_positional", "sink_share"]
 
 
-def explained_now(ref: ModelRef, causal: bool, heads_off: tuple) -> pd.DataFrame | None:
-    """Every head's explanation, or None while the server's preparation holds it (the page is drawn without it,
-    then again with it)."""
-    args = (ref, causal, heads_off)
-    return None if explanations.later(*args) else explanations(*args)
+def explained_now(ref: ModelRef, causal: bool, heads_off: tuple) -> pd.DataFrame:
+    """Every head's explanation on the built-in paragraphs; while they are explained (seconds to a minute on a cold
+    server), its first form on the built-in sentences under a note, the paragraphs' drawn in its place once ready."""
+    return explanations(*explanations.now(ref, causal, heads_off, PARAGRAPHS))
 
 
-def every_head_explained(ref: ModelRef, found: pd.DataFrame | None, sentences: list[str] = (),
+def every_head_explained(ref: ModelRef, causal: bool, heads_off: tuple, found: pd.DataFrame, sentences: list[str] = (),
                          attend=None) -> None:
     """The section: a summary, the grid of held-out scores (a click opens a card), the table (with each program's
     score on the user's ``sentences``, read from ``attend(text)``'s attention), the replacement curve, and the
     exports; ``found``: ``explained_now``'s."""
     st.subheader("Every head explained in a sentence")
-    if found is None:
-        st.caption("Every head's explanation is being prepared for every session and takes its place here when it "
-                   "is ready.")
-        return
+    on = found.attrs.get("held_out_texts", SENTENCES)
     n, explained = len(found), int(explained_heads(found).sum())
-    cols = st.columns(3)
-    cols[0].metric("Heads explained", f"{explained} of {n}", help=f"Held-out score {EXPLAINED} or more, on keys few "
-                   f"enough for a lift of {EXPLAINED_LIFT:g} or more over uniform attention.")
-    cols[1].metric("Median held-out score", f"{found['score'].median():.2f}")
-    cols[2].metric("Mean IoU of the rows", f"{found['iou'].mean():.2f}", help="How much of each query's row the "
+    cols = st.columns(4)
+    cols[0].metric("Heads explained", f"{explained} of {n}", help=f"On the held-out {on}: a score of {EXPLAINED} or "
+                   f"more, on keys few enough for a lift of {EXPLAINED_LIFT:g} or more over uniform attention.")
+    if on == PARAGRAPHS:
+        short = explanations(ref, causal, heads_off, SENTENCES)
+        cols[1].metric("On short sentences", f"{int(explained_heads(short).sum())} of {n}", help="The same measure "
+                       "with each program fitted and read on the built-in 8-word sentences: a query there sees so few "
+                       "keys that a rule naming some of them scores high by chance, and the lift rules it out.")
+    cols[2].metric("Median held-out score", f"{found['score'].median():.2f}")
+    cols[3].metric("Mean IoU of the rows", f"{found['iou'].mean():.2f}", help="How much of each query's row the "
                    "program predicts: Σ min / Σ max of the predicted and the actual rows on the content keys, over "
                    "the held-out queries (1: every row exactly).")
     aside = (", the first token set aside (its share is the sink share) and each query's other weights renormalised"
              if found.attrs.get("causal") else "")
-    st.caption("Each head's program is at most three rules with their weights, fitted to its attention on alternate "
-               "sentences of the built-in corpus, plus the first token's share and an even spread for the rest; its "
-               "score is the mean over queries of the head's attention on the rules' keys on the other sentences, "
-               f"with a 95% interval{aside}. A query the rules name no key for counts 0.")
+    texts = (f"alternate paragraphs of the built-in prose ({found.attrs.get('fit', 0)} + "
+             f"{found.attrs.get('held_out', 0)} paragraphs of 80-130 words)" if on == PARAGRAPHS else
+             "alternate sentences of the built-in corpus")
+    st.caption(f"Each head's program is at most three rules with their weights, fitted to its attention on {texts}, "
+               "plus the first token's share and an even spread for the rest; its score is the mean over queries of "
+               f"the head's attention on the rules' keys on the other {on}, with a 95% interval{aside}. A query the "
+               "rules name no key for counts 0.")
     grid = explained_grid(found, threshold=EXPLAINED, lift=EXPLAINED_LIFT,
-                          title=f"Held-out score of each head's program · {explained} of {n} explained")
+                          title=f"Held-out score of each head's program on {on} · {explained} of {n} explained")
     click_picks_head(chart(grid, "explained-grid", on_select="rerun", selection_mode="points"), "explained-grid",
                      grid, int(found["head"].max()) + 1)
     table = found[SHOWN]
@@ -66,7 +71,7 @@ def every_head_explained(ref: ModelRef, found: pd.DataFrame | None, sentences: l
     right.download_button("Explanations · JSON", lambda: found.to_json(orient="records", indent=1),
                           file_name("explanations", ext="json"), "application/json", key="explained-json",
                           on_click="ignore")
-    _replaced(ref)
+    _replaced(ref, on == PARAGRAPHS)
 
 
 ON_YOURS = 0.15  # a program scoring this far under its held-out score on the user's sentences is flagged
@@ -93,7 +98,8 @@ def explained_in(s, layer: int, att=None) -> dict[int, str]:
     """Each head of ``layer``'s explanation, in a line, once computed for the sidebar's model (Head roles, a card or
     the server's preparation computes it; Explore does not wait for it); with ``att`` (the text shown), its program's
     score on that text too."""
-    found = explanations.peek(s.model, s.causal, s.heads_off)
+    found = next((f for f in (explanations.peek(s.model, s.causal, s.heads_off, on) for on in (PARAGRAPHS, SENTENCES))
+                  if f is not None), None)
     if found is None:
         return {}
     rows = found[found["layer"] == layer]
@@ -108,10 +114,13 @@ def explained_in(s, layer: int, att=None) -> dict[int, str]:
             for r in rows.itertuples()}
 
 
-def _replaced(ref: ModelRef) -> None:
-    """What the model loses with its best-explained heads replaced: a quarter of them on a few held-out sentences
-    first, the whole curve on request."""
+def _replaced(ref: ModelRef, ready: bool) -> None:
+    """What the model loses with its best-explained heads replaced: a quarter of them on a few held-out paragraphs
+    first, the whole curve on request; once the paragraphs' programs are ``ready``."""
     st.markdown("**Replaced by their programs**")
+    if not ready:
+        st.caption("The best-explained heads are replaced by their paragraphs' programs here once those are ready.")
+        return
     whole = whole_replacement(ref)
     curve = replacement.peek(*whole)
     if curve is None:
@@ -121,7 +130,7 @@ def _replaced(ref: ModelRef) -> None:
                        "here when it is ready.")
             return
         curve = replacement(*first)
-        if st.button(f"The whole curve, on {len(whole[1])} held-out sentences", key="explained-whole",
+        if st.button(f"The whole curve, on {len(whole[1])} held-out paragraphs", key="explained-whole",
                      icon=":material/show_chart:", help="The 1, 2, 4 best-explained heads, a tenth, a quarter, a half "
                      "and all of them replaced, each beside the same heads mean-ablated (SmolLM2: about a minute on "
                      "two cores), then shared."):
@@ -143,7 +152,7 @@ def _replaced(ref: ModelRef) -> None:
                    f"{row['mean_ablated'] - row['unedited']:+.3f}", delta_color=worse)
     st.caption("Each head's attention replaced by the rows its program predicts (its rules' keys by their weights, "
                "the rest evenly, the first token keeping the head's mean share), against the same heads "
-               f"mean-ablated, on {curve.attrs.get('texts', '')} held-out sentences. Heads are replaced best "
+               f"mean-ablated, on {curve.attrs.get('texts', '')} held-out paragraphs. Heads are replaced best "
                "predicted first (the IoU of their whole rows).")
     st.dataframe(curve.style.format(precision=4), hide_index=True, key="explained-curve")
     st.download_button("Replacement · CSV", lambda: curve.to_csv(index=False), file_name("replacement", ext="csv"),
