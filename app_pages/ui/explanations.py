@@ -43,6 +43,9 @@ def every_head_explained(ref: ModelRef, causal: bool, heads_off: tuple, found: p
         cols[1].metric("On short sentences", f"{int(explained_heads(short).sum())} of {n}", help="The same measure "
                        "with each program fitted and read on the built-in 8-word sentences: a query there sees so few "
                        "keys that a rule naming some of them scores high by chance, and the lift rules it out.")
+    else:  # the first form: the paragraphs' count is on its way
+        cols[1].metric("On paragraphs", "…", help="Every head is being explained on the built-in paragraphs; their "
+                       "count takes this place when it is ready.")
     cols[2].metric("Median held-out score", f"{found['score'].median():.2f}")
     cols[3].metric("Mean IoU of the rows", f"{found['iou'].mean():.2f}", help="How much of each query's row the "
                    "program predicts: Σ min / Σ max of the predicted and the actual rows on the content keys, over "
