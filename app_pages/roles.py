@@ -48,8 +48,8 @@ st.caption(f"Labels: positional above {THRESHOLDS['positional']}; a focus when t
 
 st.subheader("Every head")
 table = frame[["layer", "head", "label", "secondary", *scores, "dep_relation", "dep_base"]]
-# each head's program (below), on the built-in paragraphs; first on the built-in sentences, under a note
-explained = explained_now(s.model, s.causal, s.heads_off)
+# each head's program (below), on the built-in paragraphs once computed; until then on the built-in sentences
+explained, coming = explained_now(s.model, s.causal, s.heads_off)
 table = table.merge(explained[["layer", "head", "rule", "score"]].rename(columns={"score": "explained"}),
                     on=["layer", "head"], how="left")
 st.dataframe(table.style.format(precision=2), hide_index=True, key="roles-table")
@@ -96,4 +96,5 @@ else:
     similar(profiled, layer, head)
 if s.model.choice in LLM:
     show_decoder_heads(s.model)
-every_head_explained(s.model, s.causal, s.heads_off, explained, s.sentences, lambda text: attention(s, text))
+every_head_explained(s.model, s.causal, s.heads_off, explained, coming, s.sentences,
+                     lambda text: attention(s, text))

@@ -17,7 +17,14 @@ HEAD, ATLAS = "app_pages/head.py", "app_pages/atlas.py"
 
 @pytest.fixture(scope="module")
 def minilm_parts(hf_model):
-    return card_parts(hf_model)
+    """Every head's card parts computed directly; their explanations (on the built-in paragraphs) handed to the app as
+    the server's preparation of the default model hands them (``app_pages.ui.preload``), computed once."""
+    from app_pages.results.explanations import explanations, paragraphs
+    from app_pages.results.models import ModelRef
+
+    parts = card_parts(hf_model)
+    explanations.cache.put(explanations.key(*paragraphs(ModelRef("minilm"), False, ())), parts.explanations)
+    return parts
 
 
 def table(at, first: str) -> pd.DataFrame:

@@ -170,7 +170,8 @@ def _check(frame, folder, model, fit, held_out, causal, heads=12):
 
 def test_an_encoders_heads_are_explained_on_text_they_were_not_fitted_on(scratch_model, minilm_dir):
     frame = explain_heads(scratch_model, FIT, HELD_OUT, replicates=1000)
-    assert len(frame) == 72 and frame.attrs == {"causal": False, "fit": len(FIT), "held_out": len(HELD_OUT)}
+    assert len(frame) == 72 and frame.attrs == {"causal": False, "fit": len(FIT), "held_out": len(HELD_OUT),
+                                                    "held_out_texts": "texts"}
     _check(frame, minilm_dir, scratch_model, FIT, HELD_OUT, causal=False)
     assert explained_share(frame) == pytest.approx(((frame["score"] >= EXPLAINED) & (frame["lift"] >= 3)).mean())
     l0h2 = frame.set_index(["layer", "head"]).loc[(0, 2)]  # MiniLM's previous-token head
@@ -203,7 +204,8 @@ def test_texts_attended_a_few_at_a_time_give_the_same_programs(scratch_model):
     whole = explain_attentions(scratch_model.attend(FIT), scratch_model.attend(HELD_OUT), replicates=50)
     said = []
     few = explain_heads(scratch_model, FIT, HELD_OUT, replicates=50, batch_size=3, progress=said.append)
-    assert few[["rule", "program"]].equals(whole[["rule", "program"]]) and few.attrs == whole.attrs
+    assert few[["rule", "program"]].equals(whole[["rule", "program"]])
+    assert few.attrs == {**whole.attrs, "held_out_texts": "texts"}
     for name in ("score", "lo", "hi", "iou", "iou_full", "lift", "sink_weight"):
         np.testing.assert_allclose(few[name], whole[name], rtol=1e-6, atol=1e-7, err_msg=name)
     assert said == sorted(said) and said[-1] == 1.0 and len(said) > 6  # each batch of three, and each stage

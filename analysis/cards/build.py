@@ -23,7 +23,7 @@ from .atlas import atlas_frame, heads_like
 from ..roles.detector import LENGTH, SENTENCES, SEQUENCES, detector_labels, head_detector
 from ..effects import logit_attribution, own_readout, patch_heads, readout_for
 from .card import CardParts, HeadCard, Peaks, Writes, card_from, corpus_peaks, corpus_writes
-from ..explanations import explain_corpus
+from ..explanations import explain_corpus, explain_heads
 from ..pruning.importance import head_importance
 from ..qk_attribution.pictures import qk_embedding, qk_vectors
 from ..roles.measure import measure_heads
@@ -63,7 +63,7 @@ class CardSource(Protocol):
 
     def profile(self) -> tuple[pd.DataFrame, list]: ...               # Head roles' frame, the corpus' attention
     def peaks(self, attentions: list) -> Peaks: ...
-    def explanations(self, attentions: list) -> pd.DataFrame | None: ...  # explain_corpus; None: not ready
+    def explanations(self, attentions: list) -> pd.DataFrame | None: ...  # explain_heads; None: not ready
     def importance(self) -> pd.DataFrame | None: ...                  # None: not measured
     def pictures(self) -> dict | None: ...                            # queries and keys, None: not drawn
     def decoder(self) -> bool: ...
@@ -111,6 +111,7 @@ class Computed:
     task_given: tuple[str, int] | None = TASK
     importance_too: bool = True
     progress: object = None
+    paragraphs: bool = True  # explanations on the built-in paragraphs; False: on ``sentences``' halves
 
     def profile(self):
         attentions = self.model.attend(self.sentences, progress=self.progress)
@@ -120,7 +121,11 @@ class Computed:
         return corpus_peaks(attentions)
 
     def explanations(self, attentions):
-        return explain_corpus(attentions)
+        if self.paragraphs:
+            return explain_heads(self.model)  # the built-in paragraphs' halves
+        found = explain_corpus(attentions)
+        found.attrs["held_out_texts"] = "sentences"
+        return found
 
     def decoder(self) -> bool:
         return is_decoder(self.model)
@@ -173,13 +178,13 @@ class Computed:
 def card_parts(model: AttentionModel, *, sentences: Sequence[str] | None = None, pairs: dict | None = None,
                task: tuple[str, int] | None = TASK, importance: bool = True, progress=None) -> CardParts:
     """Every head's card parts, each as its page computes it (``assemble`` over ``Computed``): Head roles over
-    ``sentences`` (the built-in corpus) and each head's explanation (fitted on alternate sentences, scored on the
-    others: ``analysis.explanations.explain_corpus``), and for a decoder the head detector, the OV copying scores, each of
-    ``pairs`` (the built-in pairs) attributed and patched exactly, ``task`` (a generator's name and its pairs; None
-    for none) by attribution patching, and (``importance``) each head's importance by gradient on Pruning's
-    sample."""
+    ``sentences`` (the built-in corpus) and each head's explanation (fitted on alternate built-in paragraphs, scored
+    on the others: ``analysis.explanations.explain_heads``; given ``sentences``, on alternate ones of those), and for
+    a decoder the head detector, the OV copying scores, each of ``pairs`` (the built-in pairs) attributed and patched
+    exactly, ``task`` (a generator's name and its pairs; None for none) by attribution patching, and
+    (``importance``) each head's importance by gradient on Pruning's sample."""
     return assemble(Computed(model, list(CORPUS if sentences is None else sentences), pairs, task, importance,
-                             progress))
+                             progress, paragraphs=sentences is None))
 
 
 def head_card(model: AttentionModel, layer: int, head: int, *, parts: CardParts | None = None,

@@ -174,7 +174,7 @@ class CardParts:
     qk: dict | None = None                     # (layer, head) -> qk_embedding frame (Queries & keys)
     windows: tuple | None = None               # each layer's sliding window, None for a global layer
     decoder: bool = False                      # a decoder's card (its parts above may be missing while prepared)
-    explanations: pd.DataFrame | None = None   # explain_corpus over ``attentions`` (each head's rule, held out)
+    explanations: pd.DataFrame | None = None   # explain_heads (each head's program, held out)
 
 
 def _row(frame: pd.DataFrame | None, layer: int, head: int) -> pd.Series | None:

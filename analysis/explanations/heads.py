@@ -157,6 +157,7 @@ def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[st
     ``batch_size`` at a time and each batch read as it comes: one batch's weights are held at once, not every
     text's (SmolLM2 over the 130 paragraphs: 2 GB of weights); ``attend``: ``model.attend``'s options (``head_mask``,
     ``causal``)."""
+    on = "paragraphs" if fit is None and held_out is None else "texts"  # what the frame says it was read on
     if fit is None and held_out is None:
         fit, held_out = paragraph_halves()
     elif fit is None or held_out is None:
@@ -171,8 +172,10 @@ def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[st
             yield from model.attend(texts[start:start + batch_size], batch_size=batch_size, **attend)
             said(share * (before + min(start + batch_size, len(texts))) / total)
 
-    return _explained(attended(fit, 0, FIT_SHARE), attended(held_out, len(fit), READ_SHARE), rules, replicates,
-                      said)
+    frame = _explained(attended(fit, 0, FIT_SHARE), attended(held_out, len(fit), READ_SHARE), rules, replicates,
+                       said)
+    frame.attrs["held_out_texts"] = on
+    return frame
 
 
 FIT_SHARE, READ_SHARE = 0.45, 0.95  # the progress reported once the fit texts, then the held-out ones, are read

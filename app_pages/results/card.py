@@ -22,7 +22,7 @@ from models.corpus import CORPUS, corpus_sample
 
 from .detector import detected
 from .effects import cheap_copying, copying, effects
-from .explanations import PARAGRAPHS, explanations
+from .explanations import explained_for, explanations, paragraphs
 from .models import LLM, ModelRef, cached_model
 from .profiles import corpus_profile
 from .pruning import SAMPLE, first_measured, importance
@@ -123,8 +123,8 @@ class FromPages:
         return peaks(self.ref, self.causal, self.heads_off)
 
     def explanations(self, attentions):
-        args = (self.ref, self.causal, self.heads_off, PARAGRAPHS)
-        return explanations(*(explanations.now(*args) if self.first else args))  # first: the sentences' for now
+        args = (self.ref, self.causal, self.heads_off)
+        return explanations(*(explained_for(*args)[0] if self.first else paragraphs(*args)))  # first: what is ready
 
     def importance(self):
         scratch = self.ref.editable()

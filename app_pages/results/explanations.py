@@ -11,20 +11,14 @@ from models.corpus import CORPUS, paragraph_halves
 
 from .models import ModelRef, cached_model
 from .profiles import corpus_profile
-from .shared import Bar, First, Warm, shared, spinner
+from .shared import Bar, Warm, shared, spinner
 
 PARAGRAPHS, SENTENCES = "paragraphs", "sentences"  # the texts a head is explained on: prose, or the short sentences
 ON = {PARAGRAPHS: "the built-in paragraphs", SENTENCES: "the built-in sentences"}
 
 
-def _on_sentences(ref: ModelRef, causal: bool, heads_off: tuple, texts: str) -> tuple:
-    return ref, causal, heads_off, SENTENCES
-
-
 @shared("explanations", entries=8, copy=True, waiting="Explaining every head on the built-in paragraphs",
-        warm=Warm(12, lambda ref: [(ref, False, (), PARAGRAPHS)]),
-        first=First(_on_sentences, "every head explained on the built-in sentences, where 8 words leave a query so "
-                                   "few keys that chance scores high"))
+        warm=Warm(12, lambda ref: [(ref, False, (), PARAGRAPHS)]))
 def explanations(ref: ModelRef, causal: bool, heads_off: tuple, texts: str = PARAGRAPHS) -> pd.DataFrame:
     """Each head's program fitted on alternate paragraphs of the built-in prose and read on the others
     (``explain_heads``, about 10 s for MiniLM and 45 s for SmolLM2 on two cores); on ``SENTENCES``, on alternate
@@ -42,6 +36,23 @@ def explanations(ref: ModelRef, causal: bool, heads_off: tuple, texts: str = PAR
         bar.empty()
     found.attrs["held_out_texts"] = texts  # what a page names the held-out text
     return found
+
+
+def explained_for(ref: ModelRef, causal: bool, heads_off: tuple) -> tuple[tuple, bool]:
+    """The arguments of the explanations a page shows at once, and whether the paragraphs' are on their way: those
+    when computed; else the sentences' (seconds, from the Head roles profile), and (True) the paragraphs' drawn in
+    their place once the server's preparation, which then takes them next, has them. With no preparation under way
+    they are computed on request (``explanations(*paragraphs(...))``: 10 s to a minute)."""
+    full = paragraphs(ref, causal, heads_off)
+    if explanations.peek(*full) is not None:
+        return full, False
+    coming = explanations.later(*full, says="Every head is explained on the built-in sentences for now. On the "
+                                            "paragraphs, its explanation")
+    return (ref, causal, heads_off, SENTENCES), coming
+
+
+def paragraphs(ref: ModelRef, causal: bool, heads_off: tuple) -> tuple:
+    return ref, causal, heads_off, PARAGRAPHS
 
 
 CURVE = "every"  # the curve at ``replacement_counts``; FIRST: only a quarter of the heads

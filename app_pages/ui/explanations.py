@@ -11,8 +11,8 @@ from analysis.explanations import read_on
 from models import HeadLensError
 from viz.explanations import explained_grid, replacement_chart
 
-from ..results.explanations import (PARAGRAPHS, SENTENCES, explanations, first_replacement, replacement,
-                                   whole_replacement)
+from ..results.explanations import (PARAGRAPHS, SENTENCES, explained_for, explanations, first_replacement,
+                                   paragraphs, replacement, whole_replacement)
 from ..results.models import ModelRef
 from .card_links import click_picks_head
 from .exports import chart, file_name
@@ -21,17 +21,19 @@ SHOWN = ["layer", "head", "program", "score", "lo", "hi", "coverage", "lift", "i
          "lift_positional", "sink_share"]
 
 
-def explained_now(ref: ModelRef, causal: bool, heads_off: tuple) -> pd.DataFrame:
-    """Every head's explanation on the built-in paragraphs; while they are explained (seconds to a minute on a cold
-    server), its first form on the built-in sentences under a note, the paragraphs' drawn in its place once ready."""
-    return explanations(*explanations.now(ref, causal, heads_off, PARAGRAPHS))
+def explained_now(ref: ModelRef, causal: bool, heads_off: tuple) -> tuple[pd.DataFrame, bool]:
+    """Every head's explanation on the built-in paragraphs once computed (the server prepares them); until then on the
+    built-in sentences (seconds), and whether the paragraphs' are drawn in their place when the server's preparation
+    has them (True), or computed on a button (``every_head_explained``)."""
+    args, coming = explained_for(ref, causal, heads_off)
+    return explanations(*args), coming
 
 
-def every_head_explained(ref: ModelRef, causal: bool, heads_off: tuple, found: pd.DataFrame, sentences: list[str] = (),
-                         attend=None) -> None:
+def every_head_explained(ref: ModelRef, causal: bool, heads_off: tuple, found: pd.DataFrame, coming: bool = False,
+                         sentences: list[str] = (), attend=None) -> None:
     """The section: a summary, the grid of held-out scores (a click opens a card), the table (with each program's
     score on the user's ``sentences``, read from ``attend(text)``'s attention), the replacement curve, and the
-    exports; ``found``: ``explained_now``'s."""
+    exports; ``found`` and ``coming``: ``explained_now``'s."""
     st.subheader("Every head explained in a sentence")
     on = found.attrs.get("held_out_texts", SENTENCES)
     n, explained = len(found), int(explained_heads(found).sum())
@@ -43,9 +45,9 @@ def every_head_explained(ref: ModelRef, causal: bool, heads_off: tuple, found: p
         cols[1].metric("On short sentences", f"{int(explained_heads(short).sum())} of {n}", help="The same measure "
                        "with each program fitted and read on the built-in 8-word sentences: a query there sees so few "
                        "keys that a rule naming some of them scores high by chance, and the lift rules it out.")
-    else:  # the first form: the paragraphs' count is on its way
-        cols[1].metric("On paragraphs", "…", help="Every head is being explained on the built-in paragraphs; their "
-                       "count takes this place when it is ready.")
+    else:  # the first form: the paragraphs' count is on its way, or on request
+        cols[1].metric("On paragraphs", "…", help="Every head explained on the built-in paragraphs: its count takes "
+                       "this place once computed.")
     cols[2].metric("Median held-out score", f"{found['score'].median():.2f}")
     cols[3].metric("Mean IoU of the rows", f"{found['iou'].mean():.2f}", help="How much of each query's row the "
                    "program predicts: Σ min / Σ max of the predicted and the actual rows on the content keys, over "
@@ -59,6 +61,8 @@ def every_head_explained(ref: ModelRef, causal: bool, heads_off: tuple, found: p
                "plus the first token's share and an even spread for the rest; its score is the mean over queries of "
                f"the head's attention on the rules' keys on the other {on}, with a 95% interval{aside}. A query the "
                "rules name no key for counts 0.")
+    if on == SENTENCES and not coming:  # no preparation brings the paragraphs'
+        _explain_paragraphs(ref, causal, heads_off)
     grid = explained_grid(found, threshold=EXPLAINED, lift=EXPLAINED_LIFT,
                           title=f"Held-out score of each head's program on {on} · {explained} of {n} explained")
     click_picks_head(chart(grid, "explained-grid", on_select="rerun", selection_mode="points"), "explained-grid",
@@ -75,6 +79,17 @@ def every_head_explained(ref: ModelRef, causal: bool, heads_off: tuple, found: p
                           file_name("explanations", ext="json"), "application/json", key="explained-json",
                           on_click="ignore")
     _replaced(ref, on == PARAGRAPHS)
+
+
+def _explain_paragraphs(ref: ModelRef, causal: bool, heads_off: tuple) -> None:
+    """A button computing every head's program on the built-in paragraphs, then shared with every session."""
+    st.caption("Short sentences leave a query so few keys that a rule naming some of them scores high by chance: "
+               "prose tells more.")
+    if st.button("Explain every head on the built-in paragraphs", key="explain-paragraphs", type="primary",
+                 icon=":material/article:", help="130 paragraphs of 80-130 words, half fitted on and half read "
+                 "(about 10 s for MiniLM and 45 s for SmolLM2 on two cores), then shared with every session."):
+        explanations(*paragraphs(ref, causal, heads_off))
+        st.rerun()
 
 
 ON_YOURS = 0.15  # a program scoring this far under its held-out score on the user's sentences is flagged
