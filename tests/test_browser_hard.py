@@ -97,7 +97,9 @@ def test_two_sessions_keep_their_own_state(browser, server):
     wait_title(b, "Layer 0 · Session B reads about boats.")
     a.get_by_role("link", name="Tokens", exact=True).click()
     wait_title(a, "Layer 2 · Session A reads about kites.")
-    assert "heads_off=0.1" in a.url and "causal=true" in a.url and "model=scratch" in a.url
+    # the link is written as the sidebar's widgets are drawn, which may come after the chart's title
+    a.wait_for_function("() => ['heads_off=0.1', 'causal=true', 'model=scratch']"
+                        ".every(p => location.search.includes(p))", timeout=60_000)
     assert "heads_off" not in b.url and "model=" not in b.url
     b.reload()  # a new session, rebuilt from b's own link
     wait_title(b, "Layer 0 · Session B reads about boats.")
