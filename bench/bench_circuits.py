@@ -16,13 +16,10 @@ batches of ``analysis.circuits.BATCH_PAIRS``, and what is kept between batches i
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 
 import numpy as np
 
-from bench.common import machine, timed
+from bench.common import machine, peak_in_fresh_process, timed
 
 NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -30,27 +27,12 @@ NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 def peak_memory(pairs: int, device: str, task: str) -> tuple[float, float]:
     """A fresh process scoring ``pairs`` pairs by EAP-IG: its resident memory (MiB) with the model loaded, and the
     most it held while the pairs ran (sampled every 20 ms)."""
-    code = f"""
-import json, threading, time, psutil
-from models import load_model
-from analysis.tasks.build import make_task
-from analysis.circuits import edge_scores
-model = load_model({NAME!r}, backend="scratch", device={device!r})
-task = make_task(model, {task!r}, n={pairs})
-me = psutil.Process()
-rest = me.memory_info().rss
-peak, done = [rest], threading.Event()
-def watch():
-    while not done.is_set():
-        peak[0] = max(peak[0], me.memory_info().rss)
-        time.sleep(0.02)
-threading.Thread(target=watch, daemon=True).start()
-edge_scores(model, task, "eap_ig")
-done.set()
-print(json.dumps([rest / 2**20, peak[0] / 2**20]))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+    return peak_in_fresh_process(
+        "from models import load_model\nfrom analysis.tasks.build import make_task\n"
+        "from analysis.circuits import edge_scores\n"
+        f"model = load_model({NAME!r}, backend='scratch', device={device!r})\n"
+        f"task = make_task(model, {task!r}, n={pairs})",
+        'edge_scores(model, task, "eap_ig")')
 
 
 def main() -> None:

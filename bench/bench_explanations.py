@@ -12,20 +12,17 @@ paragraphs said twice; with ``--replace``, the heads replaced by their programs'
 paragraphs, best predicted first (a decoder's next-token loss and its perplexity's rise, an encoder's cosine; aims:
 the best quarter raises SmolLM2's perplexity by <= 16%, and the program costs less than mean ablation at every k).
 ``--memory``: the most memory ``explain_heads`` holds above the loaded model, in a fresh process each, with its texts
-attended 16 at a time (the default) and all 130 at once.
+attended 8 at a time (the default) and all 130 at once.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import subprocess
-import sys
 import time
 
 from analysis.explanations import corpus_halves, explain_heads, explained_share, replacement_curve
 from analysis.roles.measure import load_spacy
-from bench.common import machine
+from bench.common import machine, peak_in_fresh_process
 from models import load_model
 from models.corpus import CORPUS, paragraph_halves
 
@@ -43,41 +40,24 @@ def _summary(name: str, frame) -> str:
 
 def peak_memory(name: str, batch_size: int) -> tuple[float, float]:
     """A fresh process explaining every head on the paragraphs, ``batch_size`` texts attended at a time: its resident
-    memory (MiB) with the model loaded and spaCy's pipeline, and the most it held meanwhile (sampled every 20 ms)."""
-    code = f"""
-import json, threading, time, psutil
-from analysis.explanations import explain_heads
-from analysis.roles.measure import load_spacy
-from models import load_model
-model = load_model({name!r}, backend="scratch")
-load_spacy()
-me = psutil.Process()
-rest = me.memory_info().rss
-peak, done = [rest], threading.Event()
-def watch():
-    while not done.is_set():
-        peak[0] = max(peak[0], me.memory_info().rss)
-        time.sleep(0.02)
-threading.Thread(target=watch, daemon=True).start()
-explain_heads(model, batch_size={batch_size}, replicates=100)
-done.set()
-print(json.dumps([rest / 2**20, peak[0] / 2**20]))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+    memory (MiB) with the model loaded and spaCy's pipeline, and the most it held meanwhile."""
+    return peak_in_fresh_process(
+        "from analysis.explanations import explain_heads\nfrom analysis.roles.measure import load_spacy\n"
+        f"from models import load_model\nmodel = load_model({name!r}, backend='scratch')\nload_spacy()",
+        f"explain_heads(model, batch_size={batch_size}, replicates=100)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", choices=list(MODELS))
     ap.add_argument("--replace", action="store_true", help="the replacement curve on the held-out paragraphs too")
-    ap.add_argument("--memory", action="store_true", help="the peak memory, 16 texts at a time and all at once")
+    ap.add_argument("--memory", action="store_true", help="the peak memory, 8 texts at a time and all at once")
     args = ap.parse_args()
     if args.memory:
         for key in args.model or list(MODELS):
-            (rest, few), (_, every) = (peak_memory(MODELS[key][0], b) for b in (16, 130))
+            (rest, few), (_, every) = (peak_memory(MODELS[key][0], b) for b in (8, 130))
             print(f"{key}: explain_heads' peak above the loaded model ({rest:,.0f} MiB): {few - rest:,.0f} MiB "
-                  f"attending 16 texts at a time, {every - rest:,.0f} MiB all 130 at once "
+                  f"attending 8 texts at a time, {every - rest:,.0f} MiB all 130 at once "
                   f"({(few - rest) / max(every - rest, 1):.2f}x)")
         return
     load_spacy()

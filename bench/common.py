@@ -1,8 +1,11 @@
 """Timing helpers: two contenders measured alternately in one process, so machine noise hits both."""
 from __future__ import annotations
 
+import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -139,3 +142,24 @@ def minilm_bench(description: str):
     folder = default_model_dir()
     hf = tf.AutoModel.from_pretrained(folder, attn_implementation="eager").eval().to(args.device)
     return args, load_model(backend="scratch", device=args.device), hf, tf.AutoTokenizer.from_pretrained(folder)
+
+
+def peak_in_fresh_process(setup: str, run: str) -> tuple[float, float]:
+    """A fresh Python process running ``setup``, then ``run`` (source code): its resident memory (MiB) once ``setup``
+    has run, and the most it held while ``run`` ran (sampled every 20 ms)."""
+    code = f"""{setup}
+import json, threading, time, psutil
+me = psutil.Process()
+rest = me.memory_info().rss
+peak, done = [rest], threading.Event()
+def watch():
+    while not done.is_set():
+        peak[0] = max(peak[0], me.memory_info().rss)
+        time.sleep(0.02)
+threading.Thread(target=watch, daemon=True).start()
+{run}
+done.set()
+print(json.dumps([rest / 2**20, peak[0] / 2**20]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -150,7 +150,7 @@ def _program(rules: Sequence[Rule], shares: np.ndarray, weights: np.ndarray) -> 
 
 
 def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[str] | None = None, *,
-                  rules: Sequence[Rule] | None = None, replicates: int = 1000, batch_size: int = 16,
+                  rules: Sequence[Rule] | None = None, replicates: int = 1000, batch_size: int = 8,
                   progress: Callable[[float], None] | None = None, **attend) -> pd.DataFrame:
     """Every head of ``model`` explained: its program fitted on ``fit`` and read on ``held_out`` (by default the
     built-in paragraphs' two halves, ``paragraph_halves``), one row per head (``COLUMNS``). The texts are attended
@@ -169,7 +169,9 @@ def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[st
 
     def attended(texts: list[str], before: int, share: float):
         for start in range(0, len(texts), batch_size):
-            yield from model.attend(texts[start:start + batch_size], batch_size=batch_size, **attend)
+            batch = model.attend(texts[start:start + batch_size], batch_size=batch_size, **attend)
+            while batch:  # each text's weights let go once read
+                yield batch.pop(0)
             said(share * (before + min(start + batch_size, len(texts))) / total)
 
     frame = _explained(attended(fit, 0, FIT_SHARE), attended(held_out, len(fit), READ_SHARE), rules, replicates,
