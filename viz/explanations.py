@@ -21,9 +21,8 @@ def explained_grid(frame: pd.DataFrame, *, threshold: float, lift: float = 0.0, 
     tips = [[""] * n_heads for _ in range(n_layers)]
     for r in frame.itertuples():
         score[r.layer, r.head] = r.score
-        lifted[r.layer, r.head] = getattr(r, "lift", np.inf) >= lift
-        tips[r.layer][r.head] = (f"{safe(r.rule)}: {r.score:.2f} [{r.lo:.2f}, {r.hi:.2f}] held out"
-                                 + (f", lift {r.lift:.1f}" if hasattr(r, "lift") else ""))
+        lifted[r.layer, r.head] = r.lift >= lift
+        tips[r.layer][r.head] = f"{safe(r.rule)}: {r.score:.2f} [{r.lo:.2f}, {r.hi:.2f}] held out, lift {r.lift:.1f}"
     fig = go.Figure(go.Heatmap(z=score, zmin=0, zmax=1, colorscale=COLORSCALE, xgap=1, ygap=1, hoverinfo="skip",
                                colorbar=dict(title=dict(text="held-out score", side="right"), thickness=12)))
     layer, head = np.nonzero((score >= threshold) & lifted)

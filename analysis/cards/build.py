@@ -121,11 +121,7 @@ class Computed:
         return corpus_peaks(attentions)
 
     def explanations(self, attentions):
-        if self.paragraphs:
-            return explain_heads(self.model)  # the built-in paragraphs' halves
-        found = explain_corpus(attentions)
-        found.attrs["held_out_texts"] = "sentences"
-        return found
+        return explain_heads(self.model) if self.paragraphs else explain_corpus(attentions)
 
     def decoder(self) -> bool:
         return is_decoder(self.model)

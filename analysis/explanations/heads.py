@@ -75,7 +75,7 @@ def _explained(fit: Iterable, held_out: Iterable, rules: Sequence[Rule] | None, 
     said(FIT_SHARE)
     every = gram.programs(range(len(rules)))
     positional = gram.programs([i for i, r in enumerate(rules) if r.family == "positional"])
-    said((FIT_SHARE + 0.05))
+    said(FIT_SHARE + 0.05)
     read, pos = evaluate(held_out, rules, [every, positional], gram.aside, replicates)
     said(READ_SHARE)
     causal = gram.causal
@@ -184,9 +184,11 @@ FIT_SHARE, READ_SHARE = 0.45, 0.95  # the progress reported once the fit texts, 
 
 
 def explain_corpus(attentions: Sequence, **options) -> pd.DataFrame:
-    """``explain_attentions`` over one list of texts' attentions split in two as ``corpus_halves`` splits the
-    corpus: alternate texts fitted on and held out (``held_out_of``)."""
-    return explain_attentions(list(attentions[0::2]), held_out_of(attentions), **options)
+    """``explain_attentions`` over one list of sentences' attentions split in two as ``corpus_halves`` splits the
+    corpus: alternate sentences fitted on and held out (``held_out_of``)."""
+    frame = explain_attentions(list(attentions[0::2]), held_out_of(attentions), **options)
+    frame.attrs["held_out_texts"] = "sentences"
+    return frame
 
 
 def held_out_of(attentions: Sequence) -> list:

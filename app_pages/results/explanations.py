@@ -13,8 +13,7 @@ from .models import ModelRef, cached_model
 from .profiles import corpus_profile
 from .shared import Bar, Warm, shared, spinner
 
-PARAGRAPHS, SENTENCES = "paragraphs", "sentences"  # the texts a head is explained on: prose, or the short sentences
-ON = {PARAGRAPHS: "the built-in paragraphs", SENTENCES: "the built-in sentences"}
+PARAGRAPHS, SENTENCES = "paragraphs", "sentences"  # the texts a head is explained on, as its frame names them
 
 
 @shared("explanations", entries=8, copy=True, waiting="Explaining every head on the built-in paragraphs",
@@ -27,14 +26,12 @@ def explanations(ref: ModelRef, causal: bool, heads_off: tuple, texts: str = PAR
     if texts == SENTENCES:
         _, _, attentions = corpus_profile(ref, causal, heads_off, list(CORPUS))
         with spinner(f"Scoring every rule for every head over {len(attentions)} sentences…"):
-            found = explain_corpus(attentions)
-    else:
-        model = cached_model(ref)
-        bar = Bar(f"Explaining every head over {sum(map(len, paragraph_halves()))} paragraphs")
-        found = explain_heads(model, head_mask=head_mask(model, heads_off), causal=causal,
-                              progress=lambda share: bar(round(share * 100), 100))
-        bar.empty()
-    found.attrs["held_out_texts"] = texts  # what a page names the held-out text
+            return explain_corpus(attentions)
+    model = cached_model(ref)
+    bar = Bar(f"Explaining every head over {sum(map(len, paragraph_halves()))} paragraphs")
+    found = explain_heads(model, head_mask=head_mask(model, heads_off), causal=causal,
+                          progress=lambda share: bar(round(share * 100), 100))
+    bar.empty()
     return found
 
 

@@ -89,11 +89,19 @@ def _on_your_text(s: Settings, e, text: str, layer: int, head: int) -> None:
     else:
         st.caption(said)
     missed = misses([att], rule_named(e["rule"]), layer, head)
-    if not missed.empty:
-        st.caption("Where its rules fail most on your text: a «query» that gives their keys little weight, and the "
-                   "[key] it attends to instead.")
-        st.markdown(markdown_table([{"context": snippet(att, r.query, r.key), "weight": f"{r.weight:.2f}",
-                                     "on its rules' keys": f"{r.on_rule:.2f}"} for r in missed.itertuples()]))
+    _misses("your text", [snippet(att, r.query, r.key) for r in missed.itertuples()], missed)
+
+
+def _misses(where: str, snippets: list[str], missed: pd.DataFrame) -> None:
+    """The queries ``where`` (each in its context, ``snippets``) whose weight on the program's keys is least
+    (``analysis.explanations.misses``), when there are any."""
+    if missed.empty:
+        return
+    st.caption(f"Where its rules fail most on {where}: a «query» that gives their keys little weight, and the [key] "
+               "it attends to instead.")
+    rows = zip(snippets, missed.itertuples())
+    st.markdown(markdown_table([{"context": text, "weight": f"{r.weight:.2f}", "on its rules' keys": f"{r.on_rule:.2f}"}
+                                for text, r in rows]))
 
 
 def held_out(e) -> str:
@@ -154,11 +162,8 @@ def explained(card: HeadCard, s: Settings | None = None, text: str | None = None
                    "counts 0.")
     if s is not None and text:
         _on_your_text(s, e, text, card.layer, card.head)
-    if card.misses is not None and not card.misses.empty:
-        st.caption("Where its rules fail most on the held-out sentences: a «query» that gives their keys little "
-                   "weight, and the [key] it attends to instead.")
-        st.markdown(markdown_table([{"context": r.snippet, "weight": f"{r.weight:.2f}",
-                                     "on its rules' keys": f"{r.on_rule:.2f}"} for r in card.misses.itertuples()]))
+    if card.misses is not None:
+        _misses("the held-out sentences", list(card.misses["snippet"]), card.misses)
     deeper("roles")
 
 
