@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from models import HeadLensError, load_model
-from models.run import POINTS, Edits, Given, editable, language_stack, patching_stack, reading, stack_of
+from models.run import (POINTS, Edits, Given, editable, language_stack, patching_stack, reading, stack_of,
+                        switched_off)
 from tests.test_llama import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,3 +261,21 @@ def test_edits_at_one_point_run_one_after_the_other_and_each_point_is_checked():
     with pytest.raises(ValueError) as err:
         Edits({("nowhere", 0): abs, ("z", 0): abs, ("elsewhere", 1): abs})
     assert str(err.value) == f"No point is named ['elsewhere', 'nowhere']; the points are {list(POINTS)}."
+
+
+def test_a_head_switched_off_keeps_the_runs_dtype_whatever_its_mask_and_fill_are_in():
+    """``switched_off`` on a float32 run given a float64 mask and fill (a mean read in float64): every head's output
+    stays float32, a head off is its fill exactly, a head on as it was; without a fill, a head off is zero."""
+    z = torch.linspace(-3, 3, 2 * 3 * 4 * 5, dtype=torch.float32).view(2, 3, 4, 5)       # (B, kept, n, Dh)
+    mask = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)
+    fill = torch.linspace(0.25, 1.75, 15, dtype=torch.float64).view(3, 5)
+    (with_fill,), (without,) = (switched_off([(0, mask, f)]).values() for f in (fill, None))
+    expected = z.clone()
+    expected[:, 1] = fill[1].to(torch.float32)
+    out = with_fill(z)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    expected[:, 1] = 0
+    out = without(z)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
