@@ -1,6 +1,8 @@
 """Our Llama-family decoder against transformers' eager Llama, Qwen2 and Mistral, on tiny random configs
 built here (HF's tiny-config style): every attention weight, the logits, saving, and pruning query
 heads with their key/value groups."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -96,12 +98,77 @@ def test_the_sliding_window_hides_keys_further_back(tmp_path):
     assert n > 5 and not res.weights[..., far].any()
 
 
+# what transformers writes into a config.json that the from-scratch engine does not carry: its own bookkeeping, and
+# the keys that give no window a layer
+NOT_CARRIED = {"dtype", "transformers_version", "use_cache", "initializer_range", "attention_dropout",
+               "pretraining_tp", "mlp_bias", "max_window_layers", "use_sliding_window", "layer_types"}
+
+
 def test_a_decoder_saves_and_opens_again_with_transformers_names(tiny_decoder, tmp_path):
+    """Saved, a decoder's config.json holds every key transformers' own holds, with its value (its architecture,
+    its rotary parameters under transformers 5's name), and transformers opens it with the same weights."""
     family, folder, hf, tok = tiny_decoder
     ours = load_model(folder, backend="scratch")
     ours.save(tmp_path / "again")
+    theirs, written = (json.loads((f / "config.json").read_text()) for f in (folder, tmp_path / "again"))
+    assert {k: written.get(k) for k in theirs.keys() - NOT_CARRIED} == {k: theirs[k] for k in theirs.keys() - NOT_CARRIED}
+    assert written["architectures"] == [type(hf).__name__] and written["rope_parameters"]["rope_type"] == "default"
     again = load_model(tmp_path / "again")  # transformers reads what we wrote
     np.testing.assert_allclose(again.attend(TEXTS[0]).weights, reference(hf, tok, TEXTS[0])[0], atol=1e-4)
+
+
+def qwen2(folder, written: dict | None = None, **window):
+    """(transformers' Qwen2, tokenizer) of a tiny random Qwen2 with ``window`` in its config, its config.json then
+    changed by ``written`` (a key given None is left out), as another version of transformers may have written it."""
+    vocab, merges = _bpe_vocab()
+    torch.manual_seed(0)
+    tf.Qwen2ForCausalLM(tf.Qwen2Config(vocab_size=len(vocab), **SMALL, rope_theta=10000.0, **window)).save_pretrained(
+        folder)
+    tok = tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                               pad_token="<pad>")
+    tok.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in (written or {}).items():
+        config.pop(key) if value is None else config.__setitem__(key, value)
+    (folder / "config.json").write_text(json.dumps(config))
+    return tf.Qwen2ForCausalLM.from_pretrained(folder, attn_implementation="eager").eval(), tok
+
+
+def test_a_mistral_windows_every_layer_whatever_layer_types_its_file_gives(tmp_path):
+    """transformers' Mistral (like its Llama) has no layer types: a config.json that names some all the same gives
+    every layer the window, in transformers' run and in ours."""
+    _, folder, _, tok = build("mistral", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "layer_types": ["full_attention", "sliding_attention"]}))
+    hf = tf.MistralForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    ours = load_model(folder, backend="scratch")
+    assert ours.stack.windows == (5, 5)
+    np.testing.assert_allclose(ours.attend(TEXTS[1]).weights, reference(hf, tok, TEXTS[1])[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("window, written, windows", [
+    # the window's size written without use_sliding_window (as transformers 4 wrote Qwen2.5's): no window at all
+    ({}, {"sliding_window": 3, "use_sliding_window": False, "max_window_layers": 0, "layer_types": None}, None),
+    # with it, a window only from max_window_layers up, as layer_types says or, where the file has none, worked out
+    ({"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1}, {}, (None, 3)),
+    ({"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1}, {"layer_types": None}, (None, 3)),
+    ({"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 0}, {"layer_types": None}, (3, 3)),
+])
+def test_qwen2_slides_its_window_in_the_layers_transformers_does(tmp_path, window, written, windows):
+    """Qwen2's window as transformers reads it, layer by layer: every weight equals transformers' (a layer given a
+    window it does not have loses every key further back, a weight of up to 1), and saved, transformers opens it
+    with the same windows."""
+    hf, tok = qwen2(tmp_path / "qwen2", written, **window)
+    ours = load_model(tmp_path / "qwen2", backend="scratch")
+    assert ours.stack.windows == windows
+    weights, _ = reference(hf, tok, TEXTS[1])
+    far = np.tril(np.ones(weights.shape[-2:], dtype=bool), -3)  # a key 3 or more behind its query
+    assert [bool(weights[layer][:, far].any()) for layer in range(2)] == [w is None for w in windows or (None, None)]
+    np.testing.assert_allclose(ours.attend(TEXTS[1]).weights, weights, atol=1e-5)
+    ours.save(tmp_path / "again")
+    again = tf.Qwen2ForCausalLM.from_pretrained(tmp_path / "again", attn_implementation="eager").eval()
+    np.testing.assert_allclose(reference(again, tok, TEXTS[1])[0], weights, atol=1e-5)
+    assert load_model(tmp_path / "again", backend="scratch").stack.windows == windows
 
 
 def test_pruning_query_heads_drops_a_key_value_head_with_its_whole_group(tiny_decoder):
@@ -142,8 +209,6 @@ def test_grouped_query_attention_equals_repeating_the_key_value_heads():
 
 
 def test_configs_the_engine_cannot_run_get_a_sentence(tmp_path):
-    import json
-
     for change, message in [({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "scales them"),
                             ({"hidden_act": "gelu"}, "SiLU"), ({"num_key_value_heads": 3}, "evenly")]:
         config = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 1,
