@@ -11,11 +11,12 @@ from tests.conftest import SENTENCES
 TOL = dict(atol=1e-5, rtol=0)
 
 
-def compare_with_bert(folder, texts):
+def compare_with_bert(folder, texts, second=None):
+    """Our encoder of ``folder`` against BertModel on ``texts`` (each paired with ``second``'s, when given)."""
     ref = tf.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
     tok = tf.AutoTokenizer.from_pretrained(folder)
     ours = BertEncoder.from_pretrained(folder)
-    enc = tok(texts, padding=True, return_tensors="pt")
+    enc = tok(texts, second, padding=True, return_tensors="pt")
     with torch.inference_mode():
         want = ref(**enc, output_attentions=True)
         got = ours(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
@@ -35,6 +36,25 @@ def test_bundled_minilm_matches_transformers(minilm_dir):
 
 def test_tiny_random_bert_matches_transformers(tiny):
     compare_with_bert(tiny("bert"), SENTENCES)
+
+
+def test_a_sentence_pair_reads_its_second_segment_as_transformers_does(tiny):
+    """Two sentences in one input, the second's token type 1 (its own segment embedding): every hidden state and
+    weight as BertModel's."""
+    assert tf.AutoTokenizer.from_pretrained(tiny("bert"))(SENTENCES[0], SENTENCES[1])["token_type_ids"][-1] == 1
+    compare_with_bert(tiny("bert"), SENTENCES[:2], SENTENCES[1::-1])
+
+
+def test_the_layers_run_alone_see_every_token(tiny):
+    """``run_layers`` told nothing of causality, as a trace or a patching run calls it, runs an encoder both ways:
+    what it leaves is BertModel's last hidden state."""
+    folder = tiny("bert")
+    ref = tf.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = tf.AutoTokenizer.from_pretrained(folder)(SENTENCES[0], return_tensors="pt")["input_ids"]
+    ours = BertEncoder.from_pretrained(folder)
+    with torch.inference_mode():
+        x, _ = ours.run_layers(ours.embed(ids), need_weights=False)
+        torch.testing.assert_close(ours.finish(x), ref(ids).last_hidden_state, **TOL)
 
 
 def test_checkpoint_with_task_head_loads(tmp_path, minilm_dir):

@@ -68,18 +68,24 @@ def test_every_weight_and_logit_equals_transformers(tiny_decoder):
 
 def test_the_weights_alone_run_nothing_past_the_highest_layers_attention(tiny_decoder):
     """``attend`` forms each layer's weights into one buffer, as transformers gives them, and runs no feed-forward of
-    the highest layer asked for (it changes no weight); a layer asked for twice is given twice."""
+    the highest layer asked for (it changes no weight); a layer asked for twice is given twice; a layer below the
+    ones asked for forms no weights (its attention takes the fused path)."""
     family, folder, hf, tok = tiny_decoder
     ours = load_model(folder, backend="scratch")
-    ran = []
+    ran, formed = [], []
     hooks = [layer.down.register_forward_hook(lambda *_, n=n: ran.append(n)) for n, layer in enumerate(ours.stack.layers)]
+    hooks += [layer.attn.register_forward_pre_hook(lambda _, args, kwargs, n=n: formed.append(
+        (n, kwargs["need_weights"])), with_kwargs=True) for n, layer in enumerate(ours.stack.layers)]
     try:
         every = ours.attend(TEXTS)  # one padded batch
-        assert ran == [0]
+        assert ran == [0] and formed == [(0, True), (1, True)]
         picked = ours.attend(TEXTS, layers=[1, 0, 1])
         assert ran == [0, 0]
         first = ours.attend(TEXTS, layers=[0])
         assert ran == [0, 0]  # layer 0 alone: its attention, and nothing after it
+        del formed[:]
+        top = ours.attend(TEXTS, layers=[1])
+        assert formed == [(0, False), (1, True)]
     finally:
         for hook in hooks:
             hook.remove()
@@ -88,6 +94,8 @@ def test_the_weights_alone_run_nothing_past_the_highest_layers_attention(tiny_de
         np.testing.assert_allclose(res.weights, weights, atol=1e-4)
         np.testing.assert_array_equal(some.weights, res.weights[[1, 0, 1]])
         np.testing.assert_array_equal(low.weights, res.weights[[0]])
+    for res, high in zip(every, top):
+        np.testing.assert_allclose(high.weights, res.weights[[1]], atol=1e-5)  # layer 0 fused: float32 apart
 
 
 def test_the_sliding_window_hides_keys_further_back(tmp_path):
