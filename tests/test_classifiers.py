@@ -329,6 +329,15 @@ def test_a_llama_classifier_opens_with_its_score_and_patches_as_transformers(tmp
     np.testing.assert_allclose(got, want, atol=1e-4)
     assert np.abs(want).max() > 0.02
     assert readout_for(ours, CLEAN).not_linear is None
+    # pruned, it holds no language-model head still, and its classes are transformers' with those heads silenced
+    heads = [(0, 1), (1, 3)]
+    stack = ours.pruned(heads).stack
+    assert "lm_head" not in stack._modules and stack.prediction_head is ours.stack.prediction_head
+    silenced, _ = run(ids, [(0, layer, h, torch.zeros(ids.shape[1], 32, dtype=torch.float64)) for layer, h in heads])
+    with torch.inference_mode():
+        x, _ = stack.run_layers(stack.embed(ids), need_weights=False)
+        np.testing.assert_allclose(stack.prediction_head.logits(stack.finish(x)).numpy(), silenced.detach().numpy(),
+                                   atol=1e-5)
 
 
 def test_the_residual_stream_attribution_patched_is_transformers_gradient_times_the_difference(built):
@@ -394,3 +403,26 @@ def test_a_decoder_classifiers_card_leaves_out_the_pairs_its_tokenizer_splits_un
     assert all("as many tokens" in why for why in parts.left_out.values())
     card = head_card(ours, 1, 2, parts=parts)
     assert card.left_out == parts.left_out and card.role
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_a_pruned_classifier_is_transformers_with_those_heads_silenced(built, name):
+    """A classifier pruned of two heads (an encoder's, and a decoder's whose files hold no language-model head): its
+    class logits are transformers' classifier's with those heads' outputs zeroed, it keeps the classifier's own
+    prediction head, and it gains no part the stack's files did not hold."""
+    ours, theirs, tok = built(name)
+    heads = [(0, 1), (1, 3)]
+    stack = ours.pruned(heads).stack
+    ids = tok(CLEAN, return_tensors="pt")["input_ids"]
+    zero = torch.zeros(ids.shape[1], ours.stack.hidden_size, dtype=torch.float64)
+    _, _, _, layers_of, out_proj = FAMILIES[name]
+    want, _ = z_hooked(lambda: theirs(input_ids=ids).logits, layers_of(theirs), out_proj, H,
+                       [(0, layer, head, zero) for layer, head in heads])
+    with torch.inference_mode():
+        x, _ = stack.run_layers(stack.embed(ids), need_weights=False)
+        got = stack.prediction_head.logits(stack.finish(x))
+        full = ours.stack.prediction_head.logits(ours.stack.finish(ours.stack.run_layers(ours.stack.embed(ids))[0]))
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), atol=1e-10)
+    assert np.abs(got.numpy() - full.numpy()).max() > 1e-4  # the two heads matter to the classes
+    assert stack.prediction_head is ours.stack.prediction_head and stack.readouts == ("class_label",)
+    assert set(stack._modules) == set(ours.stack._modules)

@@ -20,12 +20,14 @@ def compare_with_bert(folder, texts, second=None):
     with torch.inference_mode():
         want = ref(**enc, output_attentions=True)
         got = ours(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        alone = ours.attention_weights(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
     real = enc["attention_mask"].bool()  # padded positions carry no meaning and are never shown
     torch.testing.assert_close(got.last_hidden_state[real], want.last_hidden_state[real], **TOL)
-    assert len(got.attentions) == len(want.attentions)
-    for a, b in zip(got.attentions, want.attentions):
-        assert a.shape == b.shape
+    assert len(got.attentions) == len(want.attentions) == alone.shape[1]
+    for a, w, b in zip(got.attentions, alone.unbind(1), want.attentions):
+        assert a.shape == w.shape == b.shape
         torch.testing.assert_close(a.transpose(1, 2)[real], b.transpose(1, 2)[real], **TOL)  # (N, H, L)
+        torch.testing.assert_close(w.transpose(1, 2)[real], b.transpose(1, 2)[real], **TOL)  # the weights alone
     return ours
 
 

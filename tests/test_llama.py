@@ -10,6 +10,7 @@ import transformers as tf
 
 from models import HeadLensError, load_model
 from models.mha import MultiHeadAttention
+from models.run import Edits
 from tests.conftest import _bpe_vocab
 
 TEXTS = ["Which do you like better, coffee or tea?", "The cat sat on the mat because it was warm.", "Hi"]
@@ -121,6 +122,7 @@ def test_a_decoder_saves_and_opens_again_with_transformers_names(tiny_decoder, t
     theirs, written = (json.loads((f / "config.json").read_text()) for f in (folder, tmp_path / "again"))
     assert {k: written.get(k) for k in theirs.keys() - NOT_CARRIED} == {k: theirs[k] for k in theirs.keys() - NOT_CARRIED}
     assert written["architectures"] == [type(hf).__name__] and written["rope_parameters"]["rope_type"] == "default"
+    assert written.keys() - theirs.keys() <= {"pruned_heads", "dropout", "attention_bias"}  # and nothing of its own
     again = load_model(tmp_path / "again")  # transformers reads what we wrote
     np.testing.assert_allclose(again.attend(TEXTS[0]).weights, reference(hf, tok, TEXTS[0])[0], atol=1e-4)
 
@@ -187,6 +189,7 @@ def test_pruning_query_heads_drops_a_key_value_head_with_its_whole_group(tiny_de
     attn0, attn1 = pruned.stack.layers[0].attn, pruned.stack.layers[1].attn
     assert (attn0.num_heads, attn0.num_kv_heads, attn0.kv_heads) == (2, 1, [0, 0])
     assert (attn1.num_heads, attn1.num_kv_heads, attn1.kv_heads) == (3, 2, [0, 0, 1])  # heads 0, 1, 3
+    assert pruned.stack.pruned_mask().tolist() == [[True, True, False, False], [False, False, True, False]]
     mask = np.ones((2, 4), dtype=np.float32)
     for layer, head in heads:
         mask[layer, head] = 0
@@ -225,3 +228,61 @@ def test_configs_the_engine_cannot_run_get_a_sentence(tmp_path):
         (tmp_path / "model.safetensors").write_bytes(b"")
         with pytest.raises(HeadLensError, match=message):
             load_model(tmp_path, backend="scratch")
+
+
+def test_a_head_mean_ablated_by_a_mask_or_by_edits_is_transformers_with_its_o_proj_slice_set(tiny_decoder):
+    """Head 1 of layer 0 given a constant output (its mean, as Pruning's mean ablation gives it), by a mask and fill in
+    float64 on the float32 model or by the same edits: the logits and each layer's weights equal transformers' with
+    that head's slice of o_proj's input set to it (the head's own weights returned as zero under a mask, as they
+    are); the weights of the top layer asked for read its own edits; a run asked for neither weights nor logits
+    gives neither."""
+    family, folder, hf, tok = tiny_decoder
+    stack = load_model(folder, backend="scratch").stack
+    ids = tok(TEXTS[1], return_tensors="pt")["input_ids"]
+    H = hf.config.num_attention_heads
+    Dh = hf.config.hidden_size // H
+    layer, head = 0, 1
+    fill = torch.linspace(-1, 1, Dh, dtype=torch.float64)
+
+    def put(module, args):
+        z = args[0].clone()
+        z[..., head * Dh:(head + 1) * Dh] = fill.to(z.dtype)
+        return (z,)
+
+    def halve(module, args, kwargs):
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"] * 0.5}
+
+    def theirs(hooks):
+        handles = [hook(module) for module, hook in hooks]
+        try:
+            with torch.inference_mode():
+                return hf(input_ids=ids, output_attentions=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    o_proj, attn1 = hf.model.layers[layer].self_attn.o_proj, hf.model.layers[1].self_attn
+    ablated = theirs([(o_proj, lambda m: m.register_forward_pre_hook(put))])
+    halved = theirs([(attn1, lambda m: m.register_forward_pre_hook(halve, with_kwargs=True))])
+    plain = theirs([])
+    mask = torch.ones(2, H, dtype=torch.float64)
+    mask[layer, head] = 0
+    fills = torch.zeros(2, H, Dh, dtype=torch.float64)
+    fills[layer, head] = fill
+    with torch.inference_mode():
+        out = stack(ids, head_mask=mask, head_fill=fills)
+        weights = stack.attention_weights(ids, head_mask=mask, head_fill=fills)[0]
+        by_edits = stack.attention_weights(ids, edits=stack.switched_off(mask, fills))[0]
+        top = stack.attention_weights(ids, layers=[1], edits=Edits({("attn_in", 1): lambda h: h * 0.5}))[0, 0]
+        bare = stack(ids, need_weights=False, need_logits=False)
+    assert out.attentions[0].dtype == weights.dtype == torch.float32
+    torch.testing.assert_close(out.logits, ablated.logits, atol=1e-4, rtol=0)
+    for i in range(2):
+        masked = ablated.attentions[i][0] * mask[i].float().view(-1, 1, 1)
+        torch.testing.assert_close(out.attentions[i][0], masked, atol=1e-5, rtol=0)
+        torch.testing.assert_close(weights[i], masked, atol=1e-5, rtol=0)
+        torch.testing.assert_close(by_edits[i], ablated.attentions[i][0], atol=1e-5, rtol=0)
+    assert (weights[0, head] == 0).all() and ablated.attentions[0][0, head].sum() > 1
+    torch.testing.assert_close(top, halved.attentions[1][0], atol=1e-5, rtol=0)
+    assert (top - plain.attentions[1][0]).abs().max() > 1e-2  # halving the input moves the weights
+    assert bare.attentions is None and bare.logits is None
