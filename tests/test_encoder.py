@@ -81,7 +81,9 @@ def test_untrained_is_seeded_and_bert_initialised(minilm_dir):
     assert torch.equal(wa, b.layers[0].attn.in_proj_weight)
     assert not torch.equal(wa, c.layers[0].attn.in_proj_weight)
     assert abs(wa.std().item() - config.initializer_range) < 2e-3
+    assert abs(wa.mean().item()) < 2e-3  # drawn around zero
     assert torch.all(a.layers[0].ln_attn.weight == 1) and torch.all(a.layers[0].attn.in_proj_bias == 0)
+    assert torch.all(a.layers[0].ln_attn.bias == 0) and torch.all(a.layers[-1].ln_ffn.bias == 0)
     ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102]])
     with torch.inference_mode():
         w = a(ids).attentions[0]
@@ -111,9 +113,13 @@ def test_causal_encoder_sees_no_later_token(minilm_dir):
     ours = BertEncoder.from_pretrained(minilm_dir)
     ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102]])
     with torch.inference_mode():
-        full = ours(ids, causal=True).last_hidden_state
+        out = ours(ids, causal=True)
+        full = out.last_hidden_state
         prefix = ours(ids[:, :4], causal=True).last_hidden_state
+        alone = ours.attention_weights(ids, causal=True)
     torch.testing.assert_close(full[:, :4], prefix, **TOL)
+    assert not torch.triu(alone, 1).any() and alone[..., 0, 0].eq(1).all()  # the weights alone: causal too
+    torch.testing.assert_close(alone[0], torch.stack(out.attentions, 1)[0], **TOL)
 
 
 @pytest.mark.parametrize("change,message", [

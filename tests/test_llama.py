@@ -87,6 +87,10 @@ def test_the_weights_alone_run_nothing_past_the_highest_layers_attention(tiny_de
         del formed[:]
         top = ours.attend(TEXTS, layers=[1])
         assert formed == [(0, False), (1, True)]
+        del formed[:]
+        with torch.inference_mode():
+            ours.stack(tok(TEXTS[1], return_tensors="pt")["input_ids"], need_weights=False)
+        assert formed == [(0, False), (1, False)]
     finally:
         for hook in hooks:
             hook.remove()
@@ -132,8 +136,8 @@ def qwen2(folder, written: dict | None = None, **window):
     changed by ``written`` (a key given None is left out), as another version of transformers may have written it."""
     vocab, merges = _bpe_vocab()
     torch.manual_seed(0)
-    tf.Qwen2ForCausalLM(tf.Qwen2Config(vocab_size=len(vocab), **SMALL, rope_theta=10000.0, **window)).save_pretrained(
-        folder)
+    config = tf.Qwen2Config(vocab_size=len(vocab), **{**SMALL, "rope_theta": 10000.0, **window})
+    tf.Qwen2ForCausalLM(config).save_pretrained(folder)
     tok = tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                pad_token="<pad>")
     tok.save_pretrained(folder)
@@ -163,6 +167,10 @@ def test_a_mistral_windows_every_layer_whatever_layer_types_its_file_gives(tmp_p
     ({"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1}, {}, (None, 3)),
     ({"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1}, {"layer_types": None}, (None, 3)),
     ({"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 0}, {"layer_types": None}, (3, 3)),
+    # a file that leaves out the layers' count and max_window_layers: transformers' 32 layers, a window from 28 up
+    # (weights drawn small: 32 layers of SMALL's drift apart by 6e-5 in float32)
+    ({"use_sliding_window": True, "sliding_window": 3, "num_hidden_layers": 32, "initializer_range": 0.05},
+     {"layer_types": None, "max_window_layers": None, "num_hidden_layers": None}, (None,) * 28 + (3,) * 4),
 ])
 def test_qwen2_slides_its_window_in_the_layers_transformers_does(tmp_path, window, written, windows):
     """Qwen2's window as transformers reads it, layer by layer: every weight equals transformers' (a layer given a
@@ -173,7 +181,7 @@ def test_qwen2_slides_its_window_in_the_layers_transformers_does(tmp_path, windo
     assert ours.stack.windows == windows
     weights, _ = reference(hf, tok, TEXTS[1])
     far = np.tril(np.ones(weights.shape[-2:], dtype=bool), -3)  # a key 3 or more behind its query
-    assert [bool(weights[layer][:, far].any()) for layer in range(2)] == [w is None for w in windows or (None, None)]
+    assert [bool(w[:, far].any()) for w in weights] == [w is None for w in windows or (None,) * len(weights)]
     np.testing.assert_allclose(ours.attend(TEXTS[1]).weights, weights, atol=1e-5)
     ours.save(tmp_path / "again")
     again = tf.Qwen2ForCausalLM.from_pretrained(tmp_path / "again", attn_implementation="eager").eval()
