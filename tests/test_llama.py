@@ -23,13 +23,13 @@ FAMILIES = {
 }
 
 
-def build(family: str, folder):
+def build(family: str, folder, **config):
     """(family, folder, transformers' model, tokenizer) of a tiny random decoder saved with a byte-level
-    BPE tokenizer."""
+    BPE tokenizer; ``config`` over the family's sizes."""
     config_class, model_class, extra = FAMILIES[family]
     vocab, merges = _bpe_vocab()
     torch.manual_seed(0)
-    hf = model_class(config_class(vocab_size=len(vocab), **SMALL, **extra)).eval()
+    hf = model_class(config_class(vocab_size=len(vocab), **{**SMALL, **extra, **config})).eval()
     hf.save_pretrained(folder)
     tok = tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                pad_token="<pad>")
@@ -134,16 +134,13 @@ def test_a_decoder_saves_and_opens_again_with_transformers_names(tiny_decoder, t
 def qwen2(folder, written: dict | None = None, **window):
     """(transformers' Qwen2, tokenizer) of a tiny random Qwen2 with ``window`` in its config, its config.json then
     changed by ``written`` (a key given None is left out), as another version of transformers may have written it."""
-    vocab, merges = _bpe_vocab()
-    torch.manual_seed(0)
-    config = tf.Qwen2Config(vocab_size=len(vocab), **{**SMALL, "rope_theta": 10000.0, **window})
-    tf.Qwen2ForCausalLM(config).save_pretrained(folder)
-    tok = tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                               pad_token="<pad>")
-    tok.save_pretrained(folder)
+    *_, tok = build("qwen2", folder, **window)
     config = json.loads((folder / "config.json").read_text())
     for key, value in (written or {}).items():
-        config.pop(key) if value is None else config.__setitem__(key, value)
+        if value is None:
+            config.pop(key)
+        else:
+            config[key] = value
     (folder / "config.json").write_text(json.dumps(config))
     return tf.Qwen2ForCausalLM.from_pretrained(folder, attn_implementation="eager").eval(), tok
 

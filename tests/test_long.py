@@ -62,8 +62,8 @@ def assert_within_float32(ours, single, double, floor=1e-5):
     """``ours`` as near transformers' float64 weights (``double``) as its float32 ones (``single``) are, twice over
     (``floor`` at the least): a 5-layer model of large random weights drifts past 1e-4 in float32 by its top layer,
     in transformers' run as in ours, where a layer read from the wrong stream is off by a tenth or more."""
-    assert np.abs(ours - double).max() <= max(2 * np.abs(single - double).max(), floor), (
-        np.abs(ours - double).max(), np.abs(single - double).max())
+    off, noise = np.abs(ours - double).max(), np.abs(single - double).max()
+    assert off <= max(2 * noise, floor), (off, noise)
 
 
 def test_every_layer_equals_transformers_and_attend_at_1024_tokens(decoder):

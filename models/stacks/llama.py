@@ -42,7 +42,7 @@ class LlamaConfig(FamilyConfig):
             d["sliding_window"] = None
         elif d.get("sliding_window") is not None and not d.get("layer_types"):
             first = d.get("max_window_layers", QWEN2_MAX_WINDOW_LAYERS)
-            d["layer_types"] = [SLIDING if i >= first else FULL for i in range(d.get("num_hidden_layers", 32))]
+            d["layer_types"] = [SLIDING if i >= first else FULL for i in range(d.get("num_hidden_layers", cls.num_hidden_layers))]
         return cls.read(d)
 
     def to_dict(self) -> dict:
