@@ -386,3 +386,103 @@ def test_a_patched_edge_is_a_circuit_of_every_other_edge(family):
             added = C.patched_values(stack, graph, good, corrupted, chosen, measure, rows)
             circuit = C.circuit_values(stack, graph, clean, corrupted, C.without(graph, chosen), measure, rows)
             np.testing.assert_allclose(added.numpy(), circuit.numpy(), atol=1e-4)
+
+
+# --- what a task's runs report and refuse, on the two-head model ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    model = two_heads(tmp_path_factory.mktemp("two-heads"))
+    pairs = tuple(TaskPair("", "", (10,) + (20 + i,) * 6, (11,) + (20 + i,) * 6, ANSWER, DISTRACTOR, (("END", 6),))
+                  for i in range(5))
+    return model, Task("two heads", "Two heads", pairs)
+
+
+def test_a_task_run_in_batches_reports_each_batch_and_gives_the_one_batch_result(two):
+    model, task = two
+    seen = []
+    scores = AC.edge_scores(model, task, "eap", batch_pairs=2, progress=lambda done, total: seen.append((done, total)))
+    # batches of 2, 2 and 1 pairs; each reports its corrupted run and EAP's one gradient, halfway, then itself done
+    assert seen == [(d, 5) for d in (0, 1, 2, 2, 3, 4, 4, 4.5, 5)]
+    whole = AC.edge_scores(model, task, "eap")
+    np.testing.assert_allclose(scores.scores, whole.scores, atol=1e-6)
+    np.testing.assert_allclose(scores.clean, whole.clean, atol=1e-5)
+    seen.clear()
+    scores = AC.edge_scores(model, task, "eap_ig")  # EAP misses the edge into B's query (above); EAP-IG finds it
+    values, clean, corrupted = AC.circuit_values(model, scores, [0, 3], batch_pairs=2,
+                                                 progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(d, 10) for d in (2, 4, 6, 8, 9, 10)]  # (pairs, sizes) counted over both
+    np.testing.assert_allclose(clean, scores.clean)
+    np.testing.assert_allclose(values[:, 1], clean, atol=1e-4)  # the three path edges are the whole effect
+    np.testing.assert_allclose(values[:, 0], corrupted, atol=1e-4)
+    seen.clear()
+    frame = scores.frame(2)
+    out = AC.exact_edges(model, task, list(zip(frame.sender_index, frame.receiver_index)), batch_pairs=2,
+                         progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(d, 10) for d in (2, 4, 6, 8, 9, 10)]
+    np.testing.assert_allclose(out, (scores.clean - scores.corrupted)[:, None].repeat(2, 1), atol=1e-4)
+
+
+def test_edge_scores_frame_names_its_columns_and_keeps_the_kinds_asked_for(two):
+    model, task = two
+    scores = AC.edge_scores(model, task, "eap_ig")
+    frame = scores.frame()
+    assert list(frame.columns) == ["rank", "sender", "receiver", "kind", "sender_layer", "receiver_layer", "score",
+                                   "share", "sender_index", "receiver_index"]
+    assert list(frame["rank"]) == list(range(1, scores.graph.n_edges + 1))
+    # the path input → A's value, A → B's query, B → logits, whatever order their scores take
+    top = {(r.sender, r.receiver): (r.kind, r.sender_layer, r.receiver_layer) for r in frame[:3].itertuples()}
+    assert top == {("input", "L0 H0.v"): ("v", -1, 0), ("L0 H0", "L1 H0.q"): ("q", 0, 1),
+                   ("L1 H0", "logits"): ("logits", 1, 2)}
+    queries = scores.frame(kinds=("q",))
+    assert set(queries.kind) == {"q"} and len(queries) == 3  # input, A and A's MLP... into B's query
+    assert (queries.sender.iloc[0], queries.receiver.iloc[0]) == ("L0 H0", "L1 H0.q")
+    assert list(scores.frame(1, kinds=("k", "v")).receiver) == ["L0 H0.v"]
+
+
+def test_eap_ig_takes_one_to_a_hundred_steps(two):
+    model, task = two
+    one = Task("one", "One", task.pairs[:1])
+    assert AC.edge_scores(model, one, "eap_ig", steps=100).steps == 100
+    with pytest.raises(HeadLensError, match="EAP-IG takes 1 to 100 steps; 101 were asked for"):
+        AC.edge_scores(model, one, "eap_ig", steps=101)
+
+
+def test_what_a_task_cannot_run_gets_its_own_sentence(two):
+    model, task = two
+    with pytest.raises(HeadLensError, match="^The task has no pairs.$"):
+        AC.edge_scores(model, Task("none", "None", ()), "eap")
+    graph = AC.graph_of(model.stack)
+    later = graph.senders.index(("head", 1, 0))
+    with pytest.raises(HeadLensError, match="^Each edge runs from a sender to a later receiver"):
+        AC.exact_edges(model, task, [(later, 0)])  # B's output into A's query, below it
+    with pytest.raises(HeadLensError, match="not a head of this model's graph"):
+        AC.receiver_index(graph, graph.n_layers, 0, "k")  # the logits' layer has no heads
+    scores = AC.edge_scores(model, task, "eap")
+    import dataclasses
+    other = dataclasses.replace(scores.graph, receivers=scores.graph.receivers[:-1])  # the same senders
+    with pytest.raises(HeadLensError, match="another model's graph"):
+        AC.circuit_values(model, dataclasses.replace(scores, graph=other), [1])
+
+
+def test_a_curves_interval_is_the_bootstrap_of_its_pairs_faithfulness():
+    """The pairs resampled together: a ratio of means whose percentile interval a plain bootstrap of 20,000 draws
+    matches; the same seed gives the same interval, another seed another."""
+    rng = np.random.default_rng(3)
+    clean, corrupted = rng.normal(3.0, 1.0, 40), rng.normal(0.5, 1.0, 40)
+    values = corrupted[:, None] + (clean - corrupted)[:, None] * np.array([0.0, 0.4, 1.0]) + rng.normal(0, .5, (40, 3))
+    curve = AC.curve_of([0, 5, 9], values, clean, corrupted, seed=1)
+    span = clean - corrupted
+    np.testing.assert_allclose(curve.faithfulness, (values - corrupted[:, None]).mean(0) / span.mean())
+    np.testing.assert_array_equal(curve.clean, clean)
+    np.testing.assert_array_equal(curve.corrupted, corrupted)
+    draws = np.random.default_rng(0).integers(0, 40, (20000, 40))
+    ratios = (values - corrupted[:, None])[draws].mean(1) / span[draws].mean(1)[:, None]
+    low, high = np.percentile(ratios, [2.5, 97.5], axis=0)
+    np.testing.assert_allclose(curve.low, low, atol=0.01)
+    np.testing.assert_allclose(curve.high, high, atol=0.01)
+    assert (curve.high - curve.low > 0.05).all()
+    again, other = AC.curve_of([0, 5, 9], values, clean, corrupted, seed=1), AC.curve_of([0, 5, 9], values, clean,
+                                                                                         corrupted, seed=2)
+    np.testing.assert_array_equal(again.low, curve.low)
+    assert not np.array_equal(other.low, curve.low)
