@@ -486,3 +486,16 @@ def test_a_curves_interval_is_the_bootstrap_of_its_pairs_faithfulness():
                                                                                          corrupted, seed=2)
     np.testing.assert_array_equal(again.low, curve.low)
     assert not np.array_equal(other.low, curve.low)
+
+
+def test_runs_share_their_start_up_to_the_first_token_that_differs(two, scratch_model):
+    """A causal model's outputs before the first differing token are the same in both runs; an encoder's never
+    are, as every token sees every other."""
+    from models.run import patching_stack
+
+    a = torch.tensor([[10, 20, 21, 22, 23], [10, 20, 21, 22, 23]])
+    b = a.clone()
+    b[1, 3], b[0, 4] = 30, 31
+    assert C.shared_start(two[0].stack, a, b) == 3
+    assert C.shared_start(two[0].stack, a, a) == 4  # nothing differs: the last token is still run
+    assert C.shared_start(patching_stack(scratch_model), a, b) == 0
