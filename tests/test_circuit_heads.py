@@ -26,7 +26,7 @@ def _task(n: int = 20) -> Task:
     return Task("roles", "Roles", tuple(TaskPair("", "", tuple(x), tuple(x), 7, 9, ROLES) for x in ids))
 
 
-def test_role_attention_is_transformers_weight_between_the_roles_over_the_first_prompts(llama):
+def test_role_attention_is_transformers_weight_between_the_roles_over_the_first_prompts(llama, scratch_model):
     ours, hf = llama
     task = _task()
     got = AC.role_attention(ours, task, sample=18)  # a batch of 16 and one of 2
@@ -43,6 +43,8 @@ def test_role_attention_is_transformers_weight_between_the_roles_over_the_first_
                                            for p in task.pairs[:2]))
     with pytest.raises(HeadLensError, match="this task lacks IO, S1, S1\\+1\\.$"):
         AC.role_attention(ours, lacking)
+    with pytest.raises(HeadLensError, match="^The heads' attention between roles is read on a language model; "):
+        AC.role_attention(scratch_model, task)  # MiniLM, an encoder
 
 
 def _scores(model, task: Task, edges: dict) -> AC.EdgeScores:
@@ -58,7 +60,8 @@ def test_a_circuits_heads_are_read_from_its_edges_by_hand(llama):
     scores = _scores(ours, _task(2), {
         (("head", 1, 2), ("logits", 2, -1)): 4.0,
         (("head", 0, 1), ("q", 1, 2)): 3.0,
-        (("input", -1, -1), ("k", 1, 1)): -2.0,  # the key/value head L1 H2 and L1 H3 read; only L1 H2 is in
+        (("input", -1, -1), ("k", 1, 1)): -2.0,  # the key/value head L1 H2 and L1 H3 read, both in
+        (("head", 0, 1), ("q", 1, 3)): 1.0,
         (("mlp", 0, -1), ("v", 1, 0)): 0.5,      # read by L1 H0 and L1 H1, neither in the circuit
     })
     attention = {name: np.zeros((2, 4)) for name in AC.PATTERNS}
@@ -68,22 +71,27 @@ def test_a_circuits_heads_are_read_from_its_edges_by_hand(llama):
     copying = pd.DataFrame({"layer": [0, 1], "head": [1, 2], "copying": [0.2, 0.9], "suppression": [0.5, 0.1]})
     detector = pd.DataFrame({"layer": [0, 1], "head": [1, 2], "induction_lo": [0.1, 0.0],
                              "duplicate_token_lo": [0.0, 0.0], "previous_token_lo": [0.5, 0.0], "sink_lo": [0.0, 0.2]})
-    rows = AC.circuit_heads(scores, 4, attention, copying, detector)
+    rows = AC.circuit_heads(scores, 5, attention, copying, detector)
     assert list(rows.columns) == ["head", "layer", "index", "edges_in", "edges_out", "attn END→IO", "attn END→S2",
                                   "attn S2→S1+1", "attn S2→S1", "attn S1+1→S1", "copying", "suppression", "detector",
                                   "class"]
-    assert rows[["head", "layer", "index"]].values.tolist() == [["L0 H1", 0, 1], ["L1 H2", 1, 2]]
-    assert rows.edges_in.tolist() == [0.0, 5.0] and rows.edges_out.tolist() == [3.0, 4.0]
-    assert rows["attn END→IO"].tolist() == [0.6, 0.0] and rows["attn S2→S1+1"].tolist() == [0.2, 0.25]
-    assert rows.copying.tolist() == [0.2, 0.9] and rows.suppression.tolist() == [0.5, 0.1]
-    assert rows.detector.tolist() == ["previous token", "other"]
-    assert rows["class"].tolist() == ["negative name mover", "other"]  # suppresses more than it copies
+    assert rows[["head", "layer", "index"]].values.tolist() == [["L0 H1", 0, 1], ["L1 H2", 1, 2], ["L1 H3", 1, 3]]
+    assert rows.edges_in.tolist() == [0.0, 5.0, 3.0] and rows.edges_out.tolist() == [4.0, 4.0, 0.0]
+    assert rows["attn END→IO"].tolist() == [0.6, 0.0, 0.0] and rows["attn S2→S1+1"].tolist() == [0.2, 0.25, 0.0]
+    assert rows.copying.tolist()[:2] == [0.2, 0.9] and rows.suppression.tolist()[:2] == [0.5, 0.1]
+    assert np.isnan(rows.copying[2]) and np.isnan(rows.suppression[2])  # L1 H3 has no OV scores given
+    assert rows.detector.tolist() == ["previous token", "other", ""]
+    assert rows["class"].tolist() == ["negative name mover", "other", "other"]  # suppresses more than it copies
     # the top edge alone, then the top query edge alone; no OV scores or detector: NaN and no label
     top = AC.circuit_heads(scores, 1, attention)
     assert top[["head", "edges_in", "edges_out"]].values.tolist() == [["L1 H2", 0.0, 4.0]]
     assert np.isnan(top.copying).all() and top.detector.tolist() == [""]
     queries = AC.circuit_heads(scores, 1, attention, kinds=("q",))
     assert queries[["head", "edges_in", "edges_out"]].values.tolist() == [["L0 H1", 0.0, 3.0], ["L1 H2", 3.0, 0.0]]
+    graph = scores.graph  # the nodes the rows are read by: a key/value input's group, no index for an MLP or logits
+    assert [graph.receiver_node(graph.receivers.index(r)) for r in [("q", 1, 2), ("k", 1, 1), ("v", 0, 0),
+                                                                     ("mlp", 1, -1), ("logits", 2, -1)]] == [
+        ("head", 1, 2), ("kv", 1, 1), ("kv", 0, 0), ("mlp", 1, -1), ("logits", 2, -1)]
     assert queries["class"].tolist() == ["name mover", "other"]  # no OV scores: a name mover as its attention says
 
 

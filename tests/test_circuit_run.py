@@ -51,7 +51,8 @@ def test_the_command_line_writes_the_circuits_tables(folder, tmp_path, capsys):
     expected = AC.edge_scores(model, task, "eap_ig", 5)  # EAP-IG's five steps when none are asked for
     assert scores["steps"] == 5 and scores["method"] == "eap_ig"
     np.testing.assert_allclose(scores["scores"], expected.scores, rtol=1e-5, atol=1e-7)
-    direct = AC.faithfulness(model, expected, [int(s) for s in SIZES.split(",")])
+    sizes = [int(s) for s in SIZES.split(",")]
+    direct = AC.curve_of(sizes, *AC.circuit_values(model, expected, sizes), seed=0)  # the interval's seed: 0
     np.testing.assert_allclose(curve[["faithfulness", "low", "high"]], direct.frame()[["faithfulness", "low", "high"]],
                                atol=1e-6)
     assert list(curve["edges"]) == [0, 5, 20, 1000]

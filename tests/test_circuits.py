@@ -409,8 +409,9 @@ def test_a_task_run_in_batches_reports_each_batch_and_gives_the_one_batch_result
     np.testing.assert_allclose(scores.clean, whole.clean, atol=1e-5)
     seen.clear()
     scores = AC.edge_scores(model, task, "eap_ig")  # EAP misses the edge into B's query (above); EAP-IG finds it
-    values, clean, corrupted = AC.circuit_values(model, scores, [0, 3], batch_pairs=2,
-                                                 progress=lambda done, total: seen.append((done, total)))
+    curve = AC.faithfulness(model, scores, [0, 3], batch_pairs=2,
+                            progress=lambda done, total: seen.append((done, total)))
+    values, clean, corrupted = curve.values, curve.clean, curve.corrupted
     assert seen == [(d, 10) for d in (2, 4, 6, 8, 9, 10)]  # (pairs, sizes) counted over both
     np.testing.assert_allclose(clean, scores.clean)
     np.testing.assert_allclose(values[:, 1], clean, atol=1e-4)  # the three path edges are the whole effect
