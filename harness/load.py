@@ -152,6 +152,7 @@ async def _sample_memory(pid: int, report: LoadReport, start: float, stop: async
 async def _session(n: int, browser, url: str, clock: dict, report: LoadReport, opened: list) -> None:
     rng = random.Random(n)
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(ACTION_TIMEOUT)  # a click waits on a redrawing page as long as a rerun may take
     page = await context.new_page()
     page.on("dialog", lambda d: (report.errors.append(f"session {n}: dialog {d.message!r}"),
                                  asyncio.ensure_future(d.dismiss())))

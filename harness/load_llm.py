@@ -298,6 +298,9 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
             contexts, pages = [], []
             for n in range(sessions):
                 contexts.append(await browser.new_context(viewport={"width": 1280, "height": 900}))
+                # a click or a key waits for its element as long as an action may take: on a busy machine the
+                # page under it can be redrawing for more than Playwright's 30 s, which is a slow action, not a lost one
+                contexts[-1].set_default_timeout(ACTION_TIMEOUT)
                 pages.append(await contexts[-1].new_page())
                 pages[-1].on("pageerror", lambda e, n=n: report.errors.append(f"session {n}: page error {e}"))
             alone, tasks = asyncio.Event(), []

@@ -415,16 +415,30 @@ def induction_pair(tmp_path_factory):
     return load_model(folder, backend="scratch")
 
 
-def test_an_induction_heads_key_is_made_by_the_previous_token_head(induction_pair):
+@pytest.fixture(scope="module")
+def induction_detector(induction_pair):
     from analysis import head_detector
+
+    return head_detector(induction_pair, n_sequences=8, length=8, sentences=["the apple and the river"] * 4)
+
+
+def test_an_induction_heads_key_is_made_by_the_previous_token_head(induction_pair, induction_detector):
     from analysis.roles.detector import detector_labels
     from analysis.qk_attribution.induction import induction_key_writers
 
-    model = induction_pair
-    detector = head_detector(model, n_sequences=8, length=8, sentences=["the apple and the river"] * 4)
+    model, detector = induction_pair, induction_detector
     labels = dict(zip(zip(detector.layer, detector["head"]), detector_labels(detector)))
     assert labels[(0, 0)] == "previous token" and labels[(1, 0)] == "induction"
-    found = induction_key_writers(model, detector, prompts=10, length=8)
+    seen = []
+    found = induction_key_writers(model, detector, prompts=10, length=8,
+                                  progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(8, 10), (10, 10)]  # batches of eight prompts
+    assert list(found.frame.columns) == ["prompt", "head", "writer", "label", "previous_token_score", "part", "share",
+                                         "previous_token"]
+    assert found.frame.prompt.tolist()[:10] == list(range(10))
+    row = detector.set_index(["layer", "head"]).loc[(0, 0)]
+    mine = found.frame[found.frame["head"] == "L1 H0"]
+    np.testing.assert_allclose(mine.previous_token_score, row.previous_token)  # the writer's own detector score
     assert set(found.frame["head"]) == {f"L1 H{h}" for (layer, h), lab in labels.items()
                                         if layer == 1 and lab == "induction"}
     mine = found.frame[found.frame["head"] == "L1 H0"]
@@ -442,3 +456,69 @@ def test_an_induction_heads_key_is_made_by_the_previous_token_head(induction_pai
     assert split.pairs().iloc[0][["query_writer", "key_writer"]].tolist() == ["input", "L0 H0"]
     assert split.pairs().query_writer.eq(Q.CONSTANT).any()
     assert abs(split.side("k").set_index("writer").part[Q.CONSTANT]) > 0
+
+
+def test_a_writer_the_detector_did_not_measure_is_other_and_a_ragged_tokenizer_gets_a_sentence(
+        induction_pair, induction_detector, monkeypatch):
+    from analysis.qk_attribution import induction
+
+    only = induction_detector[(induction_detector.layer == 1) & (induction_detector["head"] == 0)]
+    found = induction.induction_key_writers(induction_pair, only, prompts=3, length=8)
+    assert (found.frame.writer == "L0 H0").all() and (found.frame.label == "other").all()
+    assert found.frame.previous_token_score.isna().all() and not found.frame.previous_token.any()
+    monkeypatch.setattr(induction, "repeated_sequences", lambda tok, n, length, seed: ["the apple", "the apple river"])
+    with pytest.raises(HeadLensError, match="^The repeated sequences did not come back from the tokenizer at one"):
+        induction.induction_key_writers(induction_pair, induction_detector, prompts=2, length=8)
+
+
+def test_a_splits_frames_read_the_key_asked_and_name_their_columns(induction_pair):
+    model = induction_pair
+    text = "the apple river stone cloud apple river"
+    split = QA.qk_attribution(model, text, 1, 0, query=-2)
+    graph = C.graph_of(model.scratch().stack)
+    assert split.nodes == list(graph.senders[:len(split.writers) - 1]) + [("constant", -1, -1)]
+    assert split.writers[-1] == Q.CONSTANT and len(split.nodes) == len(split.writers)
+    assert list(split.pairs().columns) == ["rank", "query_writer", "key_writer", "part", "share", "query_index",
+                                           "key_index"]
+    assert split.pairs()["rank"].tolist() == list(range(1, len(split.writers) ** 2 + 1))
+    assert list(split.key_writers().columns) == ["writer", "part", "share", "weight", "weight_without",
+                                                 "weight_without_run", "index"]
+    other = 4
+    assert other != split.key
+    for frame, axis in ((split.key_writers(other), 0), (split.query_writers(other), 1)):
+        parts = split.split[:, :, other].sum(axis)
+        np.testing.assert_allclose(frame.part, parts[frame["index"]])
+        assert frame.part.sum() == pytest.approx(split.scores[other])
+        assert (frame.weight == split.weights[other]).all()
+    with pytest.raises(HeadLensError, match="^The prompt is empty; type a sentence."):
+        QA.qk_attribution(model, "   ", 1, 0)
+
+
+def test_a_heads_sides_split_the_keys_asked_and_a_pruned_head_has_none(induction_pair):
+    stack = induction_pair.scratch().stack
+    graph = C.graph_of(stack)
+    run = Q.writers_run(stack, graph, torch.tensor([[3, 4, 5, 6, 3, 4]]))
+    sides = Q.head_sides(stack, graph, run, 1, 0)
+    np.testing.assert_array_equal(sides.split(5, slice(1, 3)), sides.split(5)[..., 1:3])
+    pruned = induction_pair.pruned([(1, 1)]).scratch().stack
+    with pytest.raises(ValueError, match="^Head 1 of layer 1 was pruned away.$"):
+        Q.head_sides(pruned, C.graph_of(pruned), Q.writers_run(pruned, C.graph_of(pruned), torch.tensor([[3, 4]])),
+                     1, 1)
+
+
+def test_a_task_split_reports_each_batch_and_keeps_its_writers(induction_pair):
+    model = induction_pair
+    V = len(model.tokenizer)
+    ids = torch.randint(3, V, (3, 8), generator=torch.Generator().manual_seed(0)).tolist()
+    bad = [row[:2] + [(row[2] + 1) % V or 3] + row[3:] for row in ids]
+    task = Task("mine", "hand-made", tuple(TaskPair("", "", tuple(a), tuple(b), 7, 9, (("A", 2), ("END", 7)))
+                                           for a, b in zip(ids, bad)))
+    seen = []
+    got = QA.qk_attribution_task(model, task, 1, 0, "END", "A", batch_pairs=2,
+                                 progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(2, 3), (3, 3)]
+    graph = C.graph_of(model.scratch().stack)
+    assert got.nodes == list(graph.senders[:len(got.writers) - 1]) + [("constant", -1, -1)]
+    assert got.parts() is got.clean and got.parts("corrupted") is got.corrupted
+    np.testing.assert_array_equal(got.parts("difference"), got.clean - got.corrupted)
+    assert np.abs(got.parts("difference")).max() > 1e-3  # the corruption at A changed the key's writers
