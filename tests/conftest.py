@@ -177,6 +177,22 @@ def tiny(tmp_path_factory, minilm_dir):
     return make
 
 
+def first_load(path, fresh) -> tuple[Path, list]:
+    """A first conversion of the GGUF file at ``path``: ``(folder, progress)``. Into the run's own cache while it
+    holds no conversion of the file (the run's one conversion, which every later load reads), else, or when another
+    process made it meanwhile, into ``fresh``, an empty folder that HEADLENS_CACHE then names."""
+    from models.gguf import converted_folder, gguf_folder
+
+    for cache in ([] if (converted_folder(path) / "model.safetensors").is_file() else [None]) + [fresh]:
+        if cache is not None:
+            os.environ["HEADLENS_CACHE"] = str(cache)
+        seen = []
+        folder = gguf_folder(path, progress=lambda done, total: seen.append((done, total)))
+        if seen:
+            return folder, seen
+    raise AssertionError(f"{path.name} was not converted in an empty cache")
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """Ray, shut down after the module's tests (which start a local instance)."""
@@ -202,6 +218,8 @@ COLD = "tests/test_app_cold.py"  # the test that makes the run's one preparation
 # the restart reads that preparation back and opens pages over it: right after the cold server, whose pages left in
 # the caches what they compute beside the preparation
 RESTART = "tests/test_warm_up.py::test_a_restart_"
+# then Gemma 3's first load, whose conversion the run's later loads of it read (``first_load_cache``)
+GEMMA_FIRST = "tests/test_gemma3_bundled.py"
 
 
 # The modules each group holds, as the classification below finds them (it checks this table against them): the
@@ -269,8 +287,10 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("conftest.GROUPS does not say where these modules' tests go: " + ", ".join(
             f"{m} (its tests: {groups.get(m) or 'no group'}; GROUPS: {GROUPS.get(m) or 'no group'})" for m in wrong))
     # the cold server first: it makes the run's one preparation, whose results every test after it finds in the
-    # caches (as a server's sessions do) instead of computing them again; the restart second
-    items.sort(key=lambda item: 0 if item.nodeid.startswith(COLD) else 1 if item.nodeid.startswith(RESTART) else 2)
+    # caches (as a server's sessions do) instead of computing them again; the restart second; Gemma 3's first load
+    # third, whose conversion the group's later tests of Gemma 3 read
+    items.sort(key=lambda item: 0 if item.nodeid.startswith(COLD) else 1 if item.nodeid.startswith(RESTART) else
+               2 if item.nodeid.startswith(GEMMA_FIRST) else 3)
 
 
 

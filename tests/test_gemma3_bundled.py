@@ -22,11 +22,13 @@ UNSEEN = ["Seven purple kites drifted over the harbour while the ferry waited.",
 
 @pytest.fixture(scope="module")
 def gemma_cache(tmp_path_factory):
-    """A fresh cache for this module's loads, so the file is joined and converted as a first load does."""
+    """The file converted as a first load does (``first_load``: into the run's cache while it has none, this module
+    running early in its group so that the run's later loads read it; else a fresh one): ``(folder, progress)``."""
+    from tests.conftest import first_load
+
     before = os.environ.get("HEADLENS_CACHE")
-    os.environ["HEADLENS_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    yield os.environ["HEADLENS_CACHE"]
-    os.environ.pop("HEADLENS_CACHE") if before is None else os.environ.__setitem__("HEADLENS_CACHE", before)
+    yield first_load(bundled_file(NAME), tmp_path_factory.mktemp("cache"))
+    os.environ.pop("HEADLENS_CACHE", None) if before is None else os.environ.__setitem__("HEADLENS_CACHE", before)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,8 @@ def reference(gemma_cache):
 def test_the_weights_are_transformers_own_reading_of_the_file(gemma_cache, reference):
     from safetensors.torch import load_file
 
-    seen = []
-    folder = gguf_folder(bundled_file(NAME), progress=lambda done, total: seen.append((done, total)))
+    folder, seen = gemma_cache
+    assert gguf_folder(bundled_file(NAME)) == folder  # found in the cache from then on
     assert seen[-1] == (236, 236) and [d for d, _ in seen] == list(range(1, 237))  # read here, tensor by tensor
     ours = load_file(str(folder / "model.safetensors"))
     theirs = reference.state_dict()

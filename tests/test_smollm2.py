@@ -10,7 +10,7 @@ import torch
 import transformers as tf
 
 from models import HeadLensError, load_model
-from models.gguf import bundled_file, gguf_folder
+from models.gguf import bundled_file
 
 pytestmark = pytest.mark.bundled  # every test opens the bundled decoder
 
@@ -21,13 +21,15 @@ UNSEEN = ["Attention heads sometimes look back at the very first token of a prom
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """The bundled file read into a fresh cache folder, as a first load does."""
+    """The bundled file read as a first load does (``first_load``: into the run's cache while it has none, else a
+    fresh one)."""
+    from tests.conftest import first_load
+
     before = os.environ.get("HEADLENS_CACHE")
-    os.environ["HEADLENS_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     try:
-        return gguf_folder(bundled_file(NAME))
+        return first_load(bundled_file(NAME), tmp_path_factory.mktemp("cache"))[0]
     finally:
-        os.environ.pop("HEADLENS_CACHE") if before is None else os.environ.__setitem__("HEADLENS_CACHE", before)
+        os.environ.pop("HEADLENS_CACHE", None) if before is None else os.environ.__setitem__("HEADLENS_CACHE", before)
 
 
 @pytest.fixture(scope="module")
