@@ -522,3 +522,24 @@ def test_a_task_split_reports_each_batch_and_keeps_its_writers(induction_pair):
     assert got.parts() is got.clean and got.parts("corrupted") is got.corrupted
     np.testing.assert_array_equal(got.parts("difference"), got.clean - got.corrupted)
     assert np.abs(got.parts("difference")).max() > 1e-3  # the corruption at A changed the key's writers
+
+
+def test_an_induction_heads_key_writers_are_summed_over_the_second_copys_queries(induction_pair, induction_detector):
+    """The frame's part: the top key-side writer's part summed over the second copy's queries, each at its induction
+    key (the token after its first occurrence), as the single-prompt split gives each."""
+    from analysis.qk_attribution.induction import induction_key_writers
+    from analysis.roles.detector import repeated_sequences
+
+    model, length = induction_pair, 8
+    found = induction_key_writers(model, induction_detector, prompts=1, length=length, heads=[(1, 0)])
+    for prompt, text in enumerate(repeated_sequences(model.tokenizer, 1, length, 0)):
+        n = len(model.tokenize(text, verbose=False)["input_ids"])
+        total = 0
+        for query in range(n - length, n - 1):
+            one = QA.qk_attribution(model, text, 1, 0, query=query, key=query - length + 1)
+            total = total + one.split[:, :, one.key].sum(0)                 # the key side's writers
+        row = found.frame.iloc[prompt]
+        w = int(np.argmax(total))
+        assert row.writer == one.writers[w] == "L0 H0"
+        assert row.part == pytest.approx(total[w], rel=1e-4)
+        assert row.share == pytest.approx(total[w] / total.sum(), rel=1e-4)
