@@ -188,3 +188,66 @@ def test_queries_and_keys_are_the_callers_own_while_other_threads_use_the_model(
     finally:
         stop.set()
         worker.join()
+
+
+def test_a_picture_names_its_method_and_model_kind_and_a_large_corpus_fits_on_a_seeded_sample(monkeypatch):
+    """Past ``FIT_PAIRS`` (query, key) pairs the fitted plane reads a sample of the queries: as many as the pairs
+    allow, each once, drawn by the seed, so that the same seed draws the same picture."""
+    from analysis.qk_attribution import pictures
+
+    angles = np.linspace(0, 2 * np.pi, 12, endpoint=False)
+    keys = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    for causal in (False, True):
+        frame = qk_embedding(hand_made(keys * 4, keys, [12], causal=causal), method="pca")
+        assert (frame.attrs["method"], frame.attrs["causal"], frame.attrs["layer"]) == ("pca", causal, 0)
+    rows = []
+    seen = pictures._visible_pairs
+
+    def visible_pairs(spans, causal, chosen=None):
+        rows.append(chosen)
+        return seen(spans, causal, chosen)
+
+    monkeypatch.setattr(pictures, "_visible_pairs", visible_pairs)
+    monkeypatch.setattr(pictures, "FIT_PAIRS", 100)
+    monkeypatch.setattr(pictures, "FIT_STEPS", 3)
+    rng = np.random.default_rng(1)
+    qk = hand_made(rng.normal(size=(40, 4)), rng.normal(size=(40, 4)), [10, 10, 10, 10])  # 400 pairs: a quarter
+    a, b, other = qk_embedding(qk, seed=3), qk_embedding(qk, seed=3), qk_embedding(qk, seed=4)
+    sampled = [r for r in rows if r is not None]
+    assert len(sampled) == 3 and all(len(r) == 10 and len(set(r.tolist())) == 10 for r in sampled)
+    assert (np.diff(sampled[0]) > 0).all()
+    np.testing.assert_array_equal(sampled[0], sampled[1])
+    assert not np.array_equal(sampled[0], sampled[2])
+    np.testing.assert_array_equal(a[["x", "y"]], b[["x", "y"]])
+    assert a.attrs["method"] == "fitted"
+    monkeypatch.setattr(pictures, "FIT_PAIRS", 1)  # a pair's share of one query: still one query read
+    qk_embedding(qk)
+    assert len(rows[-1]) == 1
+
+
+def test_layers_are_read_in_groups_within_the_bytes_given_and_word_classes_from_the_pipeline_given(scratch_model):
+    import spacy
+
+    sentences = SENTENCES[:2]
+    n_tokens = sum(scratch_model.token_counts(sentences))
+    per_layer = 2 * 4 * n_tokens * scratch_model.n_heads * scratch_model.head_dim  # float32 queries and keys
+    groups = []
+    read = scratch_model.queries_keys_groups
+
+    class Watched:  # the model as it is, its groups of layers recorded
+        def __getattr__(self, name):
+            return getattr(scratch_model, name)
+
+        def queries_keys_groups(self, items, asked, progress=None):
+            groups.extend(asked)
+            return read(items, asked, progress=progress)
+
+    seen = []
+    blank = spacy.blank("en")  # no tagger: no word is told a noun (an object)
+    blank.add_pipe("sentencizer")
+    qk_heads(Watched(), sentences, max_bytes=2 * per_layer, nlp=blank)
+    assert groups == [[0], [1, 2], [3, 4], [5]]  # the first alone, then two a pass
+    qk = qk_vectors(scratch_model, sentences, 1, 2, nlp=blank, progress=lambda done, total: seen.append((done, total)))
+    assert "object" not in set(qk.tokens.word_class)
+    assert "object" in set(qk_vectors(scratch_model, sentences, 1, 2).tokens.word_class)  # coffee, tea, cat, mat
+    assert seen and seen[-1] == (len(sentences), len(sentences))
