@@ -492,6 +492,16 @@ def test_a_splits_frames_read_the_key_asked_and_name_their_columns(induction_pai
         assert (frame.weight == split.weights[other]).all()
     with pytest.raises(HeadLensError, match="^The prompt is empty; type a sentence."):
         QA.qk_attribution(model, "   ", 1, 0)
+    saved = split.to_json(other)
+    assert (saved["model"], saved["layer"], saved["head"], saved["query"], saved["key"]) == (
+        model.name, 1, 0, split.query, other)
+    assert saved["tokens"] == split.tokens[:split.query + 1]
+    assert saved["score"] == pytest.approx(split.scores[other]) and saved["weight"] == pytest.approx(
+        split.weights[other])
+    assert len(saved["pairs"]) == min(200, len(split.writers) ** 2) and "query_index" not in saved["pairs"][0]
+    assert saved["pairs"][0]["part"] == pytest.approx(split.pairs(other).part.iloc[0])
+    assert [w["writer"] for w in saved["key_writers"]] == split.key_writers(other).writer.tolist()
+    assert "index" not in saved["query_writers"][0]
 
 
 def test_a_heads_sides_split_the_keys_asked_and_a_pruned_head_has_none(induction_pair):
@@ -500,6 +510,12 @@ def test_a_heads_sides_split_the_keys_asked_and_a_pruned_head_has_none(induction
     run = Q.writers_run(stack, graph, torch.tensor([[3, 4, 5, 6, 3, 4]]))
     sides = Q.head_sides(stack, graph, run, 1, 0)
     np.testing.assert_array_equal(sides.split(5, slice(1, 3)), sides.split(5)[..., 1:3])
+    text = induction_pair.tokenizer.decode([3, 4, 5, 6, 3, 4])
+    assert induction_pair.tokenizer(text)["input_ids"] == [3, 4, 5, 6, 3, 4]
+    weights = induction_pair.attend(text).weights[1, 0]                   # the model's own attention
+    for query in (2, 5):
+        np.testing.assert_allclose(torch.softmax(sides.scores(query)[0].double(), -1).numpy(),
+                                   weights[query, :query + 1], atol=1e-5)
     pruned = induction_pair.pruned([(1, 1)]).scratch().stack
     with pytest.raises(ValueError, match="^Head 1 of layer 1 was pruned away.$"):
         Q.head_sides(pruned, C.graph_of(pruned), Q.writers_run(pruned, C.graph_of(pruned), torch.tensor([[3, 4]])),
@@ -522,6 +538,22 @@ def test_a_task_split_reports_each_batch_and_keeps_its_writers(induction_pair):
     assert got.parts() is got.clean and got.parts("corrupted") is got.corrupted
     np.testing.assert_array_equal(got.parts("difference"), got.clean - got.corrupted)
     assert np.abs(got.parts("difference")).max() > 1e-3  # the corruption at A changed the key's writers
+    for side, axis in (("q", 2), ("k", 1)):  # each writer of a side, summed over the other side's, pair by pair
+        per_pair = got.clean.sum(axis)                                          # (pairs, writers)
+        frame = got.side(side, n=4)
+        assert list(frame.columns) == ["rank", "writer", "part", "part_lo", "part_hi", "index"]
+        assert frame["rank"].tolist() == [1, 2, 3, 4] and frame.part.abs().is_monotonic_decreasing
+        np.testing.assert_allclose(frame.part, per_pair[:, frame["index"]].mean(0))
+        assert frame.writer.tolist() == [got.writers[i] for i in frame["index"]]
+        assert (frame.part_lo <= frame.part + 1e-12).all() and (frame.part <= frame.part_hi + 1e-12).all()
+        assert (frame.part_hi - frame.part_lo > 0).any()
+    frame = got.frame("clean", n=3)
+    flat = got.clean.reshape(3, -1)
+    np.testing.assert_allclose(frame.share, (flat[:, frame.query_index * len(got.writers) + frame.key_index]
+                                             / flat.sum(1, keepdims=True)).mean(0))
+    assert list(frame.columns) == ["rank", "query_writer", "key_writer", "part", "part_lo", "part_hi", "share",
+                                   "share_lo", "share_hi", "query_index", "key_index"]
+    assert (frame.share_lo <= frame.share + 1e-12).all() and (frame.share <= frame.share_hi + 1e-12).all()
 
 
 def test_an_induction_heads_key_writers_are_summed_over_the_second_copys_queries(induction_pair, induction_detector):
@@ -543,3 +575,32 @@ def test_an_induction_heads_key_writers_are_summed_over_the_second_copys_queries
         assert row.writer == one.writers[w] == "L0 H0"
         assert row.part == pytest.approx(total[w], rel=1e-4)
         assert row.share == pytest.approx(total[w] / total.sum(), rel=1e-4)
+
+
+def test_an_induction_heads_writers_by_head_count_their_prompts_with_wilsons_interval():
+    """``by_head`` from a frame set by hand: each (head, writer) pair's prompts, its share of the head's prompts
+    with Wilson's 95% interval worked here, its label and score, its mean share of the scores."""
+    import pandas as pd
+    from analysis.qk_attribution.induction import KeyWriters
+
+    frame = pd.DataFrame({
+        "prompt": [0, 1, 2, 3, 0, 1], "head": ["L1 H0"] * 4 + ["L1 H1"] * 2,
+        "writer": ["input", "L0 H0", "L0 H0", "L0 H0", "L0 H1", "L0 H1"],
+        "label": ["input", "previous token", "previous token", "previous token", "other", "other"],
+        "previous_token_score": [np.nan, 0.8, 0.8, 0.8, 0.1, 0.1], "part": [1.0, 2.0, 3.0, 4.0, 1.0, 1.0],
+        "share": [0.2, 0.5, 0.6, 0.7, 0.9, 0.3], "previous_token": [False, True, True, True, False, False]})
+    rows = KeyWriters(frame).by_head()
+    assert rows[["head", "writer", "prompts"]].values.tolist() == [["L1 H0", "L0 H0", 3], ["L1 H0", "input", 1],
+                                                                   ["L1 H1", "L0 H1", 2]]
+    assert rows.label.tolist() == ["previous token", "input", "other"]
+    np.testing.assert_allclose(rows.previous_token_score, [0.8, np.nan, 0.1])
+    np.testing.assert_allclose(rows.share_of_score, [0.6, 0.2, 0.6])
+    np.testing.assert_allclose(rows.of_prompts, [0.75, 0.25, 1.0])
+    z = 1.959963984540054
+    for (k, n), low, high in zip([(3, 4), (1, 4), (2, 2)], rows.of_prompts_lo, rows.of_prompts_hi):
+        p = k / n
+        centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z / (1 + z * z / n) * np.sqrt(
+            p * (1 - p) / n + z * z / (4 * n * n))
+        assert (low, high) == pytest.approx((centre - half, centre + half), abs=1e-9)
+    share, low, high = KeyWriters(frame).share_previous_token()
+    assert share == 0.5 and low < 0.5 < high
