@@ -179,11 +179,11 @@ def tiny(tmp_path_factory, minilm_dir):
 
 def first_load(path, fresh) -> tuple[Path, list]:
     """A first conversion of the GGUF file at ``path``: ``(folder, progress)``. Into the run's own cache while it
-    holds no conversion of the file (the run's one conversion, which every later load reads), else, or when another
+    holds no conversion of the file (the run's one conversion, which every later load reads); else, or when another
     process made it meanwhile, into ``fresh``, an empty folder that HEADLENS_CACHE then names."""
-    from models.gguf import converted_folder, gguf_folder
+    from models.gguf import gguf_folder
 
-    for cache in ([] if (converted_folder(path) / "model.safetensors").is_file() else [None]) + [fresh]:
+    for cache in (None, fresh):  # the run's cache gives no progress when the file was converted there already
         if cache is not None:
             os.environ["HEADLENS_CACHE"] = str(cache)
         seen = []
@@ -218,7 +218,7 @@ COLD = "tests/test_app_cold.py"  # the test that makes the run's one preparation
 # the restart reads that preparation back and opens pages over it: right after the cold server, whose pages left in
 # the caches what they compute beside the preparation
 RESTART = "tests/test_warm_up.py::test_a_restart_"
-# then Gemma 3's first load, whose conversion the run's later loads of it read (``first_load_cache``)
+# then Gemma 3's first load, whose conversion the run's later loads of it read (``first_load``)
 GEMMA_FIRST = "tests/test_gemma3_bundled.py"
 
 
