@@ -9,6 +9,7 @@ bench/bench_load.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import time
@@ -52,6 +53,10 @@ class LoadReport:
     warm_up_s: float = 0.0  # the first visitor's tour of every page, before the sessions start
     server_cpu_s: float = 0.0  # CPU the server used while the sessions ran
     machine_busy: float = 0.0  # share of all cores busy meanwhile (the browsers run here too)
+    # the server's memory once its janitor had swept (``held_log``): after the warm-up, before the sessions came, and
+    # after they closed; NaN where not measured
+    before_mib: float = float("nan")
+    after_mib: float = float("nan")
 
     def record(self, kind: str, done_s: float, first_s: float | None = None) -> None:
         """An action of ``kind`` done after ``done_s``; its first answer (a chart drawn for it, or the nearest
@@ -86,6 +91,11 @@ class LoadReport:
         mid = (self.warm_at + self.memory_mib[-1][0]) / 2
         return self.memory_mib[-1][1] - self.memory_at(mid)
 
+    @property
+    def returned_mib(self) -> float:
+        """What the sessions left held once they closed and the janitor swept: ``after_mib`` over ``before_mib``."""
+        return self.after_mib - self.before_mib
+
     def summary(self) -> str:
         warm, end, peak = self.memory_at(self.warm_at), self.memory_mib[-1][1], max(m for _, m in self.memory_mib)
         return (f"{self.sessions} sessions x {self.seconds:.0f} s after a {self.warm_up_s:.0f} s warm-up: "
@@ -94,7 +104,10 @@ class LoadReport:
                 f"max {max(self.latencies, default=float('nan')):.2f} s; server memory {warm:.0f} MiB when all "
                 f"sessions were open, {end:.0f} MiB at the end (peak {peak:.0f}); second half "
                 f"{self.rss_growth_second_half:+.0f} MiB; the server used {self.server_cpu_s / self.seconds:.2f} "
-                f"cores, the machine was {self.machine_busy:.0%} busy")
+                f"cores, the machine was {self.machine_busy:.0%} busy"
+                + ("" if self.before_mib != self.before_mib else
+                   f"; swept, {self.before_mib:.0f} MiB before the sessions and {self.after_mib:.0f} MiB after they "
+                   f"closed ({self.returned_mib:+.0f} MiB)"))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -137,6 +150,26 @@ def _children(pid: int) -> list[int]:
             found += kids
             todo += kids
     return found
+
+
+async def swept(log: str, pid: int, timeout: float = 120.0) -> float:
+    """The server's memory just after its janitor's next sweep that notes what it holds (a line added to ``log``,
+    ``HEADLENS_HELD_LOG``, once the sweep has dropped what closed sessions held and given freed memory back)."""
+    since = time.time()
+
+    def noted() -> bool:
+        try:
+            with open(log) as f:
+                return any(json.loads(line)["t"] > since for line in f if line.strip())
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while not noted():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server's janitor noted nothing in {log} for {timeout:.0f} s")
+        await asyncio.sleep(0.2)
+    return server_mib(pid)
 
 
 async def _sample_memory(pid: int, report: LoadReport, start: float, stop: asyncio.Event) -> None:
@@ -218,7 +251,7 @@ async def finished(tasks: list, pid: int, cpu: float, ticks: tuple[int, int], re
             report.errors.append(f"session {n}: {type(r).__name__}: {r}")
 
 
-async def _run(url: str, pid: int, sessions: int, seconds: float) -> LoadReport:
+async def _run(url: str, pid: int, sessions: int, seconds: float, held_log: str | None) -> LoadReport:
     from playwright.async_api import async_playwright
 
     report = LoadReport(sessions, seconds)
@@ -230,6 +263,8 @@ async def _run(url: str, pid: int, sessions: int, seconds: float) -> LoadReport:
         try:
             await _warm_up(browser, url, report)
             report.warm_up_s = time.monotonic() - start
+            if held_log:
+                report.before_mib = await swept(held_log, pid)
             # sessions open one after another (people arrive), then all run until the same deadline
             tasks = []
             for n in range(sessions):
@@ -240,7 +275,9 @@ async def _run(url: str, pid: int, sessions: int, seconds: float) -> LoadReport:
             report.warm_at = time.monotonic() - start
             clock["end"] = time.monotonic() + seconds
             cpu, ticks = cpu_seconds(pid), machine_ticks()
-            await finished(tasks, pid, cpu, ticks, report)
+            await finished(tasks, pid, cpu, ticks, report)  # each session's context closed
+            if held_log:
+                report.after_mib = await swept(held_log, pid)
         finally:
             await browser.close()
             stop.set()
@@ -248,7 +285,9 @@ async def _run(url: str, pid: int, sessions: int, seconds: float) -> LoadReport:
     return report
 
 
-def run_load(url: str, pid: int, sessions: int = 8, seconds: float = 60) -> LoadReport:
+def run_load(url: str, pid: int, sessions: int = 8, seconds: float = 60, held_log: str | None = None) -> LoadReport:
+    """``held_log``: the server's ``HEADLENS_HELD_LOG``, whose janitor's notes say when it has swept: the server's
+    memory is then also measured once it has, before the sessions and after they closed."""
     # a thread of its own: the caller may already run an event loop (sync Playwright does)
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, _run(url, pid, sessions, seconds)).result()
+        return pool.submit(asyncio.run, _run(url, pid, sessions, seconds, held_log)).result()
