@@ -1,0 +1,142 @@
+"""A prompt traced once for the Effects analyses, and what a pair's answer is read as, against transformers' own run
+of the same weights (a tiny random Llama built here, the bundled MiniLM) and its tokenizer."""
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+from analysis.effects import answer_token, token_text
+from analysis.effects.inputs import probe_text, two, unit_embeddings
+from analysis.effects.traced import PATCH_MAX_TOKENS, as_traced, traced
+from models import HeadLensError, load_model
+from tests.test_llama import build
+
+TEXT = "The cat sat on the mat because it was warm."
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """(ours on the from-scratch engine, the transformers engine on the same folder, transformers' model, tokenizer)."""
+    _, folder, hf, tok = build("llama", tmp_path_factory.mktemp("traced-llama"))
+    return load_model(folder, backend="scratch"), load_model(folder), hf, tok
+
+
+def hooked_run(hf, text, tok):
+    """transformers' run of ``text``: each layer's input, each head's z (o_proj's input) and the attention."""
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    z = []
+    handles = [layer.self_attn.o_proj.register_forward_pre_hook(lambda m, args: z.append(args[0][0].clone()))
+               for layer in hf.model.layers]
+    try:
+        with torch.inference_mode():
+            out = hf(ids, output_attentions=True, output_hidden_states=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return ids[0], out, z
+
+
+def test_a_traced_prompt_keeps_transformers_run_and_its_tokenizers_reading(llama):
+    ours, theirs, hf, tok = llama
+    ids, out, z = hooked_run(hf, TEXT, tok)
+    t = traced(ours, TEXT)
+    assert t.text == TEXT and len(t) == len(ids)
+    assert t.ids.tolist() == ids.tolist() and t.ids.dtype == torch.long
+    assert t.tokens == tok.convert_ids_to_tokens(ids.tolist())
+    enc = tok(TEXT, return_offsets_mapping=True, return_special_tokens_mask=True)
+    assert t.word_ids == enc.word_ids() and t.offsets == [tuple(o) for o in enc["offset_mapping"]]
+    assert t.special.dtype == bool and t.special.tolist() == [bool(s) for s in enc["special_tokens_mask"]]
+    L, H = hf.config.num_hidden_layers, hf.config.num_attention_heads
+    Dh = hf.config.hidden_size // H
+    assert len(t.trace.resid) == L + 1 and len(t.trace.z) == L
+    for layer in range(L):  # hidden_states[l] enters layer l; the last is after the final norm, so not compared
+        np.testing.assert_allclose(t.trace.resid[layer].numpy(), out.hidden_states[layer][0].numpy(),
+                                   rtol=1e-5, atol=1e-5)
+        heads = z[layer].view(len(ids), H, Dh).transpose(0, 1)
+        np.testing.assert_allclose(t.trace.z[layer].numpy(), heads.numpy(), rtol=1e-5, atol=1e-5)
+    weights = t.weights()
+    assert weights.dtype == np.float32 and weights.shape == (L, H, len(ids), len(ids))
+    np.testing.assert_allclose(weights, torch.stack(out.attentions, 1)[0].numpy(), atol=1e-5)
+    assert t.weights() is weights and not weights.flags.writeable  # read once, and shared read-only
+    att = t.attention()
+    assert att.weights is weights and att.tokens == t.tokens and att.text == TEXT and att.causal is True
+    assert (att.backend, att.model_name, att.n_tokens_original) == ("scratch", ours.name, len(ids))
+    assert att.pruned is None and att.offsets == t.offsets and att.special is t.special
+
+
+def test_a_prompt_traced_on_either_engine_of_one_model_is_taken_as_it_is(llama, scratch_model):
+    ours, theirs, hf, tok = llama
+    t = traced(ours, TEXT)
+    assert as_traced(ours, t) is t and as_traced(theirs, t) is t
+    again = as_traced(theirs, TEXT)  # a text is traced, on the from-scratch twin of the transformers engine
+    assert again is not t and again.ids.tolist() == t.ids.tolist()
+    np.testing.assert_allclose(again.weights(), t.weights(), atol=1e-6)
+    with pytest.raises(HeadLensError, match=rf"^That prompt was traced on {ours.name}, not on {scratch_model.name}\.$"):
+        as_traced(scratch_model, t)
+    with pytest.raises(HeadLensError, match=r"^That clean prompt was traced on "):
+        as_traced(scratch_model, t, noun="clean prompt")
+
+
+def test_an_encoders_prompt_is_traced_with_its_special_tokens_and_at_most_256_tokens(scratch_model, minilm_dir):
+    tok = tf.AutoTokenizer.from_pretrained(minilm_dir)
+    t = traced(scratch_model, "Which do you like better, coffee or tea?")
+    enc = tok("Which do you like better, coffee or tea?", return_special_tokens_mask=True)
+    assert t.tokens == tok.convert_ids_to_tokens(enc["input_ids"]) and t.tokens[0] == "[CLS]"
+    assert t.special.tolist() == [True] + [False] * (len(t) - 2) + [True]
+    assert t.word_ids[0] is None and t.word_ids[1] == 0 and t.attention().causal is False
+    assert len(traced(scratch_model, "word " * (PATCH_MAX_TOKENS - 2))) == PATCH_MAX_TOKENS == 256  # the longest
+    with pytest.raises(HeadLensError, match=r"^The prompt has 257 tokens; effects are computed on prompts of at most "
+                                            r"256\.$"):
+        traced(scratch_model, "word " * (PATCH_MAX_TOKENS - 1))
+    with pytest.raises(HeadLensError, match=r"^The corrupted prompt has 302 tokens"):
+        traced(scratch_model, "word " * 300, noun="corrupted prompt")
+    with pytest.raises(HeadLensError, match=r"^The clean prompt is empty; type a sentence\.$"):
+        traced(scratch_model, "  ", noun="clean prompt")
+
+
+def test_an_answer_is_a_token_id_or_a_string_read_as_one_token(llama):
+    ours, theirs, hf, tok = llama
+    vocab = len(tok)
+    assert answer_token(ours, 0) == 0 and answer_token(ours, vocab - 1) == vocab - 1
+    assert answer_token(ours, np.int64(7)) == 7 and type(answer_token(ours, np.int64(7))) is int
+    for bad in (vocab, -1):
+        with pytest.raises(HeadLensError, match=rf"^The answer token id {bad} is not in the vocabulary \(0 to "
+                                                rf"{vocab - 1}\)\.$"):
+            answer_token(ours, bad)
+    with pytest.raises(HeadLensError, match=r"^The distractor token id -1 is not"):
+        answer_token(ours, -1, role="distractor")
+    one = next(t for t in tok.get_vocab() if t.startswith("Ġ") and len(t) > 2)  # a word with its leading space
+    text = tok.convert_tokens_to_string([one])
+    assert answer_token(ours, text) == tok.convert_tokens_to_ids(one) and token_text(ours, tok.convert_tokens_to_ids(one)) == text
+    for bad in ("", True, None, 2.0):  # True is an int to Python, not a token id
+        with pytest.raises(HeadLensError, match=r'^Give the answer as a token: a string such as " Mary" \(with its '
+                                                r"leading space\), or a token id\.$"):
+            answer_token(ours, bad)
+    pieces = tok(" coffee or tea", add_special_tokens=False)["input_ids"]
+    named = " ".join(repr(p) for p in tok.convert_ids_to_tokens(pieces))
+    with pytest.raises(HeadLensError) as err:
+        answer_token(ours, " coffee or tea", role="distractor")
+    assert str(err.value) == (f"The distractor ' coffee or tea' is {len(pieces)} tokens to this tokenizer ({named}); "
+                              "give a string it reads as one token, or a token id.")
+
+
+def test_an_encoders_probe_texts_and_their_unit_embeddings_equal_transformers_mean_pooling(hf_model, minilm_dir):
+    assert probe_text("  tea \n", "answer") == "tea"
+    for bad in ("", "   ", 3, None):
+        with pytest.raises(HeadLensError, match=r"^On an encoder the distractor is a text \(a word or a sentence\) "
+                                                r"whose embedding the prompt's is compared with; give it as text\.$"):
+            probe_text(bad, "distractor")
+    two(1, 2, "token")
+    with pytest.raises(HeadLensError, match=r"^The answer and the distractor are the same text; patching compares "
+                                            r"two\.$"):
+        two("tea", "tea", "text")
+    texts = ["tea", "a cup of coffee", "juice", "Which do you like better, coffee or tea?"]  # two of one length
+    tok = tf.AutoTokenizer.from_pretrained(minilm_dir)
+    bert = tf.AutoModel.from_pretrained(minilm_dir, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        want = [bert(**tok(t, return_tensors="pt")).last_hidden_state[0].mean(0) for t in texts]
+    want = torch.stack([w / w.norm() for w in want])
+    got = unit_embeddings(hf_model, texts)  # the transformers engine hands the run to its from-scratch twin
+    assert got.shape == want.shape and got.dtype == torch.float32
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+    np.testing.assert_allclose(got.norm(dim=-1).numpy(), 1.0, atol=1e-6)
