@@ -6,7 +6,9 @@ import torch
 import transformers as tf
 
 from analysis.effects import answer_token, token_text
+from analysis.effects import patch_heads, readouts
 from analysis.effects.inputs import probe_text, two, unit_embeddings
+from analysis.effects.readouts import readout_reading
 from analysis.effects.traced import PATCH_MAX_TOKENS, as_traced, traced
 from models import HeadLensError, load_model
 from tests.test_llama import build
@@ -61,7 +63,7 @@ def test_a_traced_prompt_keeps_transformers_run_and_its_tokenizers_reading(llama
     att = t.attention()
     assert att.weights is weights and att.tokens == t.tokens and att.text == TEXT and att.causal is True
     assert (att.backend, att.model_name, att.n_tokens_original) == ("scratch", ours.name, len(ids))
-    assert att.pruned is None and att.offsets == t.offsets and att.special is t.special
+    assert att.pruned is None and att.offsets == t.offsets and att.special is t.special and att.word_ids == t.word_ids
 
 
 def test_a_prompt_traced_on_either_engine_of_one_model_is_taken_as_it_is(llama, scratch_model):
@@ -140,3 +142,42 @@ def test_an_encoders_probe_texts_and_their_unit_embeddings_equal_transformers_me
     assert got.shape == want.shape and got.dtype == torch.float32
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
     np.testing.assert_allclose(got.norm(dim=-1).numpy(), 1.0, atol=1e-6)
+
+
+def test_a_metric_another_kind_of_model_reads_gets_a_sentence_naming_this_ones(llama, scratch_model, tiny):
+    ours = llama[0]
+    with pytest.raises(HeadLensError) as err:
+        readout_reading(ours, "embedding")
+    assert str(err.value) == ("The embedding difference is an encoder's metric: its sentence embedding against two "
+                              f"probe texts; {ours.name}'s prediction is read as the logit difference: choose "
+                              "'logit_diff' or 'prob_diff' or 'greater_than'.")
+    with pytest.raises(HeadLensError) as err:
+        readout_reading(scratch_model, "prob_diff")
+    assert str(err.value) == ("The logit difference is read from a language model's next-token logits; "
+                              f"{scratch_model.name}'s prediction is read as the embedding difference: choose "
+                              "'embedding' (an encoder's tasks: objects, relation, sentence type, sentiment, or pairs "
+                              "with probe texts).")
+    with pytest.raises(HeadLensError, match=r"^Unknown metric 'loss': choose one of logit_diff, prob_diff, "):
+        readout_reading(ours, "loss")
+    with pytest.raises(HeadLensError, match=r"^Patching replaces a head's output inside the from-scratch engine, which does not implement "):
+        readouts(load_model(tiny("bloom")))
+
+
+def test_an_encoders_probe_texts_and_a_decoders_tokens_are_named_in_their_sentences(llama, scratch_model):
+    """An answer the tokenizer reads as no token at all, the same probe text twice, a CSV row's bad distractor."""
+    from analysis.tasks.build import from_rows
+
+    with pytest.raises(HeadLensError, match=r"^The answer ' ' is 0 tokens to this tokenizer \(nothing\); give a "):
+        answer_token(scratch_model, " ")
+    with pytest.raises(HeadLensError, match=r"^The answer and the distractor are the same text; patching compares "
+                                            r"two\.$"):
+        patch_heads(scratch_model, "Which do you like better, coffee or tea?",
+                    "Which do you like better, juice or tea?", "tea ", " tea")
+    ours, _, _, tok = llama
+    a, d = [tok.convert_tokens_to_string([t]) for t in sorted(t for t in tok.get_vocab() if t.startswith("Ġ")
+                                                                  and len(t) > 2)[:2]]
+    row = {"clean": TEXT, "corrupted": TEXT.replace("warm", "cold"), "answer": a, "distractor": d}
+    assert len(tok(row["clean"])["input_ids"]) == len(tok(row["corrupted"])["input_ids"])
+    task = from_rows(ours, [row, {**row, "distractor": " coffee or tea"}])
+    assert len(task.pairs) == 1 and len(task.problems) == 1
+    assert task.problems[0].startswith("Row 3: its distractor ' coffee or tea' is "), task.problems
