@@ -181,3 +181,24 @@ def test_an_encoders_probe_texts_and_a_decoders_tokens_are_named_in_their_senten
     task = from_rows(ours, [row, {**row, "distractor": " coffee or tea"}])
     assert len(task.pairs) == 1 and len(task.problems) == 1
     assert task.problems[0].startswith("Row 3: its distractor ' coffee or tea' is "), task.problems
+
+
+def test_the_whole_residual_stream_patched_at_any_layer_gives_the_clean_runs_measure(llama):
+    """What enters a layer is all that flows on: the clean residual stream put in whole, at any layer, gives the clean
+    run's logit difference, and the attribution's frame names the answer and distractor as they read."""
+    from analysis.effects import logit_attribution
+    from analysis.effects.batched import final_measures, patched_measures
+    from analysis.effects.metrics import TokenLogits
+    from models.run import as_batch
+
+    ours, _, _, tok = llama
+    clean, bad = (as_batch(traced(ours, t).trace) for t in (TEXT, TEXT.replace("warm", "cold")))
+    measure, rows = TokenLogits(torch.tensor([[5, 6]]), torch.tensor([[1.0, -1.0]])), torch.tensor([0])
+    want, base = (final_measures(ours.stack, t, measure, rows)[0] for t in (clean, bad))
+    assert abs(want - base) > 1e-3
+    L = ours.stack.n_layers
+    got = patched_measures(ours, clean, bad, measure, rows, np.zeros(L, dtype=int), np.arange(L),
+                           np.full(L, -1), np.full(L, -1))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    frame = logit_attribution(ours, TEXT, 5, 6)
+    assert (frame.attrs["answer"], frame.attrs["distractor"]) == (tok.decode([5]), tok.decode([6]))
