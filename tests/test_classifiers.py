@@ -136,8 +136,8 @@ def test_every_head_patched_and_attribution_patched_equals_transformers_hooks(fa
 
 def test_a_label_not_in_id2label_gets_a_sentence_naming_the_labels(built):
     ours, _, tok = built("bert")
-    with pytest.raises(HeadLensError, match="'happy' is not one of this classifier's labels: 'negative', 'neutral', "
-                                            "'positive'"):
+    with pytest.raises(HeadLensError, match="^The answer 'happy' is not one of this classifier's labels: 'negative', "
+                                            "'neutral', 'positive'"):
         patch_heads(ours, CLEAN, corrupted(tok), "happy", "negative")
     with pytest.raises(HeadLensError, match="the same label"):
         patch_heads(ours, CLEAN, corrupted(tok), "positive", 2)

@@ -240,3 +240,14 @@ def test_effects_patches_a_typed_pair_at_its_mask_and_says_why_there_are_no_dire
     assert not any(title_text(c).startswith("Direct") for c in charts)
     grid = next(c for c in charts if "recovered" in title_text(c))["data"][0]["z"]
     np.testing.assert_allclose(decode(grid), want["recovered"].to_numpy().reshape(2, 4), atol=1e-6)
+
+
+def test_a_masked_row_with_one_token_twice_is_named_as_any_row_is(built):
+    from analysis.tasks.build import from_rows
+
+    ours, _, tok = built("bert")
+    clean, corrupted = prompts(tok, "bert")
+    good = {"clean": clean, "corrupted": corrupted, "answer": "tea", "distractor": "juice"}
+    task = from_rows(ours, [good, {**good, "distractor": "tea"}])
+    assert len(task.pairs) == 1 and task.pairs[0].role("MASK") == tok(clean)["input_ids"].index(tok.mask_token_id)
+    assert task.problems == ("Row 3: its answer and distractor are the same token; give two different ones.",)
