@@ -202,3 +202,30 @@ def test_the_whole_residual_stream_patched_at_any_layer_gives_the_clean_runs_mea
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     frame = logit_attribution(ours, TEXT, 5, 6)
     assert (frame.attrs["answer"], frame.attrs["distractor"]) == (tok.decode([5]), tok.decode([6]))
+
+
+def test_a_tasks_greater_than_mass_is_the_probabilities_above_less_those_below(llama, scratch_model):
+    """Greater-than's metric over pairs of uneven ``above`` and ``below`` tokens, against transformers' softmax; an
+    encoder's metric over pairs without probe texts gets a sentence."""
+    from dataclasses import replace
+
+    from analysis.tasks.build import from_rows
+
+    ours, _, hf, tok = llama
+    a, d = (tok.decode([t]) for t in (5, 6))
+    task = from_rows(ours, [{"clean": TEXT, "corrupted": TEXT.replace("warm", "cold"), "answer": a, "distractor": d}])
+    (pair,) = task.pairs
+    task = replace(task, pairs=(replace(pair, above=(5, 6), below=(7,)), replace(pair, above=(8,), below=(9, 10, 11))))
+    metric = readout_reading(ours, "greater_than").task_metric(task, "greater_than")
+    assert metric.tokens.tolist() == [[5, 6, 7, 0], [8, 9, 10, 11]]
+    assert metric.weights.tolist() == [[1.0, 1.0, -1.0, 0.0], [1.0, -1.0, -1.0, -1.0]]
+    t = traced(ours, TEXT)
+    with torch.inference_mode():
+        p = torch.softmax(hf(t.ids.view(1, -1)).logits[0, -1].double(), -1)
+        got = metric(ours.stack, t.trace.resid[-1].unsqueeze(0).expand(2, -1, -1), torch.tensor([0, 1]))
+    np.testing.assert_allclose(got.numpy(), [float(p[5] + p[6] - p[7]), float(p[8] - p[9] - p[10] - p[11])],
+                               rtol=1e-4, atol=1e-7)
+    with pytest.raises(HeadLensError) as err:
+        readout_reading(scratch_model, "embedding").task_metric(task, "embedding")
+    assert str(err.value) == ("The embedding difference compares each sentence with its pair's probe texts; this "
+                              "task's pairs have none: choose an encoder's task or upload pairs with them.")
