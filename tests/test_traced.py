@@ -8,7 +8,7 @@ import transformers as tf
 from analysis.effects import answer_token, token_text
 from analysis.effects import patch_heads, readouts
 from analysis.effects.inputs import probe_text, two, unit_embeddings
-from analysis.effects.readouts import readout_reading
+from analysis.effects.readouts import NextToken, readout_reading
 from analysis.effects.traced import PATCH_MAX_TOKENS, as_traced, traced
 from models import HeadLensError, load_model
 from tests.test_llama import build
@@ -159,8 +159,11 @@ def test_a_metric_another_kind_of_model_reads_gets_a_sentence_naming_this_ones(l
                               "with probe texts).")
     with pytest.raises(HeadLensError, match=r"^Unknown metric 'loss': choose one of logit_diff, prob_diff, "):
         readout_reading(ours, "loss")
-    with pytest.raises(HeadLensError, match=r"^Patching replaces a head's output inside the from-scratch engine, which does not implement "):
-        readouts(load_model(tiny("bloom")))
+    bloom = load_model(tiny("bloom"))
+    for make in (readouts, NextToken):  # a readout made with no stack finds its own
+        with pytest.raises(HeadLensError, match=r"^Patching replaces a head's output inside the from-scratch engine, "
+                                                r"which does not implement "):
+            make(bloom)
 
 
 def test_an_encoders_probe_texts_and_a_decoders_tokens_are_named_in_their_sentences(llama, scratch_model):
@@ -225,6 +228,10 @@ def test_a_tasks_greater_than_mass_is_the_probabilities_above_less_those_below(l
         got = metric(ours.stack, t.trace.resid[-1].unsqueeze(0).expand(2, -1, -1), torch.tensor([0, 1]))
     np.testing.assert_allclose(got.numpy(), [float(p[5] + p[6] - p[7]), float(p[8] - p[9] - p[10] - p[11])],
                                rtol=1e-4, atol=1e-7)
+    u = hf.lm_head.weight.detach().double()  # its direction: each sign's weights scaled to sum to 1 in size
+    for k, want in enumerate([(u[5] + u[6]) / 2 - u[7], u[8] - (u[9] + u[10] + u[11]) / 3]):
+        np.testing.assert_allclose(metric.direction(ours.stack, k).double().numpy(), want.numpy(), rtol=1e-5,
+                                   atol=1e-6)
     with pytest.raises(HeadLensError) as err:
         readout_reading(scratch_model, "embedding").task_metric(task, "embedding")
     assert str(err.value) == ("The embedding difference compares each sentence with its pair's probe texts; this "
