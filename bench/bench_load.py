@@ -90,8 +90,10 @@ def main() -> None:
         llm(args)
         return
     args.seconds = args.seconds or 60
-    with tempfile.TemporaryDirectory() as folder, streamlit_server(env={HELD_LOG: f"{folder}/held.jsonl"}) as (url, proc):
-        report = run_load(url, proc.pid, args.sessions, args.seconds, held_log=f"{folder}/held.jsonl")
+    with tempfile.TemporaryDirectory() as folder:
+        held = f"{folder}/held.jsonl"
+        with streamlit_server(env={HELD_LOG: held}) as (url, proc):
+            report = run_load(url, proc.pid, args.sessions, args.seconds, held_log=held)
     print(report.summary())
     print("by action:", report.by_kind())
     thirds = [report.memory_at(report.warm_at + f * (report.memory_mib[-1][0] - report.warm_at)) for f in (0, 1 / 3, 2 / 3, 1)]

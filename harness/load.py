@@ -55,8 +55,8 @@ class LoadReport:
     machine_busy: float = 0.0  # share of all cores busy meanwhile (the browsers run here too)
     # the server's memory once its janitor had swept (``held_log``): after the warm-up, before the sessions came, and
     # after they closed; NaN where not measured
-    before_mib: float = float("nan")
-    after_mib: float = float("nan")
+    swept_before_mib: float = float("nan")
+    swept_after_mib: float = float("nan")
 
     def record(self, kind: str, done_s: float, first_s: float | None = None) -> None:
         """An action of ``kind`` done after ``done_s``; its first answer (a chart drawn for it, or the nearest
@@ -92,9 +92,10 @@ class LoadReport:
         return self.memory_mib[-1][1] - self.memory_at(mid)
 
     @property
-    def returned_mib(self) -> float:
-        """What the sessions left held once they closed and the janitor swept: ``after_mib`` over ``before_mib``."""
-        return self.after_mib - self.before_mib
+    def swept_returned_mib(self) -> float:
+        """What the sessions left held once they closed and the janitor swept: ``swept_after_mib`` over
+        ``swept_before_mib``."""
+        return self.swept_after_mib - self.swept_before_mib
 
     def summary(self) -> str:
         warm, end, peak = self.memory_at(self.warm_at), self.memory_mib[-1][1], max(m for _, m in self.memory_mib)
@@ -105,9 +106,9 @@ class LoadReport:
                 f"sessions were open, {end:.0f} MiB at the end (peak {peak:.0f}); second half "
                 f"{self.rss_growth_second_half:+.0f} MiB; the server used {self.server_cpu_s / self.seconds:.2f} "
                 f"cores, the machine was {self.machine_busy:.0%} busy"
-                + ("" if self.before_mib != self.before_mib else
-                   f"; swept, {self.before_mib:.0f} MiB before the sessions and {self.after_mib:.0f} MiB after they "
-                   f"closed ({self.returned_mib:+.0f} MiB)"))
+                + ("" if self.swept_before_mib != self.swept_before_mib else
+                   f"; swept, {self.swept_before_mib:.0f} MiB before the sessions and {self.swept_after_mib:.0f} MiB "
+                   f"after they closed ({self.swept_returned_mib:+.0f} MiB)"))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -264,7 +265,7 @@ async def _run(url: str, pid: int, sessions: int, seconds: float, held_log: str 
             await _warm_up(browser, url, report)
             report.warm_up_s = time.monotonic() - start
             if held_log:
-                report.before_mib = await swept(held_log, pid)
+                report.swept_before_mib = await swept(held_log, pid)
             # sessions open one after another (people arrive), then all run until the same deadline
             tasks = []
             for n in range(sessions):
@@ -277,7 +278,7 @@ async def _run(url: str, pid: int, sessions: int, seconds: float, held_log: str 
             cpu, ticks = cpu_seconds(pid), machine_ticks()
             await finished(tasks, pid, cpu, ticks, report)  # each session's context closed
             if held_log:
-                report.after_mib = await swept(held_log, pid)
+                report.swept_after_mib = await swept(held_log, pid)
         finally:
             await browser.close()
             stop.set()
