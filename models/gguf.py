@@ -309,7 +309,8 @@ def _gguf_tensors(path: Path) -> tuple[dict, dict[str, tuple[tuple[int, ...], in
         at = start + int(offset)
         if width % block or at + rows * row_bytes > len(blob):
             raise ValueError(f"{name}'s {rows * width:,} values do not fit the file")
-        tensors[name] = (tuple(int(d) for d in shape), int(kind), blob[at:at + rows * row_bytes].reshape(rows, row_bytes))
+        data = blob[at:at + rows * row_bytes].reshape(rows, row_bytes)
+        tensors[name] = (tuple(int(d) for d in shape), int(kind), data)
     return metadata, tensors
 
 

@@ -109,7 +109,8 @@ def test_an_answer_is_a_token_id_or_a_string_read_as_one_token(llama):
         answer_token(ours, -1, role="distractor")
     one = next(t for t in tok.get_vocab() if t.startswith("Ġ") and len(t) > 2)  # a word with its leading space
     text = tok.convert_tokens_to_string([one])
-    assert answer_token(ours, text) == tok.convert_tokens_to_ids(one) and token_text(ours, tok.convert_tokens_to_ids(one)) == text
+    assert answer_token(ours, text) == tok.convert_tokens_to_ids(one)
+    assert token_text(ours, tok.convert_tokens_to_ids(one)) == text
     for bad in ("", True, None, 2.0):  # True is an int to Python, not a token id
         with pytest.raises(HeadLensError, match=r'^Give the answer as a token: a string such as " Mary" \(with its '
                                                 r"leading space\), or a token id\.$"):
