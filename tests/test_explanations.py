@@ -170,3 +170,21 @@ def test_a_rule_that_names_every_key_scores_one_and_nothing_to_score_gets_a_sent
     assert frame["coverage"].iloc[0] == 1.0 and frame["lift"].iloc[0] == pytest.approx(frame["score"].iloc[0])
     with pytest.raises(HeadLensError, match="at least one text"):
         rule_scores([], every)
+
+
+def test_one_heads_content_is_that_heads_transformers_weights_and_a_programs_rows_are_float32(scratch_model,
+                                                                                             minilm_dir):
+    """``Content.of`` for one head holds that head's rows alone (the special tokens' queries left out), and a
+    program's whole rows are float32 as the model gave them."""
+    from analysis.explanations.scores import Content
+
+    text = TEXTS[0]
+    want = transformers_weights(minilm_dir, scratch_model, text)
+    att = scratch_model.attend(text)
+    queries = [i for i, s in enumerate(att.special) if not s]
+    one = Content.of(att, head=(2, 5))
+    assert one.shape == (1, 1) and one.weights.shape == (1, len(queries), len(att.tokens))
+    np.testing.assert_allclose(one.weights[0], want[2, 5][queries], atol=1e-5)
+    whole = Content.of(att, whole=True)
+    assert whole.weights is None and whole.whole.dtype == np.float32 and whole.shape == (6, 12)
+    np.testing.assert_allclose(whole.whole[2 * 12 + 5], want[2, 5][queries], atol=1e-5)
