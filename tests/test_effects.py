@@ -195,6 +195,7 @@ def test_the_only_path_recovers_everything_and_a_silent_head_nothing(tmp_path, p
     last = len(per_position.attrs["tokens"]) - 1
     assert per_position.query("head == 0 and position == @last")["recovered"].item() == pytest.approx(1.0, abs=1e-5)
     assert per_position.query("head == 0 and position < @last")["recovered"].abs().max() < 1e-6
+    assert per_position.query("head == 1")["recovered"].abs().max() < 1e-6  # silent, or pruned: at no position
     attribution = logit_attribution(model, clean, answer, distractor)
     assert attribution.query("head == 1")["attribution"].item() == 0
     assert parts_total(attribution) == pytest.approx(attribution.attrs["logit_diff"], abs=1e-4)
