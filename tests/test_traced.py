@@ -5,12 +5,12 @@ import pytest
 import torch
 import transformers as tf
 
-from analysis.effects import answer_token, token_text
-from analysis.effects import patch_heads, readouts
+from analysis.effects import answer_token, patch_heads, readouts, token_text
 from analysis.effects.inputs import probe_text, two, unit_embeddings
 from analysis.effects.readouts import NextToken, readout_reading
 from analysis.effects.traced import PATCH_MAX_TOKENS, as_traced, traced
 from models import HeadLensError, load_model
+from tests.hooked import z_hooked
 from tests.test_llama import build
 
 TEXT = "The cat sat on the mat because it was warm."
@@ -23,24 +23,12 @@ def llama(tmp_path_factory):
     return load_model(folder, backend="scratch"), load_model(folder), hf, tok
 
 
-def hooked_run(hf, text, tok):
-    """transformers' run of ``text``: each layer's input, each head's z (o_proj's input) and the attention."""
-    ids = tok(text, return_tensors="pt")["input_ids"]
-    z = []
-    handles = [layer.self_attn.o_proj.register_forward_pre_hook(lambda m, args: z.append(args[0][0].clone()))
-               for layer in hf.model.layers]
-    try:
-        with torch.inference_mode():
-            out = hf(ids, output_attentions=True, output_hidden_states=True)
-    finally:
-        for h in handles:
-            h.remove()
-    return ids[0], out, z
-
-
 def test_a_traced_prompt_keeps_transformers_run_and_its_tokenizers_reading(llama):
     ours, theirs, hf, tok = llama
-    ids, out, z = hooked_run(hf, TEXT, tok)
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    out, z = z_hooked(lambda: hf(ids, output_attentions=True, output_hidden_states=True), hf.model.layers,
+                      lambda layer: layer.self_attn.o_proj, hf.config.num_attention_heads)
+    ids = ids[0]
     t = traced(ours, TEXT)
     assert t.text == TEXT and len(t) == len(ids)
     assert t.ids.tolist() == ids.tolist() and t.ids.dtype == torch.long
@@ -54,7 +42,7 @@ def test_a_traced_prompt_keeps_transformers_run_and_its_tokenizers_reading(llama
     for layer in range(L):  # hidden_states[l] enters layer l; the last is after the final norm, so not compared
         np.testing.assert_allclose(t.trace.resid[layer].numpy(), out.hidden_states[layer][0].numpy(),
                                    rtol=1e-5, atol=1e-5)
-        heads = z[layer].view(len(ids), H, Dh).transpose(0, 1)
+        heads = z[layer][0].view(len(ids), H, Dh).transpose(0, 1)
         np.testing.assert_allclose(t.trace.z[layer].numpy(), heads.numpy(), rtol=1e-5, atol=1e-5)
     weights = t.weights()
     assert weights.dtype == np.float32 and weights.shape == (L, H, len(ids), len(ids))
