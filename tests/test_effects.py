@@ -201,6 +201,27 @@ def test_the_only_path_recovers_everything_and_a_silent_head_nothing(tmp_path, p
     assert parts_total(attribution) == pytest.approx(attribution.attrs["logit_diff"], abs=1e-4)
 
 
+def test_a_pruned_heads_patch_at_one_position_runs_the_corrupted_prompt(tmp_path):
+    """``patched_differences`` given a pruned head: its copy, at one position as at every one, is the corrupted
+    prompt (the kept head beside it, the only path here, is not patched in its place)."""
+    from analysis.effects import parts as P
+    from analysis.effects.frames import _setup
+
+    model = one_head_model(tmp_path, pruned=True)
+    clean, corrupted = "cat sat on the mat", "book sat on the mat"
+    with torch.inference_mode():
+        logits = [model.stack(torch.tensor([model.tokenizer(t)["input_ids"]], device=model.device)).logits[0, -1]
+                  for t in (clean, corrupted)]
+    answer, distractor = int((logits[0] - logits[1]).argmax()), int((logits[0] - logits[1]).argmin())
+    s = _setup(model, clean, corrupted, answer, distractor)
+    last = len(s.tokens) - 1
+    ld_corrupted = float(logits[1][answer] - logits[1][distractor])
+    ld_clean = float(logits[0][answer] - logits[0][distractor])
+    got = P.patched_differences(model, s.clean, s.corrupted, np.array([0, 0, 0, 0]), np.array([1, 1, 0, 0]),
+                                np.array([last, -1, last, -1]), s.measure)
+    assert got == pytest.approx([ld_corrupted, ld_corrupted, ld_clean, ld_clean], abs=1e-4)
+
+
 def test_attribution_patching_is_the_derivative_along_each_patch(decoder):
     """Its estimate is d LD / d t of the corrupted run with ``z + t (z_clean - z)`` put in at t = 0, over
     ``LD_clean - LD_corrupted``: checked by central differences, in float64, of the forward pass that the

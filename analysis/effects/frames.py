@@ -203,15 +203,14 @@ def patch_residual(model: AttentionModel, clean: str | Traced, corrupted: str | 
         values = P.attribution_estimates(s.model, s.clean, s.corrupted, s.measure)[1] / s.span
     else:
         values = np.zeros((L, n))
+        # some position differs at some layer: prompts whose every stream is the same give the same measure, which
+        # ``_setup`` refuses
         edits = [(layer, p) for layer in range(L) for p in range(n)
                  if not torch.equal(s.clean.resid[layer][p], s.corrupted.resid[layer][p])]
-        if edits:
-            layers, positions = (np.array(c) for c in zip(*edits))
-            patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions,
-                                            s.measure, progress=progress)
-            values[layers, positions] = (patched - s.ld_corrupted) / s.span
-        elif progress is not None:
-            progress(1, 1)
+        layers, positions = (np.array(c) for c in zip(*edits))
+        patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions,
+                                        s.measure, progress=progress)
+        values[layers, positions] = (patched - s.ld_corrupted) / s.span
     frame = _frame(values, ("layer", "position"), s.tokens)
     frame.attrs.update(s.attrs(method))
     return frame
