@@ -13,7 +13,7 @@ from app_pages.results import long as long_results
 from models import load_model
 from models.long import LongAttention
 from harness.texts import prompt
-from tests.conftest import block_max, decode, figures, heatmaps, title_text
+from tests.conftest import COLD_RUN_S, block_max, decode, figures, heatmaps, title_text
 
 NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -51,7 +51,8 @@ def reference():
 
 
 def long_app(new_app, text, page=None, **params):
-    return new_app({"model": "smollm2_scratch", "text": text, **params}, page=page)
+    # a long prompt's page profiles thousands of tokens: a minute alone on two cores, more beside the other worker
+    return new_app({"model": "smollm2_scratch", "text": text, **params}, page=page, timeout=COLD_RUN_S)
 
 
 def texts(at) -> str:
