@@ -177,15 +177,20 @@ def one_head_model(tmp_path, *, pruned: bool = False):
     return load_model(tmp_path, backend="scratch")
 
 
+def last_logits_and_pair(model, clean: str, corrupted: str):
+    """Both prompts' last-position logits, and the answer and distractor the corruption moves most apart."""
+    with torch.inference_mode():
+        logits = [model.stack(torch.tensor([model.tokenizer(t)["input_ids"]], device=model.device)).logits[0, -1]
+                  for t in (clean, corrupted)]
+    return logits, int((logits[0] - logits[1]).argmax()), int((logits[0] - logits[1]).argmin())
+
+
 @pytest.mark.parametrize("pruned", [False, True])
 def test_the_only_path_recovers_everything_and_a_silent_head_nothing(tmp_path, pruned):
     model = one_head_model(tmp_path, pruned=pruned)
     clean, corrupted = "cat sat on the mat", "book sat on the mat"
     assert len(model.tokenizer(clean)["input_ids"]) == len(model.tokenizer(corrupted)["input_ids"])
-    with torch.inference_mode():
-        logits = [model.stack(torch.tensor([model.tokenizer(t)["input_ids"]], device=model.device)).logits[0, -1]
-                  for t in (clean, corrupted)]
-    answer, distractor = int((logits[0] - logits[1]).argmax()), int((logits[0] - logits[1]).argmin())
+    logits, answer, distractor = last_logits_and_pair(model, clean, corrupted)
     seen = []
     frame = patch_heads(model, clean, corrupted, answer, distractor, progress=lambda done, total: seen.append(done / total))
     assert seen[-1] == 1 and seen == sorted(seen)
@@ -209,10 +214,7 @@ def test_a_pruned_heads_patch_at_one_position_runs_the_corrupted_prompt(tmp_path
 
     model = one_head_model(tmp_path, pruned=True)
     clean, corrupted = "cat sat on the mat", "book sat on the mat"
-    with torch.inference_mode():
-        logits = [model.stack(torch.tensor([model.tokenizer(t)["input_ids"]], device=model.device)).logits[0, -1]
-                  for t in (clean, corrupted)]
-    answer, distractor = int((logits[0] - logits[1]).argmax()), int((logits[0] - logits[1]).argmin())
+    logits, answer, distractor = last_logits_and_pair(model, clean, corrupted)
     s = _setup(model, clean, corrupted, answer, distractor)
     last = len(s.tokens) - 1
     ld_corrupted = float(logits[1][answer] - logits[1][distractor])
