@@ -77,12 +77,26 @@ def preload(report: dict, value: str | None = None) -> None:
 
 
 def encoder_results(ref) -> None:
-    """What an encoder's slowest pages open with, computed once for every session (about 35 s for MiniLM on two
-    cores, giving way to the pages): every head's card parts (the Head page, the Atlas; the built-in pairs and the
-    first task, which Effects opens on), Pruning's importance, then its curves."""
-    from ..results.card import card_parts, importance_args
-    from ..results.pruning import curves, importance
+    """What an encoder's slowest pages open with, computed once for every session (about a minute for MiniLM on
+    two cores, giving way to the pages): every head's card parts (the Head page, the Atlas; the built-in pairs and
+    the first task, which Effects opens on), Pruning's importance, then ``encoder_steps``: the full forms the
+    Circuits and Queries & keys pages would otherwise compute after drawing a first form, and Pruning's curves."""
+    from ..results.card import card_parts
 
     card_parts(ref, importance_too=False, qk_too=False)
-    importance(*importance_args(ref))
-    curves(*importance_args(ref))
+    for result, args in encoder_steps(ref):
+        result(*args)
+
+
+def encoder_steps(ref) -> list[tuple]:
+    """(result, arguments) of the full forms ``encoder_results`` computes after the card parts, in its order:
+    Pruning's importance, the circuit (its edges' scores and faithfulness curve) and every head's queries-and-keys
+    picture the pages open on, then Pruning's curves."""
+    from ..results.card import importance_args
+    from ..results.circuits import KINDS, circuit_curve, first_circuit
+    from ..results.pruning import curves, importance
+    from ..results.qk import first_pictures, pictures
+
+    circuit = [(circuit_curve, (*args, tuple(KINDS))) for args in first_circuit(ref)]
+    return [(importance, importance_args(ref)), *circuit, *((pictures, args) for args in first_pictures(ref)),
+            (curves, importance_args(ref))]
