@@ -2,6 +2,7 @@
 its zoom (from the URL) and "last queries" mode, the Overview with every head's reach, the cut at 4,096
 tokens, and two sessions with 4,096-token prompts within the memory bound. The reference is transformers'
 own Llama: its hidden state entering a layer, its projections and rotary positions, one head at a time."""
+import functools
 import threading
 
 import numpy as np
@@ -24,11 +25,15 @@ def reference():
     hf = load_model(NAME, backend="transformers")
     model = hf.model
 
+    @functools.lru_cache(maxsize=2)  # a prompt's tests ask for several layers: one forward pass a prompt
+    def hidden_states(text: str) -> tuple:
+        with torch.inference_mode():
+            return model(**hf.tokenizer(text, return_tensors="pt"), output_hidden_states=True).hidden_states
+
     def weights(text: str, layer: int, head: int | None = None) -> np.ndarray:
         """``(n, n)`` for ``head``, ``(heads, n, n)`` for every head."""
-        ids = hf.tokenizer(text, return_tensors="pt")
         with torch.inference_mode():
-            hidden = model(**ids, output_hidden_states=True).hidden_states[layer]     # entering the layer
+            hidden = hidden_states(text)[layer]                                        # entering the layer
             block = model.layers[layer]
             h = block.input_layernorm(hidden)
             attn = block.self_attn
