@@ -79,8 +79,7 @@ def preload(report: dict, value: str | None = None) -> None:
 def encoder_results(ref) -> None:
     """What an encoder's slowest pages open with, computed once for every session (about a minute for MiniLM on
     two cores, giving way to the pages): every head's card parts (the Head page, the Atlas; the built-in pairs and
-    the first task, which Effects opens on), Pruning's importance, then ``encoder_steps``: the full forms the
-    Circuits and Queries & keys pages would otherwise compute after drawing a first form, and Pruning's curves."""
+    the first task, which Effects opens on), then ``encoder_steps``."""
     from ..results.card import card_parts
 
     card_parts(ref, importance_too=False, qk_too=False)
@@ -89,14 +88,21 @@ def encoder_results(ref) -> None:
 
 
 def encoder_steps(ref) -> list[tuple]:
-    """(result, arguments) of the full forms ``encoder_results`` computes after the card parts, in its order:
-    Pruning's importance, the circuit (its edges' scores and faithfulness curve) and every head's queries-and-keys
-    picture the pages open on, then Pruning's curves."""
+    """(result, arguments) of what ``encoder_results`` computes after the card parts, in its order: Pruning's
+    importance; Head roles' similarity of every pair of heads, its explanations on the paragraphs (and on the
+    sentences, beside them) and the first form of their replacement; the circuit (its edges' scores and
+    faithfulness curve) and every head's queries-and-keys picture that Circuits and Queries & keys open on; then
+    Pruning's curves. Each is what its page would otherwise compute in a newcomer's session, after drawing a first
+    form or beside its first chart."""
     from ..results.card import importance_args
     from ..results.circuits import KINDS, circuit_curve, first_circuit
+    from ..results.explanations import SENTENCES, explanations, first_replacement, paragraphs, replacement
+    from ..results.profiles import profile_similarity
     from ..results.pruning import curves, importance
     from ..results.qk import first_pictures, pictures
 
+    roles = [(profile_similarity, (ref, False, (), list(CORPUS))), (explanations, paragraphs(ref, False, ())),
+             (explanations, (ref, False, (), SENTENCES)), (replacement, first_replacement(ref))]
     circuit = [(circuit_curve, (*args, tuple(KINDS))) for args in first_circuit(ref)]
-    return [(importance, importance_args(ref)), *circuit, *((pictures, args) for args in first_pictures(ref)),
+    return [(importance, importance_args(ref)), *roles, *circuit, *((pictures, args) for args in first_pictures(ref)),
             (curves, importance_args(ref))]
