@@ -47,4 +47,5 @@ def test_head_roles_computes_nothing_in_a_session_once_the_preload_has_its_resul
     monkeypatch.setattr(shared.SharedCache, "put", counted)
     at = new_app(page="app_pages/roles.py", timeout=300)
     assert not at.error, [e.value for e in at.error]
-    assert in_session == ["attention"], in_session  # the sidebar's sentence's attention alone
+    # the sidebar's sentence's attention alone, if an earlier test in this process has not attended it already
+    assert set(in_session) <= {"attention"}, in_session
