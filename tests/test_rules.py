@@ -89,6 +89,7 @@ def test_each_rule_on_a_hand_worked_sentence(hf_model, name, expected):
 
 
 TWO = 'Embeddings help. She said "no."'
+PASSIVE = "The dog was seen by Tom."  # [CLS] the dog was seen by tom . [SEP]: "dog" is spaCy's nsubjpass
 # [CLS] em ##bed ##ding ##s help .  she said "  no  .  "  [SEP]     spaCy: two sentences, words 0-2 and 3-8
 #   0    1    2     3    4    5   6   7    8   9  10  11 12   13
 
@@ -100,6 +101,7 @@ TWO = 'Embeddings help. She said "no."'
     ('?"', "final mark", [[], [1], [1], []]),                         # the mark is the sentence's first word
     ('"', "final mark", [[]] * 3),                                    # a sentence of a closing quote alone
     ("The cat sat", "sentence start", [[], [1], [1], [1], []]),
+    (PASSIVE, "sentence subject", [[]] + [[2]] * 7 + [[]]),           # a passive sentence's subject, "dog"
 ])
 def test_sentence_rules_on_two_sentences_a_closing_quote_and_a_word_in_pieces(hf_model, text, name, expected):
     assert rule_named(name).keys(hf_model, text) == expected
@@ -244,6 +246,8 @@ def test_a_union_says_both_and_an_unknown_name_gets_a_sentence():
     three = rule_named("previous token or itself or same word")  # a program's three rules
     assert three.family == "positional or lexical"
     assert three.sentence == "attends to the previous token, or to itself, or to earlier copies of its word"
+    # a union of two families joined with a third: each family named once
+    assert rule_named("induction or first token or same word").family == "lexical or positional"
     with pytest.raises(HeadLensError, match="no rule named"):
         rule_named("previous token or itself or first token or 2 back")
     with pytest.raises(HeadLensError, match="no rule named 'bogus'. Rules: previous token, next token, itself, "):
