@@ -95,14 +95,16 @@ def encoder_steps(ref) -> list[tuple]:
     Pruning's curves. Each is what its page would otherwise compute in a newcomer's session, after drawing a first
     form or beside its first chart."""
     from ..results.card import importance_args
-    from ..results.circuits import KINDS, circuit_curve, first_circuit
-    from ..results.explanations import SENTENCES, explanations, first_replacement, paragraphs, replacement
+    from ..results.circuits import circuit_curve
+    from ..results.explanations import SENTENCES, explanations, replacement
     from ..results.profiles import profile_similarity
     from ..results.pruning import curves, importance
-    from ..results.qk import first_pictures, pictures
+    from ..results.qk import pictures
 
-    roles = [(profile_similarity, (ref, False, (), list(CORPUS))), (explanations, paragraphs(ref, False, ())),
-             (explanations, (ref, False, (), SENTENCES)), (replacement, first_replacement(ref))]
-    circuit = [(circuit_curve, (*args, tuple(KINDS))) for args in first_circuit(ref)]
-    return [(importance, importance_args(ref)), *roles, *circuit, *((pictures, args) for args in first_pictures(ref)),
-            (curves, importance_args(ref))]
+    def first(result) -> list[tuple]:  # what its declaration says the pages ask for first (``Warm``)
+        return [(result, tuple(args)) for args in result.warm.calls(ref)]
+
+    pruning = importance_args(ref)  # a decoder's Warm arguments; an encoder's are its own
+    sentences = [(explanations, (ref, False, (), SENTENCES))]  # beside the paragraphs' count
+    return [(importance, pruning), *first(profile_similarity), *first(explanations), *sentences, *first(replacement),
+            *first(circuit_curve), *first(pictures), (curves, pruning)]
