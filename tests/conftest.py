@@ -381,12 +381,29 @@ def downloads(at) -> dict[str, bytes]:
     return out
 
 
+def components_scanned_once() -> None:
+    """Each new AppTest reads the metadata of every installed package for Streamlit components (about 1 s on two
+    cores, a few hundred times a run); the packages are the same all run, so this process reads them once and each
+    AppTest is given a copy of what was found."""
+    import functools
+
+    from streamlit.components.v2 import manifest_scanner
+
+    scan = manifest_scanner.scan_component_manifests
+    if not hasattr(scan, "cache_info"):
+        found = functools.cache(lambda: tuple(scan()))
+        once = functools.wraps(scan)(lambda max_workers=None: list(found()))
+        once.cache_info = found.cache_info
+        manifest_scanner.scan_component_manifests = once
+
+
 @pytest.fixture
 def new_app(monkeypatch):
     """``new_app(query_params=None, page=None)`` -> a fresh session of the app after its first run."""
     from streamlit.testing.v1 import AppTest
 
     _RecordingMediaManager.install(monkeypatch)
+    components_scanned_once()
 
     def make(query_params: dict | None = None, page: str | None = None, timeout: float = 120):
         """Open ``page`` with ``query_params`` as a shared link does, each run given ``timeout`` seconds. (Across a

@@ -213,12 +213,13 @@ def before_the_card(monkeypatch, **params):
     from streamlit.testing.v1 import AppTest
 
     from app_pages.results import card as results
-    from tests.conftest import ROOT
+    from tests.conftest import ROOT, components_scanned_once
 
     def not_gathered(*args, **kwargs):
         raise RuntimeError("the card's parts are not gathered yet")
 
     monkeypatch.setattr(results, "card_parts", not_gathered)
+    components_scanned_once()
     at = AppTest.from_file(ROOT / "headlens.py", default_timeout=300)
     at.switch_page(HEAD)
     for k, v in params.items():
