@@ -273,7 +273,7 @@ async def _quiet(pid: int, below: float = 0.1, for_s: float = 6.0, timeout: floa
 
 async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, visitors: int, long_prompts: int,
                trainers: int, seconds: float, settle: float, training: str, idle_s: float,
-               idle_switches: int, at_least: int) -> LlmLoadReport:
+               idle_switches: int, at_least: int, returned_within: float | None) -> LlmLoadReport:
     from playwright.async_api import async_playwright
 
     sessions = visitors + long_prompts + trainers
@@ -333,6 +333,8 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
         while time.monotonic() - closed < settle:
             await asyncio.sleep(5.0)
             report.after_mib.append((time.monotonic() - closed, server_mib(pid)))
+            if returned_within is not None and report.returned_mib <= returned_within:
+                break  # back where it was: the rest of ``settle`` would only wait
         stop.set()
         await sampler
     return report
@@ -341,11 +343,14 @@ async def _run(url: str, pid: int, model: str, long_texts: list[str], n_layers: 
 def run_llm_load(url: str, pid: int, model: str, long_texts: list[str], n_layers: int, *, visitors: int = 3,
                  long_prompts: int = 2, trainers: int = 1, seconds: float = 240, settle: float = 60,
                  training: str = TRAINING, idle_s: float = 20, idle_switches: int = 3,
-                 at_least: int = 0) -> LlmLoadReport:
+                 at_least: int = 0, returned_within: float | None = None) -> LlmLoadReport:
     """``training``: the Train page's URL query for the sessions that train; ``idle_s``: how long a training
     runs alone first, for its speed before the class; ``idle_switches``: how many layer switches a long prompt
     makes alone first, for what a switch costs before the class; ``at_least``: the actions each visitor and long
-    prompt tries whatever the time (each bounded by ``ACTION_TIMEOUT``)."""
+    prompt tries whatever the time (each bounded by ``ACTION_TIMEOUT``); ``returned_within``: once the sessions
+    closed, the server's memory is followed every 5 s for ``settle`` seconds, or until it is back within this many
+    MiB of where it was before them."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, _run(url, pid, model, long_texts, n_layers, visitors, long_prompts, trainers,
-                                             seconds, settle, training, idle_s, idle_switches, at_least)).result()
+                                             seconds, settle, training, idle_s, idle_switches, at_least,
+                                             returned_within)).result()
