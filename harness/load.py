@@ -1,7 +1,8 @@
 """Many people at once: browser sessions on one server, each typing sentences and switching pages.
 
 ``run_load(url, pid, sessions, seconds)`` drives ``sessions`` Chromium contexts (each a separate
-Streamlit session) for ``seconds`` and reports errors, rerun latencies and the server's memory.
+Streamlit session) for ``seconds`` (and until each has tried ``at_least`` actions and typed a sentence)
+and reports errors, rerun latencies and the server's memory.
 A rerun counts as done when the page shows what the action asked for (its heading and the
 chart's title) and no element is left over from the previous run. Used by tests/test_load.py and
 bench/bench_load.py.
@@ -195,9 +196,10 @@ async def _session(n: int, browser, url: str, clock: dict, report: LoadReport, o
         await page.goto(url + "/")
         await page.wait_for_selector(PLOT, timeout=180_000)
         opened.append(n)
-        current, text, k = "Explore", None, 0
-        while time.monotonic() < clock["end"]:
-            if SHOWS_TEXT[current] and rng.random() < 0.5:
+        current, text, k, tried = "Explore", None, 0, 0
+        while time.monotonic() < clock["end"] or tried < clock["at_least"] or clock["at_least"] and not k:
+            tried += 1
+            if SHOWS_TEXT[current] and (rng.random() < 0.5 or tried >= clock["at_least"] > 0 and not k):
                 k += 1
                 text = f"{n}.{k}: {rng.choice(CORPUS)}"
                 action, kind, expect = f"type on {current}", "type", (current, text[:24])
@@ -252,12 +254,12 @@ async def finished(tasks: list, pid: int, cpu: float, ticks: tuple[int, int], re
             report.errors.append(f"session {n}: {type(r).__name__}: {r}")
 
 
-async def _run(url: str, pid: int, sessions: int, seconds: float, held_log: str | None) -> LoadReport:
+async def _run(url: str, pid: int, sessions: int, seconds: float, held_log: str | None, at_least: int) -> LoadReport:
     from playwright.async_api import async_playwright
 
     report = LoadReport(sessions, seconds)
     start, stop, opened = time.monotonic(), asyncio.Event(), []
-    clock = {"end": float("inf")}  # set once every session is open
+    clock = {"end": float("inf"), "at_least": at_least}  # the end set once every session is open
     sampler = asyncio.create_task(_sample_memory(pid, report, start, stop))
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -286,9 +288,12 @@ async def _run(url: str, pid: int, sessions: int, seconds: float, held_log: str 
     return report
 
 
-def run_load(url: str, pid: int, sessions: int = 8, seconds: float = 60, held_log: str | None = None) -> LoadReport:
+def run_load(url: str, pid: int, sessions: int = 8, seconds: float = 60, held_log: str | None = None,
+             at_least: int = 0) -> LoadReport:
     """``held_log``: the server's ``HEADLENS_HELD_LOG``, whose janitor's notes say when it has swept: the server's
-    memory is then also measured once it has, before the sessions and after they closed."""
+    memory is then also measured once it has, before the sessions and after they closed. ``at_least``: the actions
+    each session tries whatever the time (each bounded by ``ACTION_TIMEOUT``); one that has typed no sentence by
+    then goes on until it types one (its next action on a page that takes text)."""
     # a thread of its own: the caller may already run an event loop (sync Playwright does)
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, _run(url, pid, sessions, seconds, held_log)).result()
+        return pool.submit(asyncio.run, _run(url, pid, sessions, seconds, held_log, at_least)).result()
