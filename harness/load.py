@@ -51,7 +51,7 @@ class LoadReport:
     errors: list[str] = field(default_factory=list)
     memory_mib: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, MiB)
     warm_at: float = 0.0  # when every session had its first page
-    warm_up_s: float = 0.0  # the first visitor's tour of every page and the server's preload, before the sessions start
+    warm_up_s: float = 0.0  # the first visitor's tour of every page and the server's preload, before the sessions
     server_cpu_s: float = 0.0  # CPU the server used while the sessions ran
     machine_busy: float = 0.0  # share of all cores busy meanwhile (the browsers run here too)
     # the server's memory once its janitor had swept (``held_log``): after the warm-up, before the sessions came, and
@@ -196,10 +196,11 @@ async def _session(n: int, browser, url: str, clock: dict, report: LoadReport, o
         await page.goto(url + "/")
         await page.wait_for_selector(PLOT, timeout=180_000)
         opened.append(n)
-        current, text, k, tried = "Explore", None, 0, 0
-        while time.monotonic() < clock["end"] or tried < clock["at_least"] or clock["at_least"] and not k:
+        current, text, k, tried, at_least = "Explore", None, 0, 0, clock["at_least"]
+        while time.monotonic() < clock["end"] or tried < at_least or at_least and not k:
             tried += 1
-            if SHOWS_TEXT[current] and (rng.random() < 0.5 or tried >= clock["at_least"] > 0 and not k):
+            typing_owed = at_least and not k and tried >= at_least  # its last owed action, and no sentence yet
+            if SHOWS_TEXT[current] and (rng.random() < 0.5 or typing_owed):
                 k += 1
                 text = f"{n}.{k}: {rng.choice(CORPUS)}"
                 action, kind, expect = f"type on {current}", "type", (current, text[:24])

@@ -14,6 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # that open one page at a time would share their cores with it. The tests of the warm-up switch it on.
 os.environ.setdefault("HEADLENS_WARM_UP", "0")
 
+import functools
 import inspect
 
 import hypothesis
@@ -381,20 +382,15 @@ def downloads(at) -> dict[str, bytes]:
     return out
 
 
+@functools.cache
 def components_scanned_once() -> None:
-    """Each new AppTest reads the metadata of every installed package for Streamlit components (about 1 s on two
+    """Each new AppTest reads the metadata of every installed package for Streamlit components (0.2 to 1 s on two
     cores, a few hundred times a run); the packages are the same all run, so this process reads them once and each
     AppTest is given a copy of what was found."""
-    import functools
-
     from streamlit.components.v2 import manifest_scanner
 
-    scan = manifest_scanner.scan_component_manifests
-    if not hasattr(scan, "cache_info"):
-        found = functools.cache(lambda: tuple(scan()))
-        once = functools.wraps(scan)(lambda max_workers=None: list(found()))
-        once.cache_info = found.cache_info
-        manifest_scanner.scan_component_manifests = once
+    found = tuple(manifest_scanner.scan_component_manifests())
+    manifest_scanner.scan_component_manifests = lambda max_workers=None: list(found)
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Eight people at once for 20 seconds: no errors, and what they leave held is given back once they go.
 
-The run takes about a minute (a warm-up tour of every page, then 20 s of eight sessions typing sentences and
-switching pages, each going on, however slow the machine, until it has tried two actions and typed a sentence) and
-stops by itself; bench/bench_load.py prints the same run's latencies. The report is written to artifacts/load.txt.
+The run takes about two minutes (a warm-up tour of every page while the server prepares the default model, then 20 s
+of eight sessions typing sentences and switching pages, each going on, however slow the machine, until it has tried
+two actions and typed a sentence) and stops by itself; bench/bench_load.py prints the same run's latencies. The report is written to artifacts/load.txt.
 """
 from app_pages.ui.janitor import HELD_LOG
 from harness.browser import LOGS, ROOT
