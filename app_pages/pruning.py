@@ -12,6 +12,7 @@ from analysis.pruning.curves import curve_summary, prune_counts
 from app_pages.results.messages import stop_with
 from app_pages.results.models import TRANSFORMERS
 from app_pages.results.pruning import (
+    FIRST_STEP,
     curves,
     importance,
     measure_of,
@@ -69,21 +70,27 @@ at = bound(st.select_slider, "prune_to", counts[min(4, len(counts) - 1)], option
            label="Prune to", format_func=lambda c: f"{c / total:.0%} ({c} heads)",
            help="The share of heads removed, by importance; the curves and the grid show that point.")
 
-imp = importance(ref, ablation, sentences, method)
+# on a cold server, each head measured on the first sentences first; the page then measures on those throughout
+_, _, measured_on, _ = importance.now(ref, ablation, sentences, method)
+first_form = len(measured_on) < len(sentences)
+imp = importance(ref, ablation, measured_on, method)
 values = imp.frame["importance"].to_numpy().reshape(model.n_layers, model.n_heads)
-grid_title = f"Importance · {len(sentences)} sentences · " + (f"{ablation} ablation" if method == "ablation" else
-                                                             "gradient of the loss")
+grid_title = f"Importance · {len(measured_on)} sentences · " + (f"{ablation} ablation" if method == "ablation"
+                                                                else "gradient of the loss")
 slot = st.empty()
-shown = curves.now(ref, ablation, sentences, method)  # on a cold server, the curves at 3 sizes first
+# the curves at 3 sizes first: with the first importance (its full curves are not asked for), or while the full
+# curves are computed
+shown = ((ref, ablation, measured_on, method, FIRST_STEP) if first_form else
+         curves.now(ref, ablation, measured_on, method))
 if curves.peek(*shown) is None:  # the grid now, the curves below it once they are computed
     with slot:
         chart(head_values_grid(values, title=grid_title), "prune-grid-first")
 frame = curves(*shown)
 summary = curve_summary(frame)
-measured = sorted(set(frame["n_pruned"]))
-if at not in measured:  # the first form's sizes: the nearest of them
-    at = min(measured, key=lambda c: (abs(c - at), c))
-    st.caption(f"The first curves have {len(measured)} sizes: shown at {at / total:.0%} ({at} heads) until the "
+sizes = sorted(set(frame["n_pruned"]))
+if at not in sizes:  # the first form's sizes: the nearest of them
+    at = min(sizes, key=lambda c: (abs(c - at), c))
+    st.caption(f"The first curves have {len(sizes)} sizes: shown at {at / total:.0%} ({at} heads) until the "
                "full ones are ready.")
 pruned = frame[(frame["order"] == "importance") & (frame["n_pruned"] == at)].iloc[0]["heads"]
 grid = head_values_grid(values, marked=heads_marked(model.n_layers, model.n_heads, pruned), mark_text="✕",
@@ -94,7 +101,7 @@ st.caption(ABOUT["grid"])
 
 st.subheader(f"Pruned to {at / total:.0%}: {at} of {total} heads removed")
 fig = pruning_curves(summary, at=at / total, measures=MEASURES["loss"] if measure == "loss" else None,
-                     title=f"Pruning curves · {len(sentences)} sentences · {ablation} ablation")
+                     title=f"Pruning curves · {len(measured_on)} sentences · {ablation} ablation")
 chart(fig, "prune-curves")
 st.caption(ABOUT["curves"] if measure == "embedding" else ABOUT["llm_curves"])
 show_point(summary, at, measure)
@@ -110,11 +117,11 @@ mid.download_button("Importance · CSV", lambda: imp.frame.to_csv(index=False), 
                     key="prune-importance-csv", on_click="ignore")
 right.download_button("Curves · CSV", lambda: curves_csv(frame), "headlens-pruning-curves.csv", "text/csv",
                       key="prune-curves-csv", on_click="ignore")
-exports("pruning", fig, None, sig=f"{at}|{ablation}|{source}")
+exports("pruning", fig, None, sig=f"{at}|{ablation}|{source}|{len(measured_on)}|{len(sizes)}")
 
 st.subheader("Importance against attention alone")
-roles, _, _ = profile(dataclasses.replace(s, heads_off=(), causal=False), sentences)
-corr = correlations(imp, proxy_table(ref, sentences), roles["label"].tolist())
+roles, _, _ = profile(dataclasses.replace(s, heads_off=(), causal=False), measured_on)
+corr = correlations(imp, proxy_table(ref, measured_on), roles["label"].tolist())
 st.dataframe(corr.assign(spearman=corr["spearman"].round(3), p_value=corr["p_value"].map("{:.2g}".format)),
              hide_index=True, key="prune-proxies")
 by_role = importance_by_role(imp.frame, roles["label"])
@@ -132,7 +139,7 @@ if not off:
     st.info("Pick heads to switch off; at first the most important head before the last layer is picked.")
     st.stop()
 try:
-    effect = switched_off(ref, sentences, s.sentences, off, ablation, method)
+    effect = switched_off(ref, measured_on, s.sentences, off, ablation, method)
 except HeadLensError as err:
     stop_with(err)
 change = head_values_grid(effect.attention_change, marked=np.isnan(effect.attention_change), mark="off", digits=2,

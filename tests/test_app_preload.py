@@ -6,9 +6,11 @@ import streamlit as st
 
 from app_pages.results import shared
 from app_pages.results.models import ModelRef
-from app_pages.ui.preload import DEFAULT, encoder_steps
+from app_pages.ui import preload
+from app_pages.ui.preload import DEFAULT, encoder_first_forms, encoder_steps
 
-FIRST_FORMS = {"app_pages/circuits.py": "circuit curve", "app_pages/queries_keys.py": "queries and keys"}
+FIRST_FORMS = {"app_pages/circuits.py": "circuit curve", "app_pages/queries_keys.py": "queries and keys",
+               "app_pages/pruning.py": "importance"}
 ROLES = ["similarity", "explanations", "explanations", "replacement"]  # what Head roles computes after its first chart
 
 
@@ -28,10 +30,30 @@ def test_the_preload_computes_the_full_forms_circuits_and_queries_and_keys_ask_f
         new_app(page=page)
     assert [name for name, _ in asked] == list(FIRST_FORMS.values()), asked
     computed = [(result.name, args) for result, args in steps()]
-    for found in asked:
-        assert found in computed, (found, computed)
+    firsts = [(result.name, args) for result, args in encoder_first_forms(ModelRef(DEFAULT))]
+    for name, args in asked:
+        assert (name, args) in computed, (name, computed)
+        # and the first form it shows meanwhile, computed before anything else
+        assert (name, shared.DECLARED[name].first.args(*args)) in firsts, (name, firsts)
     # importance first (Pruning and the card read it), Head roles' next, the curves last (Pruning's first is cheap)
-    assert [name for name, _ in computed] == ["importance", *ROLES, *FIRST_FORMS.values(), "curves"]
+    assert [name for name, _ in computed] == ["importance", *ROLES, "circuit curve", "queries and keys", "curves"]
+
+
+def test_the_preload_computes_the_first_forms_first_then_the_cards_parts_then_the_full_forms(monkeypatch):
+    from app_pages.results import card
+
+    ran = []
+    monkeypatch.setattr(shared.Shared, "__call__", lambda result, *args: ran.append((result.name, args)))
+    monkeypatch.setattr(card, "card_parts", lambda ref, **how: ran.append(("card parts", ref)))
+    ref = ModelRef(DEFAULT)
+    preload.encoder_results(ref)
+    firsts = [(result.name, args) for result, args in encoder_first_forms(ref)]
+    assert ran == [*firsts, ("card parts", ref), *((result.name, args) for result, args in steps())]
+    importance, circuit, pictures = (args for _, args in firsts)
+    assert len(importance[2]) == 25 and importance[1:2] + importance[3:] == ("mean", "ablation")  # 25 of 100
+    assert circuit[1].pairs == 8 and circuit[3:5] == ("eap", 1)  # EAP over 8 of the 50 pairs
+    full_pictures = next(args for result, args in steps() if result.name == "queries and keys")
+    assert pictures[1] == full_pictures[1][:len(full_pictures[1]) // 8]  # an eighth of the corpus
 
 
 def test_head_roles_computes_nothing_in_a_session_once_the_preload_has_its_results(new_app, monkeypatch):

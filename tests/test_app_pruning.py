@@ -103,3 +103,47 @@ def test_what_the_page_cannot_do_it_says(new_app, tiny):
     assert "from-scratch engine" in at.info[0].value and not figures(at)
     at = new_app({"prune_on": "sidebar", "text": "Only one sentence here."}, page="app_pages/pruning.py")
     assert "at least two" in at.info[0].value and not figures(at)
+
+
+def test_a_cold_pages_importance_comes_first_on_its_first_sentences_then_on_all_of_them_in_place(
+        new_app, scratch_model, monkeypatch):
+    """On a server that has not measured these sentences, the grid is first each head switched off on the first
+    sentences alone (``FIRST_SENTENCES``: three here, of six), then on all six, drawn in its place: each measured
+    once, each against the model's own embeddings with that head's mean in its place."""
+    from app_pages.results import pruning as results
+    from app_pages.ui import exports
+
+    texts = ["Rain fell on the old roof.", "A fox crossed the frozen lake.", "The baker opens at six.",
+             "Children sang in the hall.", "My brother fixed the bike.", "Clouds hid the mountain top."]
+    monkeypatch.setattr(results, "FIRST_SENTENCES", 3)
+    measured_on, drawn = [], []
+    compute, chart = results.importance.compute, exports.chart
+
+    def measuring(ref, ablation, sentences, method="ablation"):
+        measured_on.append(list(sentences))
+        return compute(ref, ablation, sentences, method)
+
+    def drawing(fig, key, **kwargs):
+        if key.startswith("prune-grid"):
+            drawn.append((fig.layout.title.text, np.array(fig.data[0].z, dtype=float)))
+        return chart(fig, key, **kwargs)
+
+    monkeypatch.setattr(results.importance, "compute", measuring)
+    monkeypatch.setattr(exports, "chart", drawing)
+    at = new_app({"prune_on": "sidebar", "text": "\n".join(texts)}, page="app_pages/pruning.py")
+    assert measured_on == [texts[:3], texts]
+
+    def by_hand(sentences, layer, head):
+        full = scratch_model.embed(sentences)
+        alone = scratch_model.embed(sentences, head_mask=off((layer, head)),
+                                    head_means=scratch_model.head_means(sentences))
+        return np.mean(1 - np.sum(alone * full, axis=1))
+
+    first, last = drawn[0], figures(at)[0]
+    assert first[0] == "Importance · 3 sentences · mean ablation"
+    assert last["layout"]["title"]["text"].startswith("Importance · 6 sentences · mean ablation")
+    for l, h in [(0, 3), (4, 9)]:
+        assert first[1][l, h] == pytest.approx(by_hand(texts[:3], l, h), abs=1e-6)
+        assert decode(heatmaps(last)[0]["z"])[l, h] == pytest.approx(by_hand(texts, l, h), abs=1e-6)
+    assert by_hand(texts[:3], 4, 9) != pytest.approx(by_hand(texts, 4, 9), abs=1e-6)  # the two forms differ
+    assert not [i for i in at.info if i.value.startswith("A first answer")]  # its note gone with it

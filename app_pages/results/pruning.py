@@ -36,7 +36,17 @@ def first_measured(ref: ModelRef) -> list[tuple]:
     return [(ref.analysed, "zero", corpus_sample(LLM_SAMPLE), "gradient")]
 
 
-@shared("importance", entries=12, waiting="Measuring every head", warm=Warm(3, first_measured))
+FIRST_SENTENCES = 25  # the importance's first form, by ablation: each head measured on the first 25 sentences
+
+
+def _first_sentences(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> tuple:
+    """What a page shows first while an encoder's importance by ablation (one pass per head) is computed: the same
+    on the first ``FIRST_SENTENCES`` sentences; a gradient's (one pass in all) has no first form."""
+    return ref, ablation, sentences[:FIRST_SENTENCES] if method == "ablation" else sentences, method
+
+
+@shared("importance", entries=12, waiting="Measuring every head", warm=Warm(3, first_measured),
+        first=First(_first_sentences, f"each head measured on the first {FIRST_SENTENCES} of the sentences"))
 def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> Importance:
     """Every head's importance on ``sentences`` (by ablation or gradient), with a progress bar while it runs."""
     model = cached_model(ref)

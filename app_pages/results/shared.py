@@ -340,10 +340,13 @@ class Shared:
         under that note (``complete``) and runs again with it, which draws it in place."""
         if self.first is None or in_background() or self.cache.get(self.key(*args)) is not None:
             return args
+        first = self.first.args(*args)
+        if self.key(*first) == self.key(*args):  # as small as a first form already (a few sentences): no first form
+            return args
         says = f"A first answer: {self.first.says}. The full one"
         if not self.later(*args, says=says):
             leave_for_later(self, args, None, says, "is computed once this page is drawn")
-        return self.first.args(*args)
+        return first
 
     def later(self, *args, says: str = "") -> bool:
         """Whether a page should go on without this value: not ready, and held by a preparation, which then takes

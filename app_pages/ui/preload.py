@@ -78,13 +78,29 @@ def preload(report: dict, value: str | None = None) -> None:
 
 def encoder_results(ref) -> None:
     """What an encoder's slowest pages open with, computed once for every session (about a minute for MiniLM on
-    two cores, giving way to the pages): every head's card parts (the Head page, the Atlas; the built-in pairs and
-    the first task, which Effects opens on), then ``encoder_steps``."""
+    two cores, giving way to the pages): the first forms of ``encoder_first_forms`` (a few seconds), every head's
+    card parts (the Head page, the Atlas; the built-in pairs and the first task, which Effects opens on), then
+    ``encoder_steps``."""
     from ..results.card import card_parts
 
+    for result, args in encoder_first_forms(ref):
+        result(*args)
     card_parts(ref, importance_too=False, qk_too=False)
     for result, args in encoder_steps(ref):
         result(*args)
+
+
+def encoder_first_forms(ref) -> list[tuple]:
+    """(result, arguments) of the first forms that Pruning, Circuits and Queries & keys show while their full ones
+    are computed (``Shared.now``): each head's importance on the first sentences, EAP over a few of the task's pairs,
+    every head over an eighth of the corpus. About 3 s in all for MiniLM, computed first, so that a page opened while
+    the rest is computed draws its first form at once rather than computing it."""
+    from ..results.circuits import circuit_curve
+    from ..results.pruning import importance
+    from ..results.qk import pictures
+
+    return [(result, result.first.args(*args)) for result, args in encoder_steps(ref)
+            if result in (importance, circuit_curve, pictures)]
 
 
 def encoder_steps(ref) -> list[tuple]:
