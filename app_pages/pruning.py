@@ -101,7 +101,7 @@ st.caption(ABOUT["grid"])
 
 st.subheader(f"Pruned to {at / total:.0%}: {at} of {total} heads removed")
 fig = pruning_curves(summary, at=at / total, measures=MEASURES["loss"] if measure == "loss" else None,
-                     title=f"Pruning curves · {len(measured_on)} sentences · {ablation} ablation")
+                     title=f"Pruning curves · {len(shown[2])} sentences · {ablation} ablation")
 chart(fig, "prune-curves")
 st.caption(ABOUT["curves"] if measure == "embedding" else ABOUT["llm_curves"])
 show_point(summary, at, measure)

@@ -49,8 +49,9 @@ def test_the_preload_computes_the_first_forms_first_then_the_cards_parts_then_th
     preload.encoder_results(ref)
     firsts = [(result.name, args) for result, args in encoder_first_forms(ref)]
     assert ran == [*firsts, ("card parts", ref), *((result.name, args) for result, args in steps())]
-    importance, circuit, pictures = (args for _, args in firsts)
+    importance, circuit, pictures, curves = (args for _, args in firsts)
     assert len(importance[2]) == 25 and importance[1:2] + importance[3:] == ("mean", "ablation")  # 25 of 100
+    assert curves == (*importance, 0.5)  # at 3 sizes, on the same sentences
     assert circuit[1].pairs == 8 and circuit[3:5] == ("eap", 1)  # EAP over 8 of the 50 pairs
     full_pictures = next(args for result, args in steps() if result.name == "queries and keys")
     assert pictures[1] == full_pictures[1][:len(full_pictures[1]) // 8]  # an eighth of the corpus

@@ -111,6 +111,7 @@ def test_a_cold_pages_importance_comes_first_on_its_first_sentences_then_on_all_
     sentences alone (``FIRST_SENTENCES``: three here, of six), then on all six, drawn in its place: each measured
     once, each against the model's own embeddings with that head's mean in its place."""
     from app_pages.results import pruning as results
+    from app_pages.results import shared
     from app_pages.ui import exports
 
     texts = ["Rain fell on the old roof.", "A fox crossed the frozen lake.", "The baker opens at six.",
@@ -126,12 +127,24 @@ def test_a_cold_pages_importance_comes_first_on_its_first_sentences_then_on_all_
     def drawing(fig, key, **kwargs):
         if key.startswith("prune-grid"):
             drawn.append((fig.layout.title.text, np.array(fig.data[0].z, dtype=float)))
+        elif key == "prune-curves":
+            curves.append((fig.layout.title.text, len(fig.data[0].x)))
         return chart(fig, key, **kwargs)
 
+    curves, notes, leave = [], [], shared.leave_for_later
     monkeypatch.setattr(results.importance, "compute", measuring)
     monkeypatch.setattr(exports, "chart", drawing)
+    monkeypatch.setattr(shared, "leave_for_later", lambda result, args, queue, says, how: (
+        notes.append((result.name, says)), leave(result, args, queue, says, how)))
     at = new_app({"prune_on": "sidebar", "text": "\n".join(texts)}, page="app_pages/pruning.py")
     assert measured_on == [texts[:3], texts]
+    assert notes == [("importance", "A first answer: each head measured on the first 3 of the sentences. The full one"),
+                     ("curves", "A first answer: the curves at 3 sizes (none, half and every head pruned), each head "
+                      "switched off on the first 3 sentences. The full one")]
+    # the curves at 3 sizes on the first three sentences, until the full ones: 11 sizes on the six
+    assert curves[0] == ("Pruning curves · 3 sentences · mean ablation", 3) and curves[-1] == (
+        "Pruning curves · 6 sentences · mean ablation", 11)
+    assert ("Pruning curves · 6 sentences · mean ablation", 3) not in curves  # never at 3 sizes on the six
 
     def by_hand(sentences, layer, head):
         full = scratch_model.embed(sentences)

@@ -46,7 +46,8 @@ def _first_sentences(ref: ModelRef, ablation: str, sentences: list[str], method:
 
 
 @shared("importance", entries=12, waiting="Measuring every head", warm=Warm(3, first_measured),
-        first=First(_first_sentences, f"each head measured on the first {FIRST_SENTENCES} of the sentences"))
+        first=First(_first_sentences, lambda *_: f"each head measured on the first {FIRST_SENTENCES} of the "
+                    "sentences"))
 def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> Importance:
     """Every head's importance on ``sentences`` (by ablation or gradient), with a progress bar while it runs."""
     model = cached_model(ref)
@@ -73,11 +74,13 @@ FIRST_STEP = 0.5  # the curves' first form: none, half and every head pruned
 
 
 def _coarse(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation"):
-    return ref, ablation, sentences, method, FIRST_STEP
+    return (*_first_sentences(ref, ablation, sentences, method), FIRST_STEP)  # the importance's first form's sentences
 
 
 @shared("curves", entries=12, copy=True, waiting="Computing the pruning curves",
-        warm=Warm(8, first_measured), first=First(_coarse, "the curves at 3 sizes (none, half and every head pruned)"))
+        warm=Warm(8, first_measured), first=First(_coarse, lambda ref, ablation, sentences, method="ablation": (
+            "the curves at 3 sizes (none, half and every head pruned)" + (
+                f", each head switched off on the first {FIRST_SENTENCES} sentences" if method == "ablation" else ""))))
 def curves(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation",
            step: float = 0.1) -> pd.DataFrame:
     """The pruning curves by importance (``importance(ref, ablation, sentences, method)``; the later steps re-rank

@@ -290,10 +290,11 @@ class Warm:
 @dataclass(frozen=True)
 class First:
     """A result's first form: ``args(*full_args)``, the same computation at a size that takes seconds, which a page
-    shows while the preparation computes the full one (``Shared.now``); ``says`` what it is, beside the full one."""
+    shows while the preparation computes the full one (``Shared.now``); ``says`` what it is, beside the full one (or
+    ``says(*full_args)`` does)."""
 
     args: Callable
-    says: str
+    says: str | Callable
 
 
 class Shared:
@@ -343,7 +344,8 @@ class Shared:
         first = self.first.args(*args)
         if self.key(*first) == self.key(*args):  # as small as a first form already (a few sentences): no first form
             return args
-        says = f"A first answer: {self.first.says}. The full one"
+        what = self.first.says(*args) if callable(self.first.says) else self.first.says
+        says = f"A first answer: {what}. The full one"
         if not self.later(*args, says=says):
             leave_for_later(self, args, None, says, "is computed once this page is drawn")
         return first

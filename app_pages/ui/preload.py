@@ -93,14 +93,15 @@ def encoder_results(ref) -> None:
 def encoder_first_forms(ref) -> list[tuple]:
     """(result, arguments) of the first forms that Pruning, Circuits and Queries & keys show while their full ones
     are computed (``Shared.now``): each head's importance on the first sentences, EAP over a few of the task's pairs,
-    every head over an eighth of the corpus. About 3 s in all for MiniLM, computed first, so that a page opened while
+    every head over an eighth of the corpus, the pruning curves at 3 sizes on those first sentences. A few seconds in
+    all for MiniLM, computed first, so that a page opened while
     the rest is computed draws its first form at once rather than computing it."""
     from ..results.circuits import circuit_curve
-    from ..results.pruning import importance
+    from ..results.pruning import curves, importance
     from ..results.qk import pictures
 
     return [(result, result.first.args(*args)) for result, args in encoder_steps(ref)
-            if result in (importance, circuit_curve, pictures)]
+            if result in (importance, circuit_curve, pictures, curves)]
 
 
 def encoder_steps(ref) -> list[tuple]:
