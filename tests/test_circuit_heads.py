@@ -102,6 +102,18 @@ def test_a_head_takes_the_class_of_the_pattern_it_attends_along_most_from_the_ba
     assert AC.classify({**pattern, "induction": 0.4, "previous token": 0.5}) == "previous token"
     assert AC.classify({**pattern, "name mover": 0.5}, 0.3, 0.2) == "name mover"
     assert AC.classify({**pattern, "name mover": 0.5}, 0.2, 0.3) == "negative name mover"
+    assert AC.classify({**pattern, "name mover": 0.5}, 0.3, 0.3) == "name mover"  # suppressing no more than copying
     assert AC.classify({**pattern, "name mover": 0.5}, np.nan, 0.3) == "name mover"
     assert AC.classify({**pattern, "name mover": 0.5}, 0.2, np.nan) == "name mover"
     assert AC.classify({**pattern, "S-inhibition": 0.5}, 0.2, 0.3) == "S-inhibition"
+
+
+def test_a_heads_shared_key_and_value_edges_add_up(llama):
+    ours, _ = llama
+    scores = _scores(ours, _task(2), {
+        (("head", 1, 2), ("logits", 2, -1)): 4.0,
+        (("input", -1, -1), ("k", 1, 1)): -2.0,  # the key and the value head that L1 H2 and L1 H3 read
+        (("mlp", 0, -1), ("v", 1, 1)): 0.5,
+    })
+    rows = AC.circuit_heads(scores, 3, {name: np.zeros((2, 4)) for name in AC.PATTERNS})
+    assert rows[["head", "edges_in", "edges_out"]].values.tolist() == [["L1 H2", 2.5, 4.0]]

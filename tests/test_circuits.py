@@ -3,6 +3,8 @@ gradient formula taken with forward hooks and autograd on transformers' own modu
 edge in is the clean run and with none the corrupted run; exact edge patching through the circuit machinery
 against patching built by hand with hooks; a hand-made two-layer model whose only path runs head A into head B's
 query."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -130,7 +132,7 @@ def hf_scores(family: str, hf, clean: torch.Tensor, bad: torch.Tensor, steps: in
     return torch.einsum("sbne,rbne->sr", out_clean - out_bad, g)
 
 
-@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize("steps", [1, 2, 3])
 def test_edge_scores_equal_the_gradient_formula_with_hooks_on_transformers(family, steps):
     name, ours, hf = family
     stack, graph = ours.stack, C.graph_of(ours.stack)
@@ -500,3 +502,127 @@ def test_runs_share_their_start_up_to_the_first_token_that_differs(two, scratch_
     assert C.shared_start(two[0].stack, a, b) == 3
     assert C.shared_start(two[0].stack, a, a) == 4  # nothing differs: the last token is still run
     assert C.shared_start(patching_stack(scratch_model), a, b) == 0
+
+
+# --- what the scores' functions say and keep, word for word and by hand -------------------------------------------
+
+def test_the_circuits_sentences_word_for_word(two, tiny):
+    model, task = two
+    one = Task("one", "One", task.pairs[:1])
+    with pytest.raises(HeadLensError, match=r"^Unknown method 'acdc': choose 'eap' or 'eap_ig'\.$"):
+        AC.edge_scores(model, one, "acdc")
+    with pytest.raises(HeadLensError, match=r"^Give circuit sizes of 0 edges or more\.$"):
+        AC.circuit_values(model, AC.edge_scores(model, one, "eap"), [])
+    with pytest.raises(HeadLensError, match=r"^Give circuit sizes of 0 edges or more\.$"):
+        AC.circuit_values(model, AC.edge_scores(model, one, "eap"), [3, -1])
+    with pytest.raises(HeadLensError, match=r"^The clean and corrupted prompts score the same on average: there is "
+                                            r"nothing for a circuit to recover\.$"):
+        AC.curve_of([1], np.zeros((2, 1)), np.ones(2), np.ones(2))
+    with pytest.raises(HeadLensError, match=r"^Choose at least one receiving head and input\.$"):
+        AC.path_patching(model, one, (0, 0), [])
+    with pytest.raises(HeadLensError, match=r"^L0 H0 writes only to heads in later layers"):
+        AC.path_patching(model, one, (0, 0), [(0, 0)])  # its own layer: the first sender its query cannot read
+    bloom = load_model(tiny("bloom"))  # an architecture the from-scratch engine does not implement
+    with pytest.raises(HeadLensError, match=r"^A circuit's edges are traced "):
+        AC.edge_scores(bloom, one, "eap")
+
+
+def test_edge_scores_default_to_eap_ig_in_five_steps_summed_in_float64_and_take_one_step(two):
+    model, task = two
+    one = Task("one", "One", task.pairs[:1])
+    scores = AC.edge_scores(model, one)
+    assert (scores.method, scores.steps, scores.scores.dtype) == ("eap_ig", 5, np.float64)
+    assert AC.edge_scores(model, one, "eap_ig", steps=1).steps == 1
+
+
+def test_a_circuit_of_receiver_kinds_keeps_those_edges_alone_and_the_whole_graph_is_the_clean_run_exactly(two):
+    model, task = two
+    scores = AC.edge_scores(model, task, "eap_ig")
+    kinds = np.array([k for k, _, _ in scores.graph.receivers])
+    queries = scores.top(3, ("q",))
+    assert queries.sum() == 3 and set(kinds[np.nonzero(queries)[1]]) == {"q"}
+    path = AC.faithfulness(model, scores, [3])  # input → A's value, A → B's query, B → logits: the whole effect
+    only_queries = AC.faithfulness(model, scores, [3], ("q",))  # into B's query alone: A's copy never made
+    assert path.faithfulness[0] == pytest.approx(1.0, abs=1e-3)
+    assert abs(only_queries.faithfulness[0]) < 0.5
+    whole = AC.faithfulness(model, scores, [scores.graph.n_edges], seed=7)
+    np.testing.assert_array_equal(whole.values[:, 0], scores.clean)  # the clean run's metric, not a run again
+    again = AC.curve_of(whole.sizes, whole.values, whole.clean, whole.corrupted, seed=7)
+    assert (whole.low, whole.high) == (again.low, again.high)  # its interval drawn with the seed asked
+
+
+def test_a_curves_default_seed_is_0_and_its_smallest_circuit_is_the_first_to_reach_the_target_exactly():
+    rng = np.random.default_rng(3)
+    clean, corrupted = rng.normal(2, 1, 40), rng.normal(0, 1, 40)
+    values = corrupted[:, None] + (clean - corrupted)[:, None] * rng.uniform(0, 1, (40, 2))
+    default = AC.curve_of([5, 50], values, clean, corrupted)
+    zero, one = (AC.curve_of([5, 50], values, clean, corrupted, seed=s) for s in (0, 1))
+    np.testing.assert_array_equal(default.low, zero.low)
+    assert not np.array_equal(default.low, one.low)
+    reached = dataclasses.replace(default, sizes=np.array([5, 50, 500]), faithfulness=np.array([0.5, 0.8, 0.9]))
+    assert reached.smallest() == 50  # 0.8 reaches the target of 0.8
+
+
+def test_a_paths_sender_receivers_and_interval_are_its_own(family):
+    _, model, hf = family
+    clean, bad = prompts(hf.config.vocab_size, seed=6, batch=8)  # pairs whose paths differ: an interval of width
+    task = Task("random", "Random", tuple(TaskPair("", "", tuple(c.tolist()), tuple(b.tolist()), ANSWER, DISTRACTOR,
+                                                   (("END", N - 1),)) for c, b in zip(clean, bad)))
+    path = AC.path_patching(model, task, (0, 1), [(1, 0)])
+    assert (path.sender, path.receivers) == ("L0 H1", ("L1 H0.q",))
+    assert path.share == pytest.approx(path.effects.mean() / path.span.mean())
+    seeded = AC.path_patching(model, task, (0, 1), [(1, 0)], seed=0)
+    assert (path.low, path.high) == (seeded.low, seeded.high)  # the default seed, 0: the same draws
+    assert path.low <= path.share <= path.high and path.low < path.high, (path.low, path.high)
+
+
+def test_an_edges_share_of_no_span_is_nan_and_equal_scores_keep_the_graphs_order(family):
+    _, ours, _ = family
+    graph = C.graph_of(ours.stack)
+    flat = AC.EdgeScores(None, "logit_diff", "eap", 1, graph, np.ones((len(graph.senders), len(graph.receivers))),
+                         np.ones(2), np.ones(2))
+    assert flat.frame(5)["share"].isna().all()  # clean and corrupted the same: no share of nothing
+    s, r = flat.ranked()
+    expected_s, expected_r = np.nonzero(graph.mask())
+    np.testing.assert_array_equal(s, expected_s)
+    np.testing.assert_array_equal(r, expected_r)
+
+
+def test_a_heads_key_and_value_inputs_are_its_groups_and_a_layer_without_heads_names_the_head_asked(family):
+    _, ours, hf = family
+    graph = C.graph_of(ours.stack)
+    H, G = hf.config.num_attention_heads, hf.config.num_key_value_heads
+    for layer in range(graph.n_layers):
+        for head in range(H):
+            group = head // (H // G)
+            assert graph.receivers[AC.receiver_index(graph, layer, head, "q")] == ("q", layer, head)
+            for kind in ("k", "v"):
+                assert graph.receivers[AC.receiver_index(graph, layer, head, kind)] == (kind, layer, group)
+    with pytest.raises(HeadLensError, match=rf"^L{graph.n_layers} H-1 is not a head of this model's graph\.$"):
+        AC.receiver_index(graph, graph.n_layers, 0, "k")  # the logits' layer: no key head at all
+
+
+def test_a_key_or_value_head_read_by_several_is_named_as_their_group(family):
+    _, ours, hf = family
+    graph = C.graph_of(ours.stack)
+    H, G = hf.config.num_attention_heads, hf.config.num_key_value_heads
+    names = {graph.receivers[r]: graph.receiver_name(r) for r in range(len(graph.receivers))}
+    for (kind, layer, index), name in names.items():
+        if kind in ("k", "v"):
+            assert name == (f"L{layer} H{index}.{kind}" if G == H else f"L{layer} KV{index}.{kind}"), name
+
+
+def test_a_parallel_blocks_mlp_reads_none_of_its_layers_heads(tmp_path):
+    """GPT-NeoX adds attention and feed-forward read from the same stream: an MLP reads what came before its layer's
+    heads; a sequential block's (Qwen3's) reads its layer's heads too."""
+    from tests import test_families
+
+    for family, parallel in (("gpt_neox", True), ("qwen3", False)):
+        folder, hf, _ = test_families.build(family, tmp_path / family)
+        assert getattr(hf.config, "use_parallel_residual", False) == parallel
+        graph = C.graph_of(load_model(folder, backend="scratch").stack)
+        H = hf.config.num_attention_heads
+        for r, (kind, layer, _) in enumerate(graph.receivers):
+            if kind == "mlp":
+                first = graph.senders.index(("head", layer, 0))
+                assert graph.reach[r] == (first if parallel else first + H), (family, layer, graph.reach[r])
