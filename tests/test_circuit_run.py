@@ -100,6 +100,9 @@ def test_the_command_line_says_what_it_takes(folder, tmp_path, capsys):
         circuit_run.main([str(folder / "pairs.csv"), "--out", str(tmp_path), "--method", "eap-ig"])
     assert exit.value.code == 2 and "argument --method: invalid choice: 'eap-ig'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit:
+        circuit_run.main([str(folder / "pairs.csv"), "--out", str(tmp_path), "--steps", "five"])
+    assert exit.value.code == 2 and "argument --steps: invalid int value: 'five'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit:
         circuit_run.main([str(folder / "pairs.csv"), "--out", str(tmp_path), "--sizes", "10,ten"])
     assert exit.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == ("python -m analysis.circuits.run: error: --sizes takes whole "

@@ -459,6 +459,9 @@ def test_what_a_task_cannot_run_gets_its_own_sentence(two):
     later = graph.senders.index(("head", 1, 0))
     with pytest.raises(HeadLensError, match="^Each edge runs from a sender to a later receiver"):
         AC.exact_edges(model, task, [(later, 0)])  # B's output into A's query, below it
+    for outside in [(len(graph.senders), len(graph.receivers) - 1), (0, len(graph.receivers))]:
+        with pytest.raises(HeadLensError, match="^Each edge runs from a sender to a later receiver"):
+            AC.exact_edges(model, task, [outside])  # past the last sender, past the last receiver
     with pytest.raises(HeadLensError, match="not a head of this model's graph"):
         AC.receiver_index(graph, graph.n_layers, 0, "k")  # the logits' layer has no heads
     scores = AC.edge_scores(model, task, "eap")
