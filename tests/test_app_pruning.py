@@ -138,7 +138,7 @@ def test_a_cold_pages_importance_comes_first_on_its_first_sentences_then_on_all_
         notes.append((result.name, says)), leave(result, args, queue, says, how)))
     at = new_app({"prune_on": "sidebar", "text": "\n".join(texts)}, page="app_pages/pruning.py")
     assert measured_on == [texts[:3], texts]
-    assert notes == [("importance", "A first answer: each head measured on the first 3 of the sentences. The full one"),
+    assert notes == [("importance", "A first answer: each head measured on the first 3 of the 6 sentences. The full one"),
                      ("curves", "A first answer: the curves at 3 sizes (none, half and every head pruned), each head "
                       "switched off on the first 3 sentences. The full one")]
     # the curves at 3 sizes on the first three sentences, until the full ones: 11 sizes on the six

@@ -46,8 +46,8 @@ def _first_sentences(ref: ModelRef, ablation: str, sentences: list[str], method:
 
 
 @shared("importance", entries=12, waiting="Measuring every head", warm=Warm(3, first_measured),
-        first=First(_first_sentences, lambda *_: f"each head measured on the first {FIRST_SENTENCES} of the "
-                    "sentences"))
+        first=First(_first_sentences, lambda ref, ablation, sentences, method="ablation": (
+            f"each head measured on the first {FIRST_SENTENCES} of the {len(sentences)} sentences")))
 def importance(ref: ModelRef, ablation: str, sentences: list[str], method: str = "ablation") -> Importance:
     """Every head's importance on ``sentences`` (by ablation or gradient), with a progress bar while it runs."""
     model = cached_model(ref)
