@@ -48,9 +48,12 @@ def test_a_cold_servers_pages_show_first_forms_and_leave_the_full_ones_to_the_pr
         at = new_app({"model": REF.choice}, page=page, timeout=COLD_RUN_S)
         assert not at.exception and not at.error, (page, at.exception, [e.value for e in at.error])
         if page in FIRST_FORMS:  # its first run showed the first form unless the full one was ready; its last, the full
-            name, first, ready = shown_first[0]
-            assert (name, first) == (FIRST_FORMS[page], not ready) and shown_first[-1][:2] == (name, False), \
-                (page, shown_first)
+            name = FIRST_FORMS[page]
+            asked = [(first, ready) for n, first, ready in shown_first if n == name]
+            assert asked and asked[0][0] == (not asked[0][1]) and not asked[-1][0], (page, shown_first)
+        if page == "app_pages/pruning.py":  # a decoder's importance is by gradient, one pass in all: no first form
+            measured = [first for n, first, _ in shown_first if n == "importance"]
+            assert measured and not any(measured), shown_first
         finals[page] = at
     assert not set(in_sessions) & prepared_keys, sorted(k[0] for k in set(in_sessions) & prepared_keys)
 
