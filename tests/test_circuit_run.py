@@ -206,6 +206,23 @@ def test_the_command_lines_bar_counts_each_pair_once_a_pass_and_its_options_reac
                        "pairs.csv": "clean,corrupted,clean_metric,corrupted_metric"}
 
 
+def test_the_bars_second_pass_counts_from_no_pairs_when_its_first_report_is_already_pairs_in(folder, tmp_path,
+                                                                                           monkeypatch, capsys):
+    """One circuit size: the circuits' first report is a whole batch of pairs done, which the bar adds in full."""
+    import tqdm
+
+    from analysis.circuits import run as circuit_run
+
+    _Bar.made = []
+    monkeypatch.setattr(tqdm, "tqdm", _Bar)
+    assert circuit_run.main([str(folder / "pairs.csv"), "--out", str(tmp_path / "one"), "--model", str(folder),
+                             "--device", "cpu", "--method", "eap", "--sizes", "3"]) == 0
+    n = len(from_rows(load_model(folder, backend="scratch"), ROWS * 3))
+    passed = np.cumsum(_Bar.made[-1].updates)
+    after = passed[passed > n]
+    assert passed[-1] == 2 * n and len(after) and after[0] - n >= 1, passed  # the first batch of the circuits
+
+
 def test_the_command_line_hands_ray_the_task_and_every_option(folder, tmp_path, monkeypatch, capsys):
     """``--engine ray``: ``run_ray`` gets the model's name, the pairs, the metric, one step for EAP, the sizes, the
     device, the cluster's address, the actors and the bar; what it returns is written and printed."""

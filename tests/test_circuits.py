@@ -467,7 +467,7 @@ def test_what_a_task_cannot_run_gets_its_own_sentence(two):
     scores = AC.edge_scores(model, task, "eap")
     import dataclasses
     other = dataclasses.replace(scores.graph, receivers=scores.graph.receivers[:-1])  # the same senders
-    with pytest.raises(HeadLensError, match="another model's graph"):
+    with pytest.raises(HeadLensError, match=r"^These edge scores were taken on another model's graph\.$"):
         AC.circuit_values(model, dataclasses.replace(scores, graph=other), [1])
 
 
@@ -554,6 +554,24 @@ def test_a_circuit_of_receiver_kinds_keeps_those_edges_alone_and_the_whole_graph
     assert (whole.low, whole.high) == (again.low, again.high)  # its interval drawn with the seed asked
 
 
+def test_a_curves_interval_is_drawn_with_the_seed_asked_and_the_whole_circuit_costs_no_run(family, monkeypatch):
+    _, model, hf = family
+    clean, bad = prompts(hf.config.vocab_size, seed=6, batch=8)  # pairs whose circuits recover shares of their own
+    task = Task("random", "Random", tuple(TaskPair("", "", tuple(c.tolist()), tuple(b.tolist()), ANSWER, DISTRACTOR,
+                                                   (("END", N - 1),)) for c, b in zip(clean, bad)))
+    scores = AC.edge_scores(model, task, "eap")
+    seeded = AC.faithfulness(model, scores, [3, 30], seed=3)
+    three, zero = (AC.curve_of(seeded.sizes, seeded.values, seeded.clean, seeded.corrupted, seed=s) for s in (3, 0))
+    np.testing.assert_array_equal(seeded.low, three.low)
+    np.testing.assert_array_equal(seeded.high, three.high)
+    assert not np.array_equal(seeded.low, zero.low), (seeded.low, zero.low)
+    runs = []
+    circuit = C.circuit_values
+    monkeypatch.setattr(C, "circuit_values", lambda *a, **k: runs.append(1) or circuit(*a, **k))
+    AC.circuit_values(model, scores, [scores.graph.n_edges, 3])
+    assert len(runs) == 1  # the circuit of 3 edges is run; every edge's is the clean run already taken
+
+
 def test_a_curves_default_seed_is_0_and_its_smallest_circuit_is_the_first_to_reach_the_target_exactly():
     rng = np.random.default_rng(3)
     clean, corrupted = rng.normal(2, 1, 40), rng.normal(0, 1, 40)
@@ -577,6 +595,13 @@ def test_a_paths_sender_receivers_and_interval_are_its_own(family):
     seeded = AC.path_patching(model, task, (0, 1), [(1, 0)], seed=0)
     assert (path.low, path.high) == (seeded.low, seeded.high)  # the default seed, 0: the same draws
     assert path.low <= path.share <= path.high and path.low < path.high, (path.low, path.high)
+    from analysis.stats import interval
+
+    three = AC.path_patching(model, task, (0, 1), [(1, 0)], seed=3)
+    low, high = interval(three.effects[:, None], three.span, seed=3)  # the share's interval: the pairs resampled
+    assert (three.low, three.high) == (low[0], high[0]) and (three.low, three.high) != (path.low, path.high)
+    plain = interval(three.effects[:, None], seed=3)  # of the effects alone, not of their share of the span
+    assert (three.low, three.high) != (plain[0][0], plain[1][0])
 
 
 def test_an_edges_share_of_no_span_is_nan_and_equal_scores_keep_the_graphs_order(family):
@@ -589,6 +614,11 @@ def test_an_edges_share_of_no_span_is_nan_and_equal_scores_keep_the_graphs_order
     expected_s, expected_r = np.nonzero(graph.mask())
     np.testing.assert_array_equal(s, expected_s)
     np.testing.assert_array_equal(r, expected_r)
+    few = np.random.default_rng(0).integers(-2, 3, flat.scores.shape).astype(float)  # many ties among five values
+    s, r = dataclasses.replace(flat, scores=few).ranked()
+    by_hand = np.lexsort((np.arange(len(expected_s)), -np.abs(few[expected_s, expected_r])))  # then the graph's order
+    np.testing.assert_array_equal(s, expected_s[by_hand])
+    np.testing.assert_array_equal(r, expected_r[by_hand])
 
 
 def test_a_heads_key_and_value_inputs_are_its_groups_and_a_layer_without_heads_names_the_head_asked(family):
