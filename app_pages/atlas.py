@@ -3,13 +3,14 @@ import streamlit as st
 
 from analysis import EXPLAINED, EXPLAINED_LIFT
 from analysis.cards.atlas import METRICS, atlas_frame, head_map, metrics_of
-from app_pages.results.card import atlas, card_parts, decoder
-from app_pages.results.models import ModelRef
+from app_pages.results.card import atlas, card_parts, importance_first
+from app_pages.results.models import ModelRef, offers_of
 from app_pages.ui.card import same_kind
 from app_pages.ui.card_links import click_picks_head
 from app_pages.ui.exports import chart
 from app_pages.ui.page import note_first, start
 from app_pages.ui.state import bound, choose, flag
+from models import DETECTOR
 from models.catalog import CATALOG, bundled
 from viz.atlas import atlas_scatter
 
@@ -20,7 +21,7 @@ s, ref = start("atlas")
 st.caption("Every head of the model as one point, placed by the measures its card reports (over the built-in corpus, "
            "the built-in pairs and the task, and for a decoder the head detector); a click on a point opens its "
            "card.")
-frames = {ref.title: (ref, atlas_frame(card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False,
+frames = {ref.title: (ref, atlas_frame(card_parts(ref, s.causal, s.heads_off, importance_too=importance_first(ref), qk_too=False,
                                                  first=True)))}
 note_first()  # on a cold server
 others = [b for b in CATALOG if bundled(ref.choice) is None or b.key != bundled(ref.choice).key]
@@ -89,7 +90,7 @@ for col, (title, (r, frame)) in zip(st.columns(len(frames) + 1), frames.items())
                         "text/csv", key=f"atlas-csv-{r.choice}", on_click="ignore")
     if tables:
         st.dataframe(frame.style.format(precision=3), hide_index=True, key=f"atlas-table-{r.choice}")
-if not decoder(ref):
+if DETECTOR not in offers_of(ref):
     st.caption("An encoder's heads are placed by what they attend to and their effect on its first task (the seed "
                "sentence's objects changed, measured on its sentence embedding); a bundled decoder adds the head "
                "detector, OV copying, what each head writes and its importance.")

@@ -3,7 +3,8 @@ import streamlit as st
 
 from analysis.cards.atlas import atlas_frame, heads_like
 from analysis.cards.card import card_from, detector_label, repeat_showcase
-from app_pages.results.card import card_parts, decoder, telling
+from app_pages.results.card import card_parts, importance_first, telling
+from app_pages.results.models import offers_of
 from app_pages.results.detector import detected
 from app_pages.results.tasks import first_spec
 from app_pages.ui import card_view as view
@@ -15,7 +16,7 @@ from app_pages.ui.pickers import pick_sentence
 from app_pages.ui.settings import settings
 from app_pages.ui.state import choose, head_from_url, head_to_url
 from app_pages.ui.why import why_section
-from models import head_label
+from models import DETECTOR, head_label
 from models.catalog import bundled
 from models.corpus import DEFAULT_TEXT
 
@@ -37,7 +38,7 @@ text = pick_sentence(s, container=top[1], label="Your sentence")
 # over the corpus (seconds to a minute on a cold server) where that text needs no card: the user's own sentence, an
 # encoder's head, and a head the detector (which chose the opening head) says shows its habit on a repeat
 untouched = (st.session_state.get("text") or DEFAULT_TEXT) == DEFAULT_TEXT
-early, shown = not decoder(ref) or not untouched, None
+early, shown = DETECTOR not in offers_of(ref) or not untouched, None
 if not early:
     shown = repeat_showcase(detector_label(detected(ref), layer, head), text)  # the detector ``telling`` read
     early = shown is not None
@@ -46,7 +47,7 @@ if early:
 # a bundled decoder's importance is prepared (2 s if not yet); every head's queries-and-keys picture (45 s) and an
 # encoder's importance (a minute) are shown once computed, on their pages or a button here
 with st.spinner("Gathering the head's measures over the built-in corpus…"):
-    parts = card_parts(ref, s.causal, s.heads_off, importance_too=decoder(ref), qk_too=False, first=True)
+    parts = card_parts(ref, s.causal, s.heads_off, importance_too=importance_first(ref), qk_too=False, first=True)
 note_first()  # on a cold server
 card = card_from(parts, ref.title, layer, head)
 others, choices = {}, {ref.title: ref.choice}

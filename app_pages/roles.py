@@ -3,7 +3,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis import FOCI, FOCUS_NAMES, THRESHOLDS, label_measure, make_view
-from app_pages.results.models import LLM
+from app_pages.results.models import offers_of
 from app_pages.ui.attention import attention
 from app_pages.ui.card_links import card_button, click_picks_head
 from app_pages.ui.detector import show_decoder_heads
@@ -13,7 +13,7 @@ from app_pages.ui.page import start
 from app_pages.ui.profiles import CONTENT_ATTENTION, page_profile, profile_file
 from app_pages.ui.roles import similar, strongest_in_document, strongest_sentences
 from app_pages.ui.state import choose, head_from_url, head_to_url
-from models import head_label
+from models import DETECTOR, head_label
 from models.corpus import DEFAULT_TEXT
 from viz import role_grid, text_shading
 
@@ -94,7 +94,7 @@ if profiled.per_sentence is None:
             "a head is strongest and which heads behave alike.")
 else:
     similar(profiled, layer, head)
-if s.model.choice in LLM:
+if DETECTOR in offers_of(s.model):  # a bundled decoder's detector, prepared
     show_decoder_heads(s.model)
 every_head_explained(s.model, s.causal, s.heads_off, explained, coming, s.sentences,
                      lambda text: attention(s, text))

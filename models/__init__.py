@@ -5,9 +5,11 @@ from .files import pick_device
 from .loading import load_model
 from .mha import MultiHeadAttention
 from .result import Attention, Head, head_label
+from .run import offers
+from .stacks.base import DETECTOR, EMBEDDING, VOCABULARY
 from .stacks.bert import BertEncoder, EncoderConfig
 
 __version__ = "0.15.0"  # HeadLens's version, recorded in the files it writes
 
-__all__ = ["Attention", "AttentionModel", "BertEncoder", "EncoderConfig", "Head", "HeadLensError",
-           "MultiHeadAttention", "head_label", "load_model", "pick_device"]
+__all__ = ["Attention", "AttentionModel", "BertEncoder", "DETECTOR", "EMBEDDING", "EncoderConfig", "Head",
+           "HeadLensError", "MultiHeadAttention", "VOCABULARY", "head_label", "load_model", "offers", "pick_device"]

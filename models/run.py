@@ -134,6 +134,18 @@ def stack_of(model, what: str = "This"):
     return editable(model, what).stack
 
 
+def offers(model) -> frozenset[str]:
+    """What ``model`` (any loaded model) offers beyond attention, as its stack declares it (``Stack.offers``:
+    ``detector``, ``vocabulary``, ``embedding``); nothing for an architecture the from-scratch engine does not
+    implement or an encoder-decoder."""
+    if getattr(model, "encoder_decoder", False):
+        return frozenset()
+    try:
+        return stack_of(model).offers
+    except HeadLensError:
+        return frozenset()
+
+
 def language_stack(model, what: str = "What a head adds to a prediction is read"):
     """``stack_of(model)`` when it is a pre-norm language model's (logits, a next-token prediction); a sentence
     otherwise."""

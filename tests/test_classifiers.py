@@ -147,14 +147,23 @@ def test_a_label_not_in_id2label_gets_a_sentence_naming_the_labels(built):
 
 
 def test_a_classifiers_task_takes_labelled_pairs_and_says_so_for_any_other(built):
-    """A built-in task's pairs compare texts, not classes: a sentence naming the labels; a CSV row giving one label
-    twice is named."""
+    """A built-in task is the founding sentence's foci read as the classifier's last class against its first, each
+    prompt's metric transformers' own logit difference; a next-token task gets a sentence naming the classifier's
+    tasks; a CSV row giving one label twice is named."""
     from analysis.tasks import make_task
 
-    ours, _, tok = built("bert")
-    with pytest.raises(HeadLensError, match=r"answer and distractor are its labels \('negative', 'neutral', "
-                                            r"'positive'\)"):
-        run_task(ours, make_task(ours, "objects", 4), "class_logit_diff")
+    ours, theirs, tok = built("bert")
+    task = make_task(ours, "objects", 4)
+    assert task.metric == "class_logit_diff" and {(p.answer, p.distractor, p.probes) for p in task.pairs} == {(2, 0, ())}
+    found = run_task(ours, task, "class_logit_diff")
+    for k, p in enumerate(task.pairs):
+        for prompt, ids in ((found.clean, p.clean_ids), (found.corrupted, p.corrupted_ids)):
+            want, _ = theirs_metric("bert", theirs, torch.tensor([ids]), 2, 0)
+            assert prompt[k] == pytest.approx(float(want[0]), abs=1e-6)
+    with pytest.raises(HeadLensError, match=r"^'ioi' is not a task for .*, whose prediction is read as the class logit "
+                                            r"difference: choose one of objects, relation, sentence_type, sentiment, "
+                                            r"or give your own pairs\.$"):
+        make_task(ours, "ioi", 4)
     rows = [{"clean": CLEAN, "corrupted": corrupted(tok), "answer": "neutral", "distractor": "negative"},
             {"clean": CLEAN, "corrupted": corrupted(tok), "answer": "neutral", "distractor": "neutral"},
             {"clean": CLEAN, "corrupted": corrupted(tok), "answer": "neutral", "distractor": 7}]
@@ -294,19 +303,27 @@ def test_effects_opens_a_classifier_on_its_built_in_pairs(new_app, built, tmp_pa
     np.testing.assert_allclose(decode(grid), want["recovered"].to_numpy().reshape(2, H), atol=1e-6)
 
 
+def llama_classifier(folder, tok=None):
+    """(transformers' ``LlamaForSequenceClassification`` in float64, its tokenizer), tiny and random, three labels,
+    saved in ``folder``; ``tok``: its tokenizer (a toy BPE one by default)."""
+    if tok is None:
+        vocab, merges = _bpe_vocab()
+        tok = tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=len(tok), num_labels=3, id2label=LABELS, num_key_value_heads=2, head_dim=8,
+                            max_position_embeddings=64, bos_token_id=tok.bos_token_id or tok.cls_token_id,
+                            eos_token_id=tok.eos_token_id or tok.sep_token_id, pad_token_id=tok.pad_token_id, **SIZES)
+    return saved_perturbed(tf.LlamaForSequenceClassification(config).eval(), folder,
+                           tf.LlamaForSequenceClassification), tok
+
+
 def test_a_llama_classifier_opens_with_its_score_and_patches_as_transformers(tmp_path):
     """A ``LlamaForSequenceClassification`` folder, which holds no language-model head: its logits and every head
     patched agree with transformers' (whose RMSNorm runs in float32 inside a float64 model: ``test_families``'
     tolerance), and its readout has direct parts."""
-    vocab, merges = _bpe_vocab()
-    tok = tf.GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                               pad_token="<pad>")
-    tok.save_pretrained(tmp_path)
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(vocab_size=len(vocab), num_labels=3, id2label=LABELS, num_key_value_heads=2, head_dim=8,
-                            max_position_embeddings=64, bos_token_id=0, eos_token_id=2, pad_token_id=1, **SIZES)
-    theirs = saved_perturbed(tf.LlamaForSequenceClassification(config).eval(), tmp_path,
-                             tf.LlamaForSequenceClassification)
+    theirs, tok = llama_classifier(tmp_path)
     ours = load_model(tmp_path, backend="scratch")
     ours.stack.double()
     assert ours.stack.readouts == ("class_label",) and not ours.stack.language_model
@@ -403,6 +420,8 @@ def test_a_decoder_classifiers_card_leaves_out_the_pairs_its_tokenizer_splits_un
     assert all("as many tokens" in why for why in parts.left_out.values())
     card = head_card(ours, 1, 2, parts=parts)
     assert card.left_out == parts.left_out and card.role
+    # its causal mask offers the head detector, whose repeated sequences this toy tokenizer cannot write: said why
+    assert card.detector is None and card.detector_why.startswith("The tokenizer has 3 whole-word tokens")
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
@@ -426,3 +445,44 @@ def test_a_pruned_classifier_is_transformers_with_those_heads_silenced(built, na
     assert np.abs(got.numpy() - full.numpy()).max() > 1e-4  # the two heads matter to the classes
     assert stack.prediction_head is ours.stack.prediction_head and stack.readouts == ("class_label",)
     assert set(stack._modules) == set(ours.stack._modules)
+
+
+def test_a_llama_classifiers_effects_offers_its_label_pairs_and_its_tasks(new_app, tmp_path, minilm_dir):
+    """Effects on a Llama sequence classifier (causal, no language-model head), opened as a custom model: its
+    built-in pairs are the founding sentence's foci read as its last class against its first, patched as
+    ``patch_heads`` patches them; its own pair picks two of its labels; its tasks are the foci's, read by its labels,
+    their clean metric transformers' own; a next-token task gets a sentence."""
+    from analysis.defaults import ENCODER_PAIRS
+    from analysis.tasks import make_task
+
+    theirs, _ = llama_classifier(tmp_path, tf.AutoTokenizer.from_pretrained(minilm_dir))  # its pairs split evenly
+    ours = load_model(tmp_path, backend="scratch")  # in float32, as the page opens it
+    assert ours.stack.offers == {"detector"}  # a causal mask; no vocabulary, no sentence embedding
+    at = new_app({"model": "custom", "custom_model": str(tmp_path)}, page="app_pages/effects.py")
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="effects_pair").options == list(ENCODER_PAIRS)
+    assert any("logit(“positive”) − logit(“negative”) of the classes" in c.value.replace("\\", "")
+               for c in at.caption)
+    pair = next(iter(ENCODER_PAIRS.values()))
+    want = patch_heads(ours, pair.clean, pair.corrupted, "positive", "negative")
+    grid = next(c for c in figures(at) if "recovered" in title_text(c))["data"][0]["z"]
+    np.testing.assert_allclose(decode(grid), want["recovered"].to_numpy().reshape(2, H), atol=1e-5)
+
+    at.segmented_control(key="effects_source").set_value("own").run(timeout=300)
+    assert at.selectbox(key="effects_label_answer").options == ["negative", "neutral", "positive"]
+    assert at.selectbox(key="effects_label_answer").value == "positive"
+    assert at.selectbox(key="effects_label_distractor").value == "negative"
+
+    at.segmented_control(key="effects_source").set_value("builtin").run(timeout=300)
+    at.segmented_control(key="effects_scope").set_value("task").run(timeout=300)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="task").options == ["Objects: coffee or tea → coffee or juice", "Relation: like → hate",
+                                                "Sentence type: a question → a statement",
+                                                "Sentiment: better → worse", "Your pairs (a CSV file)"]
+    task = make_task(ours, at.selectbox(key="task").value, at.select_slider(key="task_pairs").value)
+    with torch.no_grad():  # transformers' own class logits of each clean prompt, its last class against its first
+        clean = np.array([float((lambda lg: lg[0, 2] - lg[0, 0])(theirs(input_ids=torch.tensor([p.clean_ids])).logits))
+                          for p in task.pairs])
+    assert {m.label: m.value for m in at.metric}["Clean"] == f"{clean.mean():+.3f}"
+    with pytest.raises(HeadLensError, match="^'ioi' is not a task for .*class logit difference: choose one of objects"):
+        make_task(ours, "ioi", 4)

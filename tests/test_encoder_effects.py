@@ -259,7 +259,8 @@ def test_an_encoders_tasks_have_forty_pairs_of_each_focus_read_by_its_tokenizer(
             assert pair.probes[0] != pair.probes[1]
             focus = pair.role("FOCUS")
             assert pair.clean_ids[focus] != pair.corrupted_ids[focus]  # the focus word is the one changed
-    with pytest.raises(HeadLensError, match="not a task for an encoder"):
+    with pytest.raises(HeadLensError, match="^'ioi' is not a task for .*, whose prediction is read as the embedding "
+                                            "difference: choose one of objects, relation, sentence_type, sentiment"):
         make_task(scratch_model, "ioi", 10)
 
 

@@ -14,7 +14,7 @@ from analysis.cards.build import card_parts, head_card
 from analysis.roles.detector import LENGTH, SENTENCES, SEQUENCES, detector_labels
 from analysis.cards.card import corpus_writes
 from analysis.effects.vocabulary import copying_scores
-from models import HeadLensError, load_model
+from models import EMBEDDING, HeadLensError, load_model
 from analysis.effects import parts as P
 from models.corpus import CORPUS, corpus_sample
 from models.stacks.decoder import Decoder, DecoderConfig
@@ -142,7 +142,7 @@ def test_a_map_of_two_measures_keeps_every_distance_between_heads(hand_set):
 def test_an_encoders_card_reads_its_seed_foci_and_a_head_it_lacks_gets_a_sentence(hf_model):
     parts = card_parts(hf_model, sentences=TEXTS)
     card = head_card(hf_model, 2, 5, parts=parts)
-    assert not card.decoder and card.detector is None and card.writes is None
+    assert card.offers == {EMBEDDING} and card.detector is None and card.writes is None
     from analysis.defaults import ENCODER_PAIRS
     from analysis.effects import patch_heads
 

@@ -14,9 +14,9 @@ from typing import Protocol
 
 import pandas as pd
 
-from models import AttentionModel, HeadLensError
+from models import DETECTOR, VOCABULARY, AttentionModel, HeadLensError, offers
 from models.corpus import CORPUS, corpus_sample
-from models.run import language_stack, patching_stack
+from models.run import patching_stack
 
 from ..defaults import DECODER_SAMPLE, FIRST_TASK, FIRST_TASK_PAIRS, Pair
 from .atlas import atlas_frame, heads_like
@@ -47,16 +47,6 @@ def is_patchable(model: AttentionModel) -> bool:
         return False
 
 
-def is_decoder(model: AttentionModel) -> bool:
-    """A language model whose heads the from-scratch engine reads (an encoder is not loaded there to say no)."""
-    if not model.causal:
-        return False
-    try:
-        return language_stack(model, CARD) is not None
-    except HeadLensError:
-        return False
-
-
 class CardSource(Protocol):
     """Where each part of a card comes from: computed here (``Computed``), or the app's shared results
     (``app_pages.results.card``). ``assemble`` asks each for the same parts in the same way."""
@@ -66,7 +56,7 @@ class CardSource(Protocol):
     def explanations(self, attentions: list) -> pd.DataFrame | None: ...  # explain_heads; None: not ready
     def importance(self) -> pd.DataFrame | None: ...                  # None: not measured
     def pictures(self) -> dict | None: ...                            # queries and keys, None: not drawn
-    def decoder(self) -> bool: ...
+    def offers(self) -> frozenset[str]: ...                            # ``models.offers``: which parts apply
     def patchable(self) -> bool: ...                                  # its pairs and task are read
     def writes(self) -> Writes: ...
     def detector(self) -> pd.DataFrame: ...
@@ -82,9 +72,14 @@ def assemble(source: CardSource) -> CardParts:
     parts = CardParts(frame, attentions, source.peaks(attentions), windows=attentions[0].windows)
     parts.explanations = source.explanations(attentions)
     parts.importance, parts.qk = source.importance(), source.pictures()
-    parts.decoder = source.decoder()
-    if parts.decoder:
-        parts.writes, parts.detector, parts.copying = source.writes(), source.detector(), source.copying()
+    parts.offers = source.offers()
+    if DETECTOR in parts.offers:
+        try:
+            parts.detector = source.detector()
+        except HeadLensError as err:  # a tokenizer with too few whole words for its repeated sequences
+            parts.detector_why = str(err)
+    if VOCABULARY in parts.offers:
+        parts.writes, parts.copying = source.writes(), source.copying()
     if not source.patchable():
         return parts
     for name, pair in source.pairs().items():
@@ -123,14 +118,14 @@ class Computed:
     def explanations(self, attentions):
         return explain_heads(self.model) if self.paragraphs else explain_corpus(attentions)
 
-    def decoder(self) -> bool:
-        return is_decoder(self.model)
+    def offers(self) -> frozenset[str]:
+        return offers(self.model)
 
     def patchable(self) -> bool:
         return is_patchable(self.model)
 
     def importance(self):
-        if not (self.importance_too and self.decoder()):
+        if not (self.importance_too and VOCABULARY in self.offers()):  # by gradient on the next-token loss
             return None
         return head_importance(self.model, corpus_sample(IMPORTANCE_SAMPLE), method="gradient", ablation="zero",
                                measure="loss")

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from models import AttentionModel, head_label
+from models import DETECTOR, AttentionModel, head_label
 from models.run import language_stack, trace_batch
 from models.limits import batches
 from models.result import Attention
@@ -165,6 +165,7 @@ class CardParts:
     peaks: Peaks
     writes: Writes | None = None               # a decoder's
     detector: pd.DataFrame | None = None       # head_detector, labelled (Head roles, decoder section)
+    detector_why: str = ""                     # why a model with a causal mask has no detector (its tokenizer)
     copying: pd.DataFrame | None = None        # copying_scores (Effects)
     pairs: dict = field(default_factory=dict)  # a built-in pair's name -> (logit_attribution, patch_heads) frames
     left_out: dict = field(default_factory=dict)  # a built-in pair the model cannot patch -> the sentence saying why
@@ -173,7 +174,8 @@ class CardParts:
     importance: pd.DataFrame | None = None     # head_importance (Pruning)
     qk: dict | None = None                     # (layer, head) -> qk_embedding frame (Queries & keys)
     windows: tuple | None = None               # each layer's sliding window, None for a global layer
-    decoder: bool = False                      # a decoder's card (its parts above may be missing while prepared)
+    offers: frozenset = frozenset()            # ``models.offers``: which parts apply (some may be missing while
+                                               # prepared)
     explanations: pd.DataFrame | None = None   # explain_heads (each head's program, held out)
 
 
@@ -220,7 +222,7 @@ class HeadCard:
     model: str
     layer: int
     head: int
-    decoder: bool
+    offers: frozenset                  # what the model offers (``models.offers``): which sections apply
     role: str                          # the Head roles label (a decoder's detector label in ``detector_role``)
     measures: pd.Series                # the head's row of the Head roles frame
     detector: pd.Series | None
@@ -238,6 +240,7 @@ class HeadCard:
     explanation: pd.Series | None = None  # its rule and the rule's held-out score (``analysis.explanations``)
     left_out: dict = field(default_factory=dict)  # built-in pairs left out, each with why (``CardParts.left_out``)
     misses: pd.DataFrame | None = None    # the held-out queries where that rule fails most
+    detector_why: str = ""                # why it has no detector where its model's causal mask offers one
 
     @property
     def name(self) -> str:
@@ -248,7 +251,7 @@ class HeadCard:
         for an induction or duplicate-token head (its habit needs a repeat: the founding sentence repeats nothing),
         else the built-in sentence where it is most concentrated (``top``'s first); None for an encoder's head, whose
         seed foci show on any sentence, or a head with no example."""
-        if not self.decoder:
+        if DETECTOR not in self.offers:
             return None
         if self.detector_role in REPEATED:
             return repeat_showcase(self.detector_role, sentence)
@@ -261,7 +264,7 @@ class HeadCard:
     def summary(self) -> str:
         """The card in two or three sentences."""
         m = self.measures
-        role = self.detector_role if self.decoder and self.detector_role not in (None, "other") else self.role
+        role = self.detector_role if self.detector_role not in (None, "other") else self.role
         said = [f"{self.name} of {self.model}: {role}; entropy {m['entropy']:.2f} nats, mean distance "
                 f"{m['distance']:.1f} tokens, {m['cls']:.0%} of its weight on the first token"]
         if self.explanation is not None:
@@ -313,8 +316,9 @@ def card_from(parts: CardParts, model: str, layer: int, head: int, k: int = TOP)
         importance["rank"], importance["of"] = rank_of(parts.importance, "importance", layer, head), len(parts.importance)
     window = parts.windows[layer] if parts.windows else None
     return HeadCard(
-        model=model, layer=layer, head=head, decoder=parts.decoder or parts.writes is not None, role=str(measures["label"]),
+        model=model, layer=layer, head=head, offers=parts.offers, role=str(measures["label"]),
         measures=measures, detector=detector, detector_role=None if detector is None else str(detector["label"]),
+        detector_why=parts.detector_why,
         window=window, top=top_examples(parts.peaks, parts.attentions, layer, head, k),
         writes=None if parts.writes is None else top_writes(parts.writes, parts.attentions, layer, head, k),
         copying=copying, pairs=pairs, left_out=parts.left_out, task=task, task_name=parts.task_name, importance=importance,

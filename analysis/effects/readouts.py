@@ -12,7 +12,7 @@ What a run is read as, for a batch of pairs, is a ``metrics.Metric``.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -29,6 +29,38 @@ from .metrics import (MASKED_NOT_LINEAR, ClassLogits, EmbeddingCosine, MaskedLog
                       Toward)
 
 # --- the readouts ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Asks:
+    """What a pair typed on Effects asks for beside its prompts: the answer's and the distractor's labels and helps,
+    the sentence shown while either is empty (typed ones), and the name the page keeps them under (its URL's)."""
+
+    answer: str
+    distractor: str
+    answer_help: str
+    distractor_help: str
+    empty: str = ""
+    key: str = "probe"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A token offered as the answer or the distractor: which prompt it comes from, whether as one of that prompt's
+    most likely next tokens (``rank``, from 1, with its probability ``p``) or as one of its tokens (``rank`` 0)."""
+
+    prompt: str      # "clean" or "corrupted"
+    rank: int = 0
+    p: float = 0.0
+
+    @property
+    def predicted(self) -> bool:
+        return self.rank > 0
+
+    def __str__(self) -> str:
+        if self.predicted:
+            return f"{self.prompt} prompt's #{self.rank} next token, p = {self.p:.2f}"
+        return f"in the {self.prompt} prompt"
+
 
 class Readout:
     """What a prediction is on one kind of model (a subclass per kind, named as ``Stack.readouts`` names it)."""
@@ -47,6 +79,30 @@ class Readout:
     parts_note: ClassVar[str] = ""    # how a direct attribution's parts add up, where it needs saying
     # the task Effects and a head's card open with (its generator, its title), None where no built-in task fits
     first_task: ClassVar[tuple[str, str] | None] = (FIRST_ENCODER_TASK, FIRST_ENCODER_TASK_NAME)
+    # its built-in tasks (``analysis.tasks``): "focus", the founding sentence's four foci changed; "next_token", the
+    # indirect object, facts, greater-than and induction; None: none, a user's pairs alone
+    tasks: ClassVar[str | None] = "focus"
+    tasks_help: ClassVar[str] = (
+        "The four foci of “Which do you like better, coffee or tea?”, each changed in templates over foods: an "
+        "object, the relation, the sentence type, the sentiment. The metric: how much nearer the sentence's "
+        "embedding is to the pair's answer text than to its distractor. Or a CSV of your own pairs.")
+    pairs_help: ClassVar[str] = (
+        "“Which do you like better, coffee or tea?” with one of its foci changed: an object, the relation, the "
+        "sentence type, the sentiment. The figures measure how much nearer the sentence's embedding is to the "
+        "answer text than to the distractor's.")
+    csv_example: ClassVar[str] = (
+        "clean,corrupted,answer,distractor\n"
+        "\"Which do you like better, coffee or tea?\",\"Which do you like better, coffee or juice?\",tea,juice\n"
+        "I like coffee.,I hate coffee.,I like it.,I hate it.\n")
+    csv_note: ClassVar[str] = "the answer and the distractor are texts the sentence's embedding is compared with."
+    roles_note: ClassVar[str] = " (FOCUS: the word changed)"  # a task's roles, where a caption names one
+    # the words a pair typed on Effects asks for; ``options``: what they are chosen from, where they are not typed
+    asks: ClassVar[Asks] = Asks(
+        "Answer text", "Distractor text",
+        "A word or a sentence the clean prompt's embedding should be near: the page explains cos(e, answer) − "
+        "cos(e, distractor), e the prompt's sentence embedding (the mean over its tokens).",
+        "A word or a sentence the corrupted prompt's embedding is nearer to.",
+        "Type an answer text and a distractor text to compare the sentence's embedding with.")
 
     def __init__(self, model, stack=None):
         self.model = model
@@ -65,6 +121,39 @@ class Readout:
     def builtin_pairs(self) -> dict[str, Pair]:
         """The pairs Effects and a head's card show first: the founding sentence with each of its foci changed."""
         return dict(ENCODER_PAIRS)
+
+    def adapt(self, task):
+        """A built-in task of its kind (``tasks``) as this readout reads it: itself, for most."""
+        return task
+
+    @property
+    def reads_from(self) -> str:
+        """Where a task's role attention is read from (``analysis.tasks.effects``), in words: under a causal mask the
+        last token, the one query that sees every role; else every token, the mean, as an embedding pools them."""
+        return "the last token" if self.stack.causal else "every token (the mean)"
+
+    def options(self, clean: str, corrupted: str, predicted=None) -> dict | None:
+        """What a typed pair's answer and distractor are chosen from, each with a note saying where it comes from
+        (None: typed, as ``asks`` words it); ``predicted(text)``: a prompt's most likely next tokens and their
+        probabilities, for a readout that offers them."""
+        return None
+
+    def option_label(self, option, note) -> str:
+        """How an option reads in its picker."""
+        return str(option)
+
+    def first_options(self, options: dict) -> tuple:
+        """The answer and the distractor a picker of ``options`` starts with: its first two."""
+        first = next(iter(options))
+        return first, self.against(options, first)
+
+    def against(self, options: dict, answer) -> object:
+        """The distractor a picker starts with once ``answer`` is chosen: the first other option."""
+        return next(o for o in options if o != answer)
+
+    def typed(self, first) -> tuple[str, str]:
+        """The answer and the distractor a typed pair starts with, ``first`` the first built-in pair."""
+        return first.answer, first.distractor
 
     def clean_help(self, compared: str) -> str:
         """What the clean prompt's figure is, in words."""
@@ -123,6 +212,44 @@ class NextToken(Readout):
                "greater_than": "greater-than mass: p(years after YY) − p(years up to YY)"}
     on_text = "loss"
     first_task = (FIRST_TASK, FIRST_TASK_NAME)
+    tasks = "next_token"
+    tasks_help = ("Indirect object: 17 templates in both name orders (Wang et al. 2022). Facts: a landmark's city, a "
+                  "capital, a language. Greater-than: \"The war lasted from the year 1729 to the year 17\" (Hanna "
+                  "et al. 2023). Induction: random words repeated. Or a CSV of your own pairs.")
+    pairs_help = ("Indirect object (Wang et al. 2022): the name that did not give the drink; the corrupted prompt "
+                  "swaps who gave it. A fact: one landmark's city against another's. Induction: a sequence seen "
+                  "once, then again, the corrupted prompt with another token in the first copy.")
+    csv_example = ("clean,corrupted,answer,distractor\n"
+                   "\"When Mary and John went to the store, John gave a drink to\","
+                   "\"When Mary and John went to the store, Mary gave a drink to\", Mary, John\n"
+                   "The Eiffel Tower is located in the city of,The Colosseum is located in the city of, Paris, Rome\n")
+    csv_note = "the answer and the distractor are one token each (with their leading space)."
+    roles_note = " (indirect object: a name mover looks from END at IO)"
+    asks = Asks("Answer", "Distractor",
+                "The token the clean prompt should predict: each prompt's likely next tokens and every token of the "
+                "prompts, as the tokenizer reads them (a leading space is part of a token).",
+                "The token the corrupted prompt favours: the page explains logit(answer) − logit(distractor).",
+                key="")
+
+    def options(self, clean, corrupted, predicted=None):
+        """Token id -> ``Candidate``: each prompt's most likely next tokens (``predicted``), then every token of the
+        prompts (a token named twice keeps its first place)."""
+        out: dict[int, Candidate] = {}
+        for what, text in (("clean", clean), ("corrupted", corrupted)):
+            for rank, (token, p) in enumerate(predicted(text) if predicted else (), start=1):
+                out.setdefault(token, Candidate(what, rank, p))
+        for what, text in (("clean", clean), ("corrupted", corrupted)):
+            for token in self.model.tokenizer(text, add_special_tokens=False)["input_ids"]:
+                out.setdefault(int(token), Candidate(what))
+        return out
+
+    def option_label(self, option, note):
+        return f"“{token_text(self.model, option)}” · id {option}" + (f" · {note}" if str(note) else "")
+
+    def against(self, options, answer):
+        """The corrupted prompt's likeliest next token other than ``answer``, else the first other option."""
+        rest = [t for t in options if t != answer]
+        return next((t for t in rest if options[t].prompt == "corrupted" and options[t].predicted), rest[0])
 
     def builtin_pairs(self):
         """Indirect objects, a fact and a repeated sequence, each a next token against another."""
@@ -219,10 +346,22 @@ class MaskedToken(Readout):
     needs = "reads a masked-LM encoder's logits at each pair's [MASK], on a model opened with its masked-LM head"
     metrics = {"masked_logit_diff": "masked logit difference: logit(answer) − logit(distractor) at the [MASK]"}
     not_linear = MASKED_NOT_LINEAR
+    tasks = None  # a masked-LM encoder's own prediction is its sentence embedding: its tasks are that readout's
 
     @property
     def mask(self) -> str:
         return self.model.tokenizer.mask_token
+
+    @property
+    def asks(self):
+        return Asks(f"Answer token at {self.mask}", "Distractor token",
+                    f"The token the clean prompt should put at its {self.mask}, as the tokenizer reads it: the page "
+                    "explains logit(answer) − logit(distractor) there.",
+                    f"The token the corrupted prompt favours at its {self.mask}.",
+                    f"Type the answer and the distractor: one token each, compared at the {self.mask}.")
+
+    def typed(self, first):
+        return "", ""
 
     def reads(self, clean):
         return bool(self.mask) and self.mask in clean
@@ -273,12 +412,43 @@ class ClassLabel(Readout):
     needs = "reads a sequence classifier's class logits"
     metrics = {"class_logit_diff": "class logit difference: logit(answer class) − logit(distractor class)"}
     output = "classes"
-    first_task = None  # a built-in task's answers are texts or tokens, not this classifier's classes
+    first_task = None  # a built-in task is the founding sentence's foci, not this classifier's own labels
+    tasks_help = ("The four foci of “Which do you like better, coffee or tea?”, each changed in templates over "
+                  "foods: an object, the relation, the sentence type, the sentiment. The metric: the logit of the "
+                  "classifier's last class against its first. Or a CSV of your own pairs, answer and distractor "
+                  "two of its labels.")
+    pairs_help = ("“Which do you like better, coffee or tea?” with one of its foci changed: an object, the "
+                  "relation, the sentence type, the sentiment. The figures measure the logit of the classifier's "
+                  "last class against its first.")
+    csv_note = "the answer and the distractor are two of the classifier's labels."
+    asks = Asks("Answer class", "Distractor class",
+                "The class the clean prompt should get: the page explains logit(answer class) − logit(distractor "
+                "class).", "The class the corrupted prompt favours.", key="label")
+
+    @property
+    def csv_example(self):
+        last, first = (label.replace('"', '""') for label in (self.labels[-1], self.labels[0]))
+        return ("clean,corrupted,answer,distractor\n"
+                f"\"Which do you like better, coffee or tea?\",\"Which do you like worse, coffee or tea?\","
+                f"\"{last}\",\"{first}\"\n")
 
     def builtin_pairs(self):
         """The founding sentence with each focus changed, its last class against its first."""
         return {name: replace(p, answer=self.labels[-1], distractor=self.labels[0]) for name, p in
                 ENCODER_PAIRS.items()}
+
+    def adapt(self, task):
+        """A focus task's pairs read as the classifier's last class against its first."""
+        last = len(self.labels) - 1
+        return replace(task, pairs=tuple(replace(p, answer=last, distractor=0, probes=()) for p in task.pairs),
+                       metric=self.metric)
+
+    def options(self, clean, corrupted, predicted=None):
+        return {label: "" for label in self.labels}
+
+    def first_options(self, options):
+        """Its last class against its first, as its built-in pairs."""
+        return self.labels[-1], self.against(options, self.labels[-1])
 
     @property
     def not_linear(self):

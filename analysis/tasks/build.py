@@ -31,8 +31,8 @@ from collections.abc import Iterable
 from models import AttentionModel, HeadLensError
 from models.run import stack_of
 
-from ..effects.readouts import readouts
-from .focus import ENCODER_GENERATORS
+from ..effects.readouts import own_readout, readouts
+from .focus import ENCODER_GENERATORS, ENCODER_TASKS
 from .pairs import MAX_PAIRS, Reader, Task, TaskPair, draw, fill, pair_of
 from .words import CENTURIES, FACT_TEMPLATES, IOI_TEMPLATES, NAMES, OBJECTS, PLACES, WAR_NOUNS
 
@@ -161,15 +161,27 @@ def induction(model: AttentionModel, n: int = 100, seed: int = 0, words: int = I
 
 
 GENERATORS = {"ioi": ioi, "facts": facts, "greater_than": greater_than, "induction": induction}
+BUILT_IN = {"next_token": (GENERATORS, TASKS), "focus": (ENCODER_GENERATORS, ENCODER_TASKS)}  # by ``Readout.tasks``
+
+
+def built_in(readout) -> dict[str, str]:
+    """The built-in tasks ``readout`` reads (``Readout.tasks``): name -> title; none for a readout without."""
+    return dict(BUILT_IN[readout.tasks][1]) if readout.tasks else {}
+
+
 def make_task(model: AttentionModel, name: str, n: int = 100, seed: int = 0, **options) -> Task:
-    """The task ``name`` (``TASKS``, or on an encoder ``ENCODER_TASKS``) of ``n`` pairs for ``model``'s
-    tokenizer."""
-    generators = GENERATORS if model.causal else ENCODER_GENERATORS
+    """The task ``name`` of ``n`` pairs for ``model``'s tokenizer, one of the built-in tasks its own readout reads
+    (``built_in``: a language model's ``TASKS``, an encoder's or a classifier's ``ENCODER_TASKS``, a classifier's
+    pairs comparing its last class with its first), as that readout reads it."""
+    readout = own_readout(model, stack_of(model, "A task is read"))
+    generators = BUILT_IN[readout.tasks][0] if readout.tasks else {}
     if name not in generators:
-        kind = "a language model" if model.causal else "an encoder"
-        raise HeadLensError(f"'{name}' is not a task for {kind}: choose one of {', '.join(generators)}, or give your "
-                            "own pairs.")
-    return generators[name](model, n=n, seed=seed, **options)
+        every = {t for g, _ in BUILT_IN.values() for t in g}
+        what = f"'{name}' is not a task for {model.name}" if name in every else f"There is no task '{name}'"
+        raise HeadLensError(f"{what}, whose prediction is read as the {readout.title}: "
+                            + (f"choose one of {', '.join(generators)}, or give your own pairs." if generators else
+                               f"give your own pairs ({readout.csv_note.rstrip('.')})."))
+    return readout.adapt(generators[name](model, n=n, seed=seed, **options))
 
 
 # --- a user's pairs ---------------------------------------------------------------------------------------

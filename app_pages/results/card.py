@@ -18,12 +18,13 @@ from analysis.effects import own_readout
 from analysis.cards.card import CardParts, Peaks, Writes, corpus_peaks, corpus_writes
 from analysis.roles.labels import telling_head
 from analysis.tasks.effects import table
+from models import DETECTOR, VOCABULARY
 from models.corpus import CORPUS, corpus_sample
 
 from .detector import detected
 from .effects import cheap_copying, copying, effects
 from .explanations import explained_for, explanations, paragraphs
-from .models import LLM, ModelRef, cached_model
+from .models import ModelRef, cached_model, offers_of
 from .profiles import corpus_profile
 from .pruning import SAMPLE, first_measured, importance
 from .qk import first_pictures, pictures
@@ -58,7 +59,7 @@ def telling(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, compu
     """``(layer, head, role)`` of the head a card of ``ref``'s model opens on (``analysis.roles.labels.telling_head``): a
     bundled decoder's strongest induction head from its detector, another model's strongest object head from its
     Head roles profile; None when none is labelled so, or (``compute`` False) while neither result is ready."""
-    if decoder(ref):
+    if DETECTOR in offers_of(ref):
         found = detected(ref) if compute else detected.peek(ref)
         return None if found is None else telling_head(None, found)
     args = (ref, causal, heads_off, list(CORPUS))
@@ -69,7 +70,7 @@ def telling(ref: ModelRef, causal: bool = False, heads_off: tuple = (), *, compu
 def importance_args(ref: ModelRef) -> tuple:
     """The importance Pruning opens with on ``ref``'s model (on the from-scratch engine): a bundled decoder's by gradient on its
     sample, an encoder's by mean ablation on the corpus sample."""
-    if decoder(ref):
+    if VOCABULARY in offers_of(ref):  # by gradient on the next-token loss
         return first_measured(ref)[0]
     return (ref.analysed, "mean", corpus_sample(SAMPLE), "ablation")
 
@@ -85,11 +86,12 @@ def task_heads(ref: ModelRef) -> pd.DataFrame:
 @shared("atlas", entries=8, copy=True, waiting="Gathering every head's measures", warm=Warm(20, lambda ref: [(ref,)]))
 def atlas(ref: ModelRef) -> pd.DataFrame:
     """Every head's row of measures, read from the card's parts (``analysis.cards.atlas.atlas_frame``)."""
-    return atlas_frame(card_parts(ref, importance_too=decoder(ref), qk_too=False))
+    return atlas_frame(card_parts(ref, importance_too=importance_first(ref), qk_too=False))
 
 
-def decoder(ref: ModelRef) -> bool:
-    return ref.choice in LLM
+def importance_first(ref: ModelRef) -> bool:
+    """Whether a card's first form waits for importance: a bundled language model's, by gradient, prepared."""
+    return VOCABULARY in offers_of(ref)
 
 
 def patchable(ref: ModelRef) -> bool:
@@ -141,8 +143,8 @@ class FromPages:
             return None
         return pictures(*drawn).frames
 
-    def decoder(self) -> bool:
-        return decoder(self.ref)
+    def offers(self) -> frozenset[str]:
+        return offers_of(self.ref)
 
     def patchable(self) -> bool:
         return patchable(self.ref)

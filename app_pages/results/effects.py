@@ -30,38 +30,15 @@ class Effects:
     residual: pd.DataFrame      # patch_residual
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A token offered as the answer or the distractor: which prompt it comes from, whether as one of that prompt's
-    most likely next tokens (``rank``, from 1, with its probability ``p``) or as one of its tokens (``rank`` 0)."""
-
-    prompt: str      # "clean" or "corrupted"
-    rank: int = 0
-    p: float = 0.0
-
-    @property
-    def predicted(self) -> bool:
-        return self.rank > 0
-
-    def __str__(self) -> str:
-        if self.predicted:
-            return f"{self.prompt} prompt's #{self.rank} next token, p = {self.p:.2f}"
-        return f"in the {self.prompt} prompt"
-
-
 @shared("answer candidates", entries=64, waiting="Reading these prompts")
-def candidates(ref: ModelRef, clean: str, corrupted: str) -> dict[int, Candidate]:
-    """Token id -> where it comes from: each prompt's most likely next tokens, then every token of the prompts,
-    read from each prompt's one trace (a token named twice keeps its first place)."""
+def candidates(ref: ModelRef, clean: str, corrupted: str) -> dict:
+    """What a typed pair's answer and distractor are chosen from on ``ref``'s model (its readout's ``options``: a
+    language model's likely next tokens, read from each prompt's one trace, and the prompts' tokens; a classifier's
+    labels), each with its note; empty where they are typed."""
     model = cached_model(ref)
-    out: dict[int, Candidate] = {}
-    for what, text in (("clean", clean), ("corrupted", corrupted)):
-        for rank, (token, p) in enumerate(top_predictions(model, prompt_trace(ref, text), CANDIDATES), start=1):
-            out.setdefault(token, Candidate(what, rank, p))
-    for what, text in (("clean", clean), ("corrupted", corrupted)):
-        for token in model.tokenizer(text, add_special_tokens=False)["input_ids"]:
-            out.setdefault(int(token), Candidate(what))
-    return out
+    readout = readout_for(model, clean)
+    return readout.options(clean, corrupted, lambda text: top_predictions(model, prompt_trace(ref, text),
+                                                                          CANDIDATES)) or {}
 
 
 @shared("trace", entries=32, waiting="Running this prompt")

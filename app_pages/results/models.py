@@ -8,7 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from models import AttentionModel, HeadLensError, load_model
+from models import VOCABULARY, AttentionModel, HeadLensError, load_model
 from models.catalog import CATALOG, bundled
 
 
@@ -18,10 +18,13 @@ def _choices(models) -> dict[str, str]:
             for b in models for k, engine in b.engines().items()}
 
 
+SPEAKING = tuple(b for b in CATALOG if VOCABULARY in b.offers)  # the bundled language models: a vocabulary to write
+
+
 MODELS = {  # the sidebar's choices: each bundled model on each engine (models.catalog), the untrained encoder
-    **_choices(b for b in CATALOG if not b.decoder),
+    **_choices(b for b in CATALOG if b not in SPEAKING),
     "untrained": "Untrained encoder · from scratch, seed 0",
-    **_choices(b for b in CATALOG if b.decoder),
+    **_choices(SPEAKING),
     "custom": "Custom model · transformers",
     "custom_scratch": "Custom model · from-scratch engine",
 }
@@ -42,10 +45,17 @@ TRANSFORMERS = {b.key for b in CATALOG}  # the bundled models on the transformer
 SCRATCH = {"untrained", "custom_scratch", *(b.scratch_key for b in CATALOG), *TRAINED}  # on the from-scratch engine
 
 
-LLM = {k for b in CATALOG if b.decoder for k in b.engines()}  # the bundled decoder LLMs, on either engine
+LLM = {k for b in SPEAKING for k in b.engines()}  # the bundled decoder LLMs, on either engine
 
 
-DECODERS = " or ".join(b.title for b in CATALOG if b.decoder)  # their names, for a sentence
+DECODERS = " or ".join(b.title for b in SPEAKING)  # their names, for a sentence
+
+
+def offers_of(ref: "ModelRef") -> frozenset[str]:
+    """What a bundled model offers beyond attention (``models.catalog``), known before it is loaded, whose slow parts
+    the server prepares; nothing for another model, whose pages compute what it offers in the session."""
+    found = bundled(ref.choice)
+    return frozenset() if found is None else found.offers
 
 
 @dataclass(frozen=True)

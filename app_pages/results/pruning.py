@@ -11,9 +11,10 @@ from analysis.defaults import DECODER_SAMPLE, ENCODER_SAMPLE, PRUNING_RANK
 from analysis.pruning.importance import attention_proxies, head_importance
 from analysis.pruning.curves import curve_work, full_run, prune_counts, pruning_curve, ranking_rows
 from analysis.tasks.ablation import kept_curve, order_by_effect
+from models import VOCABULARY
 from models.corpus import corpus_sample
 
-from .models import LLM, ModelRef, cached_model
+from .models import ModelRef, cached_model, offers_of
 from .shared import Bar, First, Warm, shared
 from .tasks import TaskSpec, chosen, task_effects
 
@@ -132,8 +133,9 @@ SEEDS = (0, 1, 2)
 
 
 def measure_of(ref: ModelRef) -> str:
-    """What a pruned model is judged by: a bundled decoder by its next-token loss, the others by their embeddings."""
-    return "loss" if ref.choice in LLM else "embedding"
+    """What a pruned model is judged by: a bundled model with a vocabulary by its next-token loss, the others by
+    their embeddings."""
+    return "loss" if VOCABULARY in offers_of(ref) else "embedding"
 
 
 @shared("task curve", entries=8, waiting="Measuring the task with fewer heads")

@@ -41,6 +41,7 @@ def stored_atlas(choice: str, device: str) -> pd.DataFrame | None:
 
 
 def same_kind(ref: ModelRef) -> list[str]:
-    """The other bundled models of ``ref``'s kind (decoder or encoder), each by its first engine's key."""
+    """The other bundled models offering what ``ref``'s offers (``models.catalog``: a decoder's detector and
+    vocabulary, an encoder's embedding), so measured alike, each by its first engine's key."""
     here = bundled(ref.choice)
-    return [b.key for b in CATALOG if here is not None and b.decoder == here.decoder and b.key != here.key]
+    return [b.key for b in CATALOG if here is not None and b.offers == here.offers and b.key != here.key]

@@ -14,7 +14,7 @@ from analysis.attention.views import token_label
 from analysis.cards.card import snippet
 from analysis.explanations import misses, read_on
 from analysis.roles.rules import rule_named
-from models import HeadLensError, head_label
+from models import DETECTOR, VOCABULARY, HeadLensError, head_label
 from viz import head_heatmap, text_shading
 from viz.effects import vocabulary_bars
 from viz.qk import qk_tile
@@ -121,8 +121,9 @@ def over_corpus(card: HeadCard, n_sentences: int) -> None:
                    "query's own sentence end.")
     cols[4].metric("Keys it sees", "all" if card.window is None else f"last {card.window:,}",
                    help="A sliding-window layer lets a query see only its last keys; a global one sees them all.")
-    role = card.detector_role if card.decoder else card.role
-    st.markdown(plain(f"Role: {role}" + (f" (Head roles' label over the corpus: {card.role})" if card.decoder else
+    detected = card.detector_role is not None  # the head detector's label first, where the model has one
+    role = card.detector_role if detected else card.role
+    st.markdown(plain(f"Role: {role}" + (f" (Head roles' label over the corpus: {card.role})" if detected else
                                          (f"; also {m['secondary']}" if m.get("secondary") else ""))))
     if card.detector is not None:
         d = card.detector
@@ -132,7 +133,8 @@ def over_corpus(card: HeadCard, n_sentences: int) -> None:
         rows = [{"seed focus": FOCUS_NAMES[f], "lift over uniform": f"{m[f'{f}_lift']:.2f}",
                  "95% interval": f"{m[f'{f}_lift_lo']:.2f} to {m[f'{f}_lift_hi']:.2f}"} for f in FOCI]
     st.markdown(markdown_table(rows))
-    st.caption(f"Measured over {n_sentences:,} sentences of the built-in corpus, as Head roles measures them.")
+    st.caption(f"Measured over {n_sentences:,} sentences of the built-in corpus, as Head roles measures them."
+               + (f" No head detector: {card.detector_why}" if card.detector_why else ""))
     deeper("roles")
 
 
@@ -149,7 +151,8 @@ def explained(card: HeadCard, s: Settings | None = None, text: str | None = None
     cols = st.columns(4)
     cols[0].metric("Held-out score", f"{e['score']:.2f}", help="The mean over queries of its attention on its rules' "
                    f"keys, on {held_out(e)} the program was not fitted on" + (" (the first token set aside, each "
-                   "query's other weights renormalised)" if card.decoder else "") + f". Explained from {EXPLAINED} "
+                   "query's other weights renormalised)" if DETECTOR in card.offers else "") + f". Explained from "
+                   f"{EXPLAINED} "
                    f"with a lift of {EXPLAINED_LIFT:g} or more.")
     cols[0].caption(f"[{e['lo']:.2f}, {e['hi']:.2f}], 95% interval")
     cols[1].metric("Lift over uniform", f"{e['lift']:.1f}×", help="Its score over that of attention spread evenly "
@@ -184,10 +187,10 @@ def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> Non
     """A decoder head's vocabulary at a position of the user's text, and its OV copying and suppression."""
     st.subheader("What it writes")
     scratch = ref.analysed
-    if not card.decoder:
+    if VOCABULARY not in card.offers:
         st.caption("What a head writes into the vocabulary is read through a language model's unembedding: on the "
-                   "bundled decoders (SmolLM2, Gemma 3). An encoder's heads are measured by what they do to its "
-                   "sentence embedding, below." if not card.decoder and card.pairs is not None else
+                   "bundled decoders (SmolLM2, Gemma 3). This model's heads are measured by what they do to its "
+                   "own prediction, below." if card.pairs is not None else
                    "What a head writes, and what it does to the built-in pairs and task, are read on the bundled "
                    "decoders (SmolLM2, Gemma 3); for a decoder trained here, open Effects.")
         return
@@ -220,13 +223,14 @@ def what_it_writes(s: Settings, ref: ModelRef, card: HeadCard, text: str) -> Non
 def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
     """What the head does to predictions: each built-in pair, the task, its flow share, its importance."""
     st.subheader("What it does to predictions")
-    encoder = not card.decoder and (card.pairs is not None or card.task is not None or bool(card.left_out))
+    vocabulary = VOCABULARY in card.offers  # a language model's pairs and task, prepared or on their way
+    encoder = not vocabulary and (card.pairs is not None or card.task is not None or bool(card.left_out))
     readout = own_readout(cached_model(ref.analysed))  # what the pairs measure, in its words
     if encoder:
         st.caption("Each built-in pair is the founding sentence with one focus changed; the head's clean output put "
                    "into the corrupted run, and its direct part, measured on the "
                    f"{readout.metrics[readout.metric].replace(': ', ' ')} (Effects).")
-    if card.decoder or encoder:
+    if vocabulary or encoder:
         if card.pairs is not None:
             direct = "attribution" + (" (logits)" if readout.units == "logits" else "")
             st.markdown(markdown_table([{"built-in pair": r.pair,
@@ -249,7 +253,7 @@ def predictions(ref: ModelRef, card: HeadCard, text: str) -> None:
                                 f"{int(t['rank'])} by size, attribution patching.")
             cols[0].caption(f"[{t['low']:.3f}, {t['high']:.3f}], rank {int(t['rank'])}")
         where = cols[1]
-        if card.decoder:  # the routes of a prediction: a language model's
+        if vocabulary:  # the routes of a prediction: a language model's
             shares = flow_heads(flow(ref.analysed, text))
             rank = int((shares > shares[card.layer, card.head]).sum()) + 1
             cols[1].metric("Flow share on your text", f"{shares[card.layer, card.head]:.3f}",

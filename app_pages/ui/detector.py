@@ -6,7 +6,7 @@ import streamlit as st
 
 from analysis import DETECTORS, make_view
 from analysis.roles.detector import DETECTOR_LABELS, LENGTH, SENTENCES, SEQUENCES, repeated_sequences
-from models import head_label
+from models import DETECTOR, head_label
 from models.catalog import CATALOG, bundled
 from viz import head_heatmap, role_grid
 
@@ -60,7 +60,7 @@ def show_decoder_heads(ref: ModelRef) -> None:
 
 def beside(ref: ModelRef, df: pd.DataFrame) -> None:
     """On request, this decoder's role grid beside another bundled decoder's, with how many heads each role has."""
-    others = [b for b in CATALOG if b.decoder and ref.choice not in b.engines()]
+    others = [b for b in CATALOG if DETECTOR in b.offers and ref.choice not in b.engines()]
     if not others or not bound(st.toggle, "roles_beside", False, cast=flag, label="Beside another bundled decoder",
                                help="The other model's heads detected the same way (about 10 s the first time, "
                                     "then shared), its grid beside this one's."):

@@ -7,7 +7,7 @@ import streamlit as st
 
 from analysis.defaults import Pair
 
-from analysis.effects import own_readout, readout_for, repeated_pair, token_text
+from analysis.effects import own_readout, readout_for, repeated_pair
 from models import AttentionModel, HeadLensError
 
 from ..results.effects import candidates
@@ -30,10 +30,6 @@ def builtin_pairs(ref: ModelRef, model: AttentionModel) -> dict[str, Pair]:
     return own_readout(model).builtin_pairs()
 
 
-def _token_label(model: AttentionModel, token: int, note: object = "") -> str:
-    return f"“{token_text(model, token)}” · id {token}" + (f" · {note}" if str(note) else "")
-
-
 def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     """The clean and corrupted prompts and the two tokens compared, from the page's widgets (kept in the URL)."""
     pairs = builtin_pairs(ref, model)
@@ -42,14 +38,7 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     if source == "builtin":
         names = list(pairs)
         name = bound(st.selectbox, "effects_pair", names[0], init="index", options=names, cast=str, label="Pair",
-                     help=("“Which do you like better, coffee or tea?” with one of its foci changed: an object, the "
-                           "relation, the sentence type, the sentiment. The figures measure how much nearer the "
-                           "sentence's embedding is to the answer text than to the distractor's."
-                           if not model.causal else
-                           "Indirect object (Wang et al. 2022): the name that did not give the drink; the corrupted "
-                           "prompt swaps who gave it. A fact: one landmark's city against another's. Induction: a "
-                           "sequence seen once, then again, the corrupted prompt with another token in the first "
-                           "copy."))
+                     help=own_readout(model).pairs_help)
         pair = pairs[name]
         show_pair(model, pair)
         return pair
@@ -62,85 +51,41 @@ def pick_pair(ref: ModelRef, model: AttentionModel) -> Pair:
     if not clean.strip() or not corrupted.strip():
         st.info("Type a clean prompt and a corrupted one of the same number of tokens.")
         st.stop()
-    readout = readout_for(model, clean)
-    return OWN_PAIR[readout.name](ref, model, clean, corrupted, first)
+    return own_pair(ref, model, readout_for(model, clean), clean, corrupted, first)
 
 
-def _candidates(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
-    """A language model's own pair: the answer and the distractor picked among each prompt's likely next tokens
-    and the prompts' own tokens."""
+def own_pair(ref: ModelRef, model: AttentionModel, readout, clean: str, corrupted: str, first: Pair) -> Pair:
+    """A typed pair's answer and distractor, as its readout asks for them (``Readout.asks``): chosen from its
+    options (a language model's likely next tokens and the prompts' tokens, a classifier's labels), else typed (an
+    encoder's probe texts, a masked token's two tokens)."""
+    asks, left, right = readout.asks, *st.columns(2)
+    key = f"effects_{asks.key}_" if asks.key else "effects_"
     try:
         options = candidates(ref, clean, corrupted)
     except HeadLensError as err:
         stop_with(err)
-    ids = list(options)
-    left, right = st.columns(2)
-    answer = bound(left.selectbox, "effects_answer", ids[0], init="index", options=ids, cast=int, label="Answer",
-                   format_func=lambda t: _token_label(model, t, options[t]),
-                   help="The token the clean prompt should predict: each prompt's likely next tokens and every "
-                        "token of the prompts, as the tokenizer reads them (a leading space is part of a token).")
-    rest = [t for t in ids if t != answer]
-    favoured = next((t for t in rest if options[t].prompt == "corrupted" and options[t].predicted), rest[0])
-    distractor = bound(right.selectbox, "effects_distractor", favoured, init="index", options=rest, cast=int,
-                       label="Distractor", format_func=lambda t: _token_label(model, t, options[t]),
-                       help="The token the corrupted prompt favours: the page explains logit(answer) − "
-                            "logit(distractor).")
+    if not options:
+        answer, distractor = readout.typed(first)
+        answer = bound(left.text_input, key + "answer", answer, label=asks.answer, max_chars=500,
+                       help=asks.answer_help).strip()
+        distractor = bound(right.text_input, key + "distractor", distractor, label=asks.distractor, max_chars=500,
+                           help=asks.distractor_help).strip()
+        if not answer or not distractor:
+            st.info(asks.empty)
+            st.stop()
+    else:
+        kind, ids = type(next(iter(options))), list(options)
+        answer, _ = readout.first_options(options)
+        answer = bound(left.selectbox, key + "answer", answer, init="index", options=ids, cast=kind,
+                       label=asks.answer, format_func=lambda o: readout.option_label(o, options[o]),
+                       help=asks.answer_help)
+        rest = [o for o in ids if o != answer]
+        distractor = bound(right.selectbox, key + "distractor", readout.against(options, answer), init="index",
+                           options=rest, cast=kind, label=asks.distractor,
+                           format_func=lambda o: readout.option_label(o, options[o]), help=asks.distractor_help)
     pair = Pair("Your prompts", "yours", clean, corrupted, answer, distractor)
     show_pair(model, pair)
     return pair
-
-
-def _labels(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
-    """A sequence classifier's own pair: two of its classes, by their labels."""
-    labels = list(readout_for(model, clean).labels)
-    left, right = st.columns(2)
-    answer = bound(left.selectbox, "effects_label_answer", labels[-1], init="index", options=labels, cast=str,
-                   label="Answer class", help="The class the clean prompt should get: the page explains "
-                                              "logit(answer class) − logit(distractor class).")
-    rest = [label for label in labels if label != answer]
-    distractor = bound(right.selectbox, "effects_label_distractor", rest[0], init="index", options=rest, cast=str,
-                       label="Distractor class", help="The class the corrupted prompt favours.")
-    pair = Pair("Your prompts", "yours", clean, corrupted, answer, distractor)
-    show_pair(model, pair)
-    return pair
-
-
-def _probes(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
-    """An encoder's own pair: the two texts its embedding is compared with, typed."""
-    left, right = st.columns(2)
-    answer = bound(left.text_input, "effects_probe_answer", first.answer, label="Answer text", max_chars=500,
-                   help="A word or a sentence the clean prompt's embedding should be near: the page explains "
-                        "cos(e, answer) − cos(e, distractor), e the prompt's sentence embedding (the mean over its "
-                        "tokens).")
-    distractor = bound(right.text_input, "effects_probe_distractor", first.distractor, label="Distractor text",
-                       max_chars=500, help="A word or a sentence the corrupted prompt's embedding is nearer to.")
-    if not answer.strip() or not distractor.strip():
-        st.info("Type an answer text and a distractor text to compare the sentence's embedding with.")
-        st.stop()
-    pair = Pair("Your prompts", "yours", clean, corrupted, answer.strip(), distractor.strip())
-    show_pair(model, pair)
-    return pair
-
-
-def _masked(ref: ModelRef, model: AttentionModel, clean: str, corrupted: str, first: Pair) -> Pair:
-    """A masked-LM encoder's own pair: the answer and the distractor, one token each, at the clean prompt's mask."""
-    mask = model.tokenizer.mask_token
-    left, right = st.columns(2)
-    answer = bound(left.text_input, "effects_probe_answer", "", label=f"Answer token at {mask}", max_chars=100,
-                   help=f"The token the clean prompt should put at its {mask}, as the tokenizer reads it: the page "
-                        "explains logit(answer) − logit(distractor) there.")
-    distractor = bound(right.text_input, "effects_probe_distractor", "", label="Distractor token", max_chars=100,
-                       help=f"The token the corrupted prompt favours at its {mask}.")
-    if not answer.strip() or not distractor.strip():
-        st.info(f"Type the answer and the distractor: one token each, compared at the {mask}.")
-        st.stop()
-    pair = Pair("Your prompts", "yours", clean, corrupted, answer.strip(), distractor.strip())
-    show_pair(model, pair)
-    return pair
-
-
-# the page table: what a pair's own inputs are, by readout (``analysis.effects.readouts``)
-OWN_PAIR = {"next_token": _candidates, "embedding": _probes, "masked_token": _masked, "class_label": _labels}
 
 
 def compared(model: AttentionModel, pair: Pair) -> str:

@@ -13,14 +13,14 @@ from analysis.defaults import Pair
 from analysis.effects import grid, readout_for
 from analysis.effects.routes import THRESHOLD, flow_graph, flow_heads, strongest_route
 from analysis.attention.views import token_label
-from models import AttentionModel, head_label
+from models import DETECTOR, VOCABULARY, AttentionModel, head_label, offers
 from viz import head_heatmap
 from viz.effects import effect_grid, flow_figure, parts_bars, position_grid, vocabulary_bars
 
 from ..results.detector import detected
 from ..results.effects import Effects, copying, flow, per_position, prompt_trace, vocabulary
 from ..results.messages import plain
-from ..results.models import LLM, ModelRef, TRAINED
+from ..results.models import ModelRef, TRAINED, offers_of
 from .card_links import card_button
 from .detector import NAMES
 from .effects import frame_csv, parts_frame
@@ -158,10 +158,10 @@ def _residual_alone(v: EffectsView) -> list[str]:
 
 def head_section(v: EffectsView, s: Settings, layer: int, head: int) -> None:
     """The head on both prompts: where it looks (from each prompt's trace) and what it writes at a token."""
-    st.subheader(f"{head_label(layer, head)}: where it looks" + ("" if not v.model.causal else
-                                                                  " and what it writes"))
+    writes = VOCABULARY in offers(v.model)  # into a vocabulary, where the model has one
+    st.subheader(f"{head_label(layer, head)}: where it looks" + (" and what it writes" if writes else ""))
     card_button(layer, head, "effects-card")
-    if not v.model.causal:
+    if not writes:
         _encoder_head(v, s, layer, head)
         return
     tokens = v.found.attribution.attrs["tokens"]
@@ -191,7 +191,7 @@ def head_section(v: EffectsView, s: Settings, layer: int, head: int) -> None:
         if len(last):
             said += (f" On the training's held-out sequences at step {int(last['step'].iloc[0]):,}: previous token "
                      f"{last['prev_token'].iloc[0]:.2f}, induction {last['induction'].iloc[0]:.2f}.")
-    elif v.ref.choice in LLM:
+    elif DETECTOR in offers_of(v.ref):  # a bundled decoder's detector, prepared
         scores = detected(v.ref).set_index(["layer", "head"]).loc[(layer, head)]
         said += f" Head detector: **{scores['label']}**; " + "; ".join(
             f"{NAMES[n]} {scores[n]:.2f} ({scores[f'{n}_lo']:.2f}–{scores[f'{n}_hi']:.2f})" for n in DETECTORS) + "."

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import streamlit as st
 
+from analysis.effects import readout_reading
 from analysis.tasks.effects import METRICS, TaskEffects, per_pair, table
 from models import AttentionModel, head_label
 from viz.effects import position_grid
@@ -37,6 +38,7 @@ class TaskView:
 
     def __post_init__(self):
         L, H = self.model.n_layers, self.model.n_heads
+        self.readout = readout_reading(self.model, self.choice.metric)  # what the task's metric reads
         self.heads = table(self.found, "heads", self.choice.normalise)
         self.attribution = table(self.found, "attribution")
         self.residual = table(self.found, "residual", self.choice.normalise)
@@ -133,15 +135,12 @@ def head_section(v: TaskView, layer: int, head: int) -> pd.DataFrame:
     with right:
         mean, low, high = role_attention_summary(f, layer, head)
         fig = role_bars(mean, low, high, list(f.roles),
-                        title=f"{head_label(layer, head)}: attention from "
-                              f"{'the last token' if v.model.causal else 'every token (the mean)'} to each role")
+                        title=f"{head_label(layer, head)}: attention from {v.readout.reads_from} to each role")
         chart(fig, "task-roles")
         v.figures["task-roles"] = ("Role attention", fig, f"|{layer}.{head}")
     st.caption("Left: each pair is a point (hover for its prompt), grouped by template kind. Right: the head's weight "
-               + ("from the last token to each role's token of the clean prompt, the mean over the pairs with its 95% "
-                  "interval (indirect object: a name mover looks from END at IO)." if v.model.causal else
-                  "from every token to each role's token of the clean prompt (the mean over the tokens, as the "
-                  "embedding pools them), then over the pairs with its 95% interval (FOCUS: the word changed)."))
+               f"from {v.readout.reads_from} to each role's token of the clean prompt, then the mean over the pairs "
+               f"with its 95% interval{v.readout.roles_note}.")
     return pairs
 
 

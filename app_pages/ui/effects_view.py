@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from analysis.effects import METHODS
-from models import AttentionModel, head_label
+from models import VOCABULARY, AttentionModel, head_label, offers
 
 from ..results.effects import effects
 from ..results.models import ModelRef
@@ -77,7 +77,7 @@ def _pair(s: Settings, ref: ModelRef, model: AttentionModel) -> Mode:
         tokens = pair_mode.parts_and_residual(v)
         pair_mode.head_section(v, s, layer, head)
         edges = None
-        if model.causal:  # through the unembedding, and a pre-norm stream's updates: a language model's
+        if VOCABULARY in offers(model):  # through the unembedding, and a pre-norm stream's updates
             pair_mode.copying_section(v, (layer, head))
             edges = pair_mode.flow_section(v)
         pair_mode.positions_section(v, tokens)

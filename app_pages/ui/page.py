@@ -12,8 +12,8 @@ from app_pages.results.later import note_pending
 from app_pages.results.messages import stop_with
 from app_pages.results.models import DECODERS, ModelRef
 from app_pages.results.threads import here
-from models import HeadLensError
-from models.run import language_stack, patching_stack
+from models import EMBEDDING, VOCABULARY, HeadLensError, offers
+from models.run import patching_stack, stack_of
 
 from .models import model_for
 from .settings import Settings, settings
@@ -129,19 +129,21 @@ def needed(page: Page, ref: ModelRef) -> ModelRef:
 
 
 def decoder_or_stop(ref: ModelRef, why: str) -> ModelRef:
-    """``ref`` as the analyses run it when its model is a language model; else ``why`` (what the page needs that the
-    model lacks) and which models to choose, and the run ends."""
+    """``ref`` as the analyses run it when its model offers a vocabulary to write into (``models.offers``: a
+    language model's next token); else ``why`` (what the page needs that the model lacks) and which models to
+    choose, and the run ends."""
     analysed = ref.analysed
     model = model_for(analysed)
+    if VOCABULARY in offers(model):
+        return analysed
     try:
-        language_stack(model, why)
-    except HeadLensError as err:
-        if model.causal:  # a decoder the from-scratch engine does not implement: its own sentence
-            stop_with(err)
-        st.info(f"{why}: it is an encoder. Choose a bundled decoder ({DECODERS}) in the sidebar, or a decoder you "
-                "trained on the Train page.")
-        st.stop()
-    return analysed
+        stack = stack_of(model, why)
+    except HeadLensError as err:  # an architecture the from-scratch engine does not implement: its own sentence
+        stop_with(err)
+    kind = "an encoder" if EMBEDDING in stack.offers else "a classifier"
+    st.info(f"{why}: it is {kind}, with no next token to predict. Choose a bundled decoder ({DECODERS}) in the "
+            "sidebar, or a decoder you trained on the Train page.")
+    st.stop()
 
 
 def note_first() -> None:

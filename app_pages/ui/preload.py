@@ -12,6 +12,7 @@ import logging
 import os
 import time
 
+from models import EMBEDDING
 from models.catalog import CATALOG, bundled
 from models.corpus import CORPUS
 
@@ -57,7 +58,7 @@ def preload(report: dict, value: str | None = None) -> None:
             for key in bundled(name).engines():  # a page analyses on the from-scratch engine whichever is shown
                 cached_model(ModelRef(key))
             warm_up(ModelRef(name))  # as a session's first visit would: a decoder's preparation, spaCy's pipeline
-            if not bundled(name).decoder:  # an encoder's corpus profile: Foci, Head roles, a head's card (its
+            if EMBEDDING in bundled(name).offers:  # an encoder's corpus profile: Foci, Head roles, a head's card (its
                 # default head) and the atlas open on it (2 s for MiniLM)
                 corpus_profile(ModelRef(name), False, (), list(CORPUS))
             report["done"].append(name)
@@ -66,7 +67,7 @@ def preload(report: dict, value: str | None = None) -> None:
         here.background = here.steps_aside = True
         lower_priority()
         for name in report["models"]:
-            if not bundled(name).decoder:
+            if EMBEDDING in bundled(name).offers:  # measured on its sentence embedding
                 encoder_results(ModelRef(name))
     except Exception as err:  # noqa: BLE001
         report["error"] = f"{type(err).__name__}: {err}"

@@ -43,8 +43,8 @@ def sidebar() -> None:
     bound(sb.text_area, "text", DEFAULT_TEXT, valid=lambda t: len(t) <= MAX_CHARS, label="Sentences, one per line",
           height=140, max_chars=MAX_CHARS, help="Press Ctrl+Enter to apply.")
     sb.subheader("View options")
-    decoder = choice in LLM
-    bound(sb.toggle, "hide_special", False, cast=flag, label="Hide the first token (sink)" if decoder else
+    causal = choice in LLM  # a bundled decoder's mask: always causal, so its first token can be a sink
+    bound(sb.toggle, "hide_special", False, cast=flag, label="Hide the first token (sink)" if causal else
           "Hide special tokens", help="Drop [CLS], [SEP], <s>… and, in a decoder, the first token when most "
           "attention parks on it (a sink); renormalise each row.")
     bound(sb.toggle, "merge_words", False, cast=flag, label="Merge subwords into words",
@@ -57,7 +57,7 @@ def sidebar() -> None:
                "[SEP] or a sink, counts for little. This sentence's views only; profiles and pruning use raw "
                "attention. Runs the from-scratch engine with the same weights; not for custom models.")
     scratch = choice in SCRATCH
-    if decoder:  # always causal: shown on, and left alone
+    if causal:  # shown on, and left alone
         sb.toggle("Causal mask", True, disabled=True, key="causal_decoder",
                   help="A decoder: each token always sees only itself and earlier ones.")
     else:
@@ -73,7 +73,6 @@ def sidebar() -> None:
               help="Head masking, from-scratch engine only; later layers then see the model without those heads.")
     sb.caption(f"Running on **{model.device}** · {model.n_layers} layers × {model.n_heads} heads")
     warm_up(ref)  # a bundled decoder's slow pages prepared once, in the background (for another model, spaCy)
-    if decoder:
-        note = warm_up_note(ref)
-        if note is not None:
-            sb.caption(note)
+    note = warm_up_note(ref)  # None where nothing is being prepared
+    if note is not None:
+        sb.caption(note)

@@ -10,8 +10,7 @@ import streamlit as st
 from analysis.stats import interval
 from analysis.effects import readouts
 from analysis.tasks.effects import METRICS, NORMALISE, TaskEffects
-from analysis.tasks.focus import ENCODER_TASKS
-from analysis.tasks.build import CORRUPTIONS, PAGE_ROWS, TASKS, Task
+from analysis.tasks.build import CORRUPTIONS, PAGE_ROWS, Task, built_in
 from models import HeadLensError
 
 from ..results.messages import stop_with
@@ -19,17 +18,9 @@ from ..results.models import ModelRef
 from ..results.tasks import METHOD_LABELS, TaskSpec, built_task
 from .state import bound, flag
 
-SOURCES = {**TASKS, "csv": "Your pairs (a CSV file)"}
-ENCODER_SOURCES = {**ENCODER_TASKS, "csv": "Your pairs (a CSV file)"}
+CSV = {"csv": "Your pairs (a CSV file)"}
 SHORT_METRICS = {m: what.split(":")[0].capitalize() for m, what in METRICS.items()}  # "Logit difference"
 PAIR_COUNTS = [10, 20, 50, 100, 200, 500, 1000]
-TEMPLATE_CSV = ("clean,corrupted,answer,distractor\n"
-                "\"When Mary and John went to the store, John gave a drink to\","
-                "\"When Mary and John went to the store, Mary gave a drink to\", Mary, John\n"
-                "The Eiffel Tower is located in the city of,The Colosseum is located in the city of, Paris, Rome\n")
-ENCODER_CSV = ("clean,corrupted,answer,distractor\n"
-               "\"Which do you like better, coffee or tea?\",\"Which do you like better, coffee or juice?\",tea,juice\n"
-               "I like coffee.,I hate coffee.,I like it.,I hate it.\n")
 
 
 @dataclass(frozen=True)
@@ -46,30 +37,20 @@ def pick_task(model, patching: bool = True) -> TaskChoice:
     alone, the method and averaging left at their defaults): ``model``'s tasks (an encoder's or a language
     model's) and the metrics its readouts read."""
     offered = readouts(model)
-    encoder = not model.causal
+    own = offered[-1]  # the readout of the model's own prediction, whose built-in tasks are offered
     cols = st.columns([2, 1, 1])
-    sources = ENCODER_SOURCES if encoder else SOURCES
+    sources = {**built_in(own), **CSV}
     source = bound(cols[0].selectbox, "task", next(iter(sources)), init="index", options=list(sources), cast=str,
-                   label="Task", format_func=sources.get,
-                   help=("The four foci of “Which do you like better, coffee or tea?”, each changed in templates "
-                         "over foods: an object, the relation, the sentence type, the sentiment. The metric: how "
-                         "much nearer the sentence's embedding is to the pair's answer text than to its distractor. "
-                         "Or a CSV of your own pairs." if encoder else
-                         "Indirect object: 17 templates in both name orders (Wang et al. 2022). Facts: a landmark's "
-                         "city, a capital, a language. Greater-than: \"The war lasted from the year 1729 to the year "
-                         "17\" (Hanna et al. 2023). Induction: random words repeated. Or a CSV of your own pairs."))
+                   label="Task", format_func=sources.get, help=own.tasks_help)
     csv = b""
     if source == "csv":
         upload = st.file_uploader("Pairs · CSV with the columns clean, corrupted, answer, distractor", type=["csv"],
                                   key="task_csv")
-        st.download_button("A CSV to start from", ENCODER_CSV if encoder else TEMPLATE_CSV,
-                           "headlens-task-template.csv", "text/csv", key="task-template", on_click="ignore")
+        st.download_button("A CSV to start from", own.csv_example, "headlens-task-template.csv", "text/csv",
+                           key="task-template", on_click="ignore")
         if upload is None:
             st.info("Upload a CSV of prompt pairs: a header row, then one pair a row. Each prompt pair needs the same "
-                    "number of tokens; " + ("the answer and the distractor are texts the sentence's embedding is "
-                                            "compared with." if encoder else
-                                            "the answer and the distractor are one token each (with their leading "
-                                            "space)."))
+                    "number of tokens; " + own.csv_note)
             st.stop()
         csv = upload.getvalue()
         pairs, seed, corruption = PAGE_ROWS, 0, "s2"

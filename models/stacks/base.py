@@ -104,6 +104,11 @@ class Packing:
         return out.index_copy_(0, self.index, x).view(self.B, self.L, -1)      # (B, L, E)
 
 
+DETECTOR, VOCABULARY, EMBEDDING = "detector", "vocabulary", "embedding"  # what a stack offers (``Stack.offers``)
+CAPABILITIES = (DETECTOR, VOCABULARY, EMBEDDING)
+CAPABILITY_OF = {"next_token": VOCABULARY, "embedding": EMBEDDING}  # a readout's, where it brings one
+
+
 class Stack(Saved, nn.Module):
     """Embeddings, blocks and a finish; a block whose heads were pruned (``config.pruned_heads``) holds fewer."""
 
@@ -161,6 +166,16 @@ class Stack(Saved, nn.Module):
         if self.prediction_head is not None:
             return self.prediction_head.readouts
         return ("next_token",) if self.language_model else ("embedding",)
+
+    @property
+    def offers(self) -> frozenset[str]:
+        """What its runs can be read for beyond attention and its readouts (``CAPABILITIES``), which decides the card's
+        and the pages' sections: ``detector``, a causal mask, so the head detector's roles (previous token,
+        induction, duplicate token, sink) are defined; ``vocabulary``, next-token logits, so what a head writes into
+        the vocabulary, its copying, the routes of a prediction, a next-token loss and generation; ``embedding``, a
+        sentence embedding its heads are measured against."""
+        found = {DETECTOR} if self.causal else set()
+        return frozenset(found | {CAPABILITY_OF[r] for r in self.readouts if r in CAPABILITY_OF})
 
     @property
     def pruned(self) -> bool:
