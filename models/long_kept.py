@@ -4,10 +4,19 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .long import LongAttention
+
+class Keeping(Protocol):
+    """What the budget reads of a long prompt (``long.LongAttention``): its id, the bytes its layers keep, and how
+    it gives them up (the bytes freed)."""
+
+    uid: int
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def release(self) -> int: ...
 
 KEPT_BYTES = 384 * 2**20  # what the long prompts of a process keep together: two of SmolLM2's 4,096 tokens, run up
 
@@ -25,12 +34,12 @@ class Kept:
         self._lock = threading.Lock()
         self.released = 0  # how many times a prompt gave up its layers
 
-    def touch(self, prompt: "LongAttention") -> None:
+    def touch(self, prompt: Keeping) -> None:
         with self._lock:
             self._used[prompt.uid] = weakref.ref(prompt)
             self._used.move_to_end(prompt.uid)
 
-    def prompts(self) -> list["LongAttention"]:
+    def prompts(self) -> list[Keeping]:
         """The prompts alive, the least recently used first."""
         with self._lock:
             for uid in [uid for uid, ref in self._used.items() if ref() is None]:
@@ -45,7 +54,7 @@ class Kept:
         """Whether ``more`` bytes fit within the budget beside what every prompt keeps."""
         return self.nbytes + more <= self.budget
 
-    def fit(self, prompt: "LongAttention") -> None:
+    def fit(self, prompt: Keeping) -> None:
         """Once ``prompt`` has kept a layer: release the other prompts' layers, the least recently used first,
         while all of them together keep more than the budget."""
         prompts = self.prompts()

@@ -169,10 +169,11 @@ def device_of(stack) -> torch.device:
 
 
 @torch.inference_mode()
-def trace_batch(model, ids: torch.Tensor) -> Trace:
-    """Run ``ids`` ``(B, n)`` through ``model``'s stack once, keeping every layer's ``resid_pre`` ``(B, n, E)`` and
-    every head's ``z`` ``(B, kept heads, n, Dh)``: a language model's run or an encoder's."""
-    stack = patching_stack(model)
+def trace_batch(model, ids: torch.Tensor, stack=None) -> Trace:
+    """Run ``ids`` ``(B, n)`` through ``model``'s stack (``stack``, where the caller holds it) once, keeping every
+    layer's ``resid_pre`` ``(B, n, E)`` and every head's ``z`` ``(B, kept heads, n, Dh)``: a language model's run or
+    an encoder's."""
+    stack = stack if stack is not None else patching_stack(model)
     resid, zs = [], []
     layers = range(stack.n_layers)
     edits = Edits({**Edits.every_layer("resid_pre", lambda _: reading(resid), layers),
@@ -182,9 +183,10 @@ def trace_batch(model, ids: torch.Tensor) -> Trace:
     return Trace(ids, resid, zs)
 
 
-def trace(model, ids: torch.Tensor) -> Trace:
-    """Run ``ids`` ``(n,)`` through ``model``'s stack once, keeping every layer's ``resid_pre`` and ``z``."""
-    t = trace_batch(model, ids.view(1, -1))
+def trace(model, ids: torch.Tensor, stack=None) -> Trace:
+    """Run ``ids`` ``(n,)`` through ``model``'s stack (``stack``) once, keeping every layer's ``resid_pre`` and
+    ``z``."""
+    t = trace_batch(model, ids.view(1, -1), stack)
     return Trace(t.ids[0], [r[0] for r in t.resid], [z[0] for z in t.z])
 
 

@@ -305,3 +305,24 @@ def test_an_encoders_own_pairs_take_probe_texts_and_bad_rows_get_a_sentence(scra
     assert "Row 4" in task.problems[1] and "empty" in task.problems[1]
     with pytest.raises(HeadLensError, match="next-token logits"):
         run_task(scratch_model, task, "logit_diff")
+
+
+@pytest.mark.parametrize("method", ["exact", "attribution"])
+def test_an_analysis_makes_its_models_stack_once(scratch_model, monkeypatch, method):
+    """``patch_heads``, ``patch_residual`` and ``logit_attribution`` turn the model into its stack where they enter
+    and pass it down (traces, the readout's probe embeddings, the batched runs): one ``editable`` each."""
+    import models.run as run
+
+    from analysis.defaults import ENCODER_PAIRS
+
+    made = []
+    real = run.editable
+    monkeypatch.setattr(run, "editable", lambda model, what="This": made.append(what) or real(model, what))
+    pair = next(iter(ENCODER_PAIRS.values()))
+    for analysis in (patch_heads, patch_residual):
+        made.clear()
+        frame = analysis(scratch_model, pair.clean, pair.corrupted, pair.answer, pair.distractor, method=method)
+        assert len(made) == 1 and len(frame), (analysis.__name__, made)
+    made.clear()
+    logit_attribution(scratch_model, pair.clean, pair.answer, pair.distractor)
+    assert len(made) == 1, made

@@ -39,7 +39,7 @@ def shared_prefix(stack, clean: Trace, corrupted: Trace) -> int:
 @torch.inference_mode()
 def patched_measures(model, clean: Trace, corrupted: Trace, measure, rows: torch.Tensor, pair: np.ndarray,
                      layers: np.ndarray, heads: np.ndarray, positions: np.ndarray, *,
-                     progress: Progress | None = None) -> np.ndarray:
+                     progress: Progress | None = None, stack=None) -> np.ndarray:
     """``(edits,)`` float64: the metric of corrupted prompt ``pair[i]`` (a row of the batched traces) run with edit
     ``i``: at layer ``layers[i]``, the clean ``z`` of head ``heads[i]`` (-1: the clean residual entering the
     layer), at position ``positions[i]`` (-1: every position). ``rows`` maps a batch row to its pair for
@@ -47,8 +47,9 @@ def patched_measures(model, clean: Trace, corrupted: Trace, measure, rows: torch
 
     The tokens every pair shares before the prompts differ are the same in every copy as in the corrupted run,
     at every layer: the copies run only the tokens after them, attending to those tokens' keys and values as
-    the corrupted run formed them (an edit there changes nothing: its copy is the corrupted prompt)."""
-    stack = patching_stack(model)
+    the corrupted run formed them (an edit there changes nothing: its copy is the corrupted prompt). ``stack``:
+    ``model``'s, where the caller holds it."""
+    stack = stack if stack is not None else patching_stack(model)
     B, n, E = corrupted.resid[0].shape
     f = shared_prefix(stack, clean, corrupted)
     out = np.empty(len(pair), dtype=np.float64)
@@ -157,13 +158,14 @@ def _z_patch(kept: list[int], clean_z: torch.Tensor, rows, pairs, heads, positio
     return hook
 
 
-def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure, rows: torch.Tensor):
+def attribution_batch(model, clean: Trace, corrupted_ids: torch.Tensor, measure, rows: torch.Tensor, stack=None):
     """Attribution patching (Nanda 2023) of every pair of a batch: the gradient of each corrupted prompt's metric
     with respect to every head's ``z`` and every ``resid_pre``, from one forward and one backward pass of the
     corrupted prompts ``(B, n)``, times the clean minus the corrupted activation. Returns ``(heads, resid,
     corrupted, values)``: ``(B, layers, heads, n)`` (zero for a pruned head) and ``(B, layers, n)`` float64, the
-    corrupted prompts' trace (read from the same forward pass) and their metric ``(B,)``."""
-    stack = patching_stack(model)
+    corrupted prompts' trace (read from the same forward pass) and their metric ``(B,)``; ``stack``: ``model``'s,
+    where the caller holds it."""
+    stack = stack if stack is not None else patching_stack(model)
     L, H = stack.n_layers, stack.n_heads
     B, n = corrupted_ids.shape
     resid_seen, z_seen, resid_taps, z_taps = [], [], [], []

@@ -122,7 +122,8 @@ class _Setup:
 
 def _setup(model, clean: str | Traced, corrupted: str | Traced, answer, distractor) -> _Setup:
     stack = patching_stack(model)
-    clean, corrupted = as_traced(model, clean, "clean prompt"), as_traced(model, corrupted, "corrupted prompt")
+    clean, corrupted = (as_traced(model, prompt, noun, stack) for prompt, noun in ((clean, "clean prompt"),
+                                                                                   (corrupted, "corrupted prompt")))
     readout = readout_for(model, clean.text, stack)
     measure, a, d = readout.pair(clean.ids.tolist(), answer, distractor)
     ids_clean, ids_corrupted = clean.ids, corrupted.ids
@@ -162,7 +163,7 @@ def patch_heads(model: AttentionModel, clean: str | Traced, corrupted: str | Tra
     s = _setup(model, clean, corrupted, answer, distractor)
     L, H, n = s.stack.n_layers, s.stack.n_heads, len(s.tokens)
     if method == "attribution":
-        estimate = P.attribution_estimates(s.model, s.clean, s.corrupted, s.measure)[0] / s.span   # (L, H, n)
+        estimate = P.attribution_estimates(s.model, s.clean, s.corrupted, s.measure, s.stack)[0] / s.span   # (L, H, n)
         values = estimate if per_position else estimate.sum(-1)
     else:
         values = _exact_heads(s, L, H, n, per_position, progress)
@@ -176,7 +177,7 @@ def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress
     if not per_position:
         layers, heads = np.divmod(np.arange(L * H), H)
         patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, heads, np.full(L * H, -1), s.measure,
-                                        progress=progress)
+                                        progress=progress, stack=s.stack)
         return ((patched - s.ld_corrupted) / s.span).reshape(L, H)
     values = np.zeros((L, H, n))  # a patch that changes nothing recovers nothing: only differing z's are run
     edits = [(layer, h, p) for layer in range(L) for k, h in enumerate(stack.kept[layer]) for p in range(n)
@@ -184,7 +185,7 @@ def _exact_heads(s: _Setup, L: int, H: int, n: int, per_position: bool, progress
     if edits:
         layers, heads, positions = (np.array(c) for c in zip(*edits))
         patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, heads, positions, s.measure,
-                                        progress=progress)
+                                        progress=progress, stack=s.stack)
         values[layers, heads, positions] = (patched - s.ld_corrupted) / s.span
     elif progress is not None:
         progress(1, 1)
@@ -200,7 +201,7 @@ def patch_residual(model: AttentionModel, clean: str | Traced, corrupted: str | 
     s = _setup(model, clean, corrupted, answer, distractor)
     L, n = s.stack.n_layers, len(s.tokens)
     if method == "attribution":
-        values = P.attribution_estimates(s.model, s.clean, s.corrupted, s.measure)[1] / s.span
+        values = P.attribution_estimates(s.model, s.clean, s.corrupted, s.measure, s.stack)[1] / s.span
     else:
         values = np.zeros((L, n))
         # some position differs at some layer: prompts whose every stream is the same give the same measure, which
@@ -209,7 +210,7 @@ def patch_residual(model: AttentionModel, clean: str | Traced, corrupted: str | 
                  if not torch.equal(s.clean.resid[layer][p], s.corrupted.resid[layer][p])]
         layers, positions = (np.array(c) for c in zip(*edits))
         patched = P.patched_differences(s.model, s.clean, s.corrupted, layers, np.full(len(edits), -1), positions,
-                                        s.measure, progress=progress)
+                                        s.measure, progress=progress, stack=s.stack)
         values[layers, positions] = (patched - s.ld_corrupted) / s.span
     frame = _frame(values, ("layer", "position"), s.tokens)
     frame.attrs.update(s.attrs(method))

@@ -48,10 +48,11 @@ def two(a, d, what: str) -> None:
 
 
 @torch.inference_mode()
-def unit_embeddings(model, texts) -> torch.Tensor:
+def unit_embeddings(model, texts, stack=None) -> torch.Tensor:
     """``(k, E)``: each text's sentence embedding as ``EmbeddingCosine`` pools it (the mean of the final hidden
-    states over its tokens, special ones included), at unit length, in the stack's own dtype."""
-    stack = stack_of(model, "A sentence embedding is read")
+    states over its tokens, special ones included), at unit length, in the stack's own dtype; ``stack``: ``model``'s,
+    where the caller holds it."""
+    stack = stack if stack is not None else stack_of(model, "A sentence embedding is read")
     ids = [model.tokenize(text, verbose=False)["input_ids"] for text in texts]
     out = [None] * len(texts)
     for n in sorted({len(i) for i in ids}):  # the texts of one length in one run, no padding

@@ -115,7 +115,7 @@ def direction(stack, answer: int, distractor: int | None) -> torch.Tensor:
 
 
 def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarray, heads: np.ndarray,
-                        positions: np.ndarray, measure, *, progress: Progress | None = None) -> np.ndarray:
+                        positions: np.ndarray, measure, *, progress: Progress | None = None, stack=None) -> np.ndarray:
     """The corrupted prompt run once per edit, each copy with one clean activation in place of its own;
     ``(edits,)`` float64: ``measure`` (one pair's ``metrics.Metric``) of each
     copy.
@@ -127,10 +127,10 @@ def patched_differences(model, clean: Trace, corrupted: Trace, layers: np.ndarra
     """
     return patched_measures(model, as_batch(clean), as_batch(corrupted), measure, torch.zeros(1, dtype=torch.long),
                             np.zeros(len(layers), dtype=np.int64), np.asarray(layers), np.asarray(heads),
-                            np.asarray(positions), progress=progress)
+                            np.asarray(positions), progress=progress, stack=stack)
 
 
-def attribution_estimates(model, clean: Trace, corrupted: Trace, measure):
+def attribution_estimates(model, clean: Trace, corrupted: Trace, measure, stack=None):
     """Attribution patching (Nanda 2023): the corrupted prompt's gradient of ``measure`` (one pair's) with respect to
     every head's ``z`` and every ``resid_pre``, in one forward and one backward pass, times the clean minus the
     corrupted activation: a first-order estimate of each patch (``batched.attribution_batch``, for one pair).
@@ -139,7 +139,7 @@ def attribution_estimates(model, clean: Trace, corrupted: Trace, measure):
     No gradient is left on the model's parameters.
     """
     heads, resid, _, _ = attribution_batch(model, as_batch(clean), corrupted.ids.view(1, -1), measure,
-                                           torch.zeros(1, dtype=torch.long))
+                                           torch.zeros(1, dtype=torch.long), stack)
     return heads[0], resid[0]
 
 

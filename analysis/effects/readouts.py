@@ -314,7 +314,7 @@ class SentenceEmbedding(Readout):
         """The metric of pairs whose ``(answer, distractor)`` texts are ``pairs``, each text embedded once."""
         texts = sorted({t for pair in pairs for t in pair})
         at = {t: i for i, t in enumerate(texts)}
-        units = unit_embeddings(self.model, texts)
+        units = unit_embeddings(self.model, texts, self.stack)
         return EmbeddingCosine(torch.stack([units[at[a]] - units[at[d]] for a, d in pairs]))
 
     def compared(self, answer, distractor):

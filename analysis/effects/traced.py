@@ -60,10 +60,11 @@ class Traced:
                          pruned=stack.pruned_mask() if stack.pruned else None, windows=stack.windows)
 
 
-def traced(model: AttentionModel, text: str, noun: str = "prompt") -> Traced:
-    """``text`` run once on ``model`` (a language model or an encoder); a sentence for a text that is empty or longer
-    than ``PATCH_MAX_TOKENS``, and for a model the from-scratch engine does not implement."""
-    stack = patching_stack(model, WHAT)
+def traced(model: AttentionModel, text: str, noun: str = "prompt", stack=None) -> Traced:
+    """``text`` run once on ``model`` (a language model or an encoder; its ``stack``, where the caller holds it); a
+    sentence for a text that is empty or longer than ``PATCH_MAX_TOKENS``, and for a model the from-scratch engine
+    does not implement."""
+    stack = stack if stack is not None else patching_stack(model, WHAT)
     model.token_counts([text], noun)
     enc = model.tokenize(text, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False)
     ids = enc["input_ids"]
@@ -71,7 +72,8 @@ def traced(model: AttentionModel, text: str, noun: str = "prompt") -> Traced:
         raise HeadLensError(f"The {noun} has {len(ids)} tokens; effects are computed on prompts of at most "
                             f"{PATCH_MAX_TOKENS}.")
     ids = torch.tensor(ids, dtype=torch.long)
-    return Traced(model, stack, text, ids, model.tokenizer.convert_ids_to_tokens(ids.tolist()), trace(model, ids),
+    return Traced(model, stack, text, ids, model.tokenizer.convert_ids_to_tokens(ids.tolist()),
+                  trace(model, ids, stack),
                   list(enc.word_ids()), np.array(enc["special_tokens_mask"], dtype=bool),
                   [tuple(o) for o in enc["offset_mapping"]])
 
@@ -83,10 +85,12 @@ def _same_weights(a: Traced, model: AttentionModel, stack) -> bool:
                                 and str(a.model.device) == str(model.device))
 
 
-def as_traced(model: AttentionModel, prompt: "str | Traced", noun: str = "prompt") -> Traced:
-    """``prompt`` when it is traced already (on ``model``, on either engine), else ``traced(model, prompt)``."""
+def as_traced(model: AttentionModel, prompt: "str | Traced", noun: str = "prompt", stack=None) -> Traced:
+    """``prompt`` when it is traced already (on ``model``, on either engine), else ``traced(model, prompt)``;
+    ``stack``: ``model``'s, where the caller holds it."""
+    stack = stack if stack is not None else patching_stack(model, WHAT)
     if isinstance(prompt, Traced):
-        if not _same_weights(prompt, model, patching_stack(model, WHAT)):
+        if not _same_weights(prompt, model, stack):
             raise HeadLensError(f"That {noun} was traced on {prompt.model.name}, not on {model.name}.")
         return prompt
-    return traced(model, prompt, noun)
+    return traced(model, prompt, noun, stack)

@@ -1,0 +1,98 @@
+"""A head's program chosen greedily (``analysis.explanations.programs.Gram.programs``), on sums built by hand: parts
+whose rows are disjoint blocks of keys, and a head's row an exact mixture of some of them, so that the weights the
+fit must find are the mixture's own."""
+import numpy as np
+import pytest
+
+from analysis.explanations.programs import MAX_RULES, MIN_GAIN, MIN_SHARE, Gram
+
+KEYS = 40  # the flattened (query, key) cells every part spreads over
+
+
+def _parts(rules: int) -> np.ndarray:
+    """``(rules + 1, KEYS)``: each rule's part, the uniform row on its own block of ``KEYS // rules`` cells, then the
+    fallback's, every cell evenly."""
+    F = np.zeros((rules + 1, KEYS))
+    block = KEYS // rules
+    for r in range(rules):
+        F[r, r * block:(r + 1) * block] = 1.0 / block
+    F[-1] = 1.0 / KEYS
+    return F
+
+
+def _mixed(mixtures: list[list[float]], rules: int) -> np.ndarray:
+    """One head's row per mixture: its weights on the rules, the fallback's the rest."""
+    return np.array([np.append(m, 1 - sum(m)) @ _parts(rules) for m in mixtures])
+
+
+def _gram(X: np.ndarray, rules: int) -> Gram:
+    """The sums a fit of heads whose rows are ``X`` reads, over ``_parts(rules)``, every part naming keys for ten
+    queries."""
+    F = _parts(rules)
+    return Gram(G=F @ F.T, B=X @ F.T, ss=np.einsum("ij,ij->i", X, X), aside=np.zeros((len(X), 2)),
+                covered=np.full(rules + 1, 10.0), texts=1)
+
+
+def _by_hand(F: np.ndarray, x: np.ndarray, chosen: list[int]) -> np.ndarray:
+    """The weights of the parts ``chosen`` minimising ``|Σ w F − x|²`` with ``Σ w = 1`` (Lagrange's system; every
+    weight comes out positive in these cases, so non-negativity holds)."""
+    A = F[chosen]
+    k = len(chosen)
+    system = np.block([[2 * A @ A.T, np.ones((k, 1))], [np.ones((1, k)), np.zeros((1, 1))]])
+    return np.linalg.solve(system, np.append(2 * A @ x, 1.0))[:k]
+
+
+def test_a_head_mixing_three_rules_gets_all_three_and_their_weights():
+    """The greedy fit keeps adding the rule that cuts the error most: a head that is 0.5, 0.3 and 0.2 of three of
+    four rules gets exactly those three with those weights, the fourth and the fallback none."""
+    assert MAX_RULES == 3
+    weights = _gram(_mixed([[0.5, 0.0, 0.3, 0.2]], 4), rules=4).programs(range(4))
+    np.testing.assert_allclose(weights[0], [0.5, 0.0, 0.3, 0.2, 0.0], atol=1e-6)
+
+
+def test_a_head_mixing_four_rules_keeps_the_three_largest():
+    """At most three rules: of a 0.1, 0.4, 0.3, 0.2 mixture the smallest is left out and the fallback, every block
+    evenly, takes 0.1 of each: the weights the least squares give, worked out below (0.3, 0.2, 0.1 and 0.4)."""
+    X = _mixed([[0.1, 0.4, 0.3, 0.2]], 4)
+    found = _gram(X, rules=4).programs(range(4))[0]
+    assert found[0] == 0 and (found[1:4] > 0).all(), found  # three rules; the fallback spreads the fourth's 0.1
+    np.testing.assert_allclose(found[[1, 2, 3, 4]], _by_hand(_parts(4), X[0], [1, 2, 3, 4]), atol=1e-6)
+
+
+def test_a_rule_that_cuts_too_little_of_the_error_left_does_not_join():
+    """After the first rule, one joins only if it cuts at least ``MIN_GAIN`` of the error left: a head that is
+    0.98 of one rule and 0.02 of another keeps the first alone."""
+    d = np.zeros(KEYS)
+    d[10:16], d[16:20] = 1.0, -1.0  # within the second rule's block, nearly orthogonal to it (its sum 2 of 10 cells)
+    gram = _gram(_parts(4)[0][None] + 0.05 * d, rules=4)
+    _, alone = gram._solve(0, [4, 0])
+    _, both = gram._solve(0, [4, 0, 1])
+    assert 0 < alone - both < MIN_GAIN * alone  # the second's gain, below the bar
+    found = gram.programs(range(4))[0]
+    assert found[0] > 0.9 and not found[1:4].any(), found
+    np.testing.assert_allclose(found[[4, 0]], gram._solve(0, [4, 0])[0], atol=1e-12)
+
+
+def test_a_rule_that_gives_too_little_of_the_rows_goes_and_the_rest_are_refitted():
+    """A rule that joined but gives under ``MIN_SHARE`` of what the rules give (its weight times the queries it
+    names keys for) is dropped: with the second rule's coverage a hundredth of the others', its 0.2 counts for
+    little, and the other two are fitted again without it."""
+    gram = _gram(_mixed([[0.5, 0.2, 0.3, 0.0]], 4), rules=4)
+    gram.covered = np.array([10.0, 0.1, 10.0, 10.0, 10.0])
+    assert 0.2 * 0.1 < MIN_SHARE * (0.5 * 10 + 0.2 * 0.1 + 0.3 * 10)
+    found = gram.programs(range(4))[0]
+    want, _ = gram._solve(0, [4, 0, 2])
+    assert found[1] == 0 and found[3] == 0, found
+    np.testing.assert_allclose(found[[4, 0, 2]], want, atol=1e-9)
+    assert found[0] > found[2] > 0.2
+
+
+def test_every_head_gets_its_own_program_and_only_the_candidates():
+    """Two heads, two mixtures; a rule outside ``candidates`` is never chosen, its share left to the fit."""
+    X = _mixed([[0.6, 0.4, 0.0, 0.0], [0.0, 0.0, 0.7, 0.3]], 4)
+    gram = _gram(X, rules=4)
+    found = gram.programs(range(4))
+    np.testing.assert_allclose(found, [[0.6, 0.4, 0, 0, 0], [0, 0, 0.7, 0.3, 0]], atol=1e-6)
+    without = gram.programs([0, 2, 3])[0]
+    assert without[1] == 0 and without[2] == without[3] == 0, without  # the blocks it does not touch stay out
+    np.testing.assert_allclose(without[[0, 4]], _by_hand(_parts(4), X[0], [0, 4]), atol=1e-6)
