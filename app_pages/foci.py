@@ -67,8 +67,8 @@ for f in FOCI:
     ranked = frame.sort_values([f"{f}_lift_lo", f"{f}_lift"], ascending=False)
     options = list(zip(ranked["layer"].tolist(), ranked["head"].tolist()))
     left, right = st.columns([2, 5])
-    layer, head = choose("Head", options, f"focus_{f}", cast=head_from_url, to_url=head_to_url, container=left,
-                         format_func=lambda h, strongest=options[0]: head_label(*h)
+    layer, head = choose("Head", options, profiled.key(f"focus_{f}"), cast=head_from_url, to_url=head_to_url,
+                         container=left, format_func=lambda h, strongest=options[0]: head_label(*h)
                          + (" (strongest)" if h == strongest else ""))
     r = frame.iloc[layer * n_heads + head]
     verdict = (f"labelled {r.label}" if r.label == f"{name} focus"

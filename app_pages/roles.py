@@ -64,7 +64,8 @@ exports("roles", grid, None, sig=f"{profiled.n_sentences}|{s}")
 
 st.subheader("Heads by role")
 counts = frame["label"].value_counts()
-role = choose("Role", list(counts.index), "role", cast=str, format_func=lambda r: f"{r} ({counts[r]} heads)")
+role = choose("Role", list(counts.index), profiled.key("role"), cast=str,
+              format_func=lambda r: f"{r} ({counts[r]} heads)")
 measure, higher = label_measure(role)
 members = frame[frame["label"] == role].sort_values(measure, ascending=not higher)
 st.caption(f"Ranked by {measure} ({'highest' if higher else 'lowest'} first).")
@@ -72,7 +73,7 @@ extra = [f"{measure}_lo", f"{measure}_hi"] if measure.endswith("_lift") else []
 st.dataframe(members[["layer", "head", measure, *extra, "secondary", "dep_relation", "dep_acc"]].style.format(precision=2),
              hide_index=True, key="roles-members")
 picks = list(zip(members["layer"].tolist(), members["head"].tolist()))
-layer, head = choose("Head", picks, "role_head", cast=head_from_url, to_url=head_to_url,
+layer, head = choose("Head", picks, profiled.key("role_head"), cast=head_from_url, to_url=head_to_url,
                      format_func=lambda h: head_label(*h))
 name = head_label(layer, head)
 card_button(layer, head, "roles-card")

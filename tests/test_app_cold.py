@@ -13,7 +13,7 @@ from tests.prepared import REF
 PAGES = ["app_pages/queries_keys.py", "app_pages/circuits.py", "app_pages/pruning.py", "app_pages/head.py",
          "app_pages/effects.py", "app_pages/foci.py", "app_pages/atlas.py"]
 FIRST_FORMS = {"app_pages/queries_keys.py": "queries and keys", "app_pages/circuits.py": "circuit curve",
-               "app_pages/pruning.py": "curves"}
+               "app_pages/pruning.py": "curves", "app_pages/foci.py": "profile"}
 
 
 def test_a_cold_servers_pages_show_first_forms_and_leave_the_full_ones_to_the_preparation(new_app, prepared,

@@ -7,7 +7,7 @@ import pytest
 
 from analysis import FOCI, profile_heads
 from models.corpus import CORPUS
-from tests.conftest import decode, downloads, figures, shown
+from tests.conftest import decode, downloads, figures, shown, title_text
 
 PAGE = "app_pages/foci.py"
 SEED = "Which do you like better, coffee or tea?"
@@ -107,3 +107,46 @@ def test_text_the_model_cannot_read_gets_a_sentence(new_app):
     at = new_app({"text": "\ufffd"}, page=PAGE)
     assert not at.exception and not figures(at)
     assert "nothing the model can read" in shown(at.error[0].value)
+
+
+def test_a_profile_not_computed_yet_shows_its_first_sentences_then_the_whole(new_app, monkeypatch):
+    """With the corpus's profile not there (the causal mask on: a profile of its own), the page draws Head roles over
+    the first eighth of the corpus at once and says so, then this session computes the whole corpus's and the page
+    runs again with it: the profile computed twice, on 41 then 335 sentences, the foci read over all of them."""
+    from app_pages.results import profiles
+
+    computed = []
+    compute = profiles.corpus_profile.compute
+    monkeypatch.setattr(profiles.corpus_profile, "compute",
+                        lambda ref, causal, heads_off, sentences: computed.append(len(sentences))
+                        or compute(ref, causal, heads_off, sentences))
+    at = new_app({"model": "scratch", "causal": "true"}, page=PAGE)
+    assert not at.error, [e.value for e in at.error]
+    assert computed == [len(CORPUS) // 8, len(CORPUS)] == [41, 335], computed
+    assert any(f"Foci found over {len(CORPUS):,} sentences" in c.value for c in at.caption)
+    assert not any("first answer" in i.value.lower() for i in at.info)  # the first form's note gone with it
+    at.run()
+    assert computed == [41, 335]  # the whole profile is there at once now
+
+
+def test_the_strongest_head_of_a_first_form_is_not_kept_once_the_whole_profile_is_in(new_app, hf_model,
+                                                                                    corpus_profile, monkeypatch):
+    """The pickers a first form drew default to its own strongest heads: once the whole profile takes its place, each
+    focus's picker opens on the whole profile's strongest head, and nothing of the first form is in the URL."""
+    from app_pages.results import shared
+
+    first = profile_heads(hf_model, list(CORPUS)[:len(CORPUS) // 8])  # the first form: the first 41 sentences
+
+    def strongest(frame, f):
+        return tuple(int(x) for x in frame.sort_values([f"{f}_lift_lo", f"{f}_lift"], ascending=False)
+                     [["layer", "head"]].iloc[0])
+
+    assert strongest(corpus_profile, "object") != strongest(first, "object")  # it would have opened on another head
+    monkeypatch.setattr(shared, "_caches", {})  # no profile computed yet, in this test alone
+    at = new_app(page=PAGE)
+    assert not at.error, [e.value for e in at.error]
+    titles = [title_text(fig) for fig in figures(at)]
+    for f, name in zip(FOCI, ("Sentence type", "Object", "Relation", "Sentiment")):
+        layer, head = strongest(corpus_profile, f)
+        assert f"{name} · L{layer} H{head}" in titles, (f, titles)
+    assert not [k for k in at.query_params if k.endswith("_first")]

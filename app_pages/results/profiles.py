@@ -13,7 +13,7 @@ from models.long import LongAttention
 
 from .long import PROGRESS_EVERY
 from .models import ModelRef, cached_model
-from .shared import Bar, Warm, note, shared, spinner
+from .shared import Bar, First, Warm, note, shared, spinner
 
 
 PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold
@@ -29,6 +29,22 @@ def _first(ref: ModelRef) -> list[tuple]:
     return [*_corpus(ref), (ref, False, (), corpus_sample(DECODER_SAMPLE))]
 
 
+FIRST_SHARE = 8  # a profile's first form: the first eighth of its sentences
+FIRST_FROM = 64  # of a profile of more sentences than this; a smaller one is its own first form
+
+
+def _fewer(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]) -> tuple:
+    """A profile's first form: the first eighth of its sentences (the whole profile when it has ``FIRST_FROM`` or
+    fewer)."""
+    return ref, causal, heads_off, (sentences if len(sentences) <= FIRST_FROM else
+                                    sentences[:len(sentences) // FIRST_SHARE])
+
+
+def _first_says(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]) -> str:
+    first = _fewer(ref, causal, heads_off, sentences)[3]
+    return f"Head roles over the first {len(first):,} of the {len(sentences):,} sentences"
+
+
 def profile_bytes(value) -> int:
     """What a profile holds: its attention weights, by far its largest part."""
     _, _, attentions = value
@@ -36,7 +52,7 @@ def profile_bytes(value) -> int:
 
 
 @shared("profile", entries=4, max_bytes=PROFILES_BYTES, size=profile_bytes, owned=True, copy=True,
-        waiting="Profiling these sentences", warm=Warm(1, _first))
+        waiting="Profiling these sentences", warm=Warm(1, _first), first=First(_fewer, _first_says))
 def corpus_profile(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]):
     """Head roles over ``sentences`` on ``ref``'s model: the per-head frame, per-sentence measures (``(sentences,
     layers, heads)`` each), and the attentions. Entries only closed sessions asked for are dropped; the built-in

@@ -46,6 +46,12 @@ class PageProfile:
     document: LongAttention | None = None
     document_profile: DocumentProfile | None = None
     similarity: Callable[[], np.ndarray] | None = None  # its heads' divergences, computed when first asked for
+    first: bool = False  # the first form of a profile not ready yet (the first sentences'), the whole one to follow
+
+    def key(self, key: str) -> str:
+        """A picker's key whose default is read from this profile (its strongest head, its commonest role): a first
+        form's own, so that what it defaults to is not kept as a choice once the whole profile takes its place."""
+        return f"{key}_first" if self.first else key
 
     @property
     def spans(self) -> list[tuple[str, int, int]] | None:
@@ -76,9 +82,12 @@ def page_profile(s: Settings) -> PageProfile:
     if source == "document":
         return document_profile(s)
     sentences = list(CORPUS) if source == "corpus" else s.sentences if source == "sidebar" else uploaded_sentences()
-    frame, per_sentence, attentions = profile(s, sentences)
+    # on a cold server, the first sentences' profile at once (``Shared.now``), the full one in its place when ready
+    _, _, _, shown = corpus_profile.now(s.model, s.causal, s.heads_off, sentences)
+    frame, per_sentence, attentions = profile(s, shown)
     return PageProfile(frame, len(attentions), per_sentence, attentions,
-                       similarity=lambda: profile_similarity(s.model, s.causal, s.heads_off, sentences))
+                       similarity=lambda: profile_similarity(s.model, s.causal, s.heads_off, shown),
+                       first=len(shown) < len(sentences))
 
 
 def saved_profile(s: Settings) -> PageProfile:
