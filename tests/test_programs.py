@@ -96,3 +96,61 @@ def test_every_head_gets_its_own_program_and_only_the_candidates():
     without = gram.programs([0, 2, 3])[0]
     assert without[1] == 0 and without[2] == without[3] == 0, without  # the blocks it does not touch stay out
     np.testing.assert_allclose(without[[0, 4]], _by_hand(_parts(4), X[0], [0, 4]), atol=1e-6)
+
+
+def _decoder(tiny):
+    from models import load_model
+
+    return load_model(tiny("gpt2"), backend="scratch")
+
+
+TEXTS = ["the cat sat on the mat and the dog sat too", "a dog ran after the cat in the park today"]
+
+
+def test_a_text_with_no_query_is_passed_over_and_a_fit_of_none_has_no_sums(tiny):
+    """A decoder's one-token text has no query (its first token is set aside): the sums and the readings skip it and
+    go on to the texts after it; a fit of such texts alone has no sums at all."""
+    from analysis.explanations.programs import evaluate
+    from analysis.roles.rules import RULES
+
+    model = _decoder(tiny)
+    rules = [RULES["previous token"], RULES["first token"]]
+    lone, *texts = model.attend(["the", *TEXTS])
+    with_lone, without = Gram.of([lone, *texts], rules), Gram.of(texts, rules)
+    for name in ("G", "B", "ss", "aside", "covered"):
+        np.testing.assert_array_equal(getattr(with_lone, name), getattr(without, name), err_msg=name)
+    assert with_lone.texts == without.texts == 2 and with_lone.causal
+    weights = without.programs(range(len(rules)))
+    (a,), (b,) = (evaluate(t, rules, [weights], without.aside, 50) for t in ([lone, *texts], texts))
+    np.testing.assert_array_equal(a.score, b.score)
+    assert a.texts == b.texts == 2
+    empty = Gram.of([lone], rules)
+    assert (empty.G, empty.B, empty.ss, empty.aside, empty.covered, empty.texts) == (None,) * 5 + (0,)
+
+
+def test_each_parts_covered_queries_are_counted_by_hand(tiny):
+    """``covered``: the queries each part names a content key for. In a decoder the queries are positions 1 … n-1 and
+    the content keys 1 … q: the previous token names one for every query but the first (its previous token is the
+    first token, set aside), the first token for none, the fallback for all."""
+    from analysis.roles.rules import RULES
+
+    model = _decoder(tiny)
+    atts = model.attend(TEXTS)
+    gram = Gram.of(atts, [RULES["previous token"], RULES["first token"]])
+    queries = sum(len(a.tokens) - 1 for a in atts)
+    np.testing.assert_array_equal(gram.covered, [queries - len(atts), 0, queries])
+
+
+def test_a_row_with_nothing_on_the_kept_keys_scales_to_zeros():
+    """``_scaled``: each row's weights on the kept keys, scaled to sum to 1; a row with nothing there is zeros, not
+    0/0."""
+    import warnings
+
+    from analysis.explanations.programs import _scaled
+
+    X = np.array([[0.2, 0.3, 0.5], [0.6, 0.0, 0.4], [1.0, 0.0, 0.0]])
+    keep = np.array([[True, True, False], [False, True, False], [False, True, True]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = _scaled(X, keep)
+    np.testing.assert_allclose(out, [[0.4, 0.6, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
