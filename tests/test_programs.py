@@ -154,3 +154,44 @@ def test_a_row_with_nothing_on_the_kept_keys_scales_to_zeros():
         warnings.simplefilter("error")
         out = _scaled(X, keep)
     np.testing.assert_allclose(out, [[0.4, 0.6, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_a_program_in_words_names_its_parts_by_their_shares():
+    """``in_words``: the parts of at least 0.01, largest first, joined with commas and a last "and"; none at all:
+    "attends evenly"."""
+    from analysis.explanations.programs import in_words
+    from analysis.roles.rules import RULES
+
+    rules = [RULES["previous token"], RULES["itself"]]
+    shares = np.array([0.62, 0.20, 0.03, 0.15, 0.0])  # the rules, the fallback, the first token, the other special
+    assert in_words(rules, shares, causal=True) == ("attends to the previous token (0.62), itself (0.20), the first "
+                                                    "token (0.15) and the rest evenly (0.03)")
+    assert in_words(rules, np.array([0.0, 0.0, 0.005, 0.995, 0.0]), causal=False) == "attends to [CLS] (0.99)"
+    assert in_words(rules, np.full(5, 0.001), causal=True) == "attends evenly"
+
+
+def test_a_program_read_beside_another_gives_the_iou_it_gives_alone(tiny):
+    """``evaluate`` reads the programs after the first for their IoU alone: each the IoU the same program gets read
+    first on the same texts (its readings beside that IoU are not numbers)."""
+    from analysis.explanations.programs import evaluate
+    from analysis.roles.rules import RULES
+
+    model = _decoder(tiny)
+    rules = [RULES["previous token"], RULES["first token"], RULES["itself"]]
+    atts = model.attend(TEXTS)
+    gram = Gram.of(atts, rules)
+    every, positional = gram.programs(range(3)), gram.programs([0, 2])
+    first, second = evaluate(atts, rules, [every, positional], gram.aside, 50)
+    (alone,) = evaluate(atts, rules, [positional], gram.aside, 50)
+    np.testing.assert_allclose(second.iou, alone.iou, rtol=1e-12)
+    assert np.isfinite(second.iou).all() and np.isnan(second.score).all() and np.isfinite(first.score).all()
+
+
+def test_what_a_rule_attends_to_is_its_sentence_after_the_first_to():
+    """``said``: what a rule's sentence says it attends to, the sentence cut at its first " to " (a conjunction's
+    sentence has a second one) or past its leading "to"."""
+    from analysis.explanations.programs import said
+    from analysis.roles.rules import RULES
+
+    assert said(RULES["dependents: conj"]) == "the word it is joined to by a conjunction (conj)"
+    assert said(RULES["previous token"]) == "the previous token"
