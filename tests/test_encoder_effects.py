@@ -326,3 +326,20 @@ def test_an_analysis_makes_its_models_stack_once(scratch_model, monkeypatch, met
     made.clear()
     logit_attribution(scratch_model, pair.clean, pair.answer, pair.distractor)
     assert len(made) == 1, made
+
+
+def test_a_pairs_bad_distractor_and_an_encoders_missing_probe_are_named(scratch_model, tmp_path):
+    """The readouts' sentences name what is wrong: a token pair's distractor past the vocabulary is "the
+    distractor"'s (the base readout's reading); an encoder's CSV row with no answer text is refused as empty, not
+    read as a text."""
+    from analysis.effects.readouts import Readout
+    from analysis.tasks.build import from_rows
+
+    with pytest.raises(HeadLensError, match=r"^The distractor token id 10000000 is not in the vocabulary"):
+        Readout(scratch_model).read([101, 102], 2017, 10_000_000)  # the base readout's tokens, as a decoder's
+    rows = [{"clean": "I like coffee.", "corrupted": "I hate coffee.", "answer": None, "distractor": "I hate it."},
+            {"clean": "I like coffee.", "corrupted": "I hate coffee.", "answer": "I like it.", "distractor": "I hate it."}]
+    task = from_rows(scratch_model, rows)
+    assert task.problems == ("Row 2: its answer or distractor is empty; on an encoder each is a text (a word or a "
+                             "sentence) the sentence's embedding is compared with.",)
+    assert [p.probes for p in task.pairs] == [("I like it.", "I hate it.")]
