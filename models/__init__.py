@@ -6,7 +6,7 @@ from .loading import load_model
 from .mha import MultiHeadAttention
 from .result import Attention, Head, head_label
 from .run import offers
-from .stacks.base import DETECTOR, EMBEDDING, VOCABULARY
+from .capabilities import DETECTOR, EMBEDDING, VOCABULARY
 from .stacks.bert import BertEncoder, EncoderConfig
 
 __version__ = "0.15.0"  # HeadLens's version, recorded in the files it writes

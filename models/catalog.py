@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .stacks.base import DETECTOR, EMBEDDING, VOCABULARY
+from .capabilities import DETECTOR, EMBEDDING, VOCABULARY
 
 
 @dataclass(frozen=True)

@@ -151,9 +151,8 @@ def explained(card: HeadCard, s: Settings | None = None, text: str | None = None
     cols = st.columns(4)
     cols[0].metric("Held-out score", f"{e['score']:.2f}", help="The mean over queries of its attention on its rules' "
                    f"keys, on {held_out(e)} the program was not fitted on" + (" (the first token set aside, each "
-                   "query's other weights renormalised)" if DETECTOR in card.offers else "") + f". Explained from "
-                   f"{EXPLAINED} "
-                   f"with a lift of {EXPLAINED_LIFT:g} or more.")
+                   "query's other weights renormalised)" if DETECTOR in card.offers else "")
+                   + f". Explained from {EXPLAINED} with a lift of {EXPLAINED_LIFT:g} or more.")
     cols[0].caption(f"[{e['lo']:.2f}, {e['hi']:.2f}], 95% interval")
     cols[1].metric("Lift over uniform", f"{e['lift']:.1f}×", help="Its score over that of attention spread evenly "
                    "over the keys each query sees.")

@@ -75,9 +75,8 @@ def own_pair(ref: ModelRef, model: AttentionModel, readout, clean: str, corrupte
             st.stop()
     else:
         kind, ids = type(next(iter(options))), list(options)
-        answer, _ = readout.first_options(options)
-        answer = bound(left.selectbox, key + "answer", answer, init="index", options=ids, cast=kind,
-                       label=asks.answer, format_func=lambda o: readout.option_label(o, options[o]),
+        answer = bound(left.selectbox, key + "answer", readout.first_option(options), init="index", options=ids,
+                       cast=kind, label=asks.answer, format_func=lambda o: readout.option_label(o, options[o]),
                        help=asks.answer_help)
         rest = [o for o in ids if o != answer]
         distractor = bound(right.selectbox, key + "distractor", readout.against(options, answer), init="index",

@@ -12,7 +12,7 @@ from app_pages.results.later import note_pending
 from app_pages.results.messages import stop_with
 from app_pages.results.models import DECODERS, ModelRef
 from app_pages.results.threads import here
-from models import EMBEDDING, VOCABULARY, HeadLensError, offers
+from models import EMBEDDING, VOCABULARY, HeadLensError
 from models.run import patching_stack, stack_of
 
 from .models import model_for
@@ -133,13 +133,12 @@ def decoder_or_stop(ref: ModelRef, why: str) -> ModelRef:
     language model's next token); else ``why`` (what the page needs that the model lacks) and which models to
     choose, and the run ends."""
     analysed = ref.analysed
-    model = model_for(analysed)
-    if VOCABULARY in offers(model):
-        return analysed
     try:
-        stack = stack_of(model, why)
+        stack = stack_of(model_for(analysed), why)
     except HeadLensError as err:  # an architecture the from-scratch engine does not implement: its own sentence
         stop_with(err)
+    if VOCABULARY in stack.offers:
+        return analysed
     kind = "an encoder" if EMBEDDING in stack.offers else "a classifier"
     st.info(f"{why}: it is {kind}, with no next token to predict. Choose a bundled decoder ({DECODERS}) in the "
             "sidebar, or a decoder you trained on the Train page.")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..capabilities import offered
 from ..errors import HeadLensError
 from ..run import Edits, switched_off
 from .blocks import NO_EDITS
@@ -104,11 +105,6 @@ class Packing:
         return out.index_copy_(0, self.index, x).view(self.B, self.L, -1)      # (B, L, E)
 
 
-DETECTOR, VOCABULARY, EMBEDDING = "detector", "vocabulary", "embedding"  # what a stack offers (``Stack.offers``)
-CAPABILITIES = (DETECTOR, VOCABULARY, EMBEDDING)
-CAPABILITY_OF = {"next_token": VOCABULARY, "embedding": EMBEDDING}  # a readout's, where it brings one
-
-
 class Stack(Saved, nn.Module):
     """Embeddings, blocks and a finish; a block whose heads were pruned (``config.pruned_heads``) holds fewer."""
 
@@ -169,13 +165,8 @@ class Stack(Saved, nn.Module):
 
     @property
     def offers(self) -> frozenset[str]:
-        """What its runs can be read for beyond attention and its readouts (``CAPABILITIES``), which decides the card's
-        and the pages' sections: ``detector``, a causal mask, so the head detector's roles (previous token,
-        induction, duplicate token, sink) are defined; ``vocabulary``, next-token logits, so what a head writes into
-        the vocabulary, its copying, the routes of a prediction, a next-token loss and generation; ``embedding``, a
-        sentence embedding its heads are measured against."""
-        found = {DETECTOR} if self.causal else set()
-        return frozenset(found | {CAPABILITY_OF[r] for r in self.readouts if r in CAPABILITY_OF})
+        """What its runs can be read for beyond attention (``models.capabilities``): its mask's and readouts'."""
+        return offered(self.causal, self.readouts)
 
     @property
     def pruned(self) -> bool:

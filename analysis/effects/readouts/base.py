@@ -125,10 +125,9 @@ class Readout:
         """How an option reads in its picker."""
         return str(option)
 
-    def first_options(self, options: dict) -> tuple:
-        """The answer and the distractor a picker of ``options`` starts with: its first two."""
-        first = next(iter(options))
-        return first, self.against(options, first)
+    def first_option(self, options: dict) -> object:
+        """The answer a picker of ``options`` starts with: the first."""
+        return next(iter(options))
 
     def against(self, options: dict, answer) -> object:
         """The distractor a picker starts with once ``answer`` is chosen: the first other option."""

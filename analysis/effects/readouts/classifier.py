@@ -56,9 +56,9 @@ class ClassLabel(Readout):
     def options(self, clean, corrupted, predicted=None):
         return {label: "" for label in self.labels}
 
-    def first_options(self, options):
-        """Its last class against its first, as its built-in pairs."""
-        return self.labels[-1], self.against(options, self.labels[-1])
+    def first_option(self, options):
+        """Its last class, answer to its first as in its built-in pairs."""
+        return self.labels[-1]
 
     @property
     def not_linear(self):
