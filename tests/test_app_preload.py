@@ -72,3 +72,28 @@ def test_head_roles_computes_nothing_in_a_session_once_the_preload_has_its_resul
     assert not at.error, [e.value for e in at.error]
     # the sidebar's sentence's attention alone, if an earlier test in this process has not attended it already
     assert set(in_session) <= {"attention"}, in_session
+
+
+def test_what_the_server_prepares_for_every_bundled_model_fits_each_results_cache_together():
+    """A class server preloading every bundled model (``HEADLENS_PRELOAD=minilm,smollm2,gemma3``) keeps what each
+    preparation computed: with four profiles kept, the decoders' four pushed out the encoder's corpus profile, and
+    Foci and Head roles computed it again for a newcomer."""
+    from collections import Counter
+
+    from app_pages import results
+    from app_pages.results.profiles import corpus_profile
+    from models.catalog import CATALOG
+    from models.corpus import CORPUS
+
+    prepared = Counter()
+    for b in CATALOG:
+        ref = ModelRef(b.key)
+        if b.key == DEFAULT:
+            calls = [(corpus_profile, (ref, False, (), list(CORPUS))), *encoder_first_forms(ref), *steps()]
+        else:
+            calls = results.steps(ref)
+        for result, args in calls:
+            prepared[result.name] += 1
+    assert prepared["profile"] >= 5, prepared  # five today: one for the encoder, two for each decoder
+    for name, count in prepared.items():
+        assert count <= shared.DECLARED[name].cache.max_entries, (name, count)

@@ -108,6 +108,29 @@ def test_results_are_shared_read_only_and_kept_within_their_budget(new_app, hf_m
     assert cache.get("d") is None and cache.get_or_compute("d", lambda: "y") == "y"
 
 
+def test_a_full_cache_drops_a_sessions_entry_before_the_servers_preparation(monkeypatch):
+    """Three bundled models' preparations held six profiles, over the four kept: the default encoder's corpus profile,
+    which Foci and Head roles open on, went, and a newcomer's page computed it again."""
+    from app_pages.results import shared, threads
+
+    cache, who = shared.SharedCache(max_entries=3, owned=True), {"id": None}
+    monkeypatch.setattr(shared, "session_id", lambda: who["id"])
+    cache.put("server", 1)  # the preparation's, in the server's own thread
+    who["id"] = "a"
+    cache.put("a1", 2)
+    cache.put("a2", 3)
+    assert cache.get("server") == 1  # a session reads it: still the server's
+    cache.put("a3", 4)  # over three: the session's oldest goes, not the older server entry
+    assert (cache.get("server"), cache.get("a1"), cache.get("a2"), cache.get("a3")) == (1, None, 3, 4)
+    who["id"] = None
+    cache.put("server2", 5)
+    cache.put("server3", 6)  # the sessions' entries go first
+    assert list(cache._items) == ["server", "server2", "server3"]
+    cache.put("server4", 7)  # only the server's left beside the one stored: then the least recently used
+    assert list(cache._items) == ["server2", "server3", "server4"]
+    assert threads.session_id() is None
+
+
 def test_the_server_hands_the_interpreter_lock_on_within_a_millisecond(app):
     """A session's torch work, many small operations each taking the lock back, waited up to 5 ms for each while
     another session ran Python: SmolLM2's forward pass on three sentences beside two such threads took 10 s."""

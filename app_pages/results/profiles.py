@@ -51,7 +51,7 @@ def profile_bytes(value) -> int:
     return sum(a.weights.nbytes for a in attentions) if isinstance(attentions, list) else 0
 
 
-@shared("profile", entries=4, max_bytes=PROFILES_BYTES, size=profile_bytes, owned=True, copy=True,
+@shared("profile", entries=12, max_bytes=PROFILES_BYTES, size=profile_bytes, owned=True, copy=True,
         waiting="Profiling these sentences", warm=Warm(1, _first), first=First(_fewer, _first_says))
 def corpus_profile(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]):
     """Head roles over ``sentences`` on ``ref``'s model: the per-head frame, per-sentence measures (``(sentences,
@@ -71,7 +71,7 @@ def _corpus(ref: ModelRef) -> list[tuple]:
     return [(ref, False, (), list(CORPUS))]
 
 
-@shared("similarity", entries=4, owned=True, waiting="Comparing every pair of heads", warm=Warm(2.2, _corpus))
+@shared("similarity", entries=12, owned=True, waiting="Comparing every pair of heads", warm=Warm(2.2, _corpus))
 def profile_similarity(ref: ModelRef, causal: bool, heads_off: tuple, sentences: list[str]) -> np.ndarray:
     """The heads' Jensen-Shannon divergences over a profile's sentences (``analysis.head_similarity``), for Head
     roles' heads that behave alike: nearly as long as the rest of a profile, so only the page that shows it asks."""

@@ -40,7 +40,7 @@ def _fewer(ref: ModelRef, sentences: list[str], method: str) -> tuple:
 FIRST_SHARE = 8  # the first form draws every head over the first eighth of the sentences
 
 
-@shared("queries and keys", entries=4, max_bytes=512 * 2**20, size=_frames_bytes, waiting="Drawing every head's picture",
+@shared("queries and keys", entries=8, max_bytes=512 * 2**20, size=_frames_bytes, waiting="Drawing every head's picture",
         warm=Warm(7, first_pictures), first=First(_fewer, f"every head over the first 1/{FIRST_SHARE} of the sentences"))
 def pictures(ref: ModelRef, sentences: list[str], method: str) -> Pictures:
     """``qk_embedding`` of every head of ``ref``'s model over ``sentences``, with a progress bar; the heads drawn so

@@ -111,7 +111,7 @@ class SharedCache:
 
     ``owned``: each entry remembers the sessions that asked for it, and ``release(active)`` drops the
     entries that only closed sessions asked for (a long prompt typed by people who have left); an
-    entry the server computed for everyone has no owner and stays.
+    entry the server computed for everyone has no owner and stays, and is the last to give way for room.
     """
 
     def __init__(self, max_entries: int, max_bytes: int | None = None, size=lambda value: 0, owned: bool = False):
@@ -169,8 +169,15 @@ class SharedCache:
             while len(self._items) > self.max_entries or (
                     self.max_bytes is not None and len(self._items) > 1
                     and sum(map(self.size, self._items.values())) > self.max_bytes):
-                old, _ = self._items.popitem(last=False)
+                old = self._leaving(key)
+                del self._items[old]
                 self._owners.pop(old, None)
+
+    def _leaving(self, kept) -> object:
+        """The entry to drop for room: the least recently used that only sessions asked for, before any the server
+        computed for everyone (its preparation, which pages open on), but never ``kept``, the one just stored."""
+        others = [key for key in self._items if key != kept]
+        return next((key for key in others if None not in self._owners.get(key, {None})), others[0])
 
     def get_or_compute(self, key, compute):
         """The cached value of ``key``, or ``compute()``'s, stored; an error is raised, not stored."""
