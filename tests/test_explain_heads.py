@@ -71,7 +71,8 @@ def _part(rule, keys, q, content) -> dict:
 
 
 def _rows(model, t: dict, rules, weights, fallback, sink, special):
-    """A program's predicted content and whole rows for each query of ``t``, by hand."""
+    """A program's predicted content and whole rows for each query of ``t``, by hand from its rules' keys (each
+    rule's keys are worked by hand in tests/test_rules.py, every rule among them)."""
     keys = [r.keys(model, t["text"]) for r in rules]
     n = t["n"]
     for q in t["queries"]:

@@ -278,6 +278,56 @@ def test_each_prose_rule_on_a_hand_worked_causal_paragraph(words_gpt2, name, exp
     assert rule_named(name).keys(words_gpt2, PROSE) == expected
 
 
+ASKED = "Did my old friend and Tom walk quickly to the bus stop of town, his home?"
+# [CLS] did my old friend and tom walk quickly to the bus stop of town , his home ? [SEP]    word i is token i + 1
+#   0    1   2   3    4     5   6   7     8      9  10  11  12  13  14 15  16  17  18   19
+# spaCy: Did -aux-> walk (root); my -poss-> friend; old -amod-> friend; friend -nsubj-> walk; Tom -conj-> friend;
+# quickly -advmod-> walk; bus -compound-> stop; his -poss-> home; ? -punct-> walk
+
+
+def asked_by_word(keys_of_word: dict[int, list[int]]) -> list[list[int]]:
+    """The keys of each token of ASKED from the keys of its word (word i is token i + 1), the specials none."""
+    return [[]] + [keys_of_word.get(w, []) for w in range(18)] + [[]]
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("dependents: advmod", asked_by_word({6: [8]})),                     # walk's "quickly"
+    ("dependents: aux", asked_by_word({6: [1]})),                        # walk's "Did"
+    ("dependents: amod", asked_by_word({3: [3]})),                       # friend's "old"
+    ("dependents: compound", asked_by_word({11: [11]})),                 # stop's "bus"
+    ("dependents: conj", asked_by_word({3: [6]})),                       # friend's "Tom"
+    ("dependents: poss", asked_by_word({3: [2], 16: [16]})),             # friend's "my", home's "his"
+    ("first 'and'", asked_by_word({w: [5] for w in range(5, 18)})),      # from the word after it on
+    ("first 'to'", asked_by_word({w: [9] for w in range(9, 18)})),
+    ("first 'of'", asked_by_word({w: [13] for w in range(13, 18)})),
+    ("first comma", asked_by_word({w: [15] for w in range(15, 18)})),
+    # a question's sentence type: its auxiliary up front and its question mark, from every word
+    ("focus: sentence_type", asked_by_word({w: [1, 18] for w in range(18)})),
+    ("recent 4", [list(range(max(0, q - 16), q)) for q in range(20)]),   # the last 16 tokens, specials too
+    ("recent 8", [list(range(q)) for q in range(20)]),
+])
+def test_each_remaining_rule_on_a_hand_worked_question(hf_model, name, expected):
+    doc = load_spacy()(ASKED)
+    assert [(w.dep_, w.head.i) for w in doc if w.i in (0, 2, 5, 7, 10, 15)] == [
+        ("aux", 6), ("amod", 3), ("conj", 3), ("advmod", 6), ("compound", 11), ("poss", 16)]
+    assert hf_model.tokenizer.tokenize(ASKED) == [w.lower_ for w in doc]
+    assert rule_named(name).keys(hf_model, ASKED) == expected
+
+
+def test_every_rule_is_worked_by_hand_here():
+    """The explanations' checks (tests/test_explain_heads.py) read each rule's keys through ``Rule.keys``: every rule
+    is worked by hand in one of the tables above, so those keys are checked, not taken on trust."""
+    import sys
+
+    worked = set()
+    for test in (v for k, v in vars(sys.modules[__name__]).items() if k.startswith("test_")):
+        for mark in getattr(test, "pytestmark", []):
+            if mark.name == "parametrize" and "name" in mark.args[0].split(", "):
+                at = mark.args[0].split(", ").index("name")
+                worked |= {row[at] for row in mark.args[1]}
+    assert not set(RULES) - worked, sorted(set(RULES) - worked)
+
+
 def test_a_recency_rule_halves_every_half_life_and_the_others_spread_evenly():
     named = np.zeros((2, 12), dtype=bool)
     named[0, [6, 7, 8, 9]] = True  # query 10's last four tokens; query 11 names none
