@@ -1,15 +1,12 @@
 """Pruning: which heads matter, measured by switching each one off, and how far the model prunes."""
 import dataclasses
 
-import numpy as np
-import pandas as pd
 import streamlit as st
 
 from analysis import heads_marked
-from analysis.pruning.ablation import ABLATIONS, NEIGHBOURS
-from analysis.pruning.importance import importance_by_role, most_important_with_a_later_layer
+from analysis.pruning.ablation import NEIGHBOURS
+from analysis.pruning.importance import importance_by_role
 from analysis.pruning.curves import curve_summary, prune_counts
-from app_pages.results.messages import stop_with
 from app_pages.results.models import TRANSFORMERS
 from app_pages.results.pruning import (
     FIRST_STEP,
@@ -17,7 +14,6 @@ from app_pages.results.pruning import (
     importance,
     measure_of,
     proxy_table,
-    switched_off,
 )
 from app_pages.ui.exports import chart, exports
 from app_pages.ui.models import model_for
@@ -26,15 +22,16 @@ from app_pages.ui.profiles import profile
 from app_pages.ui.pruning import (
     ABOUT,
     MEASURES,
-    METHODS,
     correlations,
     curves_csv,
+    how_to_measure,
     pruned_zip,
     pruning_sentences,
     show_point,
+    switch_off,
 )
-from app_pages.ui.state import bound, head_from_url, head_to_url
-from models import HeadLensError, head_label
+from app_pages.ui.state import bound
+from models import head_label
 from viz.pruning import head_values_grid, pruning_curves
 
 s, ref = start("pruning")
@@ -48,18 +45,7 @@ if s.heads_off or s.causal:
 if notes:
     st.caption(" ".join(notes))
 source, sentences = pruning_sentences(s)
-if measure == "loss":  # Llama's attention has no output bias to hold a pruned head's mean
-    ablation = "zero"
-    left, _ = st.columns([1, 2])
-    method = bound(left.segmented_control, "method", "gradient", init="default", options=list(METHODS), cast=str,
-                   label="Measure a head's importance by", format_func=METHODS.get, required=True,
-                   help="Gradient: one backward pass for every head. Switching each head off in turn: one pass per "
-                        "head, about two minutes for 24 sentences on two CPU cores.")
-else:
-    method = "ablation"
-    ablation = bound(st.segmented_control, "ablation", "mean", init="default", options=list(ABLATIONS), cast=str,
-                     label="Switch a head off by", format_func=lambda a: ABLATIONS[a].split(":")[0], required=True,
-                     help=ABOUT["ablation"])
+method, ablation = how_to_measure(measure)
 if len(sentences) <= NEIGHBOURS and measure == "embedding":
     st.caption(f"With {len(sentences)} sentences, neighbour agreement compares each sentence's "
                f"{len(sentences) - 1} nearest neighbours instead of {NEIGHBOURS}.")
@@ -129,28 +115,4 @@ st.dataframe(by_role.style.format({"mean": "{:.4f}", "max": "{:.4f}"}), hide_ind
              height=35 * (len(by_role) + 1) + 3, column_config={"role": st.column_config.TextColumn(width="medium")})
 st.caption(ABOUT["proxies"])
 
-st.subheader("Switch heads off")
-heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
-off = bound(st.multiselect, "ablate", [most_important_with_a_later_layer(imp.frame)], init="default", options=heads,
-            multi=True, cast=head_from_url, to_url=head_to_url, format_func=lambda h: head_label(*h),
-            label="Heads to switch off together", placeholder="L0 H0",
-            help="Measured on the sidebar's sentences, with the ablation chosen above.")
-if not off:
-    st.info("Pick heads to switch off; at first the most important head before the last layer is picked.")
-    st.stop()
-try:
-    effect = switched_off(ref, measured_on, s.sentences, off, ablation, method)
-except HeadLensError as err:
-    stop_with(err)
-change = head_values_grid(effect.attention_change, marked=np.isnan(effect.attention_change), mark="off", digits=2,
-                          title="Change in each head's attention · " + ", ".join(head_label(*h) for h in off) + " off",
-                          value_name="change")
-chart(change, "prune-ablate-grid")
-st.caption(ABOUT["change"])
-per_sentence = {"cosine to the full model": effect.cosine.round(4)}
-if effect.sentence_losses is not None:
-    per_sentence = {"loss, every head": effect.sentence_losses[:, 0].round(4),
-                    "loss, these heads off": effect.sentence_losses[:, 1].round(4), **per_sentence}
-st.dataframe(pd.DataFrame({"sentence": s.sentences, **per_sentence}), hide_index=True, key="prune-ablate-cosines")
-if effect.loss is not None:
-    st.caption(f"Loss {effect.loss:.4f} with these heads off; {effect.full_loss:.4f} with every head.")
+switch_off(s, ref, model, imp, measured_on, ablation, method)

@@ -70,7 +70,7 @@ def test_the_pictures_are_shown_a_layer_at_a_time_while_they_are_computed(scratc
     """What the page draws before the last head is ready: after each layer, that layer's heads and every one
     before it, each the very picture the finished grid holds (a session waiting on another's computation
     is handed the same values)."""
-    from app_pages.results.shared import SharedCache, computed_once
+    from app_pages.results.cache import SharedCache, computed_once
     from app_pages.results.qk import _compute
     from viz.qk import qk_overview_png
 

@@ -87,7 +87,7 @@ def test_sessions_asking_for_the_same_profile_compute_it_once(new_app, monkeypat
 
 def test_results_are_shared_read_only_and_kept_within_their_budget(new_app, hf_model):
     from app_pages.results.attention import cached_attention
-    from app_pages.results.shared import SharedCache
+    from app_pages.results.cache import SharedCache
     from app_pages.results.models import ModelRef
 
     a = new_app({"text": "A shared sentence."})
@@ -111,10 +111,11 @@ def test_results_are_shared_read_only_and_kept_within_their_budget(new_app, hf_m
 def test_a_full_cache_drops_a_sessions_entry_before_the_servers_preparation(monkeypatch):
     """Three bundled models' preparations held six profiles, over the four kept: the default encoder's corpus profile,
     which Foci and Head roles open on, went, and a newcomer's page computed it again."""
+    from app_pages.results import cache as cache_module
     from app_pages.results import shared, threads
 
     cache, who = shared.SharedCache(max_entries=3, owned=True), {"id": None}
-    monkeypatch.setattr(shared, "session_id", lambda: who["id"])
+    monkeypatch.setattr(cache_module, "session_id", lambda: who["id"])
     cache.put("server", 1)  # the preparation's, in the server's own thread
     who["id"] = "a"
     cache.put("a1", 2)

@@ -1,6 +1,6 @@
 """What the app computes lives apart from what it draws: every ``@shared`` declaration is in ``app_pages.results``,
 whose modules import nothing from ``app_pages.ui`` (widgets, views, page state) and no Streamlit outside the
-mechanism that shows a wait (``shared``, ``later``), the model cache (``models``), how an error is said (``messages``) and
+mechanism that shows a wait (``cache``, ``progress``, ``later``), the model cache (``models``), how an error is said (``messages``) and
 which session runs (``threads``)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from app_pages import results
 pytestmark = pytest.mark.fast
 
 RESULTS = Path(results.__file__).parent
-STREAMLIT_ALLOWED = {"shared", "later", "models", "messages", "threads"}  # a wait, the model cache, an error, a session's id
+STREAMLIT_ALLOWED = {"cache", "progress", "later", "models", "messages", "threads"}  # a wait, the model cache, an error, a session's id
 
 
 def imported(path: Path) -> set[str]:

@@ -7,7 +7,7 @@ import time
 import pandas as pd
 import pytest
 
-from app_pages.results import preparing, shared
+from app_pages.results import preparing, progress, shared
 from app_pages.ui import warm_up
 from app_pages.results.models import ModelRef
 from app_pages.results.threads import here
@@ -152,7 +152,7 @@ def _preparing(cache, ticks: list, started: threading.Event, page: dict | None =
         here.background = here.steps_aside = True
 
         def compute():
-            bar = shared.Bar("Preparing")
+            bar = progress.Bar("Preparing")
             for i in range(steps):
                 bar(i, steps)  # a progress point: where the preparation may step aside
                 ticks.append(bool(page and page["on"]))

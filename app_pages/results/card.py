@@ -28,7 +28,8 @@ from .models import ModelRef, cached_model, offers_of
 from .profiles import corpus_profile
 from .pruning import SAMPLE, first_measured, importance
 from .qk import first_pictures, pictures
-from .shared import Bar, Warm, shared
+from .progress import Bar
+from .shared import Warm, shared
 from .tasks import first_task, task_effects
 
 

@@ -10,7 +10,8 @@ from analysis.circuits import role_attention
 from analysis.circuits import EdgeScores
 
 from .models import ModelRef, cached_model
-from .shared import Bar, First, Warm, shared
+from .progress import Bar
+from .shared import First, Warm, shared
 from .tasks import TaskSpec, built_task, first_spec
 
 

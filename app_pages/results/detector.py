@@ -7,7 +7,8 @@ from analysis.roles.detector import LENGTH, SENTENCES, SEQUENCES, detector_label
 from models.corpus import corpus_sample
 
 from .models import ModelRef, cached_model
-from .shared import Bar, Warm, shared
+from .progress import Bar
+from .shared import Warm, shared
 
 
 def _engines(ref: ModelRef) -> list[tuple]:

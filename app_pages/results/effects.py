@@ -14,7 +14,8 @@ from analysis.effects.vocabulary import copying_scores, copying_work, head_vocab
 from models.corpus import DEFAULT_TEXT
 
 from .models import ModelRef, cached_model
-from .shared import Bar, Warm, shared, spinner
+from .progress import Bar, spinner
+from .shared import Warm, shared
 
 
 COPYING_PREPARED = 1e12  # multiply-adds of the copying scores the server prepares

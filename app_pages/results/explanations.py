@@ -11,7 +11,8 @@ from models.corpus import CORPUS, paragraph_halves
 
 from .models import ModelRef, cached_model
 from .profiles import corpus_profile
-from .shared import Bar, Warm, shared, spinner
+from .progress import Bar, spinner
+from .shared import Warm, shared
 
 PARAGRAPHS, SENTENCES = "paragraphs", "sentences"  # the texts a head is explained on, as its frame names them
 

@@ -12,7 +12,8 @@ from analysis import Grid, LongView, Survey, survey
 from models.long import LongAttention
 
 from .preparing import SESSIONS, step_aside
-from .shared import Bar, shared, spinner
+from .progress import Bar, spinner
+from .shared import shared
 from .threads import here
 
 

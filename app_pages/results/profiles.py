@@ -13,7 +13,8 @@ from models.long import LongAttention
 
 from .long import PROGRESS_EVERY
 from .models import ModelRef, cached_model
-from .shared import Bar, First, Warm, note, shared, spinner
+from .progress import Bar, note, spinner
+from .shared import First, Warm, shared
 
 
 PROFILE_BYTES = 512 * 2**20  # attention weights one head-role profile may hold

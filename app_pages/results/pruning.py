@@ -15,7 +15,8 @@ from models import VOCABULARY
 from models.corpus import corpus_sample
 
 from .models import ModelRef, cached_model, offers_of
-from .shared import Bar, First, Warm, shared
+from .progress import Bar
+from .shared import First, Warm, shared
 from .tasks import TaskSpec, chosen, task_effects
 
 

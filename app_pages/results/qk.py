@@ -11,7 +11,8 @@ from models.corpus import CORPUS
 from viz.qk import QkCanvas
 
 from .models import ModelRef, cached_model
-from .shared import Bar, First, Warm, shared
+from .progress import Bar
+from .shared import First, Warm, shared
 
 
 @dataclass(frozen=True)

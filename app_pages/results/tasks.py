@@ -14,7 +14,8 @@ from models import HeadLensError
 
 from .messages import stop_with
 from .models import ModelRef, cached_model
-from .shared import Bar, Warm, shared
+from .progress import Bar
+from .shared import Warm, shared
 
 
 @dataclass(frozen=True)

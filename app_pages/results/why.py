@@ -8,7 +8,8 @@ from analysis import qk_attribution as QA
 from models import head_label
 
 from .models import ModelRef, cached_model
-from .shared import Bar, shared
+from .progress import Bar
+from .shared import shared
 from .tasks import TaskSpec, built_task
 
 

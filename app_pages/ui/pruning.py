@@ -8,17 +8,20 @@ import streamlit as st
 
 from analysis.defaults import PRUNING_RANK
 from analysis.pruning.ablation import ABLATIONS, NEIGHBOURS
-from analysis.pruning.importance import proxy_correlations
+from analysis.pruning.importance import most_important_with_a_later_layer, proxy_correlations
 from analysis.pruning.curves import ORDERS, point_comparison
-from models import AttentionModel, Head, head_label
+from models import AttentionModel, Head, HeadLensError, head_label
 from models.corpus import CORPUS, corpus_sample
 
 from ..results.models import LLM, TRAINED
-from ..results.pruning import Importance, LLM_SAMPLE, SAMPLE
-from .exports import model_zip
+from viz.pruning import head_values_grid
+
+from ..results.messages import stop_with
+from ..results.pruning import Importance, LLM_SAMPLE, SAMPLE, switched_off
+from .exports import chart, model_zip
 from .uploads import uploaded_sentences
 from .settings import Settings
-from .state import bound
+from .state import bound, head_from_url, head_to_url
 from ..results.models import trained_job
 
 ABOUT = {
@@ -130,3 +133,53 @@ def show_point(summary: pd.DataFrame, at: int, measure: str) -> None:
     st.dataframe(pd.DataFrame({"pruned": [ORDERS[o] for o in point.index],
                                **{name.lower(): point[column].round(4) for column, name, _ in MEASURES[measure]},
                                "forward time / full": point["speed"].round(2)}), hide_index=True, key="prune-point")
+
+
+def how_to_measure(measure: str) -> tuple[str, str]:
+    """``(method, ablation)`` the user picks: a language model's loss by gradient or by switching each head off (to
+    zero: Llama's attention has no output bias to hold a pruned head's mean); an embedding's by switching each off,
+    to its mean or to zero."""
+    if measure == "loss":  # Llama's attention has no output bias to hold a pruned head's mean
+        ablation = "zero"
+        left, _ = st.columns([1, 2])
+        method = bound(left.segmented_control, "method", "gradient", init="default", options=list(METHODS),
+                       cast=str, label="Measure a head's importance by", format_func=METHODS.get, required=True,
+                       help="Gradient: one backward pass for every head. Switching each head off in turn: one pass "
+                            "per head, about two minutes for 24 sentences on two CPU cores.")
+    else:
+        method = "ablation"
+        ablation = bound(st.segmented_control, "ablation", "mean", init="default", options=list(ABLATIONS),
+                         cast=str, label="Switch a head off by", format_func=lambda a: ABLATIONS[a].split(":")[0],
+                         required=True, help=ABOUT["ablation"])
+    return method, ablation
+
+
+def switch_off(s: Settings, ref, model: AttentionModel, imp: Importance, measured_on: list[str], ablation: str,
+               method: str) -> None:
+    """The page's last section: heads the user picks switched off together, and what changes."""
+    st.subheader("Switch heads off")
+    heads = [(layer, head) for layer in range(model.n_layers) for head in range(model.n_heads)]
+    off = bound(st.multiselect, "ablate", [most_important_with_a_later_layer(imp.frame)], init="default",
+                options=heads, multi=True, cast=head_from_url, to_url=head_to_url, format_func=lambda h: head_label(*h),
+                label="Heads to switch off together", placeholder="L0 H0",
+                help="Measured on the sidebar's sentences, with the ablation chosen above.")
+    if not off:
+        st.info("Pick heads to switch off; at first the most important head before the last layer is picked.")
+        st.stop()
+    try:
+        effect = switched_off(ref, measured_on, s.sentences, off, ablation, method)
+    except HeadLensError as err:
+        stop_with(err)
+    off_names = ", ".join(head_label(*h) for h in off)
+    change = head_values_grid(effect.attention_change, marked=np.isnan(effect.attention_change), mark="off",
+                              digits=2, title=f"Change in each head's attention · {off_names} off", value_name="change")
+    chart(change, "prune-ablate-grid")
+    st.caption(ABOUT["change"])
+    per_sentence = {"cosine to the full model": effect.cosine.round(4)}
+    if effect.sentence_losses is not None:
+        per_sentence = {"loss, every head": effect.sentence_losses[:, 0].round(4),
+                        "loss, these heads off": effect.sentence_losses[:, 1].round(4), **per_sentence}
+    st.dataframe(pd.DataFrame({"sentence": s.sentences, **per_sentence}), hide_index=True,
+                 key="prune-ablate-cosines")
+    if effect.loss is not None:
+        st.caption(f"Loss {effect.loss:.4f} with these heads off; {effect.full_loss:.4f} with every head.")
