@@ -177,3 +177,18 @@ def test_a_click_on_a_circuits_head_lands_on_the_head_not_on_an_edge_across_it()
     heads = next(t for t in fig.data if t.name == "head")
     assert sorted(zip(heads.x, heads.y)) == [(1, 0), (1, 1), (1, 2)]
     assert list(zip(edges.x, edges.y)) == [(1, pytest.approx(4 / 3)), (1, 1.5), (1, 0.5)]
+
+
+def test_a_role_grids_numbers_are_sent_once_on_its_click_targets():
+    """Each cell's numbers are the hover of its click target (point ``layer * heads + head`` of "heads"); the cells
+    under them carry none: SmolLM2's 270 tips, sent twice, were half of Head roles' charts."""
+    from viz import role_grid
+
+    layers, heads = np.repeat(np.arange(2), 3), np.tile(np.arange(3), 2)
+    labels = ["positional", "broad", "positional", "mixed", "broad", "mixed"]
+    tips = [f"<b>{label}</b><br>cell {i}" for i, label in enumerate(labels)]
+    fig = json.loads(role_grid(layers, heads, labels, tips, title="Roles").to_json())
+    cells, targets = fig["data"]
+    assert cells["type"] == "heatmap" and cells["hoverinfo"] == "skip" and "customdata" not in cells
+    assert targets["name"] == "heads" and targets["text"] == tips  # layer * 3 + head, in that order
+    assert decode(cells["z"]).tolist() == [[2, 0, 2], [1, 0, 1]]  # broad 0, mixed 1, positional 2: the colours' order

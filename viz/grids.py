@@ -146,8 +146,7 @@ def role_grid(layers: np.ndarray, heads: np.ndarray, labels: list[str], hover: l
     fig = go.Figure(go.Heatmap(
         z=z, zmin=-0.5, zmax=k - 0.5, colorscale=scale if k > 1 else [[0, colors[0]], [1, colors[0]]],
         text=None if compact else text, texttemplate=None if compact else "%{text}", textfont=dict(size=9),
-        customdata=tips, showscale=False, xgap=2, ygap=2,
-        hovertemplate="layer %{y}, head %{x}<br>%{customdata}<extra></extra>"))
+        showscale=False, xgap=2, ygap=2, hoverinfo="skip"))  # the numbers are the click targets' hover, sent once
     head_targets(fig, n_layers, n_heads, [tips[l][h] for l in range(n_layers) for h in range(n_heads)],
                  size=10 if compact else 14, action="open its card")
     if compact:
