@@ -13,6 +13,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # A server's warm-up computes a bundled decoder's corpus results in the background once it loads; the tests
 # that open one page at a time would share their cores with it. The tests of the warm-up switch it on.
 os.environ.setdefault("HEADLENS_WARM_UP", "0")
+# A server's own work runs niced so that its sessions come first; here it would give way to the other worker's
+# tests instead, which are no sessions of its: SmolLM2's preparation, which the cold server's test and a class's
+# load wait for, took 17 minutes behind them.
+os.environ.setdefault("HEADLENS_BACKGROUND_NICE", "0")
 
 import functools
 import inspect

@@ -25,10 +25,14 @@ def session_id() -> str | None:
 BACKGROUND_NICE = 10  # the server's own work yields the cores to the sessions' reruns
 
 
-def lower_priority(nice: int = BACKGROUND_NICE) -> None:
+def lower_priority(nice: int | None = None) -> None:
     """Make this thread yield the cores to the sessions' reruns: a lower scheduling priority (a Linux thread has
-    its own niceness, and the workers it starts inherit it). Its torch thread count is left alone: setting it
-    in one thread sets it for every thread started afterwards, the sessions' reruns among them."""
+    its own niceness, and the workers it starts inherit it), ``BACKGROUND_NICE`` unless ``HEADLENS_BACKGROUND_NICE``
+    says otherwise (the test suite's 0: beside another process's tests rather than sessions, a preparation at 10
+    waited on them for 17 minutes). Its torch thread count is left alone: setting it in one thread sets it for every
+    thread started afterwards, the sessions' reruns among them."""
+    if nice is None:
+        nice = int(os.environ.get("HEADLENS_BACKGROUND_NICE", BACKGROUND_NICE))
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     except (AttributeError, OSError):
