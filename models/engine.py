@@ -34,5 +34,6 @@ def open_scratch(folder: Path, config: dict, display: str, device: torch.device,
         if not (folder / "model.safetensors").is_file():
             raise HeadLensError(f"The from-scratch engine reads model.safetensors, which {folder} lacks.")
         stack = cls.from_pretrained(folder)
-    model_class = DecoderModel if stack.language_model else ScratchModel
+    # a stack may name its own (a compiled program's reads its vocabulary and decodes its output)
+    model_class = getattr(stack, "model_class", None) or (DecoderModel if stack.language_model else ScratchModel)
     return model_class(stack.eval().requires_grad_(False).to(device), tokenizer, display, device)  # read, not trained

@@ -86,9 +86,9 @@ def test_the_engine_finds_its_architectures_by_model_type(tmp_path):
     assert {BertEncoder, Decoder, Llama} <= set(architectures()) and for_model_type("qwen2") is Llama
     (tmp_path / "config.json").write_text('{"model_type": "bloom", "n_layer": 2}')
     (tmp_path / "model.safetensors").write_bytes(b"")
-    assert for_model_type("gemma3_text") is Gemma3
-    with pytest.raises(HeadLensError, match=r"implements BERT encoders, RoBERTa encoders, DistilBERT encoders, the "
-                                            r"decoders HeadLens trains, Gemma 2 decoders, Gemma 3 decoders \(text\), "
+    assert for_model_type("gemma3_text") is Gemma3 and for_model_type("tracr").__name__ == "TracrStack"
+    with pytest.raises(HeadLensError, match=r"implements BERT encoders, RoBERTa encoders, DistilBERT encoders, "
+                                            r"transformers compiled from RASP programs, the decoders HeadLens trains, Gemma 2 decoders, Gemma 3 decoders \(text\), "
                                             r"GPT-2 decoders, GPT-NeoX decoders \(Pythia\), Llama-family decoders "
                                             r"\(Llama, Mistral, Qwen2\), OLMo-2 decoders, Phi-3 decoders and Qwen3 "
                                             r"decoders; this model is 'bloom'"):

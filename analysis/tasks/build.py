@@ -161,7 +161,12 @@ def induction(model: AttentionModel, n: int = 100, seed: int = 0, words: int = I
 
 
 GENERATORS = {"ioi": ioi, "facts": facts, "greater_than": greater_than, "induction": induction}
-BUILT_IN = {"next_token": (GENERATORS, TASKS), "focus": (ENCODER_GENERATORS, ENCODER_TASKS)}  # by ``Readout.tasks``
+def _compiled(model, n: int = 100, seed: int = 0):
+    return own_readout(model).task(n, seed)
+
+
+BUILT_IN = {"next_token": (GENERATORS, TASKS), "focus": (ENCODER_GENERATORS, ENCODER_TASKS),  # by ``Readout.tasks``
+            "compiled": ({"one_token": _compiled}, {"one_token": "One token changed"})}
 
 
 def built_in(readout) -> dict[str, str]:

@@ -3,7 +3,7 @@ tasks, circuits, the QK split over a task and the card take a readout without as
 
 A stack names the readouts it offers (``Stack.readouts``): a language model's next token; an encoder's sentence
 embedding against two probe texts; a masked-LM encoder's two tokens at its ``[MASK]`` (before its embedding, for
-a prompt that has one); a sequence classifier's two class labels. A readout says what the user gives (tokens,
+a prompt that has one); a sequence classifier's two class labels; a compiled program's output values. A readout says what the user gives (tokens,
 texts, labels), checks a pair's inputs (a sentence for a bad one), reads a run's final residual stream as a
 ``Metric`` of each pair, gives the metric's linear direction for direct attribution or the sentence saying why it
 has none, and the words the pages use.
@@ -17,13 +17,14 @@ from models.run import stack_of
 
 from .base import Asks, Candidate, Readout
 from .classifier import ClassLabel
+from .compiled import CompiledOutput
 from .encoder import MaskedToken, SentenceEmbedding
 from .language import NextToken
 
-__all__ = ["READOUTS", "TASK_METRICS", "Asks", "Candidate", "ClassLabel", "MaskedToken", "NextToken", "Readout",
+__all__ = ["READOUTS", "TASK_METRICS", "Asks", "Candidate", "ClassLabel", "CompiledOutput", "MaskedToken", "NextToken", "Readout",
            "SentenceEmbedding", "own_readout", "readout_for", "readout_reading", "readouts"]
 
-READOUTS = {cls.name: cls for cls in (NextToken, SentenceEmbedding, MaskedToken, ClassLabel)}
+READOUTS = {cls.name: cls for cls in (NextToken, SentenceEmbedding, MaskedToken, ClassLabel, CompiledOutput)}
 TASK_METRICS = {m: what for cls in READOUTS.values() for m, what in cls.metrics.items()}
 
 

@@ -1,0 +1,107 @@
+"""A transformer compiled from a RASP program by Tracr (``models.compiled``) as a family of ``FamilyDecoder``: token
+and position embeddings, blocks of attention then a ReLU feed-forward with no norm anywhere, causal or not as it was
+compiled, and an unembedding that reads the program's output out of the residual stream: one logit per output value
+(a categorical output, decoded by its argmax) or the value itself (a numerical one)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import HeadLensError
+from .family import Family, FamilyConfig, FamilyDecoder
+from .weights import Weights
+
+FAMILY = Family(norm="layer", pre_norms=False, positions="learned", gated=False)
+
+
+@dataclass(frozen=True)
+class TracrConfig(FamilyConfig):
+    """A compiled program's sizes under the family's names, with what it reads and writes: ``vocab`` (its tokens,
+    in its embedding's order: the BOS and the pad among them), ``outputs`` (the output values in the unembedding's
+    order; empty for a numerical output) and ``causal``."""
+
+    model_type: str = "tracr"
+    causal: bool = False
+    vocab: tuple = ()
+    outputs: tuple = ()
+    numerical: bool = False
+    ground_truth: str = ""  # what the compiler put where (``models.compiled_truth``), as JSON
+    hidden_act: str = "relu"
+    mlp_bias: bool = True
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TracrConfig":
+        d = dict(d)
+        d["vocab"], d["outputs"] = tuple(d.get("vocab", ())), tuple(d.get("outputs", ()))
+        config = cls.read(d, source=None)
+        if len(config.vocab) != config.vocab_size or (not config.numerical and not config.outputs):
+            raise HeadLensError("A compiled model's config.json names its vocabulary and its output values; this one "
+                                "does not. Compile it again with models.compile_rasp.")
+        return config
+
+    @property
+    def tokens(self) -> tuple:
+        """The tokens a text is made of: the vocabulary less the BOS and the pad."""
+        return tuple(v for v in self.vocab if v not in ("BOS", "PAD"))
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        del d["layer_types"]  # none: transformers, reading the folder's tokenizer, checks a list against the layers
+        return d
+
+
+class TracrStack(FamilyDecoder):
+    """Embeddings, the compiled blocks and the unembedding of the program's output (``lm_head``, ``(outputs,
+    E)``): its logits are the output space of the residual stream."""
+
+    config_class = TracrConfig
+    model_types = ("tracr",)
+    description = "transformers compiled from RASP programs"
+    family = FAMILY
+    language_model = False
+    weights = Weights((("embedding.", "embedding."), ("positions.", "positions."), ("lm_head.", "lm_head."),
+                       ("layers.{i}.", "layers.{i}.")), what="the weights of a compiled program")
+
+    def __init__(self, config: TracrConfig):
+        super().__init__(replace(config, tie_word_embeddings=True))
+        self.config = config
+        self.causal = config.causal  # as compiled, not every decoder's mask
+        self.norm = nn.Identity()
+        self.lm_head = nn.Linear(config.hidden_size, max(1, len(config.outputs)), bias=False)
+
+    @property
+    def readouts(self) -> tuple[str, ...]:
+        return ("compiled",)
+
+    @property
+    def model_class(self):
+        from ..compiled import CompiledModel
+
+        return CompiledModel
+
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if int(input_ids.max()) >= self.config.vocab_size:
+            raise HeadLensError(f"This compiled program reads the tokens {', '.join(map(str, self.config.tokens))}, "
+                                "separated by spaces.")
+        return super().embed(input_ids, token_type_ids)
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def logits(self, h: torch.Tensor, tokens: slice = slice(None)) -> torch.Tensor:
+        """``(B, L, outputs)``: each output value's logit at every position, or ``(B, L, 1)``, the numerical value."""
+        return F.linear(h, self.lm_head.weight[tokens])
+
+    def unembedding(self) -> torch.Tensor:
+        return self.lm_head.weight
+
+    def norm_alone(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def norm_linear(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def frozen_finish(self, x: torch.Tensor):
+        return (lambda part: part), torch.zeros_like(x)

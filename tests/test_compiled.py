@@ -1,0 +1,124 @@
+"""Transformers compiled from RASP programs by Tracr (``models.compiled``), run on our engine: their outputs are
+Tracr's own ``apply`` on random inputs, their attention the softmax of Tracr's ``attn_logits``, and the ground truth
+is what the compiler placed (``make_length``'s worked out by hand)."""
+import random
+
+import numpy as np
+import pytest
+
+from models import HeadLensError, load_model
+from models.compiled import BOS, BUILT_IN, PAD, compile_rasp, compiled, ground_truth, write_assembled
+from models.compiled_truth import assembled
+
+INPUTS = 12  # random inputs per program, of every length up to its longest
+
+
+def _tracr_and_ours(name: str, folder):
+    """Tracr's compiled model of the built-in ``name`` and ours, written from the same compilation."""
+    p = BUILT_IN[name]
+    tracr, truth = assembled(p.make(), p.vocab, p.max_seq_len, p.causal, BOS, PAD)
+    write_assembled(tracr, truth, p.max_seq_len, p.causal, name, folder)
+    return p, tracr, load_model(folder, backend="scratch", device="cpu")
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _check(p, tracr, ours):
+    rng = random.Random(p.name)
+    for k in range(INPUTS):
+        seq = [rng.choice(p.vocab) for _ in range(1 + k % p.max_seq_len)]
+        text = " ".join(map(str, seq))
+        want = tracr.apply([BOS, *seq])
+        got = ours.apply(text)
+        if ours.config.numerical:
+            assert got[0] == BOS and np.allclose(got[1:], want.decoded[1:], atol=1e-5), (text, got, want.decoded)
+        else:
+            assert got == list(want.decoded), text
+        att = ours.attend(text)
+        assert att.tokens == [BOS, *map(str, seq)] and att.special.tolist() == [True] + [False] * len(seq)
+        assert att.causal == p.causal
+        for layer, logits in enumerate(want.attn_logits):
+            expected = _softmax(np.asarray(logits, dtype=np.float64)[0])                  # (heads, n, n)
+            np.testing.assert_allclose(att.weights[layer], expected, atol=1e-6, err_msg=f"{text} L{layer}")
+
+
+FAST = ["length", "previous_token"]
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_a_compiled_programs_outputs_and_attention_are_tracrs(name, tmp_path):
+    _check(*_tracr_and_ours(name, tmp_path / name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in BUILT_IN if n not in FAST])
+def test_every_built_in_programs_outputs_and_attention_are_tracrs(name, tmp_path):
+    _check(*_tracr_and_ours(name, tmp_path / name))
+
+
+def test_make_lengths_ground_truth_by_hand(tmp_path):
+    """``make_length``: ``SelectorWidth(Select(tokens, tokens, TRUE))``. Tracr puts its attention in L0 H0 (every
+    query to every key, the BOS among them, reading the BOS's value), and its count in L0's feed-forward, which the
+    output reads: five edges."""
+    _, _, model = _tracr_and_ours("length", tmp_path / "length")
+    truth = ground_truth(model)
+    assert (truth.output["label"], truth.output["numerical"]) == ("length", False)
+    rows = truth.blocks.to_dict("records")
+    assert [(r["block"], r["layer"], r["head"], r["expression"]) for r in rows] == [
+        ("L0 H0", 0, 0, "SelectorWidth"), ("L0 MLP", 0, None, "SelectorWidth")]
+    assert rows[0]["says"] == "SelectorWidth(Select(tokens, tokens, TRUE))" and rows[0]["comparisons"] == ["TRUE"]
+    assert rows[0]["keys"] == rows[0]["queries"] == ["tokens"]
+    edges = set(truth.edges.itertuples(index=False, name=None))
+    assert edges == {("embed", "L0 H0", "q"), ("embed", "L0 H0", "k"), ("embed", "L0 H0", "v"),
+                     ("L0 H0", "L0 MLP", "mlp"), ("L0 MLP", "output", "output")}
+    assert truth.head(0, 0)["label"] == "length" and truth.head(0, 1) is None
+    # every token's query gives the BOS and each token alike, 1 / (n + 1) each; the BOS's own query reads itself
+    w = model.attend("1 2 3").weights[0, 0]
+    np.testing.assert_allclose(w, [[1, 0, 0, 0], *[[0.25] * 4] * 3], atol=1e-6)
+
+
+def test_the_previous_token_programs_head_is_its_select(tmp_path):
+    """A Select of ``indices`` against ``indices - 1`` with EQ, compiled causal: L0's feed-forward computes
+    ``indices - 1`` and L1 H0 reads each query's previous token (the first token, with nothing before it, the BOS);
+    the truth names both and the comparison."""
+    _, _, model = _tracr_and_ours("previous_token", tmp_path / "previous")
+    w = model.attend("3 1 2 2").weights[1, 0]
+    assert w[1:].argmax(-1).tolist() == [0, 1, 2, 3] and (w[np.arange(1, 5), np.arange(4)] > 0.99).all()
+    truth = ground_truth(model)
+    head = truth.head(1, 0)
+    assert head["select"] == "Select(indices, before, EQ)" and head["reads"] == "tokens"
+    assert truth.blocks.set_index("block").loc["L0 MLP", "says"] == "Map(indices)"
+    assert ("L0 MLP", "L1 H0", "q") in set(truth.edges.itertuples(index=False, name=None))
+    assert model.apply("3 1 2 2")[2:] == [3, 1, 2]
+
+
+def test_a_built_in_program_compiles_once_into_the_cache_and_reads_only_its_tokens(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path))
+    model = compiled("length", device="cpu")
+    folders = [f for f in (tmp_path / "compiled").glob("length-*") if f.is_dir()]
+    assert len(folders) == 1 and (folders[0] / "model.safetensors").is_file()
+    stamp = (folders[0] / "model.safetensors").stat().st_mtime_ns
+    again = compiled("length", device="cpu")  # read from the cache, not compiled again
+    assert (folders[0] / "model.safetensors").stat().st_mtime_ns == stamp and again.apply("1 1") == [BOS, 2, 2]
+    assert model.program == {"name": "length", "vocab": [1, 2, 3], "max_seq_len": 5, "causal": False,
+                             "numerical": False}
+    with pytest.raises(HeadLensError, match=r"'4' is not a token of this compiled program: it reads 1, 2, 3"):
+        model.attend("1 4")
+    with pytest.raises(HeadLensError, match="reads at most 5 tokens; the text has 6"):
+        model.attend("1 2 3 1 2 3")
+    with pytest.raises(HeadLensError, match="No built-in program named 'sorted': choose one of length, reverse"):
+        compiled("sorted")
+
+
+def test_a_program_of_ones_own_compiles_and_any_other_model_has_no_ground_truth(tmp_path, hf_model):
+    from tracr.rasp import rasp
+
+    double = rasp.numerical(rasp.Map(lambda x: 2 * x, rasp.numerical(rasp.Map(lambda t: t, rasp.tokens)))).named("double")
+    model = compile_rasp(double, vocab={0, 1, 2}, max_seq_len=3, folder=tmp_path / "double", device="cpu")
+    assert model.apply("2 0 1") == [BOS, 4.0, 0.0, 2.0] or np.allclose(model.apply("2 0 1")[1:], [4, 0, 2], atol=1e-5)
+    assert (ground_truth(model).output["label"], ground_truth(model).output["numerical"]) == ("double", True)
+    with pytest.raises(HeadLensError, match="is not a compiled program: its heads' jobs are not known"):
+        ground_truth(hf_model)
