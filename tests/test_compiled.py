@@ -122,3 +122,58 @@ def test_a_program_of_ones_own_compiles_and_any_other_model_has_no_ground_truth(
     assert (ground_truth(model).output["label"], ground_truth(model).output["numerical"]) == ("double", True)
     with pytest.raises(HeadLensError, match="is not a compiled program: its heads' jobs are not known"):
         ground_truth(hf_model)
+
+
+def test_the_edge_auroc_is_the_chance_a_true_edge_scores_above_a_false_one():
+    from analysis.compiled import auroc
+
+    assert auroc(np.array([3.0, 1.0, 2.0, 0.0]), np.array([True, False, True, False])) == 1.0
+    assert auroc(np.array([1.0, 1.0, 0.0]), np.array([True, False, False])) == 0.75  # a tie counts half
+    assert auroc(np.array([0.0, 2.0, 1.0]), np.array([True, False, False])) == 0.0
+    assert np.isnan(auroc(np.array([1.0]), np.array([True])))
+
+
+@pytest.fixture(scope="module")
+def sort_unique(tmp_path_factory):
+    return _tracr_and_ours("sort_unique", tmp_path_factory.mktemp("compiled") / "sort_unique")[2]
+
+
+def test_the_one_token_task_changes_one_token_and_the_output_at_the_last_position(sort_unique):
+    from analysis.tasks.build import make_task
+
+    task = make_task(sort_unique, "one_token", n=6)
+    assert len(task) == 6 and task.metric == "output_diff"
+    for p in task.pairs:
+        clean, corrupted = p.clean.split(), p.corrupted.split()
+        assert len(clean) == len(corrupted) == 5 and sum(a != b for a, b in zip(clean, corrupted)) == 1
+        assert p.clean_ids == tuple(sort_unique.tokenize(p.clean)["input_ids"])
+        # the answer is the clean input's sorted output at its last position (sort_unique: its largest token,
+        # where every token is distinct), the distractor the corrupted one's
+        values = sort_unique.config.outputs
+        assert values[p.answer] == sort_unique.apply(p.clean)[-1] and values[p.distractor] == \
+            sort_unique.apply(p.corrupted)[-1] and p.answer != p.distractor
+        if len(set(clean)) == 5:
+            assert values[p.answer] == max(map(int, clean))
+
+
+def test_circuits_and_patching_find_sort_uniques_compiled_edges(sort_unique):
+    """sort_unique: L0 H0 and L0's feed-forward count the smaller tokens (each token's target position), L1 H0 reads
+    the token whose target is its query's position. Of its eight true edges a one-token change moves six: not the
+    BOS's value L0 H0 reads (it counts against it) nor the positions L1 H0 queries with. Exact edge patching ranks the
+    six above every false edge, and patching L1 H0 alone recovers the whole difference."""
+    from analysis.compiled import edge_auroc, head_recovery, moved, true_edges
+    from analysis.circuits import graph_of
+    from analysis.tasks.build import make_task
+    from models.run import stack_of
+
+    task, truth = make_task(sort_unique, "one_token", n=8), ground_truth(sort_unique)
+    graph = graph_of(stack_of(sort_unique, "A circuit"))
+    named = lambda mask: {(graph.sender_name(s), graph.receiver_name(r)) for s, r in np.argwhere(mask)}  # noqa: E731
+    truly = true_edges(graph, truth)
+    assert named(truly) == {("input", "L0 H0.q"), ("input", "L0 H0.k"), ("input", "L0 H0.v"), ("L0 H0", "MLP 0"),
+                            ("input", "L1 H0.q"), ("input", "L1 H0.v"), ("MLP 0", "L1 H0.k"), ("L1 H0", "output")}
+    assert named(truly & ~moved(sort_unique, task, graph)) == {("input", "L0 H0.v"), ("input", "L1 H0.q")}
+    exact = edge_auroc(sort_unique, task, truth, methods=("exact",)).iloc[0]
+    assert exact["auroc_moved"] == 1.0 and exact["holds_every_moved"] and exact["moved"] == 6
+    heads = head_recovery(sort_unique, task, truth).set_index(["layer", "head"])
+    assert heads.loc[(1, 0), "recovered"] == pytest.approx(1.0, abs=1e-6) and heads["on_path"].all()

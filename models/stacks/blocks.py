@@ -16,6 +16,8 @@ class PreNormBlock(nn.Module):
     """What a pre-norm language model's block says of how its attention writes into the residual stream: as it
     is, or through the norm ``ln_attn_out`` it puts after the attention (Gemma 3), when it has one."""
 
+    causal = True  # its attention run head by head masks later keys (a compiled program's may not)
+
     @property
     def attention_norm(self) -> nn.Module | None:
         """The norm the attention reads the stream through (``ln_attn``), or None (OLMo-2 has none there)."""
@@ -78,7 +80,7 @@ class PreNormBlock(nn.Module):
         output; None without)."""
         attn = self.attn
         z = attn.by_head(self.attention_input(xq), self.attention_input(xk), self.attention_input(xv),
-                         hook_pattern=edits.get("pattern"), hook_z=edits.get("z"))
+                         hook_pattern=edits.get("pattern"), hook_z=edits.get("z"), causal=self.causal)
         writes = attn.head_writes(z)
         bias = attn.out_proj.bias
         scale = self.attention_scale(writes.sum(0) + (0 if bias is None else bias))

@@ -68,6 +68,8 @@ class TracrStack(FamilyDecoder):
         super().__init__(replace(config, tie_word_embeddings=True))
         self.config = config
         self.causal = config.causal  # as compiled, not every decoder's mask
+        for block in self.layers:
+            block.causal = config.causal
         self.norm = nn.Identity()
         self.lm_head = nn.Linear(config.hidden_size, max(1, len(config.outputs)), bias=False)
 

@@ -70,20 +70,30 @@ class CompiledOutput(Readout):
 
     def changed(self, n: int, seed: int = 0) -> list[tuple[str, str, object, object, int]]:
         """Up to ``n`` random inputs of the longest length, each with one token changed where that changes the
-        output at the last position: ``(clean, corrupted, clean's output, corrupted's output, position changed)``,
-        seeded (the same every time); for a numerical output, where it changes the value."""
+        output at the last position (``last``, given on both): ``(clean, corrupted, clean's output, corrupted's
+        output, position changed)``, seeded (the same every time); for a numerical output, where it changes the
+        value."""
         tokens = [str(v) for v in self.config.tokens]
         length, rng, found = self.config.max_positions - 1, random.Random(seed), {}
         for _ in range(50 * n):
             clean = [rng.choice(tokens) for _ in range(length)]
             at = rng.randrange(length)
             corrupted = clean[:at] + [rng.choice([v for v in tokens if v != clean[at]])] + clean[at + 1:]
-            a, d = (self.model.apply(" ".join(x))[-1] for x in (clean, corrupted))
-            if a != d:
+            a, d = (self.last(" ".join(x)) for x in (clean, corrupted))
+            if a is not None and d is not None and a != d:
                 found.setdefault((" ".join(clean), " ".join(corrupted)), (a, d, at))
             if len(found) == n:
                 break
         return [(c, x, a, d, at) for (c, x), (a, d, at) in found.items()]
+
+    def last(self, text: str):
+        """The output at ``text``'s last position, or None where the program gives none there (a sort's position
+        past its distinct tokens: every output logit 0, no value ahead of another by half a logit)."""
+        out = self.model.outputs(text)[-1]
+        if self.numerical:
+            return round(float(out[0]), 6)
+        top = sorted(out)[-2:]
+        return self.values[int(out.argmax())] if top[-1] - top[0] >= 0.5 else None
 
     def builtin_pairs(self) -> dict[str, Pair]:
         """``PAIRS`` of ``changed``'s pairs, each comparing the two outputs."""
