@@ -21,6 +21,19 @@ def _tracr_and_ours(name: str, folder):
     return p, tracr, load_model(folder, backend="scratch", device="cpu")
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """``built(name)`` -> ``_tracr_and_ours(name)``, compiled once for this module's tests (5 to 10 s each)."""
+    done = {}
+
+    def make(name: str):
+        if name not in done:
+            done[name] = _tracr_and_ours(name, tmp_path_factory.mktemp("compiled") / name)
+        return done[name]
+
+    return make
+
+
 def _softmax(logits: np.ndarray) -> np.ndarray:
     e = np.exp(logits - logits.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -49,8 +62,8 @@ FAST = ["length", "previous_token"]
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_a_compiled_programs_outputs_and_attention_are_tracrs(name, tmp_path):
-    _check(*_tracr_and_ours(name, tmp_path / name))
+def test_a_compiled_programs_outputs_and_attention_are_tracrs(name, built):
+    _check(*built(name))
 
 
 @pytest.mark.slow
@@ -59,11 +72,11 @@ def test_every_built_in_programs_outputs_and_attention_are_tracrs(name, tmp_path
     _check(*_tracr_and_ours(name, tmp_path / name))
 
 
-def test_make_lengths_ground_truth_by_hand(tmp_path):
+def test_make_lengths_ground_truth_by_hand(built):
     """``make_length``: ``SelectorWidth(Select(tokens, tokens, TRUE))``. Tracr puts its attention in L0 H0 (every
     query to every key, the BOS among them, reading the BOS's value), and its count in L0's feed-forward, which the
     output reads: five edges."""
-    _, _, model = _tracr_and_ours("length", tmp_path / "length")
+    _, _, model = built("length")
     truth = ground_truth(model)
     assert (truth.output["label"], truth.output["numerical"]) == ("length", False)
     rows = truth.blocks.to_dict("records")
@@ -80,11 +93,11 @@ def test_make_lengths_ground_truth_by_hand(tmp_path):
     np.testing.assert_allclose(w, [[1, 0, 0, 0], *[[0.25] * 4] * 3], atol=1e-6)
 
 
-def test_the_previous_token_programs_head_is_its_select(tmp_path):
+def test_the_previous_token_programs_head_is_its_select(built):
     """A Select of ``indices`` against ``indices - 1`` with EQ, compiled causal: L0's feed-forward computes
     ``indices - 1`` and L1 H0 reads each query's previous token (the first token, with nothing before it, the BOS);
     the truth names both and the comparison."""
-    _, _, model = _tracr_and_ours("previous_token", tmp_path / "previous")
+    _, _, model = built("previous_token")
     w = model.attend("3 1 2 2").weights[1, 0]
     assert w[1:].argmax(-1).tolist() == [0, 1, 2, 3] and (w[np.arange(1, 5), np.arange(4)] > 0.99).all()
     truth = ground_truth(model)
@@ -134,8 +147,8 @@ def test_the_edge_auroc_is_the_chance_a_true_edge_scores_above_a_false_one():
 
 
 @pytest.fixture(scope="module")
-def sort_unique(tmp_path_factory):
-    return _tracr_and_ours("sort_unique", tmp_path_factory.mktemp("compiled") / "sort_unique")[2]
+def sort_unique(built):
+    return built("sort_unique")[2]
 
 
 def test_the_one_token_task_changes_one_token_and_the_output_at_the_last_position(sort_unique):
@@ -177,3 +190,21 @@ def test_circuits_and_patching_find_sort_uniques_compiled_edges(sort_unique):
     assert exact["auroc_moved"] == 1.0 and exact["holds_every_moved"] and exact["moved"] == 6
     heads = head_recovery(sort_unique, task, truth).set_index(["layer", "head"])
     assert heads.loc[(1, 0), "recovered"] == pytest.approx(1.0, abs=1e-6) and heads["on_path"].all()
+
+
+def test_head_roles_and_the_detectors_score_name_the_compiled_previous_token_head(built):
+    """The previous-token program's L1 H0 (``Select(indices, indices - 1, EQ)``, compiled causal), read on 40 random
+    inputs of its tokens: Head roles labels it "previous token" and the detector's previous-token score is 1 there;
+    L0 H0, a head the compiler left empty (its feed-forward computes ``indices - 1``), is neither."""
+    from analysis.roles.detector import text_scores
+    from analysis.roles.measure import measure_heads
+
+    _, _, model = built("previous_token")
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice("123") for _ in range(rng.randint(2, 5))) for _ in range(40)]
+    attentions = model.attend(texts)
+    labels = measure_heads(attentions).frame().set_index(["layer", "head"])["label"]
+    assert labels[(1, 0)] == "previous token" and labels[(0, 0)] != "previous token"
+    previous = np.nanmean([text_scores(a)[0] for a in attentions], axis=0)              # (layers, heads)
+    assert previous[1, 0] > 0.99 and previous[0, 0] < 0.5
+    assert ground_truth(model).head(0, 0) is None and ground_truth(model).head(1, 0)["comparisons"] == ["EQ"]
