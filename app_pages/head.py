@@ -27,7 +27,7 @@ picks = [(layer, head) for layer in range(model.n_layers) for head in range(mode
 top = st.columns([1, 3])
 # a card opens on the model's most telling head (its strongest induction or object head), once the detector or the
 # profile it is read from is there: a decoder's is prepared, an encoder's takes seconds and the card reads it too
-opening = None if model.encoder_decoder else telling(ref, s.causal, s.heads_off)
+opening = None if model.encoder_decoder or ref.program is not None else telling(ref, s.causal, s.heads_off)
 layer, head = choose("Head", picks, "head", default=None if opening is None else opening[:2], container=top[0],
                      cast=head_from_url, to_url=head_to_url, format_func=lambda h: head_label(*h))
 start("head", s=s, title=f"{head_label(layer, head)} · {ref.title}")

@@ -41,6 +41,14 @@ class Program:
     causal: bool = False
 
     @property
+    def example(self) -> str:
+        """An input to open it on: one token short of its longest, drawn with its name as the seed."""
+        import random
+
+        rng = random.Random(self.name)
+        return " ".join(str(rng.choice(self.vocab)) for _ in range(self.max_seq_len - 1))
+
+    @property
     def title(self) -> str:
         """How the model picker names it: "Compiled · sort · tokens 1-5 · length 5"."""
         return f"Compiled · {self.name} · tokens {vocab_words(self.vocab)} · length {self.max_seq_len}"

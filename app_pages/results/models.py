@@ -10,6 +10,7 @@ import streamlit as st
 
 from models import VOCABULARY, AttentionModel, HeadLensError, load_model
 from models.catalog import CATALOG, bundled
+from models.compiled import BUILT_IN as PROGRAMS, compiled
 
 
 
@@ -29,6 +30,9 @@ MODELS = {  # the sidebar's choices: each bundled model on each engine (models.c
     "custom_scratch": "Custom model · from-scratch engine",
 }
 
+COMPILED = {f"compiled_{name}": p.title for name, p in PROGRAMS.items()}  # RASP programs compiled by Tracr
+MODELS.update(COMPILED)
+
 
 CUSTOM = {"custom", "custom_scratch"}  # a model id or folder typed in the sidebar, on either engine
 
@@ -42,7 +46,7 @@ TRAINED = {
 TRANSFORMERS = {b.key for b in CATALOG}  # the bundled models on the transformers engine
 
 
-SCRATCH = {"untrained", "custom_scratch", *(b.scratch_key for b in CATALOG), *TRAINED}  # on the from-scratch engine
+SCRATCH = {"untrained", "custom_scratch", *(b.scratch_key for b in CATALOG), *TRAINED, *COMPILED}  # our engine
 
 
 LLM = {k for b in SPEAKING for k in b.engines()}  # the bundled decoder LLMs, on either engine
@@ -101,8 +105,15 @@ class ModelRef:
 
     @property
     def title(self) -> str:
-        """The model's name without its engine: "all-MiniLM-L6-v2"."""
+        """The model's name without its engine: "all-MiniLM-L6-v2", "the compiled sort"."""
+        if self.choice in COMPILED:
+            return f"the compiled {self.program.name}"
         return {**MODELS, **TRAINED}[self.choice].split(" · ")[0]
+
+    @property
+    def program(self):
+        """The built-in compiled program it names (``models.compiled.BUILT_IN``), or None."""
+        return PROGRAMS.get(self.choice.removeprefix("compiled_")) if self.choice in COMPILED else None
 
 
 def check_custom_folder(name: str) -> None:
@@ -133,6 +144,8 @@ def shared_model(choice: str, folder: str, device: str) -> AttentionModel:
         if not folder:
             raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
         return load_model(folder, device=device, backend="scratch" if choice == "custom_scratch" else "transformers")
+    if choice in COMPILED:
+        return compiled(choice.removeprefix("compiled_"), device=device)
     model = bundled(choice)
     return load_model(None if model is None else model.name, backend="transformers" if choice in TRANSFORMERS
                       else "scratch", device=device, untrained=choice == "untrained")

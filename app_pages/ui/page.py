@@ -13,6 +13,7 @@ from app_pages.results.messages import stop_with
 from app_pages.results.models import DECODERS, ModelRef
 from app_pages.results.threads import here
 from models import EMBEDDING, VOCABULARY, HeadLensError
+from models.compiled import vocab_words
 from models.run import patching_stack, stack_of
 
 from .models import model_for
@@ -40,6 +41,7 @@ class Page:
     why: str = ""
     first: str = ""
     settings: bool = True       # reads the sidebar's settings (sentences and model); Train needs neither
+    language: str = ""          # what it reads of English, which a compiled program's tokens are not; "" if nothing
 
     @property
     def file(self) -> str:
@@ -58,27 +60,31 @@ PAGES = (
     Page("layers", "Across layers", ":material/stacks:", LOOK,
          "Which input tokens reach a position once the layers have mixed them?"),
     Page("foci", "Foci", ":material/center_focus_strong:", ARE,
-         "Which head looks at the sentence type, the objects, the relation, the sentiment?"),
-    Page("roles", "Head roles", ":material/category:", ARE, "What does each head do, over many sentences?"),
+         "Which head looks at the sentence type, the objects, the relation, the sentiment?",
+         language="the foci of English sentences (their objects, relation, type and sentiment)"),
+    Page("roles", "Head roles", ":material/category:", ARE, "What does each head do, over many sentences?",
+         language="the built-in corpus of English sentences and their parse"),
     Page("head", "Head", ":material/badge:", ARE,
          "What does one head attend to, what does it do, and does it matter?", ONE_STACK,
          "A head's card reads an encoder or a decoder",
          "A first card: what the server has prepared so far. The rest is being prepared for every session and joins "
-         "the card here when it is ready."),
+         "the card here when it is ready.", language="the built-in corpus, its pairs and its paragraphs"),
     Page("atlas", "Atlas", ":material/bubble_chart:", ARE, "How do all the heads of a model compare, side by side?",
          ONE_STACK, "The atlas reads an encoder or a decoder",
          "A first atlas: the measures the server has prepared so far. The rest are being prepared for every session "
-         "and join it here when they are ready."),
+         "and join it here when they are ready.", language="every head's card, read on the built-in corpus"),
     Page("queries_keys", "Queries & keys", ":material/scatter_plot:", ARE,
          "How does a head match queries to keys, across a whole corpus?", EDITABLE,
-         "Queries and keys are read inside HeadLens's own attention, the from-scratch engine"),
+         "Queries and keys are read inside HeadLens's own attention, the from-scratch engine",
+         language="the built-in corpus"),
     Page("effects", "Effects", ":material/science:", CAUSE, "Which heads make this prediction?", PATCHABLE,
          "Effects are measured inside HeadLens's own attention, the from-scratch engine"),
     Page("circuits", "Circuits", ":material/account_tree:", CAUSE,
          "Which connections between heads carry a task, and do they alone keep it?", PATCHABLE,
          "Circuits run inside HeadLens's own attention, the from-scratch engine"),
     Page("pruning", "Pruning", ":material/content_cut:", CAUSE, "Which heads matter, and how many can go?", EDITABLE,
-         "Pruning runs on the from-scratch engine, which switches heads off and cuts them out of the weights"),
+         "Pruning runs on the from-scratch engine, which switches heads off and cuts them out of the weights",
+         language="the built-in corpus's sentences, and each head's role over them"),
     Page("generate", "Generate", ":material/edit_note:", MAKE,
          "What does a decoder write next, and what did it look at?", DECODER,
          "Generation is for decoders, and {model} is not one"),
@@ -99,6 +105,12 @@ def start(name: str, *, s: Settings | None = None, title: str | None = None) -> 
     st.title(title or page.title)
     st.caption(page.question)
     here.first_note = page.first
+    if s is not None and page.language and s.model.program is not None:
+        p = s.model.program
+        st.info(f"{page.title} reads {page.language}; {s.model.title} reads its own tokens ({vocab_words(p.vocab)}, "
+                f"at most {p.max_seq_len}) and computes {p.about}. Its heads are on Explore, Compare and the other "
+                "pages that read the sidebar's inputs, and what they cause on Effects and Circuits.")
+        st.stop()
     return s, None if s is None else needed(page, s.model)
 
 
@@ -139,7 +151,8 @@ def decoder_or_stop(ref: ModelRef, why: str) -> ModelRef:
         stop_with(err)
     if VOCABULARY in stack.offers:
         return analysed
-    kind = "an encoder" if EMBEDDING in stack.offers else "a classifier"
+    kind = "a compiled program" if ref.program is not None else "an encoder" if EMBEDDING in stack.offers else \
+        "a classifier"
     st.info(f"{why}: it is {kind}, with no next token to predict. Choose a bundled decoder ({DECODERS}) in the "
             "sidebar, or a decoder you trained on the Train page.")
     st.stop()

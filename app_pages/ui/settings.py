@@ -31,7 +31,9 @@ class Settings:
 def settings() -> Settings:
     """The sidebar's current values, read from session state (the sidebar has already run)."""
     ss = st.session_state
-    text = ss.get("text") or ""
+    model = ref_for(ss.get("model", "minilm"), ss.get("device", "auto"))
+    compiled = model.program is not None  # its own inputs, its mask as compiled
+    text = ss.get(f"tokens_{model.choice}" if compiled else "text") or ""
     sentences = sentences_of(text)
     if not sentences:
         if text.strip():
@@ -43,9 +45,9 @@ def settings() -> Settings:
     if len(sentences) > MAX_SENTENCES:
         st.warning(f"Showing the first {MAX_SENTENCES} of {len(sentences)} lines.")
         sentences = sentences[:MAX_SENTENCES]
-    model = ref_for(ss.get("model", "minilm"), ss.get("device", "auto"))
-    return Settings(model, with_continuations(sentences), bool(ss.get("hide_special")), bool(ss.get("merge_words")),
-                    bool(ss.get("shared_scale", True)),
-                    model.is_scratch and model.choice not in LLM and bool(ss.get("causal")),  # a decoder is causal anyway
+    return Settings(model, sentences if compiled else with_continuations(sentences), bool(ss.get("hide_special")),
+                    bool(ss.get("merge_words")), bool(ss.get("shared_scale", True)),
+                    # a decoder is causal anyway, a compiled program as compiled
+                    model.is_scratch and model.choice not in LLM and not compiled and bool(ss.get("causal")),
                     tuple(ss.get("heads_off") or ()) if model.is_scratch else (),
                     bool(ss.get("moved")) and model.editable() is not None)

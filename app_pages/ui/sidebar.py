@@ -5,6 +5,7 @@ import streamlit as st
 import torch
 
 from models import head_label
+from models.compiled import vocab_words
 from models.corpus import DEFAULT_TEXT, EXAMPLES
 
 from ..results.models import CUSTOM, LLM, SCRATCH
@@ -38,10 +39,17 @@ def sidebar() -> None:
                    "Off, HeadLens works without a network.")
     devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     device = bound(sb.selectbox, "device", "auto", init="index", options=devices, label="Device")
-    sb.selectbox("Examples", list(EXAMPLES), index=None, placeholder="Load an example…", key="example",
-                 on_change=_load_example)
-    bound(sb.text_area, "text", DEFAULT_TEXT, valid=lambda t: len(t) <= MAX_CHARS, label="Sentences, one per line",
-          height=140, max_chars=MAX_CHARS, help="Press Ctrl+Enter to apply.")
+    program = ref_for(choice, "auto").program
+    if program is not None:  # a compiled program reads its own tokens, not sentences
+        bound(sb.text_area, f"tokens_{choice}", program.example, valid=lambda t: len(t) <= MAX_CHARS,
+              label=f"Inputs, one per line: tokens {vocab_words(program.vocab)}, at most {program.max_seq_len}",
+              height=100, max_chars=MAX_CHARS, help=f"{program.about.capitalize()}. Tokens separated by spaces; "
+                                                     "the BOS is put first. Press Ctrl+Enter to apply.")
+    else:
+        sb.selectbox("Examples", list(EXAMPLES), index=None, placeholder="Load an example…", key="example",
+                     on_change=_load_example)
+        bound(sb.text_area, "text", DEFAULT_TEXT, valid=lambda t: len(t) <= MAX_CHARS,
+              label="Sentences, one per line", height=140, max_chars=MAX_CHARS, help="Press Ctrl+Enter to apply.")
     sb.subheader("View options")
     causal = choice in LLM  # a bundled decoder's mask: always causal, so its first token can be a sink
     bound(sb.toggle, "hide_special", False, cast=flag, label="Hide the first token (sink)" if causal else
@@ -60,6 +68,9 @@ def sidebar() -> None:
     if causal:  # shown on, and left alone
         sb.toggle("Causal mask", True, disabled=True, key="causal_decoder",
                   help="A decoder: each token always sees only itself and earlier ones.")
+    elif program is not None:  # as compiled
+        sb.toggle("Causal mask", program.causal, disabled=True, key=f"causal_{choice}",
+                  help="As the program was compiled.")
     else:
         bound(sb.toggle, "causal", False, cast=flag, label="Causal mask", disabled=not scratch,
               help="Each token sees only earlier ones; the from-scratch engine only.")

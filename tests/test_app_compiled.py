@@ -1,0 +1,73 @@
+"""A compiled program in the app (``models.compiled``): the sidebar offers the built-in programs, reads inputs of
+the program's tokens, and every page opens on one; a page that reads English says why it does not apply."""
+import numpy as np
+import pytest
+
+from app_pages.ui.page import PAGES
+from models.compiled import BUILT_IN, compiled
+from tests.conftest import decode, figures, heatmaps
+
+pytestmark = pytest.mark.app
+
+LANGUAGE = {"foci", "roles", "head", "atlas", "queries_keys", "pruning"}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """The built-in programs compiled into this module's own cache (``HEADLENS_CACHE``, read when one compiles)."""
+    import os
+
+    folder, before = tmp_path_factory.mktemp("cache"), os.environ.get("HEADLENS_CACHE")
+    os.environ["HEADLENS_CACHE"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("HEADLENS_CACHE", None)
+    else:
+        os.environ["HEADLENS_CACHE"] = before
+
+
+def test_every_page_opens_on_a_compiled_program_and_those_reading_english_say_why_not(cache, new_app):
+    sort = BUILT_IN["sort"]
+    for page in PAGES:
+        at = new_app({"model": "compiled_sort"}, page=page.file, timeout=300)
+        assert not at.error, (page.name, [e.value for e in at.error])
+        info = " ".join(i.value for i in at.info)
+        if page.name in LANGUAGE:
+            assert f"reads {page.language}; the compiled sort reads its own tokens (1-5, at most 5)" in info, info
+            assert sort.about in info
+        if page.name == "generate":
+            assert "it is a compiled program, with no next token to predict" in info, info
+    assert at.sidebar.selectbox[0].value == "compiled_sort"
+    assert at.sidebar.selectbox[0].format_func("compiled_sort") == "Compiled · sort · tokens 1-5 · length 5"
+
+
+def test_explore_draws_the_programs_attention_on_its_tokens_and_a_bad_token_gets_a_sentence(cache, new_app):
+    at = new_app({"model": "compiled_sort"})
+    text = BUILT_IN["sort"].example
+    box = next(t for t in at.sidebar.text_area if t.key.endswith("tokens_compiled_sort"))
+    assert box.value == text and len(text.split()) == 4
+    model = compiled("sort", device="cpu")
+    want = model.attend(text)
+    drawn = [decode(h["z"]) for f in figures(at) for h in heatmaps(f)]
+    assert drawn and any(d.shape == want.weights.shape[-2:] and np.allclose(d, want.weights[0, 0], atol=1e-6)
+                         for d in drawn)
+    box.input("3 9").run()
+    assert not at.exception
+    said = [e.value.replace("\\", "") for e in at.error]  # escaped as markdown: nothing a user types is rendered
+    assert any("'9' is not a token of this compiled program: it reads 1, 2, 3, 4, 5" in e for e in said), said
+
+
+def test_effects_and_circuits_find_the_head_the_compiler_put_the_output_in(cache, new_app):
+    """sort's output is an Aggregate in one head (the truth's): Effects' best head on its first built-in pair, and
+    Circuits' one-token task, whose top edges keep the whole difference."""
+    from models.compiled import ground_truth
+
+    truth = ground_truth(compiled("sort", device="cpu"))
+    output = truth.blocks[truth.blocks["label"] == truth.output["label"]].iloc[0]
+    at = new_app({"model": "compiled_sort"}, page="app_pages/effects.py", timeout=300)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Clean"] == "+1.00" and metrics["Best head"] == output["block"], metrics
+    at = new_app({"model": "compiled_sort"}, page="app_pages/circuits.py", timeout=300)
+    assert at.selectbox[0].label == "Task" and at.selectbox[0].value == "one_token"
+    title = figures(at)[0]["layout"]["title"]["text"]
+    assert title.startswith("The top 10 edges") and "faithfulness 100%" in title, title
