@@ -17,13 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from .errors import HeadLensError
 from .gguf import cache_root
-from .scratch import ScratchModel
+from .stacks.tracr import BOS, PAD, UNK, CompiledModel
 
-BOS, PAD, UNK = "BOS", "PAD", "UNK"
+__all__ = ["BOS", "BUILT_IN", "PAD", "UNK", "CompiledModel", "Program", "Truth", "compile_rasp", "compiled",
+           "ground_truth", "vocab_words"]
+
 MAX_LENGTH = 16    # the longest sequence a program typed in the app compiles for
 MAX_VOCAB = 32     # and its most tokens
 
@@ -111,56 +114,6 @@ BUILT_IN = {p.name: p for p in (
     Program("previous_token", _previous_token, (1, 2, 3), 5, "the previous token (a previous-token head)",
             causal=True),
 )}
-
-
-class CompiledModel(ScratchModel):
-    """A compiled program on the from-scratch engine: it reads its vocabulary's tokens separated by spaces."""
-
-    @property
-    def config(self):
-        return self.stack.config
-
-    @property
-    def program(self) -> dict:
-        """What was compiled: ``name``, ``vocab``, ``max_seq_len``, ``causal``, ``numerical``."""
-        c = self.config
-        return {"name": json.loads(c.ground_truth or "{}").get("program", ""), "vocab": list(c.tokens),
-                "max_seq_len": c.max_positions - 1, "causal": c.causal, "numerical": c.numerical}
-
-    def words(self, text: str) -> list[str]:
-        """``text``'s tokens, checked: each of the vocabulary, at most ``max_seq_len`` of them (a sentence else)."""
-        words = str(text).split()
-        known = [str(v) for v in self.config.tokens]
-        bad = [w for w in words if w not in known]
-        if bad:
-            raise HeadLensError(f"'{bad[0]}' is not a token of this compiled program: it reads "
-                                f"{', '.join(known)}, separated by spaces.")
-        longest = self.config.max_positions - 1
-        if len(words) > longest:
-            raise HeadLensError(f"This compiled program reads at most {longest} tokens; the text has {len(words)}.")
-        return words
-
-    def tokenize(self, *args, **kwargs):
-        texts = args[0] if args else kwargs.get("text")
-        for text in [texts] if isinstance(texts, str) else list(texts or ()):
-            self.words(text)
-        return super().tokenize(*args, **kwargs)
-
-    def outputs(self, text: str) -> np.ndarray:
-        """``(tokens, outputs)``: each output value's logit at every position (BOS first), or ``(tokens, 1)``, the
-        numerical value."""
-        enc = self.tokenize([text], return_tensors="pt")
-        with torch.no_grad():
-            h = self.stack(enc["input_ids"].to(self.device), need_weights=False).last_hidden_state
-            return self.stack.logits(h)[0].to("cpu", torch.float64).numpy()
-
-    def apply(self, text: str) -> list:
-        """Tracr's decoded output of ``text``: the BOS, then each position's output value (a categorical output's
-        argmax, a numerical output's value)."""
-        out = self.outputs(text)
-        if self.config.numerical:
-            return [BOS, *out[1:, 0].tolist()]
-        return [BOS, *(self.config.outputs[k] for k in out[1:].argmax(-1))]
 
 
 # --- compiling ------------------------------------------------------------------------------------------------------
@@ -282,8 +235,8 @@ class Truth:
     for a head its ``select``, ``comparisons``, ``keys``, ``queries`` and what it ``reads``), ``edges`` (``sender``,
     ``receiver``, ``input``: q, k, v, mlp or output) and the ``output``'s name and encoding."""
 
-    blocks: "pd.DataFrame"
-    edges: "pd.DataFrame"
+    blocks: pd.DataFrame
+    edges: pd.DataFrame
     output: dict
 
     def to_json(self) -> str:
@@ -298,8 +251,6 @@ class Truth:
 
 def ground_truth(model) -> Truth:
     """What the compiler put where in ``model`` (a compiled model; a sentence for any other)."""
-    import pandas as pd
-
     raw = getattr(getattr(getattr(model, "stack", None), "config", None), "ground_truth", "")
     if not raw:
         raise HeadLensError(f"{model.name} is not a compiled program: its heads' jobs are not known. Open one with "

@@ -4,14 +4,20 @@ compiled, and an unembedding that reads the program's output out of the residual
 (a categorical output, decoded by its argmax) or the value itself (a numerical one)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import HeadLensError
+from ..scratch import ScratchModel
 from .family import Family, FamilyConfig, FamilyDecoder
 from .weights import Weights
+
+BOS, PAD, UNK = "BOS", "PAD", "UNK"
 
 FAMILY = Family(norm="layer", pre_norms=False, positions="learned", gated=False)
 
@@ -79,8 +85,6 @@ class TracrStack(FamilyDecoder):
 
     @property
     def model_class(self):
-        from ..compiled import CompiledModel
-
         return CompiledModel
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -107,3 +111,53 @@ class TracrStack(FamilyDecoder):
 
     def frozen_finish(self, x: torch.Tensor):
         return (lambda part: part), torch.zeros_like(x)
+
+
+class CompiledModel(ScratchModel):
+    """A compiled program on the from-scratch engine: it reads its vocabulary's tokens separated by spaces."""
+
+    @property
+    def config(self):
+        return self.stack.config
+
+    @property
+    def program(self) -> dict:
+        """What was compiled: ``name``, ``vocab``, ``max_seq_len``, ``causal``, ``numerical``."""
+        c = self.config
+        return {"name": json.loads(c.ground_truth or "{}").get("program", ""), "vocab": list(c.tokens),
+                "max_seq_len": c.max_positions - 1, "causal": c.causal, "numerical": c.numerical}
+
+    def words(self, text: str) -> list[str]:
+        """``text``'s tokens, checked: each of the vocabulary, at most ``max_seq_len`` of them (a sentence else)."""
+        words = str(text).split()
+        known = [str(v) for v in self.config.tokens]
+        bad = [w for w in words if w not in known]
+        if bad:
+            raise HeadLensError(f"'{bad[0]}' is not a token of this compiled program: it reads "
+                                f"{', '.join(known)}, separated by spaces.")
+        longest = self.config.max_positions - 1
+        if len(words) > longest:
+            raise HeadLensError(f"This compiled program reads at most {longest} tokens; the text has {len(words)}.")
+        return words
+
+    def tokenize(self, *args, **kwargs):
+        texts = args[0] if args else kwargs.get("text")
+        for text in [texts] if isinstance(texts, str) else list(texts or ()):
+            self.words(text)
+        return super().tokenize(*args, **kwargs)
+
+    def outputs(self, text: str) -> np.ndarray:
+        """``(tokens, outputs)``: each output value's logit at every position (BOS first), or ``(tokens, 1)``, the
+        numerical value."""
+        enc = self.tokenize([text], return_tensors="pt")
+        with torch.no_grad():
+            h = self.stack(enc["input_ids"].to(self.device), need_weights=False).last_hidden_state
+            return self.stack.logits(h)[0].to("cpu", torch.float64).numpy()
+
+    def apply(self, text: str) -> list:
+        """Tracr's decoded output of ``text``: the BOS, then each position's output value (a categorical output's
+        argmax, a numerical output's value)."""
+        out = self.outputs(text)
+        if self.config.numerical:
+            return [BOS, *out[1:, 0].tolist()]
+        return [BOS, *(self.config.outputs[k] for k in out[1:].argmax(-1))]
