@@ -69,12 +69,7 @@ def moved(model, task, graph) -> np.ndarray:
         diff = run_ids(stack, graph, clean, measure, rows).outs - run_ids(stack, graph, corrupted, measure, rows).outs
     out = np.zeros((len(graph.senders), len(graph.receivers)), dtype=bool)
     for r, (kind, layer, index) in enumerate(graph.receivers):
-        if kind in ("q", "k", "v"):
-            w = stack.layers[layer].attn.head_projections()["qkv".index(kind)][0][index]    # (Dh, E)
-        elif kind == "mlp":
-            w = stack.layers[layer].mlp_in.weight
-        else:
-            w = stack.unembedding()
+        w = stack.unembedding() if kind == "logits" else stack.layers[layer].input_weights(kind, index)  # (d, E)
         seen = torch.einsum("sbne,de->sbnd", diff, w.to(diff.dtype)).abs().amax(dim=(1, 2, 3))
         out[:, r] = (seen > 1e-6).numpy()
     return out & graph.mask()

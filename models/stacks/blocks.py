@@ -45,6 +45,14 @@ class PreNormBlock(nn.Module):
         norm = self.post_attention_norm
         return a if norm is None else a * norm.gain().to(a.dtype)
 
+    def input_weights(self, kind: str, index: int = 0) -> torch.Tensor:
+        """``(d, E)``: the linear map a reader in this block applies to the stream it reads (after its norm, where it
+        has one): head ``index``'s query, key or value projection (``kind`` q, k or v; k and v: its key/value
+        head's), or the feed-forward's first layer (``mlp``; a gated one's gate stacked on its up projection)."""
+        if kind in ("q", "k", "v"):
+            return self.attn.head_projections()["qkv".index(kind)][0][index]
+        return torch.cat([self.gate.weight, self.up.weight]) if self.gated else self.mlp_in.weight
+
     def attention_alone(self, x: torch.Tensor, **options) -> torch.Tensor | None:
         """The weights of the block's attention on its input ``x``, the block run no further (``attend``'s
         arguments)."""
