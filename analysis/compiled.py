@@ -4,15 +4,18 @@
   true edges: the area under the ROC curve (``edge_auroc``; the ACDC paper's measure, Conmy et al. 2023), over
   every true edge and over those a one-token corruption moves (``moved``), and whether the smallest circuit
   keeping 80% of the difference holds them.
-- Effects: patching every head recovers the whole difference; the heads the truth puts on the path recover their
-  share, the others nothing (``head_recovery``).
+- Effects: each head patched alone, the share of the difference it recovers beside whether the truth puts it on
+  the path to the output (``head_recovery``).
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from dataclasses import replace
+
 from models import HeadLensError
+from models.compiled_truth import EMBED, block_at, block_name
 
 from .circuits import edge_scores, exact_edges, faithfulness
 
@@ -21,11 +24,11 @@ RECEIVER_KIND = {"q": "q", "k": "k", "v": "v", "mlp": "mlp", "output": "logits"}
 
 def _sender(graph, name: str) -> int:
     """A truth's sender (``embed``, ``L1 H0``, ``L0 MLP``) as the circuit graph's index."""
-    want = ("input", -1, 0) if name == "embed" else \
-        ("mlp", int(name[1:].split()[0]), -1) if name.endswith("MLP") else \
-        ("head", int(name[1:].split()[0]), int(name.split("H")[1]))
-    for s, (kind, layer, index) in enumerate(graph.senders):
-        if (kind, layer) == want[:2] and (kind != "head" or index == want[2]):
+    if name == EMBED:
+        return next(s for s, (kind, _, _) in enumerate(graph.senders) if kind == "input")
+    layer, head = block_at(name)
+    for s, (kind, at, index) in enumerate(graph.senders):
+        if (kind, at) == ("mlp" if head is None else "head", layer) and (head is None or index == head):
             return s
     raise HeadLensError(f"No sender {name} in the circuit graph.")
 
@@ -35,7 +38,7 @@ def _receiver(graph, name: str, part: str) -> int:
     for r, (k, layer, index) in enumerate(graph.receivers):
         if k != kind:
             continue
-        if kind == "logits" or (kind == "mlp" and name == f"L{layer} MLP"):
+        if kind == "logits" or (kind == "mlp" and name == block_name(layer)):
             return r
         if kind in ("q", "k", "v") and graph.receiver_node_name(r) == name:
             return r
@@ -88,12 +91,15 @@ def auroc(scores: np.ndarray, positive: np.ndarray) -> float:
 def edge_auroc(model, task, truth, methods=("eap", "eap_ig", "exact")) -> pd.DataFrame:
     """Per method: the edge AUROC of its scores' sizes against the true edges, and the smallest circuit keeping
     80% of the difference (by the method's order) with whether it holds every true edge."""
-    rows, moved_edges = [], None
-    for method in methods:
-        scores = edge_scores(model, task, "eap" if method == "exact" else method)
+    rows, scored = [], {}
+    for method in methods:  # exact patching takes EAP's scores for its graph and pairs, computed once
+        gradient = "eap" if method == "exact" else method
+        if gradient not in scored:
+            scored[gradient] = edge_scores(model, task, gradient)
+        scores = scored[gradient]
         graph, mask = scores.graph, scores.graph.mask()
-        positive = true_edges(graph, truth)
-        moved_edges = moved(model, task, graph) if moved_edges is None else moved_edges
+        if not rows:
+            positive, moved_edges = true_edges(graph, truth), moved(model, task, graph)
         if method == "exact":
             edges = np.argwhere(mask)
             fall = exact_edges(model, task, edges).mean(0)
@@ -105,7 +111,7 @@ def edge_auroc(model, task, truth, methods=("eap", "eap_ig", "exact")) -> pd.Dat
         order = np.argsort(-np.abs(values), axis=None)
         ranked = [(int(i // mask.shape[1]), int(i % mask.shape[1])) for i in order if mask.flat[i]]
         sizes = np.arange(1, len(ranked) + 1)
-        curve = faithfulness(model, _scored(scores, values), sizes)
+        curve = faithfulness(model, replace(scores, scores=values), sizes)
         smallest = curve.smallest()
         kept = set(ranked[:smallest]) if smallest else set()
         held = all((int(s), int(r)) in kept for s, r in np.argwhere(positive)) if smallest else False
@@ -119,15 +125,9 @@ def edge_auroc(model, task, truth, methods=("eap", "eap_ig", "exact")) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def _scored(scores, values):
-    from dataclasses import replace
-
-    return replace(scores, scores=values)
-
-
 def head_recovery(model, task, truth) -> pd.DataFrame:
     """Each head's share of the difference recovered by patching it alone (the mean over the task's pairs), beside
-    whether the truth puts it on the path to the output, and the share recovered patching every head at once."""
+    whether the truth puts it on the path to the output."""
     from .effects import patch_heads
 
     frames = [patch_heads(model, p.clean, p.corrupted, *_pair_values(model, p)) for p in task.pairs]

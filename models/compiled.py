@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .compiled_truth import block_at
 from .errors import HeadLensError
 from .gguf import cache_root
 from .stacks.tracr import BOS, PAD, UNK, CompiledModel
@@ -259,8 +260,8 @@ def ground_truth(model) -> Truth:
     rows = []
     for b in truth["blocks"]:
         for block in b["blocks"]:
-            layer, part = block[1:].split(" ", 1)
-            rows.append({"block": block, "layer": int(layer), "head": None if part == "MLP" else int(part[1:]),
+            layer, head = block_at(block)
+            rows.append({"block": block, "layer": layer, "head": head,
                          **{k: v for k, v in b.items() if k != "blocks"}})
     columns = ["block", "layer", "head", "label", "expression", "says", "select", "comparisons", "keys", "queries",
                "reads", "encoding"]

@@ -13,6 +13,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from .result import head_label
+
 EMBED, OUTPUT = "embed", "output"
 BASE = ("tokens", "indices", "one")  # what the embeddings write
 
@@ -41,9 +43,9 @@ def _writers(model) -> dict[str, list[str]]:
         out = np.asarray(model.params[at + "attn/linear"]["w"])                     # (H * ks, D)
         for h in range(cfg.num_heads):
             for d in np.flatnonzero(np.abs(out[h * cfg.key_size:(h + 1) * cfg.key_size]).sum(0) > 0):
-                found[_name(labels[d])].append(f"L{i} H{h}")
+                found[_name(labels[d])].append(block_name(i, h))
         for d in np.flatnonzero(np.abs(np.asarray(model.params[at + "mlp/linear_2"]["w"])).sum(0) > 0):
-            found[_name(labels[d])].append(f"L{i} MLP")
+            found[_name(labels[d])].append(block_name(i))
     return {name: sorted(set(blocks), key=_order) for name, blocks in found.items()}
 
 
@@ -51,11 +53,22 @@ def _name(label: str) -> str:
     return label.split(":", 1)[0]
 
 
+def block_name(layer: int, head: int | None = None) -> str:
+    """A block's name: a head's ``head_label`` ("L1 H0"), a feed-forward's "L0 MLP"."""
+    return f"L{layer} MLP" if head is None else head_label(layer, head)
+
+
+def block_at(name: str) -> tuple[int, int | None]:
+    """``(layer, head)`` of a block's name (``block_name``); head None for a feed-forward."""
+    layer, part = name[1:].split(" ", 1)
+    return int(layer), None if part == "MLP" else int(part[1:])
+
+
 def _order(block: str) -> tuple:
     if block in (EMBED, OUTPUT):
         return (-1 if block == EMBED else 10**6, 0)
-    layer, part = block[1:].split(" ", 1)
-    return (int(layer), -1 if part == "MLP" else int(part[1:]))
+    layer, head = block_at(block)
+    return (layer, -1 if head is None else head)
 
 
 def _select(selector, named) -> tuple[list, list, str]:

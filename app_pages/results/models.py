@@ -22,16 +22,17 @@ def _choices(models) -> dict[str, str]:
 SPEAKING = tuple(b for b in CATALOG if VOCABULARY in b.offers)  # the bundled language models: a vocabulary to write
 
 
+COMPILED = {f"compiled_{name}": p.title for name, p in PROGRAMS.items()}  # RASP programs compiled by Tracr
+
+
 MODELS = {  # the sidebar's choices: each bundled model on each engine (models.catalog), the untrained encoder
     **_choices(b for b in CATALOG if b not in SPEAKING),
     "untrained": "Untrained encoder · from scratch, seed 0",
     **_choices(SPEAKING),
     "custom": "Custom model · transformers",
     "custom_scratch": "Custom model · from-scratch engine",
+    **COMPILED,
 }
-
-COMPILED = {f"compiled_{name}": p.title for name, p in PROGRAMS.items()}  # RASP programs compiled by Tracr
-MODELS.update(COMPILED)
 
 
 CUSTOM = {"custom", "custom_scratch"}  # a model id or folder typed in the sidebar, on either engine

@@ -58,10 +58,6 @@ class CompiledOutput(Readout):
         clean, corrupted, a, d = self._first()
         return f"clean,corrupted,answer,distractor\n{clean},{corrupted},{a},{d}\n"
 
-    @property
-    def reads_from(self) -> str:
-        return "the last token" if self.stack.causal else "every token (the mean)"
-
     def _first(self) -> tuple:
         pair = next(iter(self.builtin_pairs().values()), None)
         if pair is None:
