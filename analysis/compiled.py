@@ -6,6 +6,9 @@
   keeping 80% of the difference holds them.
 - Effects: each head patched alone, the share of the difference it recovers beside whether the truth puts it on
   the path to the output (``head_recovery``).
+- Explanations: each compiled head's program, fitted and held out on the program's own random inputs, against its
+  Select: the comparison named, the held-out score, and the IoU of the program's keys with the Select's pattern as
+  Tracr's own RASP evaluator computes it (``explanation_scores``).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import pandas as pd
 from dataclasses import replace
 
 from models import HeadLensError
-from models.compiled_truth import EMBED, block_at, block_name
+from models.compiled_truth import EMBED, block_at, block_name, selections
 
 from .circuits import edge_scores, exact_edges, faithfulness
 
@@ -144,3 +147,85 @@ def _pair_values(model, pair):
     if readout.numerical:
         return "value", "value"
     return str(readout.values[pair.answer]), str(readout.values[pair.distractor])
+
+
+BASE_VALUES = {"tokens", "indices"}  # what the explanations' comparisons read
+
+
+def explanation_scores(model, truth, program=None, *, n: int = 200) -> pd.DataFrame:
+    """Each compiled head's explanation (``explain_heads`` on ``n`` of the program's random inputs, half fitted on,
+    half held out) against the truth: one row per head the compiler placed a Select in: ``block``, ``select`` (the
+    truth's), ``named`` (the program's rules), ``right`` (the Select's comparison is the one its first rule, which gives most,
+    names),
+    ``score`` and ``iou`` (held out: the head's attention on the rules' keys, and its rows against the program's),
+    ``iou_select`` (the program's keys against the Select's pattern as Tracr's evaluator computes it, over the
+    held-out inputs' queries) and ``computed`` (the Select compares a value the program computes, not the tokens or
+    the positions the rules read). ``program``: the RASP program compiled (a built-in's by default)."""
+    from models.compiled import BUILT_IN
+
+    from .explanations import explain_heads
+    from .explanations.heads import own_halves
+    from .roles.rules import KNOWN, UNION, Reading
+
+    if program is None:
+        name = model.program["name"]
+        if name not in BUILT_IN:
+            raise HeadLensError(f"Give the RASP program {name!r} was compiled from: it is not a built-in one.")
+        program = BUILT_IN[name].make()
+    fit, held_out = own_halves(model.random_inputs(n))
+    frame = explain_heads(model, fit, held_out, replicates=200).set_index(["layer", "head"])
+    values = {str(v): v for v in model.config.tokens}
+    patterns = selections(program, [[values[w] for w in text.split()] for text in held_out])
+    readings = [Reading.of(a) for a in model.attend(held_out)]
+    rows = []
+    for b in truth.blocks[truth.blocks["head"].notna()].itertuples():
+        found = frame.loc[(int(b.layer), int(b.head))]
+        rules = [KNOWN[name] for name in found["rule"].split(UNION)]
+        both = either = 0
+        for reading, selected in zip(readings, patterns[b.label]):
+            named = np.zeros((len(reading), len(reading)), dtype=bool)
+            for rule in rules:
+                for q, keys in enumerate(rule.keys_of(reading)):
+                    named[q, keys] = True
+            true = np.zeros_like(named)
+            true[1:, 1:] = selected  # the BOS first
+            both, either = both + (named & true)[1:, 1:].sum(), either + (named | true)[1:, 1:].sum()
+        rows.append({"block": b.block, "select": b.select, "named": found["rule"],
+                     "right": set(b.comparisons) <= rules[0].comparisons,  # the rule that gives most
+                     "score": float(found["score"]), "iou": float(found["iou"]),
+                     "iou_select": both / either if either else 1.0,
+                     "computed": not set(b.keys) | set(b.queries) <= BASE_VALUES})
+    return pd.DataFrame(rows)
+
+
+def edges_beside(scores, truth, n: int, kinds=None) -> tuple[pd.DataFrame, float]:
+    """The true edges beside a circuit's scores (``EdgeScores``, its top ``n`` of the receiver ``kinds``): one row per
+    true edge, ``sender``, ``receiver`` (as the circuit names them), its ``score``, ``rank`` (1 = the largest
+    |score|) and whether the circuit of ``n`` edges holds it (``in_circuit``); and the scores' edge AUROC against the
+    true edges (NaN where every edge is true or none is)."""
+    graph = scores.graph
+    positive = true_edges(graph, truth)
+    s, r = scores.ranked(kinds)
+    rank = {(int(a), int(b)): i + 1 for i, (a, b) in enumerate(zip(s, r))}
+    rows = [{"sender": graph.sender_name(a), "receiver": graph.receiver_name(b), "score": float(scores.scores[a, b]),
+             "rank": rank.get((int(a), int(b))), "in_circuit": rank.get((int(a), int(b)), n + 1) <= n}
+            for a, b in np.argwhere(positive)]
+    mask = graph.mask()
+    frame = pd.DataFrame(rows, columns=["sender", "receiver", "score", "rank", "in_circuit"])
+    return frame.sort_values("rank", na_position="last").reset_index(drop=True), \
+        auroc(np.abs(scores.scores[mask]), positive[mask])
+
+
+def head_beside(truth, explanations: pd.DataFrame, layer: int, head: int) -> dict:
+    """What the compiler put in head ``(layer, head)`` beside what its explanation found (a row of
+    ``explain_heads``' frame on the program's own inputs): ``compiled`` (the truth's expression in words, or None for
+    a head left empty), ``found`` (the program's rules), ``sentence``, ``score``, ``iou`` (held out) and ``agrees``
+    (the comparison the rule that gives most names is the compiled Select's; None for an empty head)."""
+    from .roles.rules import KNOWN, UNION
+
+    row = explanations[(explanations["layer"] == layer) & (explanations["head"] == head)].iloc[0]
+    placed = truth.head(layer, head)
+    first = KNOWN[row["rule"].split(UNION)[0]]
+    return {"compiled": None if placed is None else placed["says"], "found": row["rule"],
+            "sentence": row["sentence"], "score": float(row["score"]), "iou": float(row["iou"]),
+            "agrees": None if placed is None else set(placed["comparisons"]) <= first.comparisons}

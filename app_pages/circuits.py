@@ -7,6 +7,7 @@ from analysis import circuits as AC
 from app_pages.results.circuits import circuit_at, circuit_curve
 from app_pages.results.models import cached_model
 from app_pages.ui import circuit_view as view
+from app_pages.ui import compiled
 from app_pages.ui.circuits import pick_circuit, pick_edges, scores_or_stop
 from app_pages.ui.effects_task import problems
 from app_pages.ui.page import start
@@ -44,6 +45,8 @@ faith = circuit_at(ref, *shown.args, kinds, n, *sizes)
 figures = {"circuit-graph": ("The circuit", view.graph_section(ref, shown, scores, n, faith)),
            "circuit-curve": ("The faithfulness curve", view.curve_section(curve, n))}
 view.heads_section(ref, shown, scores, n)
+if ref.program is not None:
+    compiled.truth_section(ref, scores, n, list(kinds))
 circuit_why(ref, shown.spec, task, scores.frame(n, list(kinds)), scores.graph)
 view.path_section(ref, shown, scores)
 view.downloads(scores, shown, n, faith, curve, figures)

@@ -8,6 +8,7 @@ from app_pages.results.models import offers_of
 from app_pages.results.detector import detected
 from app_pages.results.tasks import first_spec
 from app_pages.ui import card_view as view
+from app_pages.ui import compiled
 from app_pages.ui.card import same_kind, stored_atlas
 from app_pages.ui.exports import file_name
 from app_pages.ui.models import model_for
@@ -27,12 +28,16 @@ picks = [(layer, head) for layer in range(model.n_layers) for head in range(mode
 top = st.columns([1, 3])
 # a card opens on the model's most telling head (its strongest induction or object head), once the detector or the
 # profile it is read from is there: a decoder's is prepared, an encoder's takes seconds and the card reads it too
-opening = None if model.encoder_decoder or ref.program is not None else telling(ref, s.causal, s.heads_off)
+opening = compiled.opening(ref) if ref.program is not None else None if model.encoder_decoder else \
+    telling(ref, s.causal, s.heads_off)
 layer, head = choose("Head", picks, "head", default=None if opening is None else opening[:2], container=top[0],
                      cast=head_from_url, to_url=head_to_url, format_func=lambda h: head_label(*h))
 start("head", s=s, title=f"{head_label(layer, head)} · {ref.title}")
 summary = st.container()  # the card in sentences, once its parts are gathered
-text = pick_sentence(s, container=top[1], label="Your sentence")
+text = pick_sentence(s, container=top[1], label="Your input" if ref.program is not None else "Your sentence")
+if ref.program is not None:  # its card: what the compiler put in the head beside what HeadLens finds
+    compiled.head_card(s, ref, layer, head, text)
+    st.stop()
 # the sidebar's sentence untouched, a decoder's head opens on a text that shows its habit (the founding sentence
 # repeats nothing, so an induction head shows only its sink there). The head is drawn before its card is gathered
 # over the corpus (seconds to a minute on a cold server) where that text needs no card: the user's own sentence, an

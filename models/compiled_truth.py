@@ -165,3 +165,18 @@ def _selects(selector) -> list:
     if isinstance(selector, rasp.Select):
         return [selector]
     return [s for c in selector.children for s in _selects(c)]
+
+
+def selections(program, inputs) -> dict[str, list[np.ndarray]]:
+    """Each head's Select evaluated by Tracr's own RASP evaluator, not by the compiled weights: for each
+    ``Aggregate`` and ``SelectorWidth`` of ``program`` (by the truth's stable ``label``), a bool ``(n, n)`` matrix
+    ``[query, key]`` for each of ``inputs`` (lists of the vocabulary's values, no BOS)."""
+    from tracr.compiler import nodes, rasp_to_graph
+    from tracr.rasp import rasp
+
+    graph = rasp_to_graph.extract_rasp_graph(program).graph
+    named = _stable_names(graph)
+    return {named(expr): [np.asarray(rasp.evaluate(expr.selector, list(xs)), dtype=bool).reshape(len(xs), len(xs))
+                          for xs in inputs]
+            for expr in (n[nodes.EXPR] for n in graph.nodes.values())
+            if isinstance(expr, (rasp.Aggregate, rasp.SelectorWidth))}

@@ -9,7 +9,7 @@ from tests.conftest import decode, figures, heatmaps
 
 pytestmark = pytest.mark.app
 
-LANGUAGE = {"foci", "roles", "head", "atlas", "queries_keys", "pruning"}
+LANGUAGE = {"foci", "roles", "atlas", "queries_keys", "pruning"}
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +71,35 @@ def test_effects_and_circuits_find_the_head_the_compiler_put_the_output_in(cache
     assert at.selectbox[0].label == "Task" and at.selectbox[0].value == "one_token"
     title = figures(at)[0]["layout"]["title"]["text"]
     assert title.startswith("The top 10 edges") and "faithfulness 100%" in title, title
+    # the compiler's true edges beside the scores: the head that writes the output ranks first and the circuit of
+    # 10 edges holds it; the positions L2 H0 queries with (both inputs share them) score 0
+    assert "The compiled truth" in [h.value for h in at.subheader]
+    edges = next(d.value for d in at.dataframe if "in_circuit" in d.value.columns)
+    assert len(edges) == len(truth.edges) and edges.iloc[0][["sender", "receiver"]].tolist() == [output["block"],
+                                                                                                  "output"]
+    assert edges.iloc[0]["rank"] == 1 and edges.iloc[0]["in_circuit"]
+    queried = edges[(edges["sender"] == "input") & (edges["receiver"] == f"{output['block']}.q")]
+    assert len(queried) == 1 and queried.iloc[0]["score"] == 0
+    said = " ".join(c.value for c in at.caption).replace("\\", "")  # escaped as markdown
+    assert f"The compiler's {len(truth.edges)} true edges: the circuit of 10 edges holds " \
+           f"{int(edges['in_circuit'].sum())}." in said, said
+
+
+def test_a_compiled_heads_card_shows_what_the_compiler_put_in_it_beside_what_headlens_found(cache, new_app):
+    """sort's L1 H0 counts the smaller keys (a SelectorWidth of a Select over a value mixing each token with its
+    position, LT): its explanation names the tokens' LT and earlier copies, the comparison the compiler placed. The
+    card opens on L2 H0, the output's Aggregate, whose Select compares a computed value: the card says so."""
+    at = new_app({"model": "compiled_sort", "head": "1.0"}, page="app_pages/head.py", timeout=300)
+    assert not at.error and not at.exception
+    code = [c.value for c in at.code]
+    assert code == ["SelectorWidth(Select(sequence_map, sequence_map, LT))",
+                    "Select(tokens, tokens, LT) or duplicate"], code
+    assert "names the comparison the compiler placed" in at.success[0].value
+    said = " ".join(c.value for c in at.caption).replace("\\", "")  # escaped as markdown
+    assert "Attends to the BOS (0.50), the keys whose token is less than its own" in said, said
+    assert "True edges: it reads its queries from L0 MLP, its keys from L0 MLP, its values from the tokens and " \
+           "positions; it feeds L1 MLP." in said, said
+    at = new_app({"model": "compiled_sort"}, page="app_pages/head.py", timeout=300)
+    assert at.selectbox[0].value == (2, 0) or "L2 H0" in at.title[0].value
+    assert [c.value for c in at.code][0] == "Select(target_pos, indices, EQ), aggregating tokens"
+    assert "compares a value the program computes" in at.warning[0].value

@@ -12,6 +12,7 @@ from transformers import BertModel
 
 from analysis.explanations import (EXPLAINED, corpus_halves, explain_attentions, explain_heads, explained,
                                    explained_share, read_on)
+from analysis.explanations.programs import EMPTY
 from analysis.explanations.replace import Replacer
 from analysis.roles.rules import RULES, rule_named
 from models import HeadLensError, load_model
@@ -102,12 +103,14 @@ def _read(model, texts: list[dict], r, rules) -> dict:
         text_on = 0.0
         for q, content, whole, named in _rows(model, t, rules, r.weights, r.fallback_weight, r.sink_weight,
                                               r.special_weight):
-            actual = np.zeros_like(content)
-            actual[t["content"][q]] = w[q, t["content"][q]] / w[q, t["content"][q]].sum()
-            mins, maxs = mins + np.minimum(content, actual).sum(), maxs + np.maximum(content, actual).sum()
+            actual, total = np.zeros_like(content), w[q, t["content"][q]].sum()
+            if total > EMPTY:  # a head that gives its content nothing, all on the sink: no row to explain
+                actual[t["content"][q]] = w[q, t["content"][q]] / total
+            agree = total <= EMPTY and not named  # and a program naming no key for it agrees
+            mins, maxs = mins + np.minimum(content, actual).sum() + agree, maxs + np.maximum(content, actual).sum()
             mins_full += np.minimum(whole, w[q]).sum()
             maxs_full += np.maximum(whole, w[q]).sum()
-            text_on += actual[named].sum()
+            text_on += actual[named].sum() + agree
             uniform += len(named) / len(t["content"][q])
             covered += bool(named)
             sink += w[q, 0]
@@ -128,7 +131,8 @@ def _fit_error(model, texts: list[dict], layer, head, rules, weights) -> tuple[f
         for q in t["queries"]:
             c = t["content"][q]
             actual = np.zeros(w.shape[-1])
-            actual[c] = w[q, c] / w[q, c].sum()
+            if w[q, c].sum() > EMPTY:
+                actual[c] = w[q, c] / w[q, c].sum()
             F = np.zeros((len(rules) + 1, w.shape[-1]))
             for j, (rule, k) in enumerate(zip(rules, keys)):
                 for key, v in _part(rule, k, q, c).items():
@@ -187,7 +191,8 @@ def _check(frame, folder, model, fit, held_out, causal, heads=12):
 def test_an_encoders_heads_are_explained_on_text_they_were_not_fitted_on(scratch_model, minilm_dir):
     frame = explain_heads(scratch_model, FIT, HELD_OUT, replicates=1000)
     assert len(frame) == 72 and frame.attrs == {"causal": False, "fit": len(FIT), "held_out": len(HELD_OUT),
-                                                    "held_out_texts": "texts"}
+                                                    "held_out_texts": "texts",
+                                                    "rules": [n for n in RULES if n != "first token"]}
     _check(frame, minilm_dir, scratch_model, FIT, HELD_OUT, causal=False)
     assert explained_share(frame) == pytest.approx(((frame["score"] >= EXPLAINED) & (frame["lift"] >= 3)).mean())
     l0h2 = frame.set_index(["layer", "head"]).loc[(0, 2)]  # MiniLM's previous-token head

@@ -28,7 +28,7 @@ import pandas as pd
 from models import HeadLensError
 from models.corpus import CORPUS, paragraph_halves
 
-from ..roles.rules import RULES, UNION, Reading, Rule, union
+from ..roles.rules import KNOWN, RULES, UNION, Reading, Rule, compiled_rules, union
 from .programs import Gram, evaluate, in_words, part_names
 from .scores import COLUMNS as SCORE_COLUMNS
 from .scores import Content, no_query
@@ -73,7 +73,7 @@ def _explained(fit: Iterable, held_out: Iterable, rules: Sequence[Rule] | None, 
     if gram.G is None:
         raise no_query("Explaining heads")
     said(FIT_SHARE)
-    every = gram.programs(range(len(rules)))
+    every = _evenly_as_rule(gram.programs(range(len(rules))), rules)
     positional = gram.programs([i for i, r in enumerate(rules) if r.family == "positional"])
     said(FIT_SHARE + 0.05)
     read, pos = evaluate(held_out, rules, [every, positional], gram.aside, replicates)
@@ -98,7 +98,7 @@ def _explained(fit: Iterable, held_out: Iterable, rules: Sequence[Rule] | None, 
     for name, value in cells.items():
         frame[name] = np.asarray(value).ravel()
     frame = frame[list(COLUMNS)]
-    frame.attrs.update(causal=causal, fit=gram.texts, held_out=read.texts)
+    frame.attrs.update(causal=causal, fit=gram.texts, held_out=read.texts, rules=[r.name for r in rules])
     said(1.0)
     return frame
 
@@ -107,7 +107,7 @@ def read_on(frame: pd.DataFrame, attentions: Sequence, *, replicates: int = 1000
     """Each head's program of ``frame`` (``explain_heads``', or some of its rows: one card's head) read on other
     texts' attentions, a user's: one row per head of ``frame``, ``layer``, ``head``, ``rule``, and ``score``, ``lo``,
     ``hi``, ``coverage``, ``lift``, ``iou``, ``iou_full``, ``sink_share`` as the frame reads its held-out text."""
-    rules = [r for r in RULES.values() if r.name != "first token"]
+    rules = [KNOWN[n] for n in frame.attrs.get("rules", [r.name for r in RULES.values() if r.name != "first token"])]
     index = {r.name: i for i, r in enumerate(rules)}
     texts = [a for a in attentions if _queries(a)]
     if not texts:
@@ -135,6 +135,21 @@ def _queries(attention) -> bool:
     return len(Content.bare(Reading.of(attention)).queries) > 0
 
 
+def _evenly_as_rule(weights: np.ndarray, rules: Sequence[Rule]) -> np.ndarray:
+    """Programs ``(L·H, R + 1)`` whose fallback gives most (every content key evenly) given to a rule naming every
+    key, where one is among ``rules`` (RASP's TRUE): a compiled head's uniform Select named as one, its rules'
+    rounding left out."""
+    every = [j for j, r in enumerate(rules) if r.comparisons == {"TRUE"}]
+    if not every:
+        return weights
+    out = weights.copy()
+    even = out[:, -1] >= 0.5
+    out[even] = np.where(out[even] < 1e-6, 0.0, out[even])
+    out[even, every[0]] += out[even, -1]
+    out[even, -1] = 0.0
+    return out
+
+
 def _largest_first(weights: np.ndarray, covered: np.ndarray) -> list[int]:
     """The rules a program uses, the one that gives most of the fit's rows first."""
     used = [j for j in range(len(weights) - 1) if weights[j] > 0]
@@ -153,13 +168,17 @@ def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[st
                   rules: Sequence[Rule] | None = None, replicates: int = 1000, batch_size: int = 8,
                   progress: Callable[[float], None] | None = None, **attend) -> pd.DataFrame:
     """Every head of ``model`` explained: its program fitted on ``fit`` and read on ``held_out`` (by default the
-    built-in paragraphs' two halves, ``paragraph_halves``), one row per head (``COLUMNS``). The texts are attended
+    built-in paragraphs' two halves, ``paragraph_halves``; a compiled program's, its own random inputs' halves, read
+    by ``compiled_rules``), one row per head (``COLUMNS``). The texts are attended
     ``batch_size`` at a time and each batch read as it comes: one batch's weights are held at once, not every
     text's (SmolLM2 over the 130 paragraphs: 2 GB of weights); ``attend``: ``model.attend``'s options (``head_mask``,
     ``causal``)."""
-    on = "paragraphs" if fit is None and held_out is None else "texts"  # what the frame says it was read on
+    own = getattr(model, "random_inputs", None)  # a compiled program: its own tokens' inputs, RASP's comparisons
+    on = ("inputs" if own else "paragraphs") if fit is None and held_out is None else "texts"  # as the frame says
+    if rules is None and own:
+        rules = compiled_rules()
     if fit is None and held_out is None:
-        fit, held_out = paragraph_halves()
+        fit, held_out = own_halves(own()) if own else paragraph_halves()
     elif fit is None or held_out is None:
         raise HeadLensError("Give both the fit texts and the held-out texts, or neither (the built-in paragraphs' "
                             "halves).")
@@ -178,6 +197,19 @@ def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[st
                        said)
     frame.attrs["held_out_texts"] = on
     return frame
+
+
+def explained_on(model) -> str:
+    """What ``explain_heads`` reads ``model``'s heads on by default, in words."""
+    own = getattr(model, "random_inputs", None)
+    return f"{len(own())} random inputs of its tokens" if own else f"{sum(map(len, paragraph_halves()))} paragraphs"
+
+
+def own_halves(texts: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A compiled program's random inputs (``CompiledModel.random_inputs``, each once) in two halves: alternate
+    inputs fitted on and held out."""
+    texts = list(dict.fromkeys(texts))
+    return texts[0::2], texts[1::2]
 
 
 FIT_SHARE, READ_SHARE = 0.45, 0.95  # the progress reported once the fit texts, then the held-out ones, are read

@@ -29,12 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from ..roles.rules import RULES, UNION, Rule
+from ..roles.rules import KNOWN, UNION, Rule
 from ..stats import LiftBootstrap
 from .scores import Content, no_query
 
 MAX_RULES = 3  # rules in a program, besides the sink and the fallback
 MIN_GAIN = 0.05  # a further rule joins when it cuts this share of the fit's squared error left
+EMPTY = 0.0  # a query whose content attention sums to no more gives its content nothing (a compiled head's Select
+# naming no key: all on the BOS)
 MIN_SHARE = 0.05  # and stays when it gives at least this share of what the program's rules give
 FIRST, OTHER, FALLBACK = "sink", "special", "fallback"  # the parts besides the rules, as ``part_names`` says them
 
@@ -56,7 +58,7 @@ def _scaled(X: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """Rows of ``X`` on the keys ``keep`` names, each scaled to sum to 1 (0 where it has nothing there)."""
     X = X * keep
     total = X.sum(-1, keepdims=True)
-    return np.divide(X, total, out=np.zeros_like(X), where=total > 0)
+    return np.divide(X, total, out=np.zeros_like(X), where=total > EMPTY)
 
 
 def _other(c: Content, content: np.ndarray) -> np.ndarray:
@@ -235,7 +237,12 @@ def _read_text(c: Content, rows: np.ndarray, named: np.ndarray, content: np.ndar
     R = len(named)
     K, Q, n = rows.shape
     P, empty = _content_rows(weights, rows)
-    add("min", np.minimum(P, actual).sum((1, 2), dtype=np.float64))
+    uses = (weights[:, :R] > 0).astype(np.float32)
+    keys = (uses @ named.reshape(R, -1).astype(np.float32)).reshape(-1, Q, n) > 0      # each head's rules' keys
+    # a query the head gives no content (all on the first token or special tokens: a compiled head whose Select
+    # names no key) agrees with a program whose rules name none for it
+    agree = (np.einsum("hqn,qn->hq", c.whole, content.astype(c.whole.dtype)) <= EMPTY) & ~keys.any(-1)  # (LH, Q)
+    add("min", np.minimum(P, actual).sum((1, 2), dtype=np.float64) + agree.sum(-1))
     add("max", np.maximum(P, actual).sum((1, 2), dtype=np.float64))
     if not whole:
         return
@@ -245,9 +252,7 @@ def _read_text(c: Content, rows: np.ndarray, named: np.ndarray, content: np.ndar
     rows_whole = _whole_rows(P, first, spare, other)
     add("min_full", np.minimum(rows_whole, c.whole).sum((1, 2), dtype=np.float64))
     add("max_full", np.maximum(rows_whole, c.whole).sum((1, 2), dtype=np.float64))
-    uses = (weights[:, :R] > 0).astype(np.float32)
-    keys = (uses @ named.reshape(R, -1).astype(np.float32)).reshape(-1, Q, n) > 0      # each head's rules' keys
-    on = (actual * keys).sum((1, 2), dtype=np.float64)
+    on = (actual * keys).sum((1, 2), dtype=np.float64) + agree.sum(-1)
     boot.add(c.key, on.reshape(c.shape), Q)
     add("on", on)
     add("covered", keys.any(-1).sum(-1))
@@ -297,7 +302,7 @@ class Program:
     @classmethod
     def of(cls, row) -> Program:
         """The program of a row of ``explain_heads``' frame."""
-        return cls(tuple(RULES[n] for n in row.rule.split(UNION)), tuple(float(w) for w in row.weights),
+        return cls(tuple(KNOWN[n] for n in row.rule.split(UNION)), tuple(float(w) for w in row.weights),
                    float(row.fallback_weight), float(row.sink_weight), float(row.special_weight))
 
     def pattern(self, reading) -> tuple[np.ndarray, np.ndarray]:

@@ -141,6 +141,13 @@ class Rule:
     sentence: str
     predict: Callable[[Reading], Keys]
     half_life: float | None = None  # a recency rule's decay: a key d tokens before the previous one weighs 2^(-d/h)
+    select: str = ""  # the rule as a RASP Select (keys, queries, comparison), where it is one
+
+    @property
+    def comparisons(self) -> set[str]:
+        """The comparisons of the Selects the rule is ({"LT"}; {"EQ", "LT"} for two joined); none for a rule that is
+        no Select."""
+        return {part.rsplit(", ", 1)[1].rstrip(")") for part in self.select.split(" & ")} if self.select else set()
 
     def spread(self, queries: np.ndarray, named: np.ndarray) -> np.ndarray:
         """How a program spreads this rule's part of each query's row over the keys it names (``named``, bool
@@ -182,6 +189,10 @@ def union(a: Rule, b: Rule) -> Rule:
 
 def _offset(d: int) -> Callable[[Reading], Keys]:
     return lambda r: [[q + d] if 0 <= q + d < len(r) else [] for q in range(len(r))]
+
+
+def _offset_select(d: int) -> str:
+    return f"Select(indices, indices{d:+d}, EQ)" if d else "Select(indices, indices, EQ)"
 
 
 def _first(r: Reading) -> Keys:
@@ -323,14 +334,15 @@ def in_words(sentence: str, causal: bool) -> str:
 
 def _rules() -> dict[str, Rule]:
     rules = [
-        Rule("previous token", "positional", "attends to the previous token", _offset(-1)),
-        Rule("next token", "positional", "attends to the next token", _offset(1)),
-        Rule("itself", "positional", "attends to itself", _offset(0)),
-        Rule("2 back", "positional", "attends to the token two back", _offset(-2)),
-        Rule("3 back", "positional", "attends to the token three back", _offset(-3)),
+        Rule("previous token", "positional", "attends to the previous token", _offset(-1), select=_offset_select(-1)),
+        Rule("next token", "positional", "attends to the next token", _offset(1), select=_offset_select(1)),
+        Rule("itself", "positional", "attends to itself", _offset(0), select=_offset_select(0)),
+        Rule("2 back", "positional", "attends to the token two back", _offset(-2), select=_offset_select(-2)),
+        Rule("3 back", "positional", "attends to the token three back", _offset(-3), select=_offset_select(-3)),
         Rule("first token", "positional", f"attends to {FIRST}", _first),
-        Rule("last token", "positional", f"attends to {LAST}", _last),
-        Rule("duplicate", "lexical", "attends to an earlier copy of the current token", _duplicate),
+        Rule("last token", "positional", f"attends to {LAST}", _last, select="Select(indices, length-1, EQ)"),
+        Rule("duplicate", "lexical", "attends to an earlier copy of the current token", _duplicate,
+             select="Select(tokens, tokens, EQ) & Select(indices, indices, LT)"),
         Rule("induction", "lexical", "attends to the token after an earlier copy of the current one (induction)",
              _induction),
         Rule("punctuation", "lexical", "attends to the nearest earlier punctuation", _punctuation),
@@ -351,14 +363,75 @@ def _rules() -> dict[str, Rule]:
 RULES: dict[str, Rule] = _rules()
 
 
+# --- RASP's comparisons: a Select of the tokens or the positions, as a compiled program's head reads them ---------
+
+COMPARED = {"EQ": ("==", "equal to"), "LT": ("<", "less than"), "LEQ": ("<=", "at most"),
+            "GT": (">", "greater than"), "GEQ": (">=", "at least"), "NEQ": ("!=", "other than")}
+OVER = {"tokens": "token", "indices": "position"}
+
+
+def _value(piece: str):
+    """A token's value as a RASP program compares it: a number where it reads as one, else its text."""
+    for kind in (int, float):
+        try:
+            return kind(piece)
+        except ValueError:
+            pass
+    return piece
+
+
+def _compare(over: str, comparison: str) -> Callable[[Reading], Keys]:
+    """Tracr's ``Select(over, over, comparison)``: for each query, the keys whose value compares with the query's
+    as ``comparison(key, query)`` says; special tokens (the BOS) neither query nor are named."""
+    import operator
+
+    test = {"EQ": operator.eq, "LT": operator.lt, "LEQ": operator.le, "GT": operator.gt, "GEQ": operator.ge,
+            "NEQ": operator.ne, "TRUE": lambda k, q: True}[comparison]
+
+    def holds(k, q) -> bool:
+        try:
+            return bool(test(k, q))
+        except TypeError:  # a number against a text: never
+            return False
+
+    def predict(r: Reading) -> Keys:
+        values = list(range(len(r))) if over == "indices" else [_value(p) for p in r.pieces]
+        content = [k for k in range(len(r)) if not r.special[k]]
+        return [[] if r.special[q] else [k for k in content if holds(values[k], values[q])] for q in range(len(r))]
+    return predict
+
+
+def _comparisons() -> dict[str, Rule]:
+    rules = [Rule(f"Select({over}, {over}, {op})", "comparison",
+                  f"attends to the keys whose {word} is {said} its own (RASP's Select({over}, {over}, {op}))",
+                  _compare(over, op), select=f"Select({over}, {over}, {op})")
+             for over, word in OVER.items() for op, (_, said) in COMPARED.items()
+             if (over, op) != ("indices", "EQ")]  # "itself"
+    rules.append(Rule("Select(indices, indices, TRUE)", "comparison",
+                      "attends to every key evenly (RASP's Select(indices, indices, TRUE))",
+                      _compare("indices", "TRUE"), select="Select(indices, indices, TRUE)"))
+    return {rule.name: rule for rule in rules}
+
+
+COMPARISONS: dict[str, Rule] = _comparisons()
+KNOWN: dict[str, Rule] = {**RULES, **COMPARISONS}  # every rule a name finds
+
+
+def compiled_rules() -> list[Rule]:
+    """The rules a compiled program's heads are explained by: the positional rules, an earlier copy (two Selects
+    joined: the same token, an earlier position) and RASP's comparisons of the tokens and the positions (its tokens
+    are no English, which the other lexical rules and the syntactic ones read)."""
+    return [r for r in RULES.values() if r.family == "positional" or r.name == "duplicate"] + list(COMPARISONS.values())
+
+
 def rule_named(name: str) -> Rule:
-    """The rule ``name`` names: one of ``RULES`` or two or three of them joined by " or " ("previous token or first
-    token", a program's rules)."""
-    if name in RULES:
-        return RULES[name]
+    """The rule ``name`` names: one of ``RULES`` or ``COMPARISONS``, or two or three of them joined by " or "
+    ("previous token or first token", a program's rules)."""
+    if name in KNOWN:
+        return KNOWN[name]
     parts = name.split(UNION)
-    if 2 <= len(parts) <= 3 and all(p in RULES for p in parts):
-        return functools.reduce(union, (RULES[p] for p in parts))
-    unknown = [p for p in parts if p not in RULES] or [name]
+    if 2 <= len(parts) <= 3 and all(p in KNOWN for p in parts):
+        return functools.reduce(union, (KNOWN[p] for p in parts))
+    unknown = [p for p in parts if p not in KNOWN] or [name]
     raise HeadLensError(f"There is no rule named {unknown[0]!r}. Rules: {', '.join(RULES)}; or two or three of them "
                         f"joined by {UNION.strip()!r}.")

@@ -7,6 +7,7 @@ import pandas as pd
 
 from analysis import head_mask
 from analysis.explanations import explain_corpus, explain_heads, replacement_counts, replacement_curve
+from analysis.explanations.heads import explained_on
 from models.corpus import CORPUS, paragraph_halves
 
 from .models import ModelRef, cached_model
@@ -29,7 +30,7 @@ def explanations(ref: ModelRef, causal: bool, heads_off: tuple, texts: str = PAR
         with spinner(f"Scoring every rule for every head over {len(attentions)} sentences…"):
             return explain_corpus(attentions)
     model = cached_model(ref)
-    bar = Bar(f"Explaining every head over {sum(map(len, paragraph_halves()))} paragraphs")
+    bar = Bar(f"Explaining every head over {explained_on(model)}")
     found = explain_heads(model, head_mask=head_mask(model, heads_off), causal=causal,
                           progress=lambda share: bar(round(share * 100), 100))
     bar.empty()

@@ -68,7 +68,7 @@ PAGES = (
          "What does one head attend to, what does it do, and does it matter?", ONE_STACK,
          "A head's card reads an encoder or a decoder",
          "A first card: what the server has prepared so far. The rest is being prepared for every session and joins "
-         "the card here when it is ready.", language="the built-in corpus, its pairs and its paragraphs"),
+         "the card here when it is ready."),
     Page("atlas", "Atlas", ":material/bubble_chart:", ARE, "How do all the heads of a model compare, side by side?",
          ONE_STACK, "The atlas reads an encoder or a decoder",
          "A first atlas: the measures the server has prepared so far. The rest are being prepared for every session "

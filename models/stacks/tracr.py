@@ -18,6 +18,7 @@ from .family import Family, FamilyConfig, FamilyDecoder
 from .weights import Weights
 
 BOS, PAD, UNK = "BOS", "PAD", "UNK"
+ZERO = 1e-6  # an attention weight under this is a compiled Select's 0
 
 FAMILY = Family(norm="layer", pre_norms=False, positions="learned", gated=False)
 
@@ -139,6 +140,28 @@ class CompiledModel(ScratchModel):
         if len(words) > longest:
             raise HeadLensError(f"This compiled program reads at most {longest} tokens; the text has {len(words)}.")
         return words
+
+    def attend(self, texts, **options):
+        """``ScratchModel.attend``, each weight under ``ZERO`` given as 0: a Select's unselected key, which Tracr's
+        softmax means as none and float32 leaves at 1e-7 or less (within 1e-6 of Tracr's own weights still)."""
+        out = super().attend(texts, **options)
+        for attention in out if isinstance(out, list) else [out]:
+            attention.weights[attention.weights < ZERO] = 0
+        return out
+
+    def random_inputs(self, n: int = 200, seed: int = 0) -> list[str]:
+        """Up to ``n`` different random inputs of its tokens, of every length from 1 to its longest (as many of
+        each as there are), seeded: what its heads are explained on."""
+        import random
+
+        rng, tokens, longest = random.Random(seed), [str(v) for v in self.config.tokens], self.config.max_positions - 1
+        found: dict[str, None] = {}
+        for _ in range(20 * n):
+            length = min(longest, rng.randint(1, longest + 2))  # the longest, most often
+            found.setdefault(" ".join(rng.choice(tokens) for _ in range(length)))
+            if len(found) == n:
+                break
+        return list(found)
 
     def tokenize(self, *args, **kwargs):
         texts = args[0] if args else kwargs.get("text")
