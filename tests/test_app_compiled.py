@@ -103,3 +103,28 @@ def test_a_compiled_heads_card_shows_what_the_compiler_put_in_it_beside_what_hea
     assert at.selectbox[0].value == (2, 0) or "L2 H0" in at.title[0].value
     assert [c.value for c in at.code][0] == "Select(target_pos, indices, EQ), aggregating tokens"
     assert "compares a value the program computes" in at.warning[0].value
+
+
+def test_a_rasp_program_typed_in_the_sidebar_compiles_and_opens_as_any_compiled_program(cache, new_app):
+    """The sidebar's RASP box opens on sort_unique, typed: Explore draws its heads on its tokens. Python typed there
+    gets a sentence pointing at the place and the session goes on; a histogram typed next compiles to one head,
+    whose card says what it was compiled to and names its Select."""
+    from models.rasp_text import Typed, compile_typed, read_vocab
+
+    at = new_app({"model": "compiled_typed"})
+    program = next(t for t in at.sidebar.text_area if t.key.endswith("rasp_program"))
+    assert "selector_width(smaller)" in program.value
+    inputs = next(t for t in at.sidebar.text_area if t.key.endswith("tokens_compiled_typed"))
+    want = compile_typed(Typed(program.value, read_vocab("1 2 3 4 5"), 5), device="cpu").attend(inputs.value)
+    drawn = [decode(h["z"]) for f in figures(at) for h in heatmaps(f)]
+    assert any(np.allclose(d, want.weights[0, 0], atol=1e-6) for d in drawn if d.shape == want.weights.shape[-2:])
+    program.input("x = __import__('os').system('ls')").run()
+    assert not at.exception
+    said = [e.value.replace("\\", "") for e in at.error]  # escaped as markdown
+    assert any(e.startswith("Line 1, column 15: '(' is not RASP here") for e in said), said
+    program.input("hist = selector_width(select(tokens, tokens, ==))").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.sidebar.caption[-1].value.endswith("· 1 layers × 1 heads"), at.sidebar.caption[-1].value
+    at.switch_page("app_pages/head.py").run()
+    assert not at.exception and [c.value for c in at.code] == ["SelectorWidth(Select(tokens, tokens, EQ))",
+                                                               "Select(tokens, tokens, EQ)"]

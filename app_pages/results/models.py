@@ -2,6 +2,7 @@
 session, only ever read; a model trained in this session is this session's own."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,8 @@ import streamlit as st
 
 from models import VOCABULARY, AttentionModel, HeadLensError, load_model
 from models.catalog import CATALOG, bundled
-from models.compiled import BUILT_IN as PROGRAMS, compiled
+from models.compiled import BUILT_IN as PROGRAMS, Program, compiled
+from models.rasp_text import Typed, compile_typed, parse_rasp, read_vocab
 
 
 
@@ -22,7 +24,9 @@ def _choices(models) -> dict[str, str]:
 SPEAKING = tuple(b for b in CATALOG if VOCABULARY in b.offers)  # the bundled language models: a vocabulary to write
 
 
-COMPILED = {f"compiled_{name}": p.title for name, p in PROGRAMS.items()}  # RASP programs compiled by Tracr
+TYPED = "compiled_typed"  # a RASP program typed in the sidebar (``models.rasp_text``), compiled by Tracr
+COMPILED = {**{f"compiled_{name}": p.title for name, p in PROGRAMS.items()},  # RASP programs compiled by Tracr
+            TYPED: "Compiled · your own RASP program"}
 
 
 MODELS = {  # the sidebar's choices: each bundled model on each engine (models.catalog), the untrained encoder
@@ -68,7 +72,7 @@ class ModelRef:
     """A model as the sidebar names it: what a cache key needs to find it again."""
 
     choice: str                # a key of MODELS or TRAINED
-    folder: str = ""           # CUSTOM: the model id or folder typed in the sidebar
+    folder: str = ""           # CUSTOM: the model id or folder typed in the sidebar; TYPED: the program (JSON)
     run: str = ""              # "trained", "trained_start": the id of this session's training
     device: str = "auto"
     download: bool = False     # CUSTOM: fetch the model id from the Hub when it is not in the local cache
@@ -107,14 +111,27 @@ class ModelRef:
     @property
     def title(self) -> str:
         """The model's name without its engine: "all-MiniLM-L6-v2", "the compiled sort"."""
+        if self.choice == TYPED:
+            return "your compiled program"
         if self.choice in COMPILED:
             return f"the compiled {self.program.name}"
         return {**MODELS, **TRAINED}[self.choice].split(" · ")[0]
 
     @property
     def program(self):
-        """The built-in compiled program it names (``models.compiled.BUILT_IN``), or None."""
+        """The compiled program it names (``models.compiled.BUILT_IN``'s, or one typed: ``typed``), or None."""
+        if self.choice == TYPED:
+            t = self.typed
+            return Program("your program", lambda: parse_rasp(t.text), t.vocab, t.max_seq_len, "your program's output",
+                           t.causal)
         return PROGRAMS.get(self.choice.removeprefix("compiled_")) if self.choice in COMPILED else None
+
+    @property
+    def typed(self) -> Typed:
+        """The program typed in the sidebar (``TYPED``), its vocabulary read (a sentence for none)."""
+        spec = json.loads(self.folder or "{}")
+        return Typed(spec.get("text", ""), read_vocab(spec.get("vocab", "")), int(spec.get("length", 0)),
+                     bool(spec.get("causal")))
 
 
 def check_custom_folder(name: str) -> None:
@@ -145,6 +162,8 @@ def shared_model(choice: str, folder: str, device: str) -> AttentionModel:
         if not folder:
             raise HeadLensError("Type a model id from the local Hugging Face cache, or the path of a model folder.")
         return load_model(folder, device=device, backend="scratch" if choice == "custom_scratch" else "transformers")
+    if choice == TYPED:
+        return compile_typed(ModelRef(choice, folder).typed, device=device)
     if choice in COMPILED:
         return compiled(choice.removeprefix("compiled_"), device=device)
     model = bundled(choice)

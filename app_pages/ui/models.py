@@ -1,6 +1,7 @@
 """The sidebar's models and a page's model loaded under a spinner, its error said as a sentence."""
 from __future__ import annotations
 
+import json
 
 import streamlit as st
 
@@ -8,7 +9,7 @@ from models import AttentionModel, HeadLensError
 from models.catalog import bundled
 
 from ..results.messages import stop_with
-from ..results.models import CUSTOM, LLM, MODELS, TRAINED, ModelRef, cached_model, check_custom_folder
+from ..results.models import CUSTOM, LLM, MODELS, TRAINED, TYPED, ModelRef, cached_model, check_custom_folder
 from ..results.threads import in_background
 from ..results.models import trained_job
 
@@ -26,7 +27,19 @@ def ref_for(choice: str, device: str) -> ModelRef:
     if choice in CUSTOM:
         return ModelRef(choice, folder=(st.session_state.get("custom_model") or "").strip(), device=device,
                         download=bool(st.session_state.get("custom_download")))
+    if choice == TYPED:  # the program as typed, what the sidebar's RASP box holds
+        ss = st.session_state
+        return ModelRef(choice, folder=json.dumps({"text": ss.get("rasp_program", EXAMPLE), "vocab": ss.get(
+            "rasp_vocab", EXAMPLE_VOCAB), "length": ss.get("rasp_length", EXAMPLE_LENGTH),
+            "causal": bool(ss.get("rasp_causal"))}), device=device)
     return ModelRef(choice, device=device)
+
+
+EXAMPLE = """# sort, each token once (Tracr's make_sort_unique)
+smaller = select(tokens, tokens, <)
+target_pos = selector_width(smaller)
+sort = aggregate(select(target_pos, indices, ==), tokens)"""
+EXAMPLE_VOCAB, EXAMPLE_LENGTH = "1 2 3 4 5", 5  # what the sidebar's RASP box opens on
 
 
 _READ: set[str] = set()  # the bundled GGUF models this server has found read into their folders
@@ -79,7 +92,8 @@ def model_for(ref: ModelRef, container=st) -> AttentionModel:
         if ref.choice in LLM:
             read_once(model, slot)
         with slot, st.spinner(f"Loading the model… ({model.title} {model.first_load})" if ref.choice in LLM
-                              else "Loading the model…"):
+                              else "Compiling your program with Tracr… (seconds, once per program)"
+                              if ref.choice == TYPED else "Loading the model…"):
             model = cached_model(ref)
     except HeadLensError as err:
         stop_with(err)

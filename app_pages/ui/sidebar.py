@@ -4,12 +4,13 @@ from __future__ import annotations
 import streamlit as st
 import torch
 
-from models import head_label
-from models.compiled import vocab_words
+from models import HeadLensError, head_label
+from models.compiled import MAX_LENGTH, vocab_words
 from models.corpus import DEFAULT_TEXT, EXAMPLES
 
-from ..results.models import CUSTOM, LLM, SCRATCH
-from .models import model_for, model_names, ref_for
+from ..results.messages import stop_with
+from ..results.models import CUSTOM, LLM, SCRATCH, TYPED
+from .models import EXAMPLE, EXAMPLE_VOCAB, EXAMPLE_LENGTH, model_for, model_names, ref_for
 from .settings import MAX_CHARS
 from .state import bound, flag, head_from_url, head_to_url, remember
 from .warm_up import warm_up, warm_up_note
@@ -37,9 +38,29 @@ def sidebar() -> None:
                    "config are checked first (safetensors weights only, no model code, sizes within HeadLens's "
                    "limits), then only the config, the tokenizer and the weights are fetched, with progress. "
                    "Off, HeadLens works without a network.")
+    if choice == TYPED:
+        bound(sb.text_area, "rasp_program", EXAMPLE, valid=lambda t: len(t) <= MAX_CHARS, label="RASP program",
+              height=160, max_chars=MAX_CHARS,
+              help="One assignment per line, the last the output. tokens, indices and length are given; "
+                   "select(keys, queries, ==|!=|<|<=|>|>=|true), aggregate(selector, values), selector_width("
+                   "selector), map(f of x, values), sequence_map(f of x and y, a, b), numerical(...), "
+                   "categorical(...). A map's f uses + - * / // %, comparisons, and, or, not, a if c else b, min, "
+                   "max, abs, numbers and quoted strings. Parsed by a grammar, never run as Python. Press Ctrl+Enter "
+                   "to compile.")
+        cols = sb.columns([3, 2])
+        with cols[0]:
+            bound(st.text_input, "rasp_vocab", EXAMPLE_VOCAB, label="Its tokens", help="Separated by spaces.")
+        with cols[1]:
+            bound(st.number_input, "rasp_length", EXAMPLE_LENGTH, cast=int, valid=lambda v: 1 <= v <= MAX_LENGTH,
+                  label="Longest input", min_value=1, max_value=MAX_LENGTH, step=1)
+        bound(sb.toggle, "rasp_causal", False, cast=flag, label="Compile causal",
+              help="Each position sees only itself and earlier ones.")
     devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     device = bound(sb.selectbox, "device", "auto", init="index", options=devices, label="Device")
-    program = ref_for(choice, "auto").program
+    try:
+        program = ref_for(choice, "auto").program
+    except HeadLensError as err:  # a typed vocabulary with no token
+        stop_with(err)
     if program is not None:  # a compiled program reads its own tokens, not sentences
         bound(sb.text_area, f"tokens_{choice}", program.example, valid=lambda t: len(t) <= MAX_CHARS,
               label=f"Inputs, one per line: tokens {vocab_words(program.vocab)}, at most {program.max_seq_len}",
