@@ -5,7 +5,8 @@
   every true edge and over those a one-token corruption moves (``moved``), and whether the smallest circuit
   keeping 80% of the difference holds them.
 - Effects: each head patched alone, the share of the difference it recovers beside whether the truth puts it on
-  the path to the output (``head_recovery``).
+  the task's path to the output (``head_recovery``, ``on_path``), and heads patched together
+  (``patched_together``): every head, and the on-path heads.
 - Explanations: each compiled head's program, fitted and held out on the program's own random inputs, against its
   Select: the comparison named, the held-out score, and the IoU of the program's keys with the Select's pattern as
   Tracr's own RASP evaluator computes it (``explanation_scores``).
@@ -58,9 +59,12 @@ def true_edges(graph, truth) -> np.ndarray:
 
 def moved(model, task, graph) -> np.ndarray:
     """``(senders, receivers)`` bool: the edges whose receiver reads something different in a pair's two runs, on
-    some pair: the sender's outputs differ where the receiver's input weights look (a head's query, key or value
-    projection, a feed-forward's first layer, the unembedding). An edge carrying what both inputs share (the
-    positions, the BOS) is one no patching from a corrupted input can move, whatever the method."""
+    some pair: the sender's outputs differ where the receiver's input weights look (a head's value projection, a
+    feed-forward's first layer, the unembedding), and for a head's query or key, where the difference changes its
+    scores against the clean run's keys or queries. An edge carrying what both inputs share (the positions, the
+    BOS), or a difference the head's scores do not see (a Select with TRUE gives every token the same score,
+    whatever its value), is one no patching from a corrupted input can move, whatever the method. (One query head
+    per key head, as a compiled program has.)"""
     import torch
 
     from models.run import stack_of
@@ -72,12 +76,18 @@ def moved(model, task, graph) -> np.ndarray:
     corrupted = torch.tensor([p.corrupted_ids for p in task.pairs])
     rows, measure = torch.arange(len(task)), lambda stack, x, rows: x[:, -1, 0]
     with torch.inference_mode():
-        diff = run_ids(stack, graph, clean, measure, rows).outs - run_ids(stack, graph, corrupted, measure, rows).outs
+        outs = run_ids(stack, graph, clean, measure, rows).outs
+        diff = outs - run_ids(stack, graph, corrupted, measure, rows).outs
+    reach = torch.from_numpy(graph.mask())
     out = np.zeros((len(graph.senders), len(graph.receivers)), dtype=bool)
     for r, (kind, layer, index) in enumerate(graph.receivers):
         w = stack.unembedding() if kind == "logits" else stack.layers[layer].input_weights(kind, index)  # (d, E)
-        seen = torch.einsum("sbne,de->sbnd", diff, w.to(diff.dtype)).abs().amax(dim=(1, 2, 3))
-        out[:, r] = (seen > 1e-6).numpy()
+        seen = torch.einsum("sbne,de->sbnd", diff, w.to(diff.dtype))
+        if kind in ("q", "k"):  # the scores it changes: against the clean run's keys (for a query) or queries
+            other = stack.layers[layer].input_weights("k" if kind == "q" else "q", index).to(diff.dtype)
+            fixed = torch.einsum("bne,de->bnd", outs[reach[:, r]].sum(0), other)
+            seen = torch.einsum("sbnd,bmd->sbnm", seen, fixed)
+        out[:, r] = (seen.abs().amax(dim=tuple(range(1, seen.ndim))) > (1e-3 if kind in ("q", "k") else 1e-6)).numpy()
     return out & graph.mask()
 
 
@@ -130,13 +140,13 @@ def edge_auroc(model, task, truth, methods=("eap", "eap_ig", "exact")) -> pd.Dat
 
 def head_recovery(model, task, truth) -> pd.DataFrame:
     """Each head's share of the difference recovered by patching it alone (the mean over the task's pairs), beside
-    whether the truth puts it on the path to the output."""
+    whether the truth puts it on the task's path to the output (``on_path``)."""
     from .effects import patch_heads
 
     frames = [patch_heads(model, p.clean, p.corrupted, *_pair_values(model, p)) for p in task.pairs]
     mean = pd.concat(frames).groupby(["layer", "head"], as_index=False)["recovered"].mean()
-    on_path = {(int(b.layer), int(b.head)) for b in truth.blocks.itertuples() if pd.notna(b.head)}
-    mean["on_path"] = [(int(r.layer), int(r.head)) in on_path for r in mean.itertuples()]
+    path = set(on_path(model, task, truth))
+    mean["on_path"] = [(int(r.layer), int(r.head)) in path for r in mean.itertuples()]
     return mean
 
 
@@ -229,3 +239,49 @@ def head_beside(truth, explanations: pd.DataFrame, layer: int, head: int) -> dic
     return {"compiled": None if placed is None else placed["says"], "found": row["rule"],
             "sentence": row["sentence"], "score": float(row["score"]), "iou": float(row["iou"]),
             "agrees": None if placed is None else set(placed["comparisons"]) <= first.comparisons}
+
+
+def patched_together(model, task, heads) -> np.ndarray:
+    """``(pairs,)``: the share of each pair's difference recovered when ``heads`` (``(layer, head)``\\ s) are patched
+    together: each one's output (``z``) from the clean run put in the corrupted run, every other part run on."""
+    import torch
+
+    from models.run import Edits, patching_stack, trace_batch
+
+    from .effects.readouts import own_readout
+
+    stack = patching_stack(model)
+    measure, rows = own_readout(model).task_metric(task, task.metric), torch.arange(len(task))
+    clean_ids = torch.tensor([p.clean_ids for p in task.pairs])
+    corrupted_ids = torch.tensor([p.corrupted_ids for p in task.pairs])
+    clean = trace_batch(model, clean_ids, stack)
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(int(layer), []).append(int(head))
+
+    def put(layer: int):
+        def edit(z):
+            z = z.clone()
+            z[:, by_layer[layer]] = clean.z[layer][:, by_layer[layer]]
+            return z
+        return edit
+
+    def run(ids, edits=None) -> np.ndarray:
+        with torch.inference_mode():
+            x, _ = stack.run_layers(stack.embed(ids), need_weights=False, edits=edits)
+            return measure(stack, x, rows).double().cpu().numpy()
+
+    base, top = run(corrupted_ids), run(clean_ids)
+    return (run(corrupted_ids, Edits.every_layer("z", put, by_layer)) - base) / (top - base)
+
+
+def on_path(model, task, truth) -> list[tuple[int, int]]:
+    """The heads the truth puts on the task's path: those a true edge the corruption moves (``moved``) enters."""
+    from .circuits import graph_of
+    from models.run import stack_of
+
+    graph = graph_of(stack_of(model, "A circuit"))
+    entered = true_edges(graph, truth) & moved(model, task, graph)
+    found = {(layer, index) for (kind, layer, index), into in zip(graph.receivers, entered.any(0))
+             if into and kind in ("q", "k", "v")}
+    return sorted(found)

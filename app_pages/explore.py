@@ -17,6 +17,7 @@ from app_pages.ui.pickers import (
     pick_sentence,
     title_for,
 )
+from app_pages.ui import compiled
 from app_pages.ui.views import causal_note, special_words, view
 from app_pages.ui.why import explore_clicks, explore_why
 from models import head_label
@@ -27,7 +28,8 @@ s, _ = start("explore")
 start_here(s.model, s.causal, s.heads_off)
 top = st.columns([3, 1, 1])
 att = attention(s, pick_sentence(s, container=top[0]), long=True)
-layer = pick_layer(att.n_layers, container=top[1], windows=att.windows)
+opening = compiled.opening(s.model) if s.model.program is not None else None  # a compiled program: its output's
+layer = pick_layer(att.n_layers, container=top[1], windows=att.windows, default=opening and opening[0])
 focus = pick_head(att.n_heads, container=top[2], label="Focus head")
 card_button(layer, focus, "explore-card")
 heads = pick_heads(att.n_heads)

@@ -49,7 +49,9 @@ def test_explore_draws_the_programs_attention_on_its_tokens_and_a_bad_token_gets
     model = compiled("sort", device="cpu")
     want = model.attend(text)
     drawn = [decode(h["z"]) for f in figures(at) for h in heatmaps(f)]
-    assert drawn and any(d.shape == want.weights.shape[-2:] and np.allclose(d, want.weights[0, 0], atol=1e-6)
+    # it opens on the layer of the head the output is read from (L2 H0, the Aggregate), not on L0's empty head
+    assert at.selectbox(key="layer").value == 2
+    assert drawn and any(d.shape == want.weights.shape[-2:] and np.allclose(d, want.weights[2, 0], atol=1e-6)
                          for d in drawn)
     box.input("3 9").run()
     assert not at.exception
@@ -117,7 +119,7 @@ def test_a_rasp_program_typed_in_the_sidebar_compiles_and_opens_as_any_compiled_
     inputs = next(t for t in at.sidebar.text_area if t.key.endswith("tokens_compiled_typed"))
     want = compile_typed(Typed(program.value, read_vocab("1 2 3 4 5"), 5), device="cpu").attend(inputs.value)
     drawn = [decode(h["z"]) for f in figures(at) for h in heatmaps(f)]
-    assert any(np.allclose(d, want.weights[0, 0], atol=1e-6) for d in drawn if d.shape == want.weights.shape[-2:])
+    assert any(np.allclose(d, want.weights[1, 0], atol=1e-6) for d in drawn if d.shape == want.weights.shape[-2:])
     program.input("x = __import__('os').system('ls')").run()
     assert not at.exception
     said = [e.value.replace("\\", "") for e in at.error]  # escaped as markdown

@@ -238,7 +238,7 @@ def test_circuits_and_patching_find_sort_uniques_compiled_edges(sort_unique):
     the token whose target is its query's position. Of its eight true edges a one-token change moves six: not the
     BOS's value L0 H0 reads (it counts against it) nor the positions L1 H0 queries with. Exact edge patching ranks the
     six above every false edge, and patching L1 H0 alone recovers the whole difference."""
-    from analysis.compiled import edge_auroc, head_recovery, moved, true_edges
+    from analysis.compiled import edge_auroc, head_recovery, moved, patched_together, true_edges
     from analysis.circuits import graph_of
     from analysis.tasks.build import make_task
     from models.run import stack_of
@@ -254,6 +254,35 @@ def test_circuits_and_patching_find_sort_uniques_compiled_edges(sort_unique):
     assert exact["auroc_moved"] == 1.0 and exact["holds_every_moved"] and exact["moved"] == 6
     heads = head_recovery(sort_unique, task, truth).set_index(["layer", "head"])
     assert heads.loc[(1, 0), "recovered"] == pytest.approx(1.0, abs=1e-6) and heads["on_path"].all()
+    # both heads together recover every pair's whole difference; L0 H0 alone, what each pair's change of the
+    # smaller tokens' count leaves L1 H0 to read (some pairs' change is in a token L1 H0 reads directly)
+    assert patched_together(sort_unique, task, [(0, 0), (1, 0)]) == pytest.approx(np.ones(len(task)), abs=1e-6)
+    alone = patched_together(sort_unique, task, [(0, 0)])
+    assert heads.loc[(0, 0), "recovered"] == pytest.approx(alone.mean(), abs=1e-6)
+
+
+def test_a_select_with_true_is_moved_by_no_token_and_a_numerical_pair_goes_up(built):
+    """length's L0 H0 is SelectorWidth(Select(tokens, tokens, TRUE)): changing one token changes what its query and
+    key projections read, but not one score (TRUE scores every token alike), and its values read the BOS alone:
+    no edge into it moves. frac_prevs' pairs each give the clean input the larger value."""
+    from analysis.circuits import graph_of
+    from analysis.compiled import moved
+    from analysis.tasks.build import make_task
+    from analysis.tasks.pairs import Task, TaskPair
+    from models.run import stack_of
+
+    model = built("length")[2]
+    ids = [tuple(model.tokenize(t)["input_ids"]) for t in ("1 2 3", "1 3 3")]
+    task = Task("t", "t", (TaskPair("1 2 3", "1 3 3", *ids, 0, 0, ()),), "output_diff")
+    graph = graph_of(stack_of(model, "A circuit"))
+    out = moved(model, task, graph)
+    names = {(graph.sender_name(s), graph.receiver_name(r)) for s, r in np.argwhere(out)}
+    assert ("input", "L0 H0.q") not in names and ("input", "L0 H0.k") not in names
+    assert not names  # nor into the feed-forward, which reads the head's count alone
+    model = built("frac_prevs")[2]
+    fracs = make_task(model, "one_token", n=8)
+    for p in fracs.pairs:
+        assert model.apply(p.clean)[-1] > model.apply(p.corrupted)[-1], (p.clean, p.corrupted)
 
 
 def test_head_roles_and_the_detectors_score_name_the_compiled_previous_token_head(built):

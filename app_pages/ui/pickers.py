@@ -19,12 +19,14 @@ def pick_sentence(s: Settings, key: str = "sentence", container=st, label: str =
     return s.sentences[i]
 
 
-def pick_layer(n_layers: int, key: str = "layer", container=st, windows: tuple | None = None) -> int:
-    """A layer; with ``windows`` (``Attention.windows``) each option says whether it slides or sees every key."""
+def pick_layer(n_layers: int, key: str = "layer", container=st, windows: tuple | None = None,
+               default: int | None = None) -> int:
+    """A layer (``default`` first, else the first); with ``windows`` (``Attention.windows``) each option says
+    whether it slides or sees every key."""
     if windows is None:
-        return choose("Layer", list(range(n_layers)), key, container=container)
+        return choose("Layer", list(range(n_layers)), key, default, container=container)
     full = [i for i, w in enumerate(windows) if w is None]
-    return choose("Layer", list(range(n_layers)), key, container=container,
+    return choose("Layer", list(range(n_layers)), key, default, container=container,
                   format_func=lambda i: f"{i} {'global' if windows[i] is None else 'local'}",  # fits a narrow box
                   help=f"Layers {', '.join(map(str, full)) or 'none'} are global: a query sees every earlier token. "
                        f"The others are local: a query sees only the last {max(w or 0 for w in windows):,} tokens "

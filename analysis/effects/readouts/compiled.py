@@ -68,7 +68,8 @@ class CompiledOutput(Readout):
         """Up to ``n`` random inputs of the longest length, each with one token changed where that changes the
         output at the last position (``last``, given on both): ``(clean, corrupted, clean's output, corrupted's
         output, position changed)``, seeded (the same every time); for a numerical output, where it changes the
-        value."""
+        value, the input giving the larger value the clean one (the metric is the value itself, and a pair whose
+        change went down would cancel one whose change went up in a mean over pairs)."""
         tokens = [str(v) for v in self.config.tokens]
         length, rng, found = self.config.max_positions - 1, random.Random(seed), {}
         for _ in range(50 * n):
@@ -76,6 +77,8 @@ class CompiledOutput(Readout):
             at = rng.randrange(length)
             corrupted = clean[:at] + [rng.choice([v for v in tokens if v != clean[at]])] + clean[at + 1:]
             a, d = (self.last(" ".join(x)) for x in (clean, corrupted))
+            if a is not None and d is not None and self.numerical and a < d:  # the clean input's the larger value,
+                clean, corrupted, a, d = corrupted, clean, d, a  # as a logit difference is: no pair cancels another
             if a is not None and d is not None and a != d:
                 found.setdefault((" ".join(clean), " ".join(corrupted)), (a, d, at))
             if len(found) == n:
