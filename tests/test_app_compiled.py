@@ -90,7 +90,8 @@ def test_effects_and_circuits_find_the_head_the_compiler_put_the_output_in(cache
 def test_a_compiled_heads_card_shows_what_the_compiler_put_in_it_beside_what_headlens_found(cache, new_app):
     """sort's L1 H0 counts the smaller keys (a SelectorWidth of a Select over a value mixing each token with its
     position, LT): its explanation names the tokens' LT and earlier copies, the comparison the compiler placed. The
-    card opens on L2 H0, the output's Aggregate, whose Select compares a computed value: the card says so."""
+    card opens on L2 H0, the output's Aggregate: a sort's rank, named. sort_freq's opens on its own, whose Select
+    compares a rank by each token's count, which no rule reads: the card says so."""
     at = new_app({"model": "compiled_sort", "head": "1.0"}, page="app_pages/head.py", timeout=300)
     assert not at.error and not at.exception
     code = [c.value for c in at.code]
@@ -102,9 +103,13 @@ def test_a_compiled_heads_card_shows_what_the_compiler_put_in_it_beside_what_hea
     assert "True edges: it reads its queries from L0 MLP, its keys from L0 MLP, its values from the tokens and " \
            "positions; it feeds L1 MLP." in said, said
     at = new_app({"model": "compiled_sort"}, page="app_pages/head.py", timeout=300)
-    assert at.selectbox[0].value == (2, 0) or "L2 H0" in at.title[0].value
+    assert at.title[0].value.startswith("L2 H0")  # the output's Aggregate: the token whose stable rank is its position
+    assert [c.value for c in at.code] == ["Select(target_pos, indices, EQ), aggregating tokens", "stable rank"]
+    assert "names the comparison the compiler placed" in at.success[0].value
+    at = new_app({"model": "compiled_sort_freq"}, page="app_pages/head.py", timeout=300)
+    assert at.title[0].value.startswith("L4 H0")  # its rank by each token's count, which no rule reads
     assert [c.value for c in at.code][0] == "Select(target_pos, indices, EQ), aggregating tokens"
-    assert "compares a value the program computes" in at.warning[0].value
+    assert "compares a value the program computes" in at.warning[0].value and not at.success
 
 
 def test_a_rasp_program_typed_in_the_sidebar_compiles_and_opens_as_any_compiled_program(cache, new_app):

@@ -74,14 +74,15 @@ def test_every_built_in_programs_outputs_and_attention_are_tracrs(name, built):
 
 
 # heads whose Select compares a value the program computes, which no rule over the tokens and the positions names
-OUT_OF_REACH = {"reverse": {"L3 H0"}, "sort": {"L2 H0"}, "sort_unique": {"L1 H0"}, "sort_freq": {"L3 H0", "L4 H0"}}
+OUT_OF_REACH = {"sort_freq": {"L3 H0", "L4 H0"}}  # each token's count, then its rank by that count
 
 
 def _explained(name, built):
-    """Every head of a built-in program that compares the tokens or the positions (and sort's, shuffle_dyck's and
-    previous_token's computed ones that a rule still names) is explained on held-out random inputs with the right
-    comparison, held-out score and IoU with Tracr's own evaluation of its Select >= 0.95; the heads out of reach are
-    not, and every head the compiler placed a Select in has a row."""
+    """Every head of a built-in program whose Select compares the tokens or the positions, or a value a rule
+    composes from them (a sort's rank, a reverse's mirror position, the previous position, the last), is explained on
+    held-out random inputs with the right comparison, held-out score and IoU with Tracr's own evaluation of its Select
+    >= 0.95; the heads out of reach (sort_freq's, comparing a count of each token) are not, and every head the
+    compiler placed a Select in has a row."""
     from analysis.compiled import explanation_scores
 
     _, _, model = built(name)
@@ -99,6 +100,7 @@ def _explained(name, built):
 def test_explanations_name_each_compiled_heads_select(built):
     found = _explained("sort_unique", built)
     assert found.loc["L0 H0", "named"] == "Select(tokens, tokens, LT)"  # SelectorWidth: how many tokens are smaller
+    assert found.loc["L1 H0", "named"] == "rank"  # the token with as many smaller ones as the query's position
     found = _explained("previous_token", built)
     assert found.loc["L1 H0", "named"] == "previous token"
 
@@ -110,8 +112,9 @@ def test_explanations_name_every_built_in_programs_selects(name, built):
 
 
 def test_raspss_comparisons_name_the_keys_tracrs_own_select_names():
-    """Each comparison rule's keys are what Tracr's RASP evaluator selects, on tokens and on positions (the BOS
-    neither queries nor is named); "3 1 5 2" with LT worked out by hand."""
+    """Each comparison rule's keys are what Tracr's RASP evaluator selects, on tokens and on positions, and the
+    composed ones' (the mirror position, a sort's rank) what their RASP selects (the BOS neither queries nor is
+    named); "3 1 5 2" with LT and "3 1 3 2" worked out by hand."""
     from tracr.rasp import rasp
 
     from analysis.roles.rules import COMPARISONS, Reading
@@ -126,10 +129,25 @@ def test_raspss_comparisons_name_the_keys_tracrs_own_select_names():
 
     lt = COMPARISONS["Select(tokens, tokens, LT)"].keys_of(reading([3, 1, 5, 2]))
     assert lt == [[], [2, 4], [], [1, 2, 4], [2]]  # 3 sees 1 and 2; 1 none; 5 all three others; 2 sees 1
+    # "3 1 3 2": the mirror of each position; the ranks (smaller tokens) 2 0 2 1, stable (ties by position) 2 0 3 1
+    assert COMPARISONS["mirror"].keys_of(reading([3, 1, 3, 2])) == [[], [4], [3], [2], [1]]
+    assert COMPARISONS["rank"].keys_of(reading([3, 1, 3, 2])) == [[], [2], [4], [1, 3], []]
+    assert COMPARISONS["stable rank"].keys_of(reading([3, 1, 3, 2])) == [[], [2], [4], [1], [3]]
+    length = rasp.SelectorWidth(rasp.Select(rasp.tokens, rasp.tokens, rasp.Comparison.TRUE))
+    opposite = rasp.SequenceMap(lambda n, i: n - i - 1, length, rasp.indices)
+    pair = rasp.SequenceMap(lambda t, i: (t, i), rasp.tokens, rasp.indices)
+    composed = {"mirror": rasp.Select(rasp.indices, opposite, rasp.Comparison.EQ),
+                "rank": rasp.Select(rasp.SelectorWidth(rasp.Select(rasp.tokens, rasp.tokens, rasp.Comparison.LT)),
+                                    rasp.indices, rasp.Comparison.EQ),
+                "stable rank": rasp.Select(rasp.SelectorWidth(rasp.Select(pair, pair, rasp.Comparison.LT)),
+                                           rasp.indices, rasp.Comparison.EQ)}
     rng = random.Random(0)
     for rule in COMPARISONS.values():
-        over = rasp.tokens if "tokens" in rule.name else rasp.indices
-        select = rasp.Select(over, over, rasp.Comparison[rule.name.rsplit(", ", 1)[1].rstrip(")")])
+        if rule.name in composed:
+            select = composed[rule.name]
+        else:
+            over = rasp.tokens if "tokens" in rule.name else rasp.indices
+            select = rasp.Select(over, over, rasp.Comparison[rule.name.rsplit(", ", 1)[1].rstrip(")")])
         for _ in range(5):
             values = [rng.choice([1, 2, 3, 4]) for _ in range(rng.randint(1, 6))]
             want = [[k + 1 for k, on in enumerate(row) if on] for row in rasp.evaluate(select, values)]

@@ -401,6 +401,40 @@ def _compare(over: str, comparison: str) -> Callable[[Reading], Keys]:
     return predict
 
 
+def _content_values(r: Reading) -> tuple[list[int], list]:
+    """The positions that are not special (the BOS set aside) and their tokens' values, in order."""
+    at = [k for k in range(len(r)) if not r.special[k]]
+    return at, [_value(r.pieces[k]) for k in at]
+
+
+def _mirror(r: Reading) -> Keys:
+    """RASP's ``Select(indices, length - indices - 1, EQ)``: the position as far from the end as the query is from
+    the start (a reverse's)."""
+    at, _ = _content_values(r)
+    out: Keys = [[] for _ in range(len(r))]
+    for j, q in enumerate(at):
+        out[q] = [at[len(at) - 1 - j]]
+    return out
+
+
+def _rank(stable: bool) -> Callable[[Reading], Keys]:
+    """RASP's ``Select(rank, indices, EQ)``, ``rank = SelectorWidth(Select(tokens, tokens, LT))``: the keys with as
+    many smaller tokens as the query has positions before it (a sort's); ``stable``: ties broken by position, each
+    key its own rank."""
+    def predict(r: Reading) -> Keys:
+        at, values = _content_values(r)
+        out: Keys = [[] for _ in range(len(r))]
+        try:
+            ranks = [sum((v, i) < (w, j) if stable else v < w for i, v in enumerate(values))
+                     for j, w in enumerate(values)]
+        except TypeError:  # a number against a text: no order
+            return out
+        for j, q in enumerate(at):
+            out[q] = [at[i] for i, rank in enumerate(ranks) if rank == j]
+        return out
+    return predict
+
+
 def _comparisons() -> dict[str, Rule]:
     rules = [Rule(f"Select({over}, {over}, {op})", "comparison",
                   f"attends to the keys whose {word} is {said} its own (RASP's Select({over}, {over}, {op}))",
@@ -410,6 +444,13 @@ def _comparisons() -> dict[str, Rule]:
     rules.append(Rule("Select(indices, indices, TRUE)", "comparison",
                       "attends to every key evenly (RASP's Select(indices, indices, TRUE))",
                       _compare("indices", "TRUE"), select="Select(indices, indices, TRUE)"))
+    rules += [Rule("mirror", "comparison", "attends to the position as far from the end as it is from the start",
+                   _mirror, select="Select(indices, length-indices-1, EQ)"),
+              Rule("rank", "comparison", "attends to the keys with as many smaller tokens as it has positions "
+                   "before it (a sort's)", _rank(False), select="Select(rank, indices, EQ)"),
+              Rule("stable rank", "comparison", "attends to the key with as many smaller tokens, ties broken by "
+                   "position, as it has positions before it (a stable sort's)", _rank(True),
+                   select="Select(stable_rank, indices, EQ)")]
     return {rule.name: rule for rule in rules}
 
 
