@@ -85,6 +85,7 @@ def test_effects_and_circuits_find_the_head_the_compiler_put_the_output_in(cache
     said = " ".join(c.value for c in at.caption).replace("\\", "")  # escaped as markdown
     assert f"The compiler's {len(truth.edges)} true edges: the circuit of 10 edges holds " \
            f"{int(edges['in_circuit'].sum())}." in said, said
+    assert "as Wang et al. class GPT-2 small's; that is a language model's task." in said  # no IOI to choose here
 
 
 def test_a_compiled_heads_card_shows_what_the_compiler_put_in_it_beside_what_headlens_found(cache, new_app):

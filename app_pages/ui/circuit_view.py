@@ -8,6 +8,8 @@ import streamlit as st
 from analysis import circuits as AC
 from analysis.circuits import PATTERNS, circuit_heads
 from analysis.circuits import EdgeScores
+from analysis.effects import own_readout
+from analysis.tasks.build import built_in
 from viz.circuits import circuit_figure, curve_figure
 
 from ..results.circuits import KINDS, circuit_roles
@@ -67,10 +69,10 @@ def heads_section(ref: ModelRef, c: CircuitChoice, scores: EdgeScores, n: int) -
     """What the circuit's heads are: their attention between the task's roles, detector label and OV scores, and
     Wang et al.'s classes set beside GPT-2 small's."""
     if not all(r in scores.task.roles for pattern in PATTERNS.values() for r in pattern):
+        offered = "ioi" in built_in(own_readout(cached_model(ref)))
         st.caption("The heads are classed between the indirect-object task's roles (IO, S1, S1+1, S2, END), as "
                    "Wang et al. class GPT-2 small's; "
-                   + ("that is a language model's task." if scores.metric == "embedding" else
-                      "choose that task to see them."))
+                   + ("choose that task to see them." if offered else "that is a language model's task."))
         return None
     st.subheader("What its heads are")
     copy = copying(ref) if cheap_copying(ref) or ref in st.session_state.get("_copying_asked", ()) else None
