@@ -91,8 +91,8 @@ def test_effects_and_circuits_find_the_head_the_compiler_put_the_output_in(cache
 def test_a_compiled_heads_card_shows_what_the_compiler_put_in_it_beside_what_headlens_found(cache, new_app):
     """sort's L1 H0 counts the smaller keys (a SelectorWidth of a Select over a value mixing each token with its
     position, LT): its explanation names the tokens' LT and earlier copies, the comparison the compiler placed. The
-    card opens on L2 H0, the output's Aggregate: a sort's rank, named. sort_freq's opens on its own, whose Select
-    compares a rank by each token's count, which no rule reads: the card says so."""
+    card opens on L2 H0, the output's Aggregate: a sort's rank, named. A program typed to count the tokens of the
+    query's parity compares a value no rule reads: the card says so."""
     at = new_app({"model": "compiled_sort", "head": "1.0"}, page="app_pages/head.py", timeout=300)
     assert not at.error and not at.exception
     code = [c.value for c in at.code]
@@ -107,9 +107,11 @@ def test_a_compiled_heads_card_shows_what_the_compiler_put_in_it_beside_what_hea
     assert at.title[0].value.startswith("L2 H0")  # the output's Aggregate: the token whose stable rank is its position
     assert [c.value for c in at.code] == ["Select(target_pos, indices, EQ), aggregating tokens", "stable rank"]
     assert "names the comparison the compiler placed" in at.success[0].value
-    at = new_app({"model": "compiled_sort_freq"}, page="app_pages/head.py", timeout=300)
-    assert at.title[0].value.startswith("L4 H0")  # its rank by each token's count, which no rule reads
-    assert [c.value for c in at.code][0] == "Select(target_pos, indices, EQ), aggregating tokens"
+    at = new_app({"model": "compiled_typed"}, page="app_pages/head.py", timeout=300)
+    program = next(t for t in at.sidebar.text_area if t.key.endswith("rasp_program"))
+    program.input("parity = map(x % 2, tokens)\nalike = selector_width(select(parity, parity, ==))").run()
+    assert not at.exception and at.title[0].value.startswith("L1 H0")  # the keys of the query's parity
+    assert [c.value for c in at.code][0] == "SelectorWidth(Select(parity, parity, EQ))"
     assert "compares a value the program computes" in at.warning[0].value and not at.success
 
 

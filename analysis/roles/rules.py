@@ -417,20 +417,49 @@ def _mirror(r: Reading) -> Keys:
     return out
 
 
-def _rank(stable: bool) -> Callable[[Reading], Keys]:
-    """RASP's ``Select(rank, indices, EQ)``, ``rank = SelectorWidth(Select(tokens, tokens, LT))``: the keys with as
-    many smaller tokens as the query has positions before it (a sort's); ``stable``: ties broken by position, each
-    key its own rank."""
+SORTED_BY = {  # what a sort compares of content token i (values: the content tokens' values)
+    "token": lambda values, i: values[i],
+    "token, then position": lambda values, i: (values[i], i),
+    "count, then position": lambda values, i: (-values.count(values[i]), i),  # most often first
+}
+
+
+def _sort_keys(by: str, r: Reading) -> tuple[list[int], list] | None:
+    at, values = _content_values(r)
+    try:
+        keys = [SORTED_BY[by](values, i) for i in range(len(values))]
+        sorted(keys)
+    except TypeError:  # a number against a text: no order
+        return None
+    return at, keys
+
+
+def _rank(by: str) -> Callable[[Reading], Keys]:
+    """RASP's ``Select(rank, indices, EQ)``, ``rank = SelectorWidth(Select(key, key, LT))`` with ``key`` what a sort
+    compares (``SORTED_BY``): the keys with as many smaller ones as the query has positions before it (a sort's)."""
     def predict(r: Reading) -> Keys:
-        at, values = _content_values(r)
         out: Keys = [[] for _ in range(len(r))]
-        try:
-            ranks = [sum((v, i) < (w, j) if stable else v < w for i, v in enumerate(values))
-                     for j, w in enumerate(values)]
-        except TypeError:  # a number against a text: no order
+        found = _sort_keys(by, r)
+        if found is None:
             return out
+        at, keys = found
+        ranks = [sum(other < mine for other in keys) for mine in keys]
         for j, q in enumerate(at):
             out[q] = [at[i] for i, rank in enumerate(ranks) if rank == j]
+        return out
+    return predict
+
+
+def _before_in_sort(by: str) -> Callable[[Reading], Keys]:
+    """RASP's ``Select(key, key, LT)``: the keys a sort by ``key`` (``SORTED_BY``) puts before the query."""
+    def predict(r: Reading) -> Keys:
+        out: Keys = [[] for _ in range(len(r))]
+        found = _sort_keys(by, r)
+        if found is None:
+            return out
+        at, keys = found
+        for j, q in enumerate(at):
+            out[q] = [at[i] for i, other in enumerate(keys) if other < keys[j]]
         return out
     return predict
 
@@ -447,10 +476,16 @@ def _comparisons() -> dict[str, Rule]:
     rules += [Rule("mirror", "comparison", "attends to the position as far from the end as it is from the start",
                    _mirror, select="Select(indices, length-indices-1, EQ)"),
               Rule("rank", "comparison", "attends to the keys with as many smaller tokens as it has positions "
-                   "before it (a sort's)", _rank(False), select="Select(rank, indices, EQ)"),
+                   "before it (a sort's)", _rank("token"), select="Select(rank, indices, EQ)"),
               Rule("stable rank", "comparison", "attends to the key with as many smaller tokens, ties broken by "
-                   "position, as it has positions before it (a stable sort's)", _rank(True),
-                   select="Select(stable_rank, indices, EQ)")]
+                   "position, as it has positions before it (a stable sort's)", _rank("token, then position"),
+                   select="Select(stable_rank, indices, EQ)"),
+              Rule("more frequent", "comparison", "attends to the tokens that occur more often than its own, or as "
+                   "often and earlier (a sort by frequency's)", _before_in_sort("count, then position"),
+                   select="Select(frequency_key, frequency_key, LT)"),
+              Rule("frequency rank", "comparison", "attends to the key with as many tokens more frequent than its "
+                   "own (ties broken by position) as it has positions before it (a sort by frequency's)",
+                   _rank("count, then position"), select="Select(frequency_rank, indices, EQ)")]
     return {rule.name: rule for rule in rules}
 
 
