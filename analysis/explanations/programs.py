@@ -35,9 +35,9 @@ from .scores import Content, no_query
 
 MAX_RULES = 3  # rules in a program, besides the sink and the fallback
 MIN_GAIN = 0.05  # a further rule joins when it cuts this share of the fit's squared error left
+MIN_SHARE = 0.05  # and stays when it gives at least this share of what the program's rules give
 EMPTY = 0.0  # a query whose content attention sums to no more gives its content nothing (a compiled head's Select
 # naming no key: all on the BOS)
-MIN_SHARE = 0.05  # and stays when it gives at least this share of what the program's rules give
 FIRST, OTHER, FALLBACK = "sink", "special", "fallback"  # the parts besides the rules, as ``part_names`` says them
 
 

@@ -17,6 +17,7 @@ and the text's first copy of a common word (a second sink some heads keep).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -383,8 +384,6 @@ def _value(piece: str):
 def _compare(over: str, comparison: str) -> Callable[[Reading], Keys]:
     """Tracr's ``Select(over, over, comparison)``: for each query, the keys whose value compares with the query's
     as ``comparison(key, query)`` says; special tokens (the BOS) neither query nor are named."""
-    import operator
-
     test = {"EQ": operator.eq, "LT": operator.lt, "LEQ": operator.le, "GT": operator.gt, "GEQ": operator.ge,
             "NEQ": operator.ne, "TRUE": lambda k, q: True}[comparison]
 

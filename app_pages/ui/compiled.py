@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis.compiled import edges_beside, head_beside
 from analysis.circuits import EdgeScores
+from analysis.compiled import edges_beside, head_beside
 from models.compiled import ground_truth
 from models.compiled_truth import EMBED, OUTPUT, block_name
 
