@@ -99,6 +99,8 @@ def test_a_compiled_heads_card_shows_what_the_compiler_put_in_it_beside_what_hea
     assert code == ["SelectorWidth(Select(sequence_map, sequence_map, LT))",
                     "Select(tokens, tokens, LT) or duplicate"], code
     assert "names the comparison the compiler placed" in at.success[0].value
+    assert "On your input" in [h.value for h in at.subheader]
+    assert figures(at)[0]["layout"]["title"]["text"].startswith("L1 H0 on your input")
     said = " ".join(c.value for c in at.caption).replace("\\", "")  # escaped as markdown
     assert "Attends to the BOS (0.50), the keys whose token is less than its own" in said, said
     assert "True edges: it reads its queries from L0 MLP, its keys from L0 MLP, its values from the tokens and " \

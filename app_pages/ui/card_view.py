@@ -45,14 +45,16 @@ def deeper(*pages: str) -> None:
         col.page_link(path, label=f"{title} →")
 
 
-def on_text(s: Settings, layer: int, head: int, text: str, shown: tuple[str, str] | None = None) -> None:
-    """The head on the user's sentence: its heatmap, and the sentence shaded by the attention each token receives.
-    With ``shown`` (``HeadCard.showcase``: a text and why), the head on that text instead, the first token (a sink)
-    set aside, and a sentence saying so. It needs no card: a page draws it before the card is gathered."""
+def on_text(s: Settings, layer: int, head: int, text: str, shown: tuple[str, str] | None = None,
+            yours: str = "sentence") -> None:
+    """The head on the user's sentence (``yours``: what the user typed, "input" for a compiled program's tokens): its
+    heatmap, and the sentence shaded by the attention each token receives. With ``shown`` (``HeadCard.showcase``: a
+    text and why), the head on that text instead, the first token (a sink) set aside, and a sentence saying so. It
+    needs no card: a page draws it before the card is gathered."""
     if shown is None:
-        st.subheader("On your text")
+        st.subheader("On your text" if yours == "sentence" else f"On your {yours}")
         v = make_view(attention(s, text), hide_special=s.hide_special, merge_words=s.merge_words)
-        where = "on your sentence"
+        where = f"on your {yours}"
     else:
         st.subheader("Its habit, on a text that shows it")
         v = make_view(attention(s, shown[0]), hide_special=True, merge_words=s.merge_words)

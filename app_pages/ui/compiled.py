@@ -59,7 +59,7 @@ def head_card(s: Settings, ref: ModelRef, layer: int, head: int, text: str) -> N
     if into or out:
         st.caption(plain("True edges: it reads " + (", ".join(into) or "nothing") + "; it feeds "
                          + (", ".join(out) or "nothing") + "."))
-    on_text(s, layer, head, text)
+    on_text(s, layer, head, text, yours="input")
 
 
 def truth_section(ref: ModelRef, scores: EdgeScores, n: int, kinds) -> None:
