@@ -433,34 +433,34 @@ def _sort_keys(by: str, r: Reading) -> tuple[list[int], list] | None:
     return at, keys
 
 
-def _rank(by: str) -> Callable[[Reading], Keys]:
-    """RASP's ``Select(rank, indices, EQ)``, ``rank = SelectorWidth(Select(key, key, LT))`` with ``key`` what a sort
-    compares (``SORTED_BY``): the keys with as many smaller ones as the query has positions before it (a sort's)."""
+def _in_sort(by: str, pick: Callable[[list], Callable[[int], list[int]]]) -> Callable[[Reading], Keys]:
+    """A rule over a sort by ``by`` (``SORTED_BY``): for the query at content index ``j``, the content keys
+    ``pick(keys)(j)`` names (``keys``: what the sort compares of each content token); none where there is no order."""
     def predict(r: Reading) -> Keys:
         out: Keys = [[] for _ in range(len(r))]
         found = _sort_keys(by, r)
         if found is None:
             return out
         at, keys = found
-        ranks = [sum(other < mine for other in keys) for mine in keys]
+        named = pick(keys)
         for j, q in enumerate(at):
-            out[q] = [at[i] for i, rank in enumerate(ranks) if rank == j]
+            out[q] = [at[i] for i in named(j)]
         return out
     return predict
+
+
+def _rank(by: str) -> Callable[[Reading], Keys]:
+    """RASP's ``Select(rank, indices, EQ)``, ``rank = SelectorWidth(Select(key, key, LT))`` with ``key`` what a sort
+    compares (``SORTED_BY``): the keys with as many smaller ones as the query has positions before it (a sort's)."""
+    def pick(keys: list) -> Callable[[int], list[int]]:
+        ranks = [sum(other < mine for other in keys) for mine in keys]
+        return lambda j: [i for i, rank in enumerate(ranks) if rank == j]
+    return _in_sort(by, pick)
 
 
 def _before_in_sort(by: str) -> Callable[[Reading], Keys]:
     """RASP's ``Select(key, key, LT)``: the keys a sort by ``key`` (``SORTED_BY``) puts before the query."""
-    def predict(r: Reading) -> Keys:
-        out: Keys = [[] for _ in range(len(r))]
-        found = _sort_keys(by, r)
-        if found is None:
-            return out
-        at, keys = found
-        for j, q in enumerate(at):
-            out[q] = [at[i] for i, other in enumerate(keys) if other < keys[j]]
-        return out
-    return predict
+    return _in_sort(by, lambda keys: lambda j: [i for i, other in enumerate(keys) if other < keys[j]])
 
 
 def _comparisons() -> dict[str, Rule]:
