@@ -79,13 +79,16 @@ def moved(model, task, graph) -> np.ndarray:
         outs = run_ids(stack, graph, clean, measure, rows).outs
         diff = outs - run_ids(stack, graph, corrupted, measure, rows).outs
     reach = torch.from_numpy(graph.mask())
+    streams: dict[int, torch.Tensor] = {}  # the clean run's stream a layer's heads read: summed once a layer
     out = np.zeros((len(graph.senders), len(graph.receivers)), dtype=bool)
     for r, (kind, layer, index) in enumerate(graph.receivers):
         w = stack.unembedding() if kind == "logits" else stack.layers[layer].input_weights(kind, index)  # (d, E)
         seen = torch.einsum("sbne,de->sbnd", diff, w.to(diff.dtype))
         if kind in ("q", "k"):  # the scores it changes: against the clean run's keys (for a query) or queries
             other = stack.layers[layer].input_weights("k" if kind == "q" else "q", index).to(diff.dtype)
-            fixed = torch.einsum("bne,de->bnd", outs[reach[:, r]].sum(0), other)
+            if layer not in streams:
+                streams[layer] = outs[reach[:, r]].sum(0)
+            fixed = torch.einsum("bne,de->bnd", streams[layer], other)
             seen = torch.einsum("sbnd,bmd->sbnm", seen, fixed)
         out[:, r] = (seen.abs().amax(dim=tuple(range(1, seen.ndim))) > (1e-3 if kind in ("q", "k") else 1e-6)).numpy()
     return out & graph.mask()

@@ -104,9 +104,6 @@ class _Fn:
         from lark import Token, Tree
 
         if isinstance(node, Tree):
-            if node.data == "variable" and str(node.children[0]) not in self.names:
-                raise HeadLensError(f"{_where(node)}: a function here reads {' and '.join(self.names)}, not "
-                                    f"'{node.children[0]}'.")
             for child in node.children:
                 self._check(child)
         elif isinstance(node, Token) and node.type == "NAME" and str(node) not in self.names:

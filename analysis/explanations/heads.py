@@ -201,8 +201,9 @@ def explain_heads(model, fit: Sequence[str] | None = None, held_out: Sequence[st
 
 def explained_on(model) -> str:
     """What ``explain_heads`` reads ``model``'s heads on by default, in words."""
-    own = getattr(model, "random_inputs", None)
-    return f"{len(own())} random inputs of its tokens" if own else f"{sum(map(len, paragraph_halves()))} paragraphs"
+    if getattr(model, "random_inputs", None):  # counted as it reads them, not drawn twice
+        return "random inputs of its tokens"
+    return f"{sum(map(len, paragraph_halves()))} paragraphs"
 
 
 def own_halves(texts: Sequence[str]) -> tuple[list[str], list[str]]:
